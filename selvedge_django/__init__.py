@@ -1,0 +1,185 @@
+"""selvedge_django: durable execution for Django.
+
+Workflows are plain functions whose every step is recorded in the project's own
+database; a workflow resumes after a crash, deploy or restart by replaying its
+recorded history. See the README for a tour.
+
+The names below are the public API. Those that touch the database are loaded on
+first use, so importing this package never imports models.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from . import hooks
+from .engine.activity import ActivityInfo, activity_cancelled, activity_info, heartbeat
+from .engine.execution import Future, WorkflowContext
+from .engine.options import ActivityOptions, RetryPolicy
+from .exceptions import (
+    ActivityCancelled,
+    ActivityNameConflict,
+    ActivityTimeoutError,
+    ApplicationError,
+    Cancelled,
+    Fenced,
+    HistoryKeyConflict,
+    InstanceClosed,
+    InvalidSignalChannel,
+    InvalidSignalPayload,
+    LeaseLost,
+    NondeterminismError,
+    NotActivityContext,
+    PayloadTooLarge,
+    QueryCommandError,
+    QueryFailed,
+    QueryNotFound,
+    ReceiveTimeout,
+    ReplayDecodeError,
+    ReplayError,
+    ReplayOutcomeError,
+    RetryExhaustedError,
+    ScopeCancelled,
+    SelvedgeError,
+    UnsupportedHistoryFormat,
+    WorkflowAlreadyCancelled,
+    WorkflowAlreadyCompleted,
+    WorkflowAlreadyFailed,
+    WorkflowAlreadyStarted,
+    WorkflowCancelled,
+    WorkflowNameConflict,
+    WorkflowNotFound,
+    WorkflowNotRegistered,
+    WorkflowPanicError,
+    WorkflowStartRejected,
+)
+from .registry import ActivityDefinition, WorkflowDefinition, activity, workflow
+
+if TYPE_CHECKING:
+    from .models import WorkflowStatus
+    from .operations import (
+        ActivityTaskInfo,
+        InstancePage,
+        WorkflowDescription,
+        WorkflowResult,
+        adescribe,
+        afind_instances,
+        aget_workflow_result,
+        alist_activity_tasks,
+        astart_workflow,
+        await_workflow,
+        describe,
+        find_instances,
+        get_workflow_result,
+        list_activity_tasks,
+        start_workflow,
+        wait_workflow,
+    )
+
+__version__ = "0.1.0.dev0"
+
+__all__ = [
+    # defining workflows and activities
+    "ActivityDefinition",
+    "ActivityInfo",
+    "ActivityOptions",
+    "Future",
+    "RetryPolicy",
+    "WorkflowContext",
+    "WorkflowDefinition",
+    "activity",
+    "activity_cancelled",
+    "activity_info",
+    "heartbeat",
+    "workflow",
+    # client API
+    "ActivityTaskInfo",
+    "InstancePage",
+    "WorkflowDescription",
+    "WorkflowResult",
+    "WorkflowStatus",
+    "adescribe",
+    "afind_instances",
+    "aget_workflow_result",
+    "alist_activity_tasks",
+    "astart_workflow",
+    "await_workflow",
+    "describe",
+    "find_instances",
+    "get_workflow_result",
+    "list_activity_tasks",
+    "start_workflow",
+    "wait_workflow",
+    # observability
+    "hooks",
+    # errors
+    "ActivityCancelled",
+    "ActivityNameConflict",
+    "ActivityTimeoutError",
+    "ApplicationError",
+    "Cancelled",
+    "Fenced",
+    "HistoryKeyConflict",
+    "InstanceClosed",
+    "InvalidSignalChannel",
+    "InvalidSignalPayload",
+    "LeaseLost",
+    "NondeterminismError",
+    "NotActivityContext",
+    "PayloadTooLarge",
+    "QueryCommandError",
+    "QueryFailed",
+    "QueryNotFound",
+    "ReceiveTimeout",
+    "ReplayDecodeError",
+    "ReplayError",
+    "ReplayOutcomeError",
+    "RetryExhaustedError",
+    "ScopeCancelled",
+    "SelvedgeError",
+    "UnsupportedHistoryFormat",
+    "WorkflowAlreadyCancelled",
+    "WorkflowAlreadyCompleted",
+    "WorkflowAlreadyFailed",
+    "WorkflowAlreadyStarted",
+    "WorkflowCancelled",
+    "WorkflowNameConflict",
+    "WorkflowNotFound",
+    "WorkflowNotRegistered",
+    "WorkflowPanicError",
+    "WorkflowStartRejected",
+]
+
+_LAZY = {
+    "WorkflowStatus": "selvedge_django.models",
+    "ActivityTaskInfo": "selvedge_django.operations",
+    "InstancePage": "selvedge_django.operations",
+    "WorkflowDescription": "selvedge_django.operations",
+    "WorkflowResult": "selvedge_django.operations",
+    "adescribe": "selvedge_django.operations",
+    "afind_instances": "selvedge_django.operations",
+    "aget_workflow_result": "selvedge_django.operations",
+    "alist_activity_tasks": "selvedge_django.operations",
+    "astart_workflow": "selvedge_django.operations",
+    "await_workflow": "selvedge_django.operations",
+    "describe": "selvedge_django.operations",
+    "find_instances": "selvedge_django.operations",
+    "get_workflow_result": "selvedge_django.operations",
+    "list_activity_tasks": "selvedge_django.operations",
+    "start_workflow": "selvedge_django.operations",
+    "wait_workflow": "selvedge_django.operations",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'selvedge_django' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,58 @@
+"""System checks with stable ids: ``selvedge.E001`` ... and ``selvedge.W001`` ..."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core.checks import CheckMessage, Error, Warning, register
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connections
+
+from .conf import lease_problems, resolve_settings
+
+
+@register("selvedge")
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Validate SELVEDGE, the lease timing and the database behind it."""
+    messages: list[CheckMessage] = []
+    raw = getattr(settings, "SELVEDGE", None) or {}
+    lease = raw.get("LEASE") if isinstance(raw, dict) else None
+    if isinstance(lease, dict):
+        for problem in lease_problems(lease):
+            messages.append(
+                Error(
+                    f"Unsafe SELVEDGE['LEASE']: {problem}.",
+                    hint="Keep RENEW_INTERVAL + MARGIN and MARGIN + MAX_SKEW below TTL.",
+                    id="selvedge.E002",
+                )
+            )
+    if messages:
+        return messages
+    try:
+        resolved = resolve_settings(raw)
+    except ImproperlyConfigured as error:
+        return [Error(str(error), hint="See the configuration reference.", id="selvedge.E003")]
+    connection = connections[resolved.database]
+    vendor = connection.vendor
+    if vendor not in ("sqlite", "postgresql"):
+        messages.append(
+            Error(
+                f"Database {resolved.database!r} is {vendor}; selvedge_django supports "
+                "SQLite and PostgreSQL.",
+                hint="Point SELVEDGE['DATABASE'] at a SQLite or PostgreSQL alias.",
+                id="selvedge.E001",
+            )
+        )
+    elif vendor == "sqlite":
+        name = str(connection.settings_dict.get("NAME") or "")
+        if not name or ":memory:" in name or "mode=memory" in name:
+            messages.append(
+                Warning(
+                    "The selvedge database is an in-memory SQLite database: it cannot use "
+                    "WAL and is not shared with worker threads of other connections.",
+                    hint="Use a SQLite file (or PostgreSQL) for workers.",
+                    id="selvedge.W001",
+                )
+            )
+    return messages

@@ -1,0 +1,305 @@
+"""Settings: one dict, ``settings.SELVEDGE``, every key optional, read lazily.
+
+``get_settings()`` validates the dict once and caches the result; the cache is
+cleared when Django's ``setting_changed`` fires, so ``override_settings`` works
+in tests. ``Worker(**overrides)`` takes the same keys in lower case.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from django.conf import settings as django_settings
+from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+from django.utils.module_loading import import_string
+
+from .engine.durations import to_seconds
+
+__all__ = ["DEFAULTS", "LeaseSettings", "SelvedgeSettings", "get_settings", "resolve_settings"]
+
+DEFAULT_LEASE = {"TTL": 30.0, "RENEW_INTERVAL": 10.0, "MARGIN": 5.0, "MAX_SKEW": 1.0}
+
+DEFAULTS: dict[str, Any] = {
+    "DATABASE": "default",
+    "WORKER_ID": None,
+    "SERVICE_NAME": "",
+    "MAX_CONCURRENT_ACTIVITIES": 10,
+    "MAX_CONCURRENT_RESUMPTIONS": 10,
+    "ACTIVITY_QUEUES": None,
+    "ACTIVITY_POLL_INTERVAL": 1.0,
+    "MAX_POLL_INTERVAL": 60.0,
+    "WAIT_POLL_INTERVAL": 1.0,
+    "TIMER_CHECK_INTERVAL": 1.0,
+    "WORKFLOW_RESUMPTION_INTERVAL": 1.0,
+    "MAX_WORKFLOWS_PER_BATCH": 100,
+    "MAX_TIMERS_PER_BATCH": 100,
+    "LEASE": DEFAULT_LEASE,
+    "LEADER_LEASE_DURATION": 45.0,
+    "LEADER_HEARTBEAT_INTERVAL": 15.0,
+    "LISTEN_NOTIFY": None,
+    "SHUTDOWN_TIMEOUT": 30.0,
+    "CLOCK": None,
+    "HOOKS": None,
+    "MODULES": (),
+    "MAX_PAYLOAD_BYTES": 2 * 1024 * 1024,
+    "HISTORY_WARNING_THRESHOLD": 10_000,
+}
+
+_DURATIONS = (
+    "ACTIVITY_POLL_INTERVAL",
+    "MAX_POLL_INTERVAL",
+    "WAIT_POLL_INTERVAL",
+    "TIMER_CHECK_INTERVAL",
+    "WORKFLOW_RESUMPTION_INTERVAL",
+    "LEADER_LEASE_DURATION",
+    "LEADER_HEARTBEAT_INTERVAL",
+    "SHUTDOWN_TIMEOUT",
+)
+_POSITIVE_INTS = (
+    "MAX_CONCURRENT_ACTIVITIES",
+    "MAX_CONCURRENT_RESUMPTIONS",
+    "MAX_WORKFLOWS_PER_BATCH",
+    "MAX_TIMERS_PER_BATCH",
+    "MAX_PAYLOAD_BYTES",
+    "HISTORY_WARNING_THRESHOLD",
+)
+
+
+def default_clock() -> datetime:
+    """Return the current time as an aware UTC datetime."""
+    return datetime.now(UTC)
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+@dataclass(frozen=True)
+class LeaseSettings:
+    """Execution lease timing: ``ttl`` on the database clock, renewed every ``renew_interval``."""
+
+    ttl: float = 30.0
+    renew_interval: float = 10.0
+    margin: float = 5.0
+    max_skew: float = 1.0
+
+    @property
+    def belief(self) -> float:
+        """How long after a renewal started the holder may still trust its lease."""
+        return self.ttl - self.margin - self.max_skew
+
+
+@dataclass(frozen=True)
+class SelvedgeSettings:
+    """The validated ``SELVEDGE`` settings (lower-case attribute names)."""
+
+    database: str = "default"
+    worker_id: str = ""
+    service_name: str = ""
+    max_concurrent_activities: int = 10
+    max_concurrent_resumptions: int = 10
+    activity_queues: tuple[str, ...] | None = None
+    activity_poll_interval: float = 1.0
+    max_poll_interval: float = 60.0
+    wait_poll_interval: float = 1.0
+    timer_check_interval: float = 1.0
+    workflow_resumption_interval: float = 1.0
+    max_workflows_per_batch: int = 100
+    max_timers_per_batch: int = 100
+    lease: LeaseSettings = field(default_factory=LeaseSettings)
+    leader_lease_duration: float = 45.0
+    leader_heartbeat_interval: float = 15.0
+    listen_notify: bool | None = None
+    shutdown_timeout: float = 30.0
+    clock: Callable[[], datetime] = default_clock
+    hooks: Any = None
+    modules: tuple[str, ...] = ()
+    max_payload_bytes: int = 2 * 1024 * 1024
+    history_warning_threshold: int = 10_000
+
+    def with_overrides(self, **overrides: Any) -> SelvedgeSettings:
+        """Return a copy with lower-case ``SELVEDGE`` keys overridden and revalidated."""
+        raw = self.to_raw()
+        for key, value in overrides.items():
+            upper = key.upper()
+            if upper not in DEFAULTS:
+                raise ImproperlyConfigured(f"unknown selvedge setting {key!r}")
+            raw[upper] = value
+        return resolve_settings(raw)
+
+    def to_raw(self) -> dict[str, Any]:
+        return {
+            "DATABASE": self.database,
+            "WORKER_ID": self.worker_id,
+            "SERVICE_NAME": self.service_name,
+            "MAX_CONCURRENT_ACTIVITIES": self.max_concurrent_activities,
+            "MAX_CONCURRENT_RESUMPTIONS": self.max_concurrent_resumptions,
+            "ACTIVITY_QUEUES": self.activity_queues,
+            "ACTIVITY_POLL_INTERVAL": self.activity_poll_interval,
+            "MAX_POLL_INTERVAL": self.max_poll_interval,
+            "WAIT_POLL_INTERVAL": self.wait_poll_interval,
+            "TIMER_CHECK_INTERVAL": self.timer_check_interval,
+            "WORKFLOW_RESUMPTION_INTERVAL": self.workflow_resumption_interval,
+            "MAX_WORKFLOWS_PER_BATCH": self.max_workflows_per_batch,
+            "MAX_TIMERS_PER_BATCH": self.max_timers_per_batch,
+            "LEASE": {
+                "TTL": self.lease.ttl,
+                "RENEW_INTERVAL": self.lease.renew_interval,
+                "MARGIN": self.lease.margin,
+                "MAX_SKEW": self.lease.max_skew,
+            },
+            "LEADER_LEASE_DURATION": self.leader_lease_duration,
+            "LEADER_HEARTBEAT_INTERVAL": self.leader_heartbeat_interval,
+            "LISTEN_NOTIFY": self.listen_notify,
+            "SHUTDOWN_TIMEOUT": self.shutdown_timeout,
+            "CLOCK": self.clock,
+            "HOOKS": self.hooks,
+            "MODULES": self.modules,
+            "MAX_PAYLOAD_BYTES": self.max_payload_bytes,
+            "HISTORY_WARNING_THRESHOLD": self.history_warning_threshold,
+        }
+
+
+def _duration(raw: Mapping[str, Any], key: str) -> float:
+    try:
+        return to_seconds(raw[key], f"SELVEDGE[{key!r}]")
+    except (TypeError, ValueError) as error:
+        raise ImproperlyConfigured(str(error)) from error
+
+
+def lease_problems(lease: Mapping[str, Any]) -> list[str]:
+    """Return what is unsafe about a LEASE dict (empty when it is safe)."""
+    problems: list[str] = []
+    unknown = set(lease) - set(DEFAULT_LEASE)
+    if unknown:
+        problems.append(f"unknown LEASE keys: {sorted(unknown)}")
+    values: dict[str, float] = {}
+    for key, default in DEFAULT_LEASE.items():
+        try:
+            values[key] = to_seconds(lease.get(key, default), f"LEASE[{key!r}]")
+        except (TypeError, ValueError) as error:
+            problems.append(str(error))
+    if problems:
+        return problems
+    if values["RENEW_INTERVAL"] + values["MARGIN"] >= values["TTL"]:
+        problems.append("LEASE RENEW_INTERVAL + MARGIN must be less than TTL")
+    if values["MARGIN"] + values["MAX_SKEW"] >= values["TTL"]:
+        problems.append("LEASE MARGIN + MAX_SKEW must be less than TTL")
+    return problems
+
+
+def resolve_settings(raw_in: Mapping[str, Any] | None) -> SelvedgeSettings:
+    """Validate a ``SELVEDGE`` dict; raise ImproperlyConfigured naming the bad key."""
+    raw_in = raw_in or {}
+    if not isinstance(raw_in, Mapping):
+        raise ImproperlyConfigured("settings.SELVEDGE must be a dict")
+    unknown = set(raw_in) - set(DEFAULTS)
+    if unknown:
+        raise ImproperlyConfigured(f"unknown SELVEDGE settings: {sorted(unknown)}")
+    raw = {**DEFAULTS, **raw_in}
+    durations = {key: _duration(raw, key) for key in _DURATIONS}
+    ints: dict[str, int] = {}
+    for key in _POSITIVE_INTS:
+        value = raw[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ImproperlyConfigured(f"SELVEDGE[{key!r}] must be a positive integer")
+        ints[key] = value
+    lease_raw = raw["LEASE"] or {}
+    if not isinstance(lease_raw, Mapping):
+        raise ImproperlyConfigured("SELVEDGE['LEASE'] must be a dict")
+    problems = lease_problems(lease_raw)
+    if problems:
+        raise ImproperlyConfigured("unsafe SELVEDGE['LEASE']: " + "; ".join(problems))
+    lease_values = {k: to_seconds(lease_raw.get(k, d), k) for k, d in DEFAULT_LEASE.items()}
+    lease = LeaseSettings(
+        ttl=lease_values["TTL"],
+        renew_interval=lease_values["RENEW_INTERVAL"],
+        margin=lease_values["MARGIN"],
+        max_skew=lease_values["MAX_SKEW"],
+    )
+    if durations["LEADER_HEARTBEAT_INTERVAL"] >= durations["LEADER_LEASE_DURATION"]:
+        raise ImproperlyConfigured(
+            "SELVEDGE LEADER_HEARTBEAT_INTERVAL must be shorter than LEADER_LEASE_DURATION"
+        )
+    queues = raw["ACTIVITY_QUEUES"]
+    if queues is not None:
+        if isinstance(queues, str) or not all(isinstance(q, str) for q in queues):
+            raise ImproperlyConfigured("SELVEDGE['ACTIVITY_QUEUES'] must be a list of strings")
+        queues = tuple(queues)
+    clock = raw["CLOCK"]
+    if clock is None:
+        clock = default_clock
+    elif isinstance(clock, str):
+        clock = import_string(clock)
+    if not callable(clock):
+        raise ImproperlyConfigured("SELVEDGE['CLOCK'] must be a callable or a dotted path")
+    hooks = raw["HOOKS"]
+    if isinstance(hooks, str):
+        hooks = import_string(hooks)
+    if isinstance(hooks, type):
+        hooks = hooks()
+    listen = raw["LISTEN_NOTIFY"]
+    if listen is not None and not isinstance(listen, bool):
+        raise ImproperlyConfigured("SELVEDGE['LISTEN_NOTIFY'] must be None, True or False")
+    database = raw["DATABASE"]
+    if not isinstance(database, str) or database not in django_settings.DATABASES:
+        raise ImproperlyConfigured(f"SELVEDGE['DATABASE'] {database!r} is not in DATABASES")
+    modules = raw["MODULES"] or ()
+    if isinstance(modules, str):
+        raise ImproperlyConfigured("SELVEDGE['MODULES'] must be a list of module paths")
+    return SelvedgeSettings(
+        database=database,
+        worker_id=str(raw["WORKER_ID"] or default_worker_id()),
+        service_name=str(raw["SERVICE_NAME"] or ""),
+        max_concurrent_activities=ints["MAX_CONCURRENT_ACTIVITIES"],
+        max_concurrent_resumptions=ints["MAX_CONCURRENT_RESUMPTIONS"],
+        activity_queues=queues,
+        activity_poll_interval=durations["ACTIVITY_POLL_INTERVAL"],
+        max_poll_interval=durations["MAX_POLL_INTERVAL"],
+        wait_poll_interval=durations["WAIT_POLL_INTERVAL"],
+        timer_check_interval=durations["TIMER_CHECK_INTERVAL"],
+        workflow_resumption_interval=durations["WORKFLOW_RESUMPTION_INTERVAL"],
+        max_workflows_per_batch=ints["MAX_WORKFLOWS_PER_BATCH"],
+        max_timers_per_batch=ints["MAX_TIMERS_PER_BATCH"],
+        lease=lease,
+        leader_lease_duration=durations["LEADER_LEASE_DURATION"],
+        leader_heartbeat_interval=durations["LEADER_HEARTBEAT_INTERVAL"],
+        listen_notify=listen,
+        shutdown_timeout=durations["SHUTDOWN_TIMEOUT"],
+        clock=clock,
+        hooks=hooks,
+        modules=tuple(modules),
+        max_payload_bytes=ints["MAX_PAYLOAD_BYTES"],
+        history_warning_threshold=ints["HISTORY_WARNING_THRESHOLD"],
+    )
+
+
+_cached: SelvedgeSettings | None = None
+
+
+def get_settings() -> SelvedgeSettings:
+    """Return the validated settings (cached until a setting changes)."""
+    global _cached
+    if _cached is None:
+        _cached = resolve_settings(getattr(django_settings, "SELVEDGE", None))
+    return _cached
+
+
+def settings_with(**overrides: Any) -> SelvedgeSettings:
+    base = get_settings()
+    return base.with_overrides(**overrides) if overrides else replace(base)
+
+
+@receiver(setting_changed)
+def _clear_cache(*, setting: str, **kwargs: Any) -> None:
+    global _cached
+    if setting in ("SELVEDGE", "DATABASES"):
+        _cached = None

@@ -1,0 +1,114 @@
+"""What an activity body sees while it runs: its info, heartbeats and cancellation.
+
+An attempt's state lives in a context variable, so ``activity_info()`` and
+``heartbeat()`` work from the activity's own code without an argument. A
+heartbeat only bumps an in-memory counter; the worker's renewal tick turns new
+progress into a claim extension.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..exceptions import ActivityCancelled, NotActivityContext
+
+__all__ = [
+    "ActivityInfo",
+    "AttemptState",
+    "activity_cancelled",
+    "activity_info",
+    "attempt_scope",
+    "heartbeat",
+]
+
+
+@dataclass(frozen=True)
+class ActivityInfo:
+    """Immutable metadata of the current activity attempt."""
+
+    instance_id: str
+    workflow_name: str
+    activity_id: str
+    activity_name: str
+    attempt: int
+    options: dict[str, Any]
+
+
+@dataclass
+class AttemptState:
+    """Mutable, thread-safe state of one running attempt."""
+
+    info: ActivityInfo
+    deadline_monotonic: float | None = None
+    progress: int = 0
+    cancel_reason: str = ""
+    _cancelled: threading.Event = field(default_factory=threading.Event)
+
+    def cancel(self, reason: str) -> None:
+        """Mark the attempt as stopped (claim lost, cancelled, shutdown or deadline)."""
+        if not self._cancelled.is_set():
+            self.cancel_reason = reason
+            self._cancelled.set()
+
+    @property
+    def cancelled(self) -> bool:
+        if not self._cancelled.is_set() and self.deadline_monotonic is not None:
+            if time.monotonic() >= self.deadline_monotonic:
+                self.cancel("start_to_close deadline passed")
+        return self._cancelled.is_set()
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for cancellation; return whether it happened."""
+        return self._cancelled.wait(timeout)
+
+
+_current: contextvars.ContextVar[AttemptState | None] = contextvars.ContextVar(
+    "selvedge_activity_attempt", default=None
+)
+
+
+@contextmanager
+def attempt_scope(state: AttemptState) -> Iterator[AttemptState]:
+    """Make ``state`` the current attempt for the duration of the block."""
+    token = _current.set(state)
+    try:
+        yield state
+    finally:
+        _current.reset(token)
+
+
+def current_attempt() -> AttemptState | None:
+    return _current.get()
+
+
+def activity_info() -> ActivityInfo | None:
+    """Return the current attempt's metadata, or None outside an activity."""
+    state = _current.get()
+    return state.info if state is not None else None
+
+
+def heartbeat() -> None:
+    """Record progress for the current attempt (no I/O).
+
+    Raises :class:`ActivityCancelled` once the attempt has lost its claim, been
+    cancelled or passed its deadline, and :class:`NotActivityContext` outside an
+    attempt.
+    """
+    state = _current.get()
+    if state is None:
+        raise NotActivityContext()
+    if state.cancelled:
+        raise ActivityCancelled(f"activity attempt stopped: {state.cancel_reason}")
+    state.progress += 1
+
+
+def activity_cancelled() -> bool:
+    """Return True when the current attempt should stop; False outside an activity."""
+    state = _current.get()
+    return state is not None and state.cancelled

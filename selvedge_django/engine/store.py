@@ -1,0 +1,175 @@
+"""What the replay engine needs from storage: durable operations, one transaction each.
+
+The ORM store (:mod:`selvedge_django.store`) is the real implementation; the
+read-only replay used by queries and replay checks has its own. Every method
+that writes on behalf of an execution takes the execution's :class:`Fence` and
+commits only when that fence is still the instance's current lease (otherwise it
+raises :class:`~selvedge_django.exceptions.Fenced` and writes nothing).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+__all__ = [
+    "ClaimedTask",
+    "CloseRequest",
+    "EngineStore",
+    "ExecutionSnapshot",
+    "Fence",
+    "HistoryRow",
+    "TaskClaim",
+    "TaskSpec",
+]
+
+# Commands (the ``command`` column of a history row).
+CMD_ACTIVITY = "activity"
+CMD_NOW = "now"
+CMD_CLOSE = "close"
+
+# Event types (the ``event_type`` column).
+EV_RESERVED = "Reserved"
+EV_ACTIVITY_COMPLETED = "ActivityCompleted"
+EV_ACTIVITY_FAILED = "ActivityFailed"
+EV_ACTIVITY_CANCELLED = "ActivityCancelled"
+EV_NOW_RECORDED = "NowRecorded"
+EV_WORKFLOW_COMPLETED = "WorkflowCompleted"
+EV_WORKFLOW_FAILED = "WorkflowFailed"
+EV_WORKFLOW_CANCELLED = "WorkflowCancelled"
+
+CLOSE_KEY = "$close"
+
+CLOSE_EVENT_BY_STATUS = {
+    "completed": EV_WORKFLOW_COMPLETED,
+    "failed": EV_WORKFLOW_FAILED,
+    "cancelled": EV_WORKFLOW_CANCELLED,
+}
+
+
+@dataclass(frozen=True)
+class Fence:
+    """One execution's lease token: the writer proves it holds ``epoch``."""
+
+    instance_id: str
+    owner: str
+    epoch: int
+
+
+@dataclass
+class HistoryRow:
+    """One command (or the close record) of an instance's history."""
+
+    key: str
+    seq: int | None
+    command: str
+    event_type: str = EV_RESERVED
+    data: str | None = None  # JSON text; None means no value yet
+    reservation: str | None = None  # JSON text of immutable command metadata
+    delivered_seq: int | None = None
+
+    @property
+    def has_value(self) -> bool:
+        return self.data is not None
+
+
+@dataclass
+class ExecutionSnapshot:
+    """Everything one execution reads before running workflow code."""
+
+    instance_id: str
+    workflow_name: str
+    input: Any
+    status: str
+    cancel_requested: bool = False
+    cancel_reason: str = ""
+    parent_instance_id: str = ""
+    parent_key: str = ""
+    history: list[HistoryRow] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """A durable activity task to create together with its history reservation."""
+
+    name: str
+    workflow_name: str
+    input: str
+    queue: str
+    options: dict[str, Any]
+    max_attempts: int
+    schedule_to_start_timeout: float | None
+    start_to_close_timeout: float | None
+    heartbeat_timeout: float | None
+
+
+@dataclass(frozen=True)
+class TaskClaim:
+    """One attempt's ownership token on a task: (owner, epoch)."""
+
+    task_id: int
+    instance_id: str
+    key: str
+    owner: str
+    epoch: int
+
+
+@dataclass
+class ClaimedTask:
+    """A task whose claim was acquired and read back in full."""
+
+    claim: TaskClaim
+    name: str
+    workflow_name: str
+    input: str
+    options: dict[str, Any]
+    attempt: int
+    failures: int
+    max_attempts: int
+    claim_ttl: float
+    start_to_close_timeout: float | None
+    heartbeat_timeout: float | None
+    attempt_deadline_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class CloseRequest:
+    """A workflow close: status, output or error, and the close history row."""
+
+    status: str
+    output: str | None
+    error: str | None
+
+
+class EngineStore(Protocol):
+    """The durable operations the replay engine performs."""
+
+    def record_command(self, fence: Fence, row: HistoryRow) -> HistoryRow:
+        """Insert a command (with or without value); return the first stored row."""
+        ...
+
+    def reserve_activity(
+        self, fence: Fence, row: HistoryRow, task: TaskSpec, claim_owner: str | None
+    ) -> tuple[HistoryRow, ClaimedTask | None]:
+        """Reserve the command and create its task; claim it for ``claim_owner`` if given."""
+        ...
+
+    def claim_task(self, instance_id: str, key: str, owner: str) -> ClaimedTask | None:
+        """Claim an existing task inline if it is claimable by this worker."""
+        ...
+
+    def get_row(self, instance_id: str, key: str) -> HistoryRow | None:
+        """Read one history row."""
+        ...
+
+    def close(self, fence: Fence, request: CloseRequest) -> None:
+        """Close the instance, fenced, in one transaction."""
+        ...
+
+    def release_lease(self, fence: Fence, runnable: bool = False) -> None:
+        """Release the lease; ``runnable`` asks for another dispatch."""
+        ...
+
+    def now_ms(self) -> int:
+        """Return the store clock in Unix milliseconds."""
+        ...

@@ -1,0 +1,316 @@
+"""The error tree of selvedge_django.
+
+Every error the library raises derives from :class:`SelvedgeError`, except the
+cancellation family (:class:`Cancelled`), which derives from ``BaseException``
+like ``asyncio.CancelledError`` so that ``except Exception`` in workflow code
+does not swallow it. Subclasses use their docstring as the default message.
+
+This module imports nothing from Django: the replay engine depends on it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class SelvedgeError(Exception):
+    """A selvedge_django error."""
+
+    def __init__(self, message: str | None = None) -> None:
+        if message is None:
+            message = (type(self).__doc__ or type(self).__name__).strip().splitlines()[0]
+        super().__init__(message)
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+# -- client and registry errors ---------------------------------------------------------
+
+
+class WorkflowNotFound(SelvedgeError, LookupError):
+    """Workflow instance not found."""
+
+    def __init__(self, instance_id: str) -> None:
+        self.instance_id = instance_id
+        super().__init__(f"workflow instance {instance_id!r} not found")
+
+
+class WorkflowAlreadyStarted(SelvedgeError):
+    """A workflow instance with this id already exists."""
+
+    def __init__(self, instance_id: str) -> None:
+        self.instance_id = instance_id
+        super().__init__(f"workflow instance {instance_id!r} already exists")
+
+
+class WorkflowStartRejected(SelvedgeError):
+    """The start was refused before any row was written."""
+
+
+class InstanceClosed(SelvedgeError):
+    """The workflow instance is closed."""
+
+    status: str = ""
+
+    def __init__(self, instance_id: str, status: str | None = None) -> None:
+        self.instance_id = instance_id
+        if status is not None:
+            self.status = status
+        super().__init__(f"workflow instance {instance_id!r} is already {self.status}")
+
+    @staticmethod
+    def for_status(instance_id: str, status: str) -> InstanceClosed:
+        """Return the subclass matching a terminal status."""
+        cls = _CLOSED_BY_STATUS.get(status, InstanceClosed)
+        return cls(instance_id, status)
+
+
+class WorkflowAlreadyCompleted(InstanceClosed):
+    """The workflow instance already completed."""
+
+    status = "completed"
+
+
+class WorkflowAlreadyFailed(InstanceClosed):
+    """The workflow instance already failed."""
+
+    status = "failed"
+
+
+class WorkflowAlreadyCancelled(InstanceClosed):
+    """The workflow instance was already cancelled."""
+
+    status = "cancelled"
+
+
+_CLOSED_BY_STATUS: dict[str, type[InstanceClosed]] = {
+    "completed": WorkflowAlreadyCompleted,
+    "failed": WorkflowAlreadyFailed,
+    "cancelled": WorkflowAlreadyCancelled,
+}
+
+
+class InvalidSignalChannel(SelvedgeError, ValueError):
+    """Signal channel must contain 1 to 255 UTF-8 bytes."""
+
+
+class InvalidSignalPayload(SelvedgeError, ValueError):
+    """Signal payload could not be encoded as JSON."""
+
+
+class ActivityNameConflict(SelvedgeError):
+    """Another activity is already registered under this name."""
+
+
+class WorkflowNameConflict(SelvedgeError):
+    """Another workflow is already registered under this name."""
+
+
+class WorkflowNotRegistered(SelvedgeError, LookupError):
+    """No workflow is registered under this name in this process."""
+
+    def __init__(self, workflow_name: str) -> None:
+        self.workflow_name = workflow_name
+        super().__init__(f"workflow {workflow_name!r} is not registered in this process")
+
+
+class PayloadTooLarge(SelvedgeError, ValueError):
+    """The encoded value is larger than MAX_PAYLOAD_BYTES."""
+
+
+# -- execution errors -------------------------------------------------------------------
+
+
+class HistoryKeyConflict(SelvedgeError):
+    """The history key holds another command, or uses a reserved prefix."""
+
+
+class Fenced(SelvedgeError):
+    """Another execution owns the instance: this writer's lease epoch is stale."""
+
+
+class LeaseLost(SelvedgeError):
+    """The execution abandoned its lease because it could not prove it was still valid."""
+
+
+class NondeterminismError(SelvedgeError):
+    """Workflow code issued commands that differ from its recorded history."""
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        instance_id: str = "",
+        key: str = "",
+        expected: str = "",
+        actual: str = "",
+    ) -> None:
+        self.instance_id = instance_id
+        self.key = key
+        self.expected = expected
+        self.actual = actual
+        super().__init__(message)
+
+
+class ReplayOutcomeError(SelvedgeError):
+    """The replayed workflow closed differently from its recorded outcome."""
+
+    def __init__(
+        self,
+        instance_id: str = "",
+        recorded_status: str = "",
+        replayed_status: str = "",
+        recorded: Any = None,
+        replayed: Any = None,
+    ) -> None:
+        self.instance_id = instance_id
+        self.recorded_status = recorded_status
+        self.replayed_status = replayed_status
+        self.recorded = recorded
+        self.replayed = replayed
+        super().__init__(
+            f"instance {instance_id!r} recorded {recorded_status} {recorded!r} "
+            f"but replay ended {replayed_status} {replayed!r}"
+        )
+
+
+class ReplayError(SelvedgeError):
+    """Replay diverged from the recorded history."""
+
+    def __init__(
+        self,
+        instance_id: str = "",
+        divergence: BaseException | None = None,
+        workflow_error: BaseException | None = None,
+    ) -> None:
+        self.instance_id = instance_id
+        self.divergence = divergence
+        self.workflow_error = workflow_error
+        super().__init__(f"replay of {instance_id!r} diverged: {divergence}")
+        self.__cause__ = divergence
+
+
+class ReplayDecodeError(SelvedgeError):
+    """A recorded value could not be decoded."""
+
+
+class UnsupportedHistoryFormat(SelvedgeError, ValueError):
+    """Unsupported history format or version."""
+
+
+class QueryFailed(SelvedgeError):
+    """The query handler failed."""
+
+    def __init__(self, name: str = "", error: BaseException | None = None) -> None:
+        self.name = name
+        self.error = error
+        super().__init__(f"query {name!r} failed: {error}")
+        self.__cause__ = error
+
+
+class QueryNotFound(SelvedgeError, LookupError):
+    """No query handler of this name exists at the replay position."""
+
+    def __init__(self, name: str = "") -> None:
+        self.name = name
+        super().__init__(f"no query handler named {name!r}")
+
+
+class QueryCommandError(SelvedgeError):
+    """Query handlers may not issue workflow commands."""
+
+
+class ActivityCancelled(SelvedgeError):
+    """The activity attempt was cancelled, lost its claim or passed its deadline."""
+
+
+class NotActivityContext(SelvedgeError):
+    """Not inside an activity attempt."""
+
+
+# -- workflow outcomes ------------------------------------------------------------------
+
+
+class ApplicationError(SelvedgeError):
+    """A portable activity or workflow failure."""
+
+    def __init__(
+        self,
+        message: str = "",
+        type: str | None = None,
+        details: Any = None,
+        non_retryable: bool = False,
+    ) -> None:
+        self.type = type
+        self.details = details
+        self.non_retryable = non_retryable
+        super().__init__(message)
+
+    def __repr__(self) -> str:
+        return f"ApplicationError({self.message!r}, type={self.type!r})"
+
+
+class ActivityTimeoutError(SelvedgeError, TimeoutError):
+    """An activity deadline elapsed."""
+
+    KINDS = ("schedule_to_start", "start_to_close", "heartbeat")
+
+    def __init__(self, activity: str = "", kind: str = "", attempt: int = 0) -> None:
+        self.activity = activity
+        self.kind = kind
+        self.attempt = attempt
+        super().__init__(f"activity {activity!r} timed out ({kind}) on attempt {attempt}")
+
+
+class RetryExhaustedError(SelvedgeError):
+    """All retry attempts of the activity have been used."""
+
+    def __init__(
+        self, activity: str = "", attempts: int = 0, last_error: BaseException | None = None
+    ) -> None:
+        self.activity = activity
+        self.attempts = attempts
+        self.last_error = last_error
+        super().__init__(
+            f"activity {activity!r} failed after {attempts} attempts: {last_error}"
+        )
+        self.__cause__ = last_error
+
+
+class WorkflowPanicError(SelvedgeError):
+    """An activity raised a BaseException that is not an Exception."""
+
+
+class ReceiveTimeout(SelvedgeError, TimeoutError):
+    """No signal arrived before the timeout."""
+
+
+class Cancelled(BaseException):  # noqa: N818 - mirrors asyncio.CancelledError
+    """The workflow or one of its scopes was cancelled."""
+
+    def __init__(self, message: str | None = None) -> None:
+        if message is None:
+            message = (type(self).__doc__ or "cancelled").strip().splitlines()[0]
+        super().__init__(message)
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class WorkflowCancelled(Cancelled):
+    """Cancellation of the workflow was requested."""
+
+    def __init__(self, instance_id: str = "", reason: str = "") -> None:
+        self.instance_id = instance_id
+        self.reason = reason
+        msg = f"workflow {instance_id!r} cancelled"
+        if reason:
+            msg += f": {reason}"
+        super().__init__(msg)
+
+
+class ScopeCancelled(Cancelled):
+    """A local cancellation scope was cancelled."""

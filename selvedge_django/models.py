@@ -1,0 +1,282 @@
+"""The durable state of workflows: instances, history, tasks, timers, signals, locks.
+
+Times that decide ownership (lease and claim expiry, task due times) are Unix
+milliseconds on the database clock (``*_ms`` columns); workflow time (timer
+expiry) is a datetime on the configured clock. JSON values that must keep
+"absent" distinct from JSON null are stored as text (NULL = absent).
+"""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+
+
+class WorkflowStatus(models.TextChoices):
+    """The durable status of a workflow instance."""
+
+    RUNNING = "running", "Running"
+    COMPLETED = "completed", "Completed"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+class WorkflowInstanceQuerySet(models.QuerySet["WorkflowInstance"]):
+    def running(self) -> WorkflowInstanceQuerySet:
+        return self.filter(status=WorkflowStatus.RUNNING)
+
+    def runnable(self) -> WorkflowInstanceQuerySet:
+        """Running, unowned and marked for dispatch."""
+        return self.filter(status=WorkflowStatus.RUNNING, runnable=True, lease_owner="")
+
+    def expired_leases(self, now_ms: int) -> WorkflowInstanceQuerySet:
+        """Running and owned, with a lease that expired before ``now_ms``."""
+        return self.filter(status=WorkflowStatus.RUNNING, lease_expires_ms__lt=now_ms).exclude(
+            lease_owner=""
+        )
+
+
+class WorkflowInstance(models.Model):
+    """One run of a workflow; its id is the run's identity and is never reused."""
+
+    instance_id = models.CharField(primary_key=True, max_length=255)
+    workflow_name = models.CharField(max_length=255)
+    status = models.CharField(
+        max_length=16, choices=WorkflowStatus.choices, default=WorkflowStatus.RUNNING
+    )
+    input = models.JSONField(null=True, blank=True)
+    output = models.TextField(null=True, blank=True, help_text="JSON text of the result")
+    error = models.TextField(null=True, blank=True, help_text="JSON error envelope")
+    lease_owner = models.CharField(max_length=255, default="", blank=True)
+    lease_epoch = models.BigIntegerField(default=0)
+    lease_expires_ms = models.BigIntegerField(null=True, blank=True)
+    runnable = models.BooleanField(default=True)
+    cancel_requested = models.BooleanField(default=False)
+    cancel_reason = models.TextField(default="", blank=True)
+    parent_instance_id = models.CharField(max_length=255, default="", blank=True)
+    parent_key = models.CharField(max_length=255, default="", blank=True)
+    service_name = models.CharField(max_length=255, default="", blank=True)
+    current_step = models.CharField(max_length=255, default="", blank=True)
+    started_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+    closed_at = models.DateTimeField(null=True, blank=True)
+
+    objects = WorkflowInstanceQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = "workflow instance"
+        ordering = ("-started_at", "-instance_id")
+        permissions = [
+            ("cancel_workflowinstance", "Can cancel workflow instances"),
+            ("signal_workflowinstance", "Can signal workflow instances"),
+            ("export_history", "Can export workflow history"),
+        ]
+        indexes = [
+            models.Index(
+                fields=["workflow_name"],
+                name="sv_inst_dispatch_idx",
+                condition=Q(status="running", runnable=True, lease_owner=""),
+            ),
+            models.Index(
+                fields=["lease_expires_ms"],
+                name="sv_inst_lease_idx",
+                condition=Q(status="running") & ~Q(lease_owner=""),
+            ),
+            models.Index(fields=["status", "-started_at"], name="sv_inst_status_idx"),
+            models.Index(fields=["workflow_name", "-started_at"], name="sv_inst_name_idx"),
+            models.Index(fields=["-started_at", "-instance_id"], name="sv_inst_started_idx"),
+            models.Index(fields=["closed_at"], name="sv_inst_closed_idx"),
+            models.Index(
+                fields=["parent_instance_id"],
+                name="sv_inst_parent_idx",
+                condition=~Q(parent_instance_id=""),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.instance_id
+
+
+class HistoryEvent(models.Model):
+    """One recorded command of an instance (or its close record); first value wins."""
+
+    id = models.BigAutoField(primary_key=True)
+    instance = models.ForeignKey(
+        WorkflowInstance, on_delete=models.CASCADE, related_name="history"
+    )
+    key = models.CharField(max_length=255)
+    seq = models.BigIntegerField(null=True, blank=True, help_text="command position")
+    command = models.CharField(max_length=32)
+    event_type = models.CharField(max_length=32)
+    data = models.TextField(null=True, blank=True, help_text="JSON value; NULL = no value yet")
+    reservation = models.TextField(null=True, blank=True)
+    delivered_seq = models.BigIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    arrived_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = "history event"
+        ordering = ("instance", "id")
+        constraints = [
+            models.UniqueConstraint(fields=["instance", "key"], name="sv_history_key_uniq"),
+        ]
+        indexes = [
+            models.Index(
+                fields=["instance"],
+                name="sv_history_undelivered_idx",
+                condition=Q(delivered_seq__isnull=True, data__isnull=False),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.instance_id}:{self.key}"
+
+
+class ActivityTaskStatus(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    RUNNING = "running", "Running"
+    COMPLETED = "completed", "Completed"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+class ActivityTaskQuerySet(models.QuerySet["ActivityTask"]):
+    def claimable(self, now_ms: int) -> ActivityTaskQuerySet:
+        """Queued and due, or running with a lapsed claim."""
+        return self.filter(
+            Q(status=ActivityTaskStatus.QUEUED, not_before_ms__lte=now_ms)
+            | Q(status=ActivityTaskStatus.RUNNING, claim_expires_ms__lt=now_ms)
+        )
+
+    def unfinished(self) -> ActivityTaskQuerySet:
+        return self.filter(status__in=(ActivityTaskStatus.QUEUED, ActivityTaskStatus.RUNNING))
+
+
+class ActivityTask(models.Model):
+    """The durable input, policy and current claim of one activity."""
+
+    id = models.BigAutoField(primary_key=True)
+    instance = models.ForeignKey(
+        WorkflowInstance, on_delete=models.CASCADE, related_name="activity_tasks"
+    )
+    workflow_name = models.CharField(max_length=255)
+    key = models.CharField(max_length=255)
+    seq = models.BigIntegerField()
+    name = models.CharField(max_length=255)
+    input = models.TextField()
+    queue = models.CharField(max_length=255, default="", blank=True)
+    options = models.JSONField(default=dict)
+    max_attempts = models.IntegerField(default=5)
+    status = models.CharField(
+        max_length=16, choices=ActivityTaskStatus.choices, default=ActivityTaskStatus.QUEUED
+    )
+    attempts = models.IntegerField(default=0, help_text="claims so far")
+    failures = models.IntegerField(default=0, help_text="attempts that used retry budget")
+    not_before_ms = models.BigIntegerField(default=0)
+    last_error = models.TextField(null=True, blank=True)
+    claim_owner = models.CharField(max_length=255, default="", blank=True)
+    claim_epoch = models.BigIntegerField(default=0)
+    claim_expires_ms = models.BigIntegerField(null=True, blank=True)
+    claim_started_ms = models.BigIntegerField(null=True, blank=True)
+    schedule_to_start_ms = models.BigIntegerField(null=True, blank=True)
+    start_to_close_ms = models.BigIntegerField(null=True, blank=True)
+    heartbeat_timeout_ms = models.BigIntegerField(null=True, blank=True)
+    schedule_deadline_ms = models.BigIntegerField(null=True, blank=True)
+    attempt_deadline_ms = models.BigIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = ActivityTaskQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = "activity task"
+        ordering = ("instance", "seq")
+        constraints = [
+            models.UniqueConstraint(fields=["instance", "key"], name="sv_task_key_uniq"),
+        ]
+        indexes = [
+            models.Index(
+                fields=["not_before_ms", "id"],
+                name="sv_task_queued_idx",
+                condition=Q(status="queued"),
+            ),
+            models.Index(
+                fields=["claim_expires_ms"],
+                name="sv_task_claim_idx",
+                condition=Q(status="running"),
+            ),
+            models.Index(
+                fields=["schedule_deadline_ms"],
+                name="sv_task_schedule_idx",
+                condition=Q(status="queued", schedule_deadline_ms__isnull=False),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.instance_id}:{self.key} ({self.name})"
+
+
+class TimerSubscription(models.Model):
+    """An armed durable timer: the poller fires it once its expiry has passed."""
+
+    id = models.BigAutoField(primary_key=True)
+    instance = models.ForeignKey(
+        WorkflowInstance, on_delete=models.CASCADE, related_name="timers"
+    )
+    key = models.CharField(max_length=255)
+    expires_at = models.DateTimeField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        verbose_name = "timer subscription"
+        constraints = [
+            models.UniqueConstraint(fields=["instance", "key"], name="sv_timer_key_uniq"),
+        ]
+        indexes = [models.Index(fields=["expires_at", "id"], name="sv_timer_due_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.instance_id}:{self.key} @ {self.expires_at.isoformat()}"
+
+
+class SignalMessage(models.Model):
+    """One entry of an instance's signal inbox (per-channel order by id)."""
+
+    id = models.BigAutoField(primary_key=True)
+    instance = models.ForeignKey(
+        WorkflowInstance, on_delete=models.CASCADE, related_name="signals"
+    )
+    channel = models.CharField(max_length=255)
+    payload = models.TextField()
+    sent_at = models.DateTimeField(auto_now_add=True)
+    delivered_seq = models.BigIntegerField(null=True, blank=True)
+    consumed_seq = models.BigIntegerField(null=True, blank=True)
+    consumed_key = models.CharField(max_length=255, default="", blank=True)
+
+    class Meta:
+        verbose_name = "signal"
+        ordering = ("instance", "id")
+        indexes = [
+            models.Index(
+                fields=["instance", "channel", "id"],
+                name="sv_signal_pending_idx",
+                condition=Q(consumed_seq__isnull=True),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.instance_id}:{self.channel}#{self.id}"
+
+
+class SystemLock(models.Model):
+    """A named lock with a lease, for leader election and maintenance duties."""
+
+    name = models.CharField(primary_key=True, max_length=255)
+    owner = models.CharField(max_length=255, default="", blank=True)
+    epoch = models.BigIntegerField(default=0)
+    expires_ms = models.BigIntegerField(default=0)
+
+    class Meta:
+        verbose_name = "system lock"
+
+    def __str__(self) -> str:
+        return self.name

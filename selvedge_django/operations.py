@@ -1,0 +1,404 @@
+"""The operations layer: starting, reading, waiting for and listing workflows.
+
+The public client API, the admin actions and ``manage.py runselvedge`` all call
+these functions; none of them sets a status by hand. Writes validate their input
+before anything is written, join the caller's ``transaction.atomic()`` when
+there is one, and wake workers only after commit.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import threading
+import time
+import unicodedata
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.db import transaction
+from django.db.models import F, Q
+from django.db.models.fields.json import KeyTransform
+from django.utils import timezone
+
+from . import exceptions as exc
+from . import hooks as hooks_module
+from .conf import get_settings
+from .engine.codec import Codec, error_from_envelope
+from .models import ActivityTask, WorkflowInstance, WorkflowStatus
+from .notify import Waker
+from .registry import WorkflowDefinition
+from .runtime import check_vendor, client_codec
+from .store import DjangoStore
+
+__all__ = [
+    "ActivityTaskInfo",
+    "InstancePage",
+    "WorkflowDescription",
+    "WorkflowResult",
+    "aget_workflow_result",
+    "astart_workflow",
+    "await_workflow",
+    "adescribe",
+    "afind_instances",
+    "alist_activity_tasks",
+    "describe",
+    "find_instances",
+    "get_workflow_result",
+    "list_activity_tasks",
+    "start_workflow",
+    "wait_workflow",
+]
+
+_PATH_RE = re.compile(r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*$")
+
+_stores: dict[tuple[str, int], DjangoStore] = {}
+_stores_lock = threading.Lock()
+
+
+def _store() -> DjangoStore:
+    settings = get_settings()
+    key = (settings.database, id(settings))
+    with _stores_lock:
+        store = _stores.get(key)
+        if store is None:
+            check_vendor(settings.database)
+            _stores.clear()
+            store = _stores[key] = DjangoStore(settings.database, client_codec(settings))
+            if settings.listen_notify is not None:
+                store.notify_enabled = settings.listen_notify and store.vendor == "postgresql"
+    return store
+
+
+def _codec() -> Codec:
+    return _store().codec
+
+
+# -- results ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WorkflowResult:
+    """The current result of an instance: ``output`` when completed, ``error`` otherwise."""
+
+    instance_id: str
+    status: str
+    output: Any = None
+    error: BaseException | None = None
+
+
+@dataclass(frozen=True)
+class WorkflowDescription:
+    """Durable status and links of one instance."""
+
+    instance_id: str
+    workflow_name: str
+    status: str
+    cancel_requested: bool
+    cancel_reason: str
+    parent_instance_id: str
+    parent_key: str
+    started_at: datetime
+    updated_at: datetime
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "instance_id": self.instance_id,
+            "workflow_name": self.workflow_name,
+            "status": self.status,
+            "cancel_requested": self.cancel_requested,
+            "cancel_reason": self.cancel_reason,
+            "parent_instance_id": self.parent_instance_id,
+            "parent_key": self.parent_key,
+            "started_at": self.started_at.isoformat(),
+            "updated_at": self.updated_at.isoformat(),
+        }
+
+
+@dataclass(frozen=True)
+class InstancePage:
+    """One page of :func:`find_instances`; pass ``next_page_token`` for the next."""
+
+    instances: list[WorkflowDescription]
+    next_page_token: str | None
+    has_more: bool
+
+
+@dataclass(frozen=True)
+class ActivityTaskInfo:
+    """The recorded policy and execution state of one activity task."""
+
+    key: str
+    name: str
+    queue: str
+    status: str
+    seq: int
+    options: dict[str, Any]
+    attempts: int
+    failures: int
+    last_error: BaseException | None
+
+
+def _describe(inst: WorkflowInstance) -> WorkflowDescription:
+    return WorkflowDescription(
+        instance_id=inst.instance_id,
+        workflow_name=inst.workflow_name,
+        status=inst.status,
+        cancel_requested=inst.cancel_requested,
+        cancel_reason=inst.cancel_reason,
+        parent_instance_id=inst.parent_instance_id,
+        parent_key=inst.parent_key,
+        started_at=inst.started_at,
+        updated_at=inst.updated_at,
+    )
+
+
+def _result(inst: WorkflowInstance) -> WorkflowResult:
+    output = None
+    error: BaseException | None = None
+    if inst.status == WorkflowStatus.COMPLETED and inst.output is not None:
+        output = json.loads(inst.output)
+    elif inst.error:
+        error = error_from_envelope(json.loads(inst.error))
+    return WorkflowResult(inst.instance_id, inst.status, output, error)
+
+
+# -- validation -------------------------------------------------------------------------
+
+
+def validate_instance_id(instance_id: object) -> str:
+    """Return a valid instance id or raise WorkflowStartRejected."""
+    if not isinstance(instance_id, str):
+        raise exc.WorkflowStartRejected(f"instance id must be a string, not {instance_id!r}")
+    if not 1 <= len(instance_id) <= 255:
+        raise exc.WorkflowStartRejected("instance id must be 1 to 255 characters")
+    if any(unicodedata.category(ch) == "Cc" for ch in instance_id):
+        raise exc.WorkflowStartRejected("instance id must not contain control characters")
+    return instance_id
+
+
+# -- writes -----------------------------------------------------------------------------
+
+
+def start_workflow(
+    workflow_or_name: WorkflowDefinition[Any] | str,
+    input: Any = None,
+    *,
+    instance_id: str | None = None,
+) -> str:
+    """Create a workflow instance and return its id.
+
+    Starting by name needs no local registration. Inside ``transaction.atomic()``
+    the start commits or rolls back with the caller's transaction, and workers are
+    woken only after commit. A taken id raises :class:`WorkflowAlreadyStarted`; an
+    invalid id or unencodable input raises :class:`WorkflowStartRejected` with
+    nothing written.
+    """
+    if isinstance(workflow_or_name, WorkflowDefinition):
+        name = workflow_or_name.name
+    elif isinstance(workflow_or_name, str) and workflow_or_name.strip():
+        name = workflow_or_name
+    else:
+        raise exc.WorkflowStartRejected("start_workflow needs a workflow definition or name")
+    if len(name) > 255:
+        raise exc.WorkflowStartRejected("workflow names are at most 255 characters")
+    instance_id = uuid.uuid4().hex if instance_id is None else validate_instance_id(instance_id)
+    store = _store()
+    try:
+        text = store.codec.encode(input, "workflow input")
+    except (TypeError, ValueError) as error:
+        raise exc.WorkflowStartRejected(f"workflow input is not JSON-encodable: {error}") from error
+    settings = get_settings()
+    store.create_instance(
+        instance_id, name, json.loads(text), service_name=settings.service_name
+    )
+    hooks = settings.hooks
+    if hooks is not None:
+        transaction.on_commit(
+            lambda: hooks_module.fire(
+                hooks, "on_workflow_started", instance_id=instance_id, workflow_name=name
+            ),
+            using=store.alias,
+        )
+    return instance_id
+
+
+# -- reads ------------------------------------------------------------------------------
+
+
+def get_workflow_result(instance_id: str) -> WorkflowResult:
+    """Read an instance's current status and result without waiting."""
+    return _result(_store().get_instance(instance_id))
+
+
+def wait_workflow(instance_id: str, timeout: float | None = None) -> WorkflowResult:
+    """Wait until the instance is closed and return its result.
+
+    Raises ``TimeoutError`` when ``timeout`` seconds pass first. Wake-ups from
+    workers in this process cut the wait short; ``WAIT_POLL_INTERVAL`` is the
+    fallback polling interval.
+    """
+    store = _store()
+    poll = get_settings().wait_poll_interval
+    deadline = None if timeout is None else time.monotonic() + timeout
+    waker = Waker()
+    topic = f"closed:{instance_id}"
+    store.bus.subscribe(topic, waker)
+    try:
+        while True:
+            result = get_workflow_result(instance_id)
+            if result.status != WorkflowStatus.RUNNING:
+                return result
+            wait = poll
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(
+                        f"workflow {instance_id!r} still running after {timeout} seconds"
+                    )
+                wait = min(wait, remaining)
+            waker.wait(wait)
+    finally:
+        store.bus.unsubscribe(topic, waker)
+
+
+def describe(instance_id: str) -> WorkflowDescription:
+    """Return the durable status, cancellation and parent links of an instance."""
+    return _describe(_store().get_instance(instance_id))
+
+
+def list_activity_tasks(instance_id: str) -> list[ActivityTaskInfo]:
+    """Return an instance's activity tasks in issue order."""
+    store = _store()
+    store.get_instance(instance_id)
+    tasks = ActivityTask.objects.using(store.alias).filter(instance_id=instance_id)
+    return [
+        ActivityTaskInfo(
+            key=t.key,
+            name=t.name,
+            queue=t.queue,
+            status=t.status,
+            seq=t.seq,
+            options=dict(t.options or {}),
+            attempts=t.attempts,
+            failures=t.failures,
+            last_error=error_from_envelope(json.loads(t.last_error)) if t.last_error else None,
+        )
+        for t in tasks.order_by("seq", "id")
+    ]
+
+
+def _encode_token(started_at: datetime, instance_id: str) -> str:
+    raw = json.dumps([started_at.isoformat(), instance_id]).encode()
+    return base64.urlsafe_b64encode(raw).decode()
+
+
+def _decode_token(token: str) -> tuple[datetime, str]:
+    try:
+        started, instance_id = json.loads(base64.urlsafe_b64decode(token.encode()))
+        return datetime.fromisoformat(started), str(instance_id)
+    except (ValueError, TypeError) as error:
+        raise ValueError(f"invalid page_token {token!r}") from error
+
+
+def find_instances(
+    *,
+    status: str | None = None,
+    workflow_name: str | None = None,
+    instance_id: str | None = None,
+    started_after: datetime | None = None,
+    started_before: datetime | None = None,
+    input_filters: dict[str, Any] | None = None,
+    limit: int = 50,
+    page_token: str | None = None,
+) -> InstancePage:
+    """List instances, newest first, with filters and cursor pagination.
+
+    ``workflow_name`` and ``instance_id`` are partial, case-insensitive matches.
+    ``input_filters`` maps dotted JSON paths (letters, digits, ``_`` and ``.``)
+    to exact values; a malformed path raises ``ValueError``. Values are always
+    bound as query parameters.
+    """
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
+        raise ValueError("limit must be an integer from 1 to 1000")
+    store = _store()
+    qs = WorkflowInstance.objects.using(store.alias).all()
+    if status is not None:
+        if status not in WorkflowStatus.values:
+            raise ValueError(f"unknown status {status!r}")
+        qs = qs.filter(status=status)
+    if workflow_name:
+        qs = qs.filter(workflow_name__icontains=workflow_name)
+    if instance_id:
+        qs = qs.filter(instance_id__icontains=instance_id)
+    if started_after is not None:
+        qs = qs.filter(started_at__gt=started_after)
+    if started_before is not None:
+        qs = qs.filter(started_at__lt=started_before)
+    if input_filters:
+        if not isinstance(input_filters, dict):
+            raise ValueError("input_filters must be a dict of dotted paths to values")
+        aliases: dict[str, Any] = {}
+        conditions: dict[str, Any] = {}
+        for index, (path, value) in enumerate(input_filters.items()):
+            if not isinstance(path, str) or not _PATH_RE.match(path):
+                raise ValueError(
+                    f"invalid input filter path {path!r}: use letters, digits, _ and ."
+                )
+            try:
+                store.codec.encode(value, "input filter value")
+            except (TypeError, ValueError) as error:
+                raise ValueError(f"input filter value for {path!r} is not JSON") from error
+            expr: Any = F("input")
+            for part in path.split("."):
+                expr = KeyTransform(part, expr)
+            aliases[f"_sv_filter_{index}"] = expr
+            conditions[f"_sv_filter_{index}"] = value
+        qs = qs.alias(**aliases).filter(**conditions)
+    if page_token:
+        started, last_id = _decode_token(page_token)
+        qs = qs.filter(Q(started_at__lt=started) | Q(started_at=started, instance_id__lt=last_id))
+    rows = list(qs.order_by("-started_at", "-instance_id")[: limit + 1])
+    has_more = len(rows) > limit
+    rows = rows[:limit]
+    token = _encode_token(rows[-1].started_at, rows[-1].instance_id) if has_more else None
+    return InstancePage([_describe(r) for r in rows], token, has_more)
+
+
+# -- async twins ------------------------------------------------------------------------
+
+astart_workflow = sync_to_async(start_workflow)
+aget_workflow_result = sync_to_async(get_workflow_result)
+adescribe = sync_to_async(describe)
+afind_instances = sync_to_async(find_instances)
+alist_activity_tasks = sync_to_async(list_activity_tasks)
+
+
+async def await_workflow(instance_id: str, timeout: float | None = None) -> WorkflowResult:
+    """Async twin of :func:`wait_workflow` (polls without blocking the event loop)."""
+    import asyncio
+
+    poll = get_settings().wait_poll_interval
+    deadline = None if timeout is None else time.monotonic() + timeout
+    delay = min(0.02, poll)
+    while True:
+        result = await aget_workflow_result(instance_id)
+        if result.status != WorkflowStatus.RUNNING:
+            return result
+        if deadline is not None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(
+                    f"workflow {instance_id!r} still running after {timeout} seconds"
+                )
+            delay = min(delay, remaining)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, poll)
+
+
+def _now() -> datetime:
+    return timezone.now()

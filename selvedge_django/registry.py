@@ -1,0 +1,268 @@
+"""Defining and registering workflows and activities.
+
+``@activity(name=...)`` and ``@workflow(name=...)`` wrap plain functions in
+definitions and register them in the process-wide registry under their durable
+name. Workers dispatch by that name, so it must never change once instances
+exist. Registering the same function again is fine; another function under a
+taken name raises a conflict error.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, Generic, TypeVar, overload
+
+from .engine.execution import Future, current_execution
+from .engine.execution import WorkflowContext as _WorkflowContext
+from .engine.options import ActivityOptions, RetryPolicy
+from .exceptions import ActivityNameConflict, WorkflowNameConflict
+
+__all__ = [
+    "ActivityDefinition",
+    "WorkflowDefinition",
+    "activity",
+    "get_activity",
+    "get_workflow",
+    "registered_activity_names",
+    "registered_workflow_names",
+    "workflow",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+R = TypeVar("R")
+
+_lock = threading.Lock()
+_activities: dict[str, ActivityDefinition[Any]] = {}
+_workflows: dict[str, WorkflowDefinition[Any]] = {}
+
+
+def _same_function(a: Callable[..., Any], b: Callable[..., Any]) -> bool:
+    if a is b:
+        return True
+    # A module imported twice (autoreload, __main__ vs package) defines equal functions.
+    return (
+        getattr(a, "__module__", None) == getattr(b, "__module__", None)
+        and getattr(a, "__qualname__", None) == getattr(b, "__qualname__", None)
+        and getattr(a, "__code__", None) is not None
+        and getattr(a, "__code__", None).co_code == getattr(b, "__code__", None).co_code  # type: ignore[union-attr]
+    )
+
+
+def _validate_name(name: object, what: str) -> str:
+    if not isinstance(name, str) or not name.strip() or len(name) > 255:
+        raise ValueError(f"{what} name must be a non-empty string of at most 255 characters")
+    return name
+
+
+class ActivityDefinition(Generic[R]):
+    """A registered activity: a function of one JSON input, run with retries."""
+
+    def __init__(
+        self,
+        fn: Callable[[Any], R],
+        name: str,
+        options: ActivityOptions,
+        transactional: bool = False,
+    ) -> None:
+        self.fn = fn
+        self.name = name
+        self.options = options
+        self.transactional = transactional
+        self.__doc__ = fn.__doc__
+        self.__wrapped__ = fn
+
+    def __repr__(self) -> str:
+        return f"<activity {self.name!r}>"
+
+    def __call__(self, input: Any = None) -> R:
+        """Call the function directly, outside any workflow (for unit tests)."""
+        return self.fn(input)
+
+    @property
+    def non_retryable_errors(self) -> tuple[type[BaseException], ...]:
+        return self.options.effective_retry_policy().non_retryable_errors
+
+    def execute(
+        self,
+        ctx: _WorkflowContext,
+        input: Any = None,
+        options: ActivityOptions | None = None,
+        activity_id: str | None = None,
+    ) -> R:
+        """Issue the activity and wait for its durable outcome (runs inline when it can)."""
+        future = self._issue(ctx, input, options, activity_id, inline=True)
+        result: R = future.get(ctx)
+        return result
+
+    def execute_async(
+        self,
+        ctx: _WorkflowContext,
+        input: Any = None,
+        options: ActivityOptions | None = None,
+        activity_id: str | None = None,
+    ) -> Future:
+        """Reserve the activity in issue order and return a Future without waiting."""
+        return self._issue(ctx, input, options, activity_id, inline=False)
+
+    def _issue(
+        self,
+        ctx: _WorkflowContext,
+        input: Any,
+        options: ActivityOptions | None,
+        activity_id: str | None,
+        *,
+        inline: bool,
+    ) -> Future:
+        if not isinstance(ctx, _WorkflowContext):
+            raise TypeError("the first argument of execute() is the workflow's ctx")
+        if options is not None and not isinstance(options, ActivityOptions):
+            raise TypeError("options must be an ActivityOptions")
+        register_activity(self)
+        return ctx._execution.issue_activity(self, input, options, activity_id, inline=inline)
+
+
+class WorkflowDefinition(Generic[R]):
+    """A registered workflow: a function of (ctx, input) replayed from its history."""
+
+    def __init__(self, fn: Callable[[_WorkflowContext, Any], R], name: str) -> None:
+        self.fn = fn
+        self.name = name
+        self.__doc__ = fn.__doc__
+        self.__wrapped__ = fn
+
+    def __repr__(self) -> str:
+        return f"<workflow {self.name!r}>"
+
+    def __call__(self, ctx: _WorkflowContext, input: Any = None) -> R:
+        if current_execution() is None:
+            raise RuntimeError(
+                "a workflow runs under a worker: use selvedge_django.start_workflow()"
+            )
+        return self.fn(ctx, input)
+
+
+def register_activity(definition: ActivityDefinition[Any]) -> None:
+    """Register an activity definition, refusing another function under its name."""
+    with _lock:
+        existing = _activities.get(definition.name)
+        if existing is not None and existing is not definition:
+            if not _same_function(existing.fn, definition.fn):
+                raise ActivityNameConflict(
+                    f"activity name {definition.name!r} is already registered to "
+                    f"{existing.fn.__module__}.{existing.fn.__qualname__}"
+                )
+        _activities[definition.name] = definition
+
+
+def register_workflow(definition: WorkflowDefinition[Any]) -> None:
+    """Register a workflow definition, refusing another function under its name."""
+    with _lock:
+        existing = _workflows.get(definition.name)
+        if existing is not None and existing is not definition:
+            if not _same_function(existing.fn, definition.fn):
+                raise WorkflowNameConflict(
+                    f"workflow name {definition.name!r} is already registered to "
+                    f"{existing.fn.__module__}.{existing.fn.__qualname__}"
+                )
+        _workflows[definition.name] = definition
+
+
+def unregister(name: str, *, kind: str) -> None:
+    """Remove a registration (tests that define throwaway workflows use this)."""
+    with _lock:
+        (_activities if kind == "activity" else _workflows).pop(name, None)
+
+
+def get_activity(name: str) -> ActivityDefinition[Any] | None:
+    return _activities.get(name)
+
+
+def get_workflow(name: str) -> WorkflowDefinition[Any] | None:
+    return _workflows.get(name)
+
+
+def registered_activity_names() -> list[str]:
+    return sorted(_activities)
+
+
+def registered_workflow_names() -> list[str]:
+    return sorted(_workflows)
+
+
+@overload
+def activity(fn: F, /) -> ActivityDefinition[Any]: ...
+
+
+@overload
+def activity(
+    *,
+    name: str,
+    queue: str = "",
+    start_to_close_timeout: float | timedelta | None = None,
+    schedule_to_start_timeout: float | timedelta | None = None,
+    heartbeat_timeout: float | timedelta | None = None,
+    retry_policy: RetryPolicy | None = None,
+    transactional: bool = False,
+) -> Callable[[Callable[[Any], R]], ActivityDefinition[R]]: ...
+
+
+def activity(
+    fn: Callable[[Any], Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    queue: str = "",
+    start_to_close_timeout: float | timedelta | None = None,
+    schedule_to_start_timeout: float | timedelta | None = None,
+    heartbeat_timeout: float | timedelta | None = None,
+    retry_policy: RetryPolicy | None = None,
+    transactional: bool = False,
+) -> Any:
+    """Define an activity: ``@activity(name="charge", retry_policy=RetryPolicy(...))``.
+
+    ``name`` is required and durable. The other arguments are the defaults that
+    ``execute(..., options=ActivityOptions(...))`` can override field by field.
+    With ``transactional=True`` the body runs in ``transaction.atomic()`` on the
+    engine's database and its outcome commits in that same transaction.
+    """
+    if fn is not None:
+        raise TypeError("@activity needs a durable name: use @activity(name='...')")
+    if name is None:
+        raise TypeError("@activity needs a durable name: use @activity(name='...')")
+    _validate_name(name, "activity")
+    options = ActivityOptions(
+        queue=queue,
+        start_to_close_timeout=start_to_close_timeout,
+        schedule_to_start_timeout=schedule_to_start_timeout,
+        heartbeat_timeout=heartbeat_timeout,
+        retry_policy=retry_policy,
+    )
+
+    def decorate(func: Callable[[Any], R]) -> ActivityDefinition[R]:
+        if not callable(func):
+            raise TypeError("@activity decorates a function")
+        definition = ActivityDefinition(func, name, options, transactional=bool(transactional))
+        register_activity(definition)
+        return definition
+
+    return decorate
+
+
+def workflow(
+    fn: Callable[..., Any] | None = None, /, *, name: str | None = None
+) -> Callable[[Callable[[_WorkflowContext, Any], R]], WorkflowDefinition[R]]:
+    """Define a workflow: ``@workflow(name="order")`` on a function of ``(ctx, input)``."""
+    if fn is not None or name is None:
+        raise TypeError("@workflow needs a durable name: use @workflow(name='...')")
+    _validate_name(name, "workflow")
+
+    def decorate(func: Callable[[_WorkflowContext, Any], R]) -> WorkflowDefinition[R]:
+        if not callable(func):
+            raise TypeError("@workflow decorates a function")
+        definition = WorkflowDefinition(func, name)
+        register_workflow(definition)
+        return definition
+
+    return decorate

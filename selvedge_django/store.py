@@ -1,0 +1,774 @@
+"""The ORM store: every durable operation, one transaction each, on one database alias.
+
+Fenced writes start with a conditional update of the instance row that must
+touch exactly one row (the writer still holds the lease epoch); on PostgreSQL
+that update also locks the row, so writers of one instance serialise. Claims
+are fenced the same way by (owner, claim epoch) on the task row. Lease and
+claim expiry use the database clock (``DbNowMs``). Wake-ups go out through the
+in-process bus and, on PostgreSQL, NOTIFY, always after commit.
+
+SQLite: write transactions begin IMMEDIATE (the write lock is taken up front and
+waited for with the busy timeout) and the database runs in WAL mode, so worker
+threads never see "database is locked".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from datetime import datetime
+from typing import Any
+
+from django.db import DatabaseError, IntegrityError, connections, transaction
+from django.db.models import Case, F, Func, IntegerField, Q, Value, When
+from django.db.models.expressions import Combinable
+from django.utils import timezone
+
+from . import exceptions as exc
+from .engine.codec import Codec
+from .engine.store import (
+    CLOSE_EVENT_BY_STATUS,
+    CLOSE_KEY,
+    CMD_CLOSE,
+    EV_ACTIVITY_CANCELLED,
+    EV_ACTIVITY_COMPLETED,
+    EV_ACTIVITY_FAILED,
+    ClaimedTask,
+    CloseRequest,
+    ExecutionSnapshot,
+    Fence,
+    HistoryRow,
+    TaskClaim,
+    TaskSpec,
+)
+from .models import (
+    ActivityTask,
+    ActivityTaskStatus,
+    HistoryEvent,
+    WorkflowInstance,
+    WorkflowStatus,
+)
+from .notify import Bus, bus_for
+
+__all__ = ["DbNowMs", "DjangoStore", "store_for"]
+
+logger = logging.getLogger("selvedge_django.store")
+
+NOTIFY_CHANNEL = "selvedge_wake"
+
+
+class DbNowMs(Func):
+    """The database clock in Unix milliseconds (plus a test offset)."""
+
+    output_field = IntegerField()
+
+    def __init__(self, offset_ms: int = 0) -> None:
+        super().__init__()
+        self.offset_ms = int(offset_ms)
+
+    def as_sql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
+        vendor = connection.vendor
+        if vendor == "postgresql":
+            sql = "(CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) + %s)"
+        elif vendor == "sqlite":
+            sql = "(CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) + %s)"
+        else:  # pragma: no cover - rejected at start by the system checks
+            raise exc.SelvedgeError(f"unsupported database vendor {vendor!r}")
+        return sql, [self.offset_ms]
+
+
+def _ms(seconds: float | None) -> int | None:
+    return None if seconds is None else int(round(seconds * 1000))
+
+
+class DjangoStore:
+    """Durable operations over the Django ORM for one database alias."""
+
+    def __init__(self, alias: str, codec: Codec) -> None:
+        self.alias = alias
+        self.codec = codec
+        settings_dict = connections[alias].settings_dict
+        self.vendor = connections[alias].vendor
+        self.identity = f"{alias}:{self.vendor}:{settings_dict.get('NAME')}"
+        self.bus: Bus = bus_for(self.identity)
+        # Tests shift the database clock instead of waiting (see selvedge_django.testing).
+        self.clock_offset_ms = 0
+        self.lease_ttl = 30.0
+        self.activity_names: Callable[[], Sequence[str] | None] = lambda: None
+        self.activity_queues: tuple[str, ...] | None = None
+        self.notify_enabled = self.vendor == "postgresql"
+
+    # -- plumbing ---------------------------------------------------------------------
+
+    @property
+    def connection(self) -> Any:
+        return connections[self.alias]
+
+    def now_expr(self, plus_seconds: float = 0.0) -> Combinable:
+        expr = DbNowMs(self.clock_offset_ms)
+        if plus_seconds:
+            return expr + Value(int(round(plus_seconds * 1000)))
+        return expr
+
+    def now_ms(self) -> int:
+        with self.connection.cursor() as cursor:
+            sql, params = DbNowMs(self.clock_offset_ms).as_sql(None, self.connection)
+            cursor.execute("SELECT " + sql, params)
+            row = cursor.fetchone()
+        return int(row[0])
+
+    @contextlib.contextmanager
+    def atomic(self) -> Iterator[None]:
+        """A write transaction; on SQLite it begins IMMEDIATE to take the write lock first."""
+        conn = self.connection
+        if self.vendor == "sqlite" and not conn.in_atomic_block:
+            previous = getattr(conn, "transaction_mode", None)
+            conn.ensure_connection()
+            conn.transaction_mode = "IMMEDIATE"
+            try:
+                with transaction.atomic(using=self.alias):
+                    conn.transaction_mode = previous
+                    yield
+            finally:
+                conn.transaction_mode = previous
+        else:
+            with transaction.atomic(using=self.alias):
+                yield
+
+    @contextlib.contextmanager
+    def read_snapshot(self) -> Iterator[None]:
+        """One consistent read: REPEATABLE READ on PostgreSQL, a deferred read on SQLite."""
+        conn = self.connection
+        if conn.in_atomic_block:
+            yield
+            return
+        if self.vendor == "postgresql":
+            with transaction.atomic(using=self.alias):
+                with conn.cursor() as cursor:
+                    cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                yield
+        else:
+            previous = getattr(conn, "transaction_mode", None)
+            conn.ensure_connection()
+            conn.transaction_mode = None
+            try:
+                with transaction.atomic(using=self.alias):
+                    conn.transaction_mode = previous
+                    yield
+            finally:
+                conn.transaction_mode = previous
+
+    def after_commit(self, *topics: str, notify_ids: Sequence[str] = ()) -> None:
+        """Publish wake-ups once the current transaction commits."""
+
+        def send() -> None:
+            for topic in topics:
+                self.bus.publish(topic)
+            if self.notify_enabled and topics:
+                self._pg_notify(topics)
+
+        transaction.on_commit(send, using=self.alias)
+
+    def _pg_notify(self, topics: Sequence[str]) -> None:
+        try:
+            with self.connection.cursor() as cursor:
+                for topic in topics:
+                    cursor.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, topic])
+        except DatabaseError:  # a hint only: pollers will find the work
+            logger.debug("NOTIFY failed", exc_info=True)
+
+    def _fence(self, fence: Fence) -> None:
+        """The fence check: the first statement of every fenced transaction."""
+        updated = WorkflowInstance.objects.using(self.alias).filter(
+            instance_id=fence.instance_id,
+            lease_owner=fence.owner,
+            lease_epoch=fence.epoch,
+            status=WorkflowStatus.RUNNING,
+        ).update(updated_at=timezone.now())
+        if updated != 1:
+            raise exc.Fenced(
+                f"execution of {fence.instance_id!r} (epoch {fence.epoch}) no longer holds the lease"
+            )
+
+    # -- instances ----------------------------------------------------------------------
+
+    def create_instance(
+        self,
+        instance_id: str,
+        workflow_name: str,
+        input_value: Any,
+        *,
+        service_name: str = "",
+        parent_instance_id: str = "",
+        parent_key: str = "",
+        started_at: datetime | None = None,
+    ) -> None:
+        """Insert a runnable instance; a taken id raises WorkflowAlreadyStarted."""
+        now = started_at or timezone.now()
+        try:
+            with transaction.atomic(using=self.alias):
+                WorkflowInstance.objects.using(self.alias).create(
+                    instance_id=instance_id,
+                    workflow_name=workflow_name,
+                    input=input_value,
+                    status=WorkflowStatus.RUNNING,
+                    runnable=True,
+                    service_name=service_name,
+                    parent_instance_id=parent_instance_id,
+                    parent_key=parent_key,
+                    started_at=now,
+                    updated_at=now,
+                )
+        except IntegrityError as error:
+            raise exc.WorkflowAlreadyStarted(instance_id) from error
+        self.after_commit("runnable")
+
+    def get_instance(self, instance_id: str) -> WorkflowInstance:
+        try:
+            return WorkflowInstance.objects.using(self.alias).get(instance_id=instance_id)
+        except WorkflowInstance.DoesNotExist:
+            raise exc.WorkflowNotFound(instance_id) from None
+
+    # -- leases -------------------------------------------------------------------------
+
+    def acquire_batch(
+        self, owner: str, ttl: float, limit: int, names: Sequence[str] | None
+    ) -> list[Fence]:
+        """Lease up to ``limit`` dispatchable instances (runnable or expired) for ``owner``."""
+        if limit <= 0 or (names is not None and not names):
+            return []
+        with self.atomic():
+            now = self.now_expr()
+            candidates = WorkflowInstance.objects.using(self.alias).filter(
+                Q(status=WorkflowStatus.RUNNING)
+                & (
+                    Q(runnable=True, lease_owner="")
+                    | (Q(lease_expires_ms__lt=now) & ~Q(lease_owner=""))
+                )
+            )
+            if names is not None:
+                candidates = candidates.filter(workflow_name__in=list(names))
+            ids = list(
+                candidates.order_by()
+                .select_for_update(skip_locked=True)
+                .values_list("instance_id", flat=True)[:limit]
+            )
+            if not ids:
+                return []
+            WorkflowInstance.objects.using(self.alias).filter(instance_id__in=ids).update(
+                lease_owner=owner,
+                lease_epoch=F("lease_epoch") + 1,
+                lease_expires_ms=self.now_expr(ttl),
+                runnable=False,
+            )
+            rows = WorkflowInstance.objects.using(self.alias).filter(
+                instance_id__in=ids, lease_owner=owner
+            ).values_list("instance_id", "lease_epoch")
+            return [Fence(instance_id, owner, epoch) for instance_id, epoch in rows]
+
+    def acquire(self, instance_id: str, owner: str, ttl: float) -> Fence | None:
+        """Lease one instance if it is dispatchable."""
+        with self.atomic():
+            qs = WorkflowInstance.objects.using(self.alias).filter(
+                Q(instance_id=instance_id, status=WorkflowStatus.RUNNING)
+                & (
+                    Q(runnable=True, lease_owner="")
+                    | (Q(lease_expires_ms__lt=self.now_expr()) & ~Q(lease_owner=""))
+                )
+            )
+            if not qs.update(
+                lease_owner=owner,
+                lease_epoch=F("lease_epoch") + 1,
+                lease_expires_ms=self.now_expr(ttl),
+                runnable=False,
+            ):
+                return None
+            epoch = (
+                WorkflowInstance.objects.using(self.alias)
+                .filter(instance_id=instance_id)
+                .values_list("lease_epoch", flat=True)
+                .get()
+            )
+        return Fence(instance_id, owner, epoch)
+
+    def renew_lease(self, fence: Fence, ttl: float) -> bool:
+        """Extend an unexpired matching lease on the database clock."""
+        return bool(
+            WorkflowInstance.objects.using(self.alias)
+            .filter(
+                instance_id=fence.instance_id,
+                lease_owner=fence.owner,
+                lease_epoch=fence.epoch,
+                status=WorkflowStatus.RUNNING,
+                lease_expires_ms__gte=self.now_expr(),
+            )
+            .update(lease_expires_ms=self.now_expr(ttl))
+        )
+
+    def release_lease(self, fence: Fence, runnable: bool = False) -> None:
+        """Clear a matching lease, keeping pending input runnable."""
+        updated = (
+            WorkflowInstance.objects.using(self.alias)
+            .filter(
+                instance_id=fence.instance_id,
+                lease_owner=fence.owner,
+                lease_epoch=fence.epoch,
+            )
+            .update(
+                lease_owner="",
+                lease_expires_ms=None,
+                runnable=Value(True) if runnable else F("runnable"),
+            )
+        )
+        if updated:
+            # An arrival during the execution left the instance runnable: dispatch again.
+            self.bus.publish("runnable")
+            if self.notify_enabled:
+                self._pg_notify(["runnable"])
+
+    def load_snapshot(self, instance_id: str) -> ExecutionSnapshot:
+        """Read the instance and its whole history for one execution."""
+        inst = self.get_instance(instance_id)
+        rows = (
+            HistoryEvent.objects.using(self.alias)
+            .filter(instance_id=instance_id)
+            .order_by("id")
+            .values_list("key", "seq", "command", "event_type", "data", "reservation", "delivered_seq")
+        )
+        history = [HistoryRow(*row) for row in rows]
+        return ExecutionSnapshot(
+            instance_id=inst.instance_id,
+            workflow_name=inst.workflow_name,
+            input=inst.input,
+            status=inst.status,
+            cancel_requested=inst.cancel_requested,
+            cancel_reason=inst.cancel_reason,
+            parent_instance_id=inst.parent_instance_id,
+            parent_key=inst.parent_key,
+            history=history,
+        )
+
+    # -- history ------------------------------------------------------------------------
+
+    def _insert_row(self, instance_id: str, row: HistoryRow) -> HistoryRow:
+        try:
+            with transaction.atomic(using=self.alias, savepoint=self.vendor == "postgresql"):
+                HistoryEvent.objects.using(self.alias).create(
+                    instance_id=instance_id,
+                    key=row.key,
+                    seq=row.seq,
+                    command=row.command,
+                    event_type=row.event_type,
+                    data=row.data,
+                    reservation=row.reservation,
+                    delivered_seq=row.delivered_seq,
+                )
+        except IntegrityError:
+            stored = self.get_row(instance_id, row.key)
+            if stored is None:
+                raise
+            return stored
+        return row
+
+    def record_command(self, fence: Fence, row: HistoryRow) -> HistoryRow:
+        with self.atomic():
+            self._fence(fence)
+            return self._insert_row(fence.instance_id, row)
+
+    def get_row(self, instance_id: str, key: str) -> HistoryRow | None:
+        found = (
+            HistoryEvent.objects.using(self.alias)
+            .filter(instance_id=instance_id, key=key)
+            .values_list("key", "seq", "command", "event_type", "data", "reservation", "delivered_seq")
+            .first()
+        )
+        return HistoryRow(*found) if found is not None else None
+
+    # -- activity tasks -----------------------------------------------------------------
+
+    def _claim_ttl(self, start_to_close: float | None, heartbeat: float | None) -> float:
+        ttl = self.lease_ttl
+        if heartbeat is not None:
+            ttl = min(ttl, heartbeat)
+        if start_to_close is not None:
+            ttl = min(ttl, start_to_close)
+        return ttl
+
+    def reserve_activity(
+        self, fence: Fence, row: HistoryRow, task: TaskSpec, claim_owner: str | None
+    ) -> tuple[HistoryRow, ClaimedTask | None]:
+        """Reserve the command and create its task (claimed inline when asked) atomically."""
+        with self.atomic():
+            self._fence(fence)
+            stored = self._insert_row(fence.instance_id, row)
+            if stored is not row:
+                return stored, None
+            ttl = self._claim_ttl(task.start_to_close_timeout, task.heartbeat_timeout)
+            fields: dict[str, Any] = dict(
+                instance_id=fence.instance_id,
+                workflow_name=task.workflow_name,
+                key=row.key,
+                seq=row.seq or 0,
+                name=task.name,
+                input=task.input,
+                queue=task.queue,
+                options=task.options,
+                max_attempts=task.max_attempts,
+                schedule_to_start_ms=_ms(task.schedule_to_start_timeout),
+                start_to_close_ms=_ms(task.start_to_close_timeout),
+                heartbeat_timeout_ms=_ms(task.heartbeat_timeout),
+                not_before_ms=0,
+            )
+            if claim_owner is not None:
+                fields.update(
+                    status=ActivityTaskStatus.RUNNING,
+                    attempts=1,
+                    claim_owner=claim_owner,
+                    claim_epoch=1,
+                    claim_expires_ms=self.now_expr(ttl),
+                    claim_started_ms=self.now_expr(),
+                    attempt_deadline_ms=self.now_expr(task.start_to_close_timeout)
+                    if task.start_to_close_timeout is not None
+                    else None,
+                )
+            else:
+                fields.update(
+                    status=ActivityTaskStatus.QUEUED,
+                    schedule_deadline_ms=self.now_expr(task.schedule_to_start_timeout)
+                    if task.schedule_to_start_timeout is not None
+                    else None,
+                )
+            created = ActivityTask.objects.using(self.alias).create(**fields)
+            if claim_owner is None:
+                self.after_commit("task")
+                return stored, None
+            claimed = ClaimedTask(
+                claim=TaskClaim(created.id, fence.instance_id, row.key, claim_owner, 1),
+                name=task.name,
+                workflow_name=task.workflow_name,
+                input=task.input,
+                options=task.options,
+                attempt=1,
+                failures=0,
+                max_attempts=task.max_attempts,
+                claim_ttl=ttl,
+                start_to_close_timeout=task.start_to_close_timeout,
+                heartbeat_timeout=task.heartbeat_timeout,
+            )
+            return stored, claimed
+
+    def _claimable(self) -> Any:
+        now = self.now_expr()
+        qs = ActivityTask.objects.using(self.alias).filter(
+            Q(status=ActivityTaskStatus.QUEUED, not_before_ms__lte=now)
+            | (
+                Q(status=ActivityTaskStatus.RUNNING, claim_expires_ms__lt=now)
+                & (Q(max_attempts=0) | Q(failures__lt=F("max_attempts") - 1))
+            )
+        )
+        if self.activity_queues is not None:
+            qs = qs.filter(queue__in=list(self.activity_queues))
+        return qs
+
+    def _take_claims(self, ids: list[int], owner: str) -> list[ClaimedTask]:
+        """Claim the given task ids (already filtered) and read them back in full."""
+        if not ids:
+            return []
+        ActivityTask.objects.using(self.alias).filter(id__in=ids).update(
+            failures=Case(
+                When(status=ActivityTaskStatus.RUNNING, then=F("failures") + 1),
+                default=F("failures"),
+            ),
+            status=ActivityTaskStatus.RUNNING,
+            attempts=F("attempts") + 1,
+            claim_owner=owner,
+            claim_epoch=F("claim_epoch") + 1,
+            claim_started_ms=self.now_expr(),
+            schedule_deadline_ms=None,
+        )
+        tasks = list(
+            ActivityTask.objects.using(self.alias).filter(id__in=ids, claim_owner=owner).order_by("id")
+        )
+        claimed: list[ClaimedTask] = []
+        for task in tasks:
+            start_to_close = task.start_to_close_ms / 1000 if task.start_to_close_ms else None
+            heartbeat = task.heartbeat_timeout_ms / 1000 if task.heartbeat_timeout_ms else None
+            ttl = self._claim_ttl(start_to_close, heartbeat)
+            ActivityTask.objects.using(self.alias).filter(id=task.id).update(
+                claim_expires_ms=self.now_expr(ttl),
+                attempt_deadline_ms=self.now_expr(start_to_close) if start_to_close else None,
+            )
+            claimed.append(
+                ClaimedTask(
+                    claim=TaskClaim(task.id, task.instance_id, task.key, owner, task.claim_epoch),
+                    name=task.name,
+                    workflow_name=task.workflow_name,
+                    input=task.input,
+                    options=task.options,
+                    attempt=task.attempts,
+                    failures=task.failures,
+                    max_attempts=task.max_attempts,
+                    claim_ttl=ttl,
+                    start_to_close_timeout=start_to_close,
+                    heartbeat_timeout=heartbeat,
+                )
+            )
+        return claimed
+
+    def claim_task(self, instance_id: str, key: str, owner: str) -> ClaimedTask | None:
+        """Claim one task of an instance inline, if due and servable here."""
+        names = self.activity_names()
+        with self.atomic():
+            qs = self._claimable().filter(instance_id=instance_id, key=key)
+            if names is not None:
+                qs = qs.filter(name__in=list(names))
+            ids = list(
+                qs.order_by().select_for_update(skip_locked=True).values_list("id", flat=True)[:1]
+            )
+            claimed = self._take_claims(ids, owner)
+        return claimed[0] if claimed else None
+
+    def claim_tasks(self, owner: str, limit: int, names: Sequence[str]) -> list[ClaimedTask]:
+        """Claim up to ``limit`` due tasks of registered activities, oldest first."""
+        if limit <= 0 or not names:
+            return []
+        with self.atomic():
+            ids = list(
+                self._claimable()
+                .filter(name__in=list(names))
+                .order_by("not_before_ms", "id")
+                .select_for_update(skip_locked=True)
+                .values_list("id", flat=True)[:limit]
+            )
+            return self._take_claims(ids, owner)
+
+    def _claim_filter(self, claim: TaskClaim) -> Any:
+        return ActivityTask.objects.using(self.alias).filter(
+            id=claim.task_id,
+            claim_owner=claim.owner,
+            claim_epoch=claim.epoch,
+            status=ActivityTaskStatus.RUNNING,
+        )
+
+    def _arrive(
+        self, claim: TaskClaim, event_type: str, data: str, inline_fence: Fence | None
+    ) -> None:
+        HistoryEvent.objects.using(self.alias).filter(
+            instance_id=claim.instance_id, key=claim.key, data__isnull=True
+        ).update(data=data, event_type=event_type, arrived_at=timezone.now())
+        if inline_fence is not None:
+            runnable: Any = Case(
+                When(
+                    lease_owner=inline_fence.owner,
+                    lease_epoch=inline_fence.epoch,
+                    then=F("runnable"),
+                ),
+                default=Value(True),
+            )
+        else:
+            runnable = Value(True)
+        WorkflowInstance.objects.using(self.alias).filter(
+            instance_id=claim.instance_id, status=WorkflowStatus.RUNNING
+        ).update(runnable=runnable)
+        if inline_fence is None:
+            self.after_commit("runnable")
+
+    def complete_task(
+        self,
+        claim: TaskClaim,
+        output: str,
+        *,
+        inline_fence: Fence | None = None,
+    ) -> bool:
+        """Record a successful attempt; False when the claim was lost (late result)."""
+        with self.atomic():
+            if not self._claim_filter(claim).update(
+                status=ActivityTaskStatus.COMPLETED, claim_expires_ms=None
+            ):
+                return False
+            self._arrive(claim, EV_ACTIVITY_COMPLETED, output, inline_fence)
+        return True
+
+    def fail_task(
+        self,
+        claim: TaskClaim,
+        error: str,
+        *,
+        count_failure: bool = True,
+        inline_fence: Fence | None = None,
+    ) -> bool:
+        """Record a final failure (non-retryable or retries exhausted)."""
+        with self.atomic():
+            if not self._claim_filter(claim).update(
+                status=ActivityTaskStatus.FAILED,
+                claim_expires_ms=None,
+                last_error=error,
+                failures=F("failures") + (1 if count_failure else 0),
+            ):
+                return False
+            self._arrive(claim, EV_ACTIVITY_FAILED, error, inline_fence)
+        return True
+
+    def retry_task(self, claim: TaskClaim, error: str, delay: float) -> bool:
+        """Return the task to the queue with one more failure and a not-before time."""
+        with self.atomic():
+            if not self._claim_filter(claim).update(
+                status=ActivityTaskStatus.QUEUED,
+                claim_owner="",
+                claim_expires_ms=None,
+                failures=F("failures") + 1,
+                last_error=error,
+                not_before_ms=self.now_expr(delay),
+                schedule_deadline_ms=Case(
+                    When(
+                        schedule_to_start_ms__isnull=False,
+                        then=self.now_expr(delay) + F("schedule_to_start_ms"),
+                    ),
+                    default=Value(None),
+                ),
+            ):
+                return False
+            self.after_commit("task")
+        return True
+
+    def release_task(self, claim: TaskClaim) -> bool:
+        """Give a claim back at shutdown: no failure counted, claimable again at once."""
+        with self.atomic():
+            released = self._claim_filter(claim).update(
+                status=ActivityTaskStatus.QUEUED,
+                claim_owner="",
+                claim_expires_ms=None,
+                not_before_ms=0,
+                schedule_deadline_ms=Case(
+                    When(
+                        schedule_to_start_ms__isnull=False,
+                        then=self.now_expr() + F("schedule_to_start_ms"),
+                    ),
+                    default=Value(None),
+                ),
+            )
+            if released:
+                self.after_commit("task")
+        return bool(released)
+
+    def renew_task(self, claim: TaskClaim, ttl: float) -> bool:
+        """Extend a live claim, never past the attempt's start-to-close deadline."""
+        expires = self.now_expr(ttl)
+        return bool(
+            self._claim_filter(claim)
+            .filter(claim_expires_ms__gte=self.now_expr())
+            .update(
+                claim_expires_ms=Case(
+                    When(
+                        attempt_deadline_ms__isnull=False,
+                        attempt_deadline_ms__lt=expires,
+                        then=F("attempt_deadline_ms"),
+                    ),
+                    default=expires,
+                )
+            )
+        )
+
+    def claim_alive(self, claim: TaskClaim) -> bool:
+        return self._claim_filter(claim).exists()
+
+    def next_task_due_ms(self, names: Sequence[str]) -> int | None:
+        """Milliseconds until the next queued task becomes due (None: nothing queued)."""
+        if not names:
+            return None
+        qs = ActivityTask.objects.using(self.alias).filter(
+            status=ActivityTaskStatus.QUEUED, name__in=list(names)
+        )
+        if self.activity_queues is not None:
+            qs = qs.filter(queue__in=list(self.activity_queues))
+        first = qs.order_by("not_before_ms").values_list("not_before_ms", flat=True).first()
+        if first is None:
+            return None
+        return max(0, first - self.now_ms())
+
+    # -- close --------------------------------------------------------------------------
+
+    def close(self, fence: Fence, request: CloseRequest) -> str:
+        """Close the instance with everything closing implies, in one fenced transaction.
+
+        Returns the status written (a cancellation without a durable request closes
+        as failed).
+        """
+        with self.atomic():
+            self._fence(fence)
+            status = request.status
+            if status == WorkflowStatus.CANCELLED:
+                requested = (
+                    WorkflowInstance.objects.using(self.alias)
+                    .filter(instance_id=fence.instance_id)
+                    .values_list("cancel_requested", flat=True)
+                    .get()
+                )
+                if not requested:
+                    status = WorkflowStatus.FAILED
+            now = timezone.now()
+            inst = WorkflowInstance.objects.using(self.alias).filter(
+                instance_id=fence.instance_id
+            )
+            inst.update(
+                status=status,
+                output=request.output,
+                error=request.error,
+                lease_owner="",
+                lease_expires_ms=None,
+                runnable=False,
+                closed_at=now,
+                updated_at=now,
+            )
+            data = request.output if status == WorkflowStatus.COMPLETED else request.error
+            self._insert_row(
+                fence.instance_id,
+                HistoryRow(
+                    key=CLOSE_KEY,
+                    seq=None,
+                    command=CMD_CLOSE,
+                    event_type=CLOSE_EVENT_BY_STATUS[status],
+                    data=data,
+                ),
+            )
+            ActivityTask.objects.using(self.alias).filter(
+                instance_id=fence.instance_id,
+                status__in=(ActivityTaskStatus.QUEUED, ActivityTaskStatus.RUNNING),
+            ).update(
+                status=ActivityTaskStatus.CANCELLED, claim_owner="", claim_expires_ms=None
+            )
+            HistoryEvent.objects.using(self.alias).filter(
+                instance_id=fence.instance_id, command="activity", data__isnull=True
+            ).update(
+                event_type=EV_ACTIVITY_CANCELLED,
+                data=json.dumps(
+                    {
+                        "kind": "engine",
+                        "type": "Cancelled",
+                        "message": "workflow closed before the activity finished",
+                        "details": None,
+                        "non_retryable": True,
+                        "traceback": "",
+                        "fields": {},
+                    }
+                ),
+            )
+            self.after_commit(f"closed:{fence.instance_id}", "closed")
+        return str(status)
+
+    # -- client reads -------------------------------------------------------------------
+
+    def list_tasks(self, instance_id: str) -> list[ActivityTask]:
+        return list(
+            ActivityTask.objects.using(self.alias).filter(instance_id=instance_id).order_by("seq", "id")
+        )
+
+
+_stores: dict[str, DjangoStore] = {}
+
+
+def store_for(alias: str, codec: Codec) -> DjangoStore:
+    """Return a store for ``alias`` (a new object; cheap)."""
+    return DjangoStore(alias, codec)

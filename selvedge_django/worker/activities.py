@@ -1,0 +1,49 @@
+"""Background activity workers: claim due tasks of registered activities and run them."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..notify import Bus
+from ..registry import registered_activity_names
+from .base import Loop
+from .pool import ThreadPool
+
+if TYPE_CHECKING:
+    from ..runtime import WorkerRuntime
+
+__all__ = ["ActivityPoller"]
+
+
+class ActivityPoller(Loop):
+    """Claim up to the free activity slots; wake early for the next retry's due time."""
+
+    name = "activities"
+    topics = ("task",)
+
+    def __init__(self, runtime: WorkerRuntime, bus: Bus, pool: ThreadPool) -> None:
+        settings = runtime.settings
+        super().__init__(bus, settings.activity_poll_interval, settings.max_poll_interval)
+        self.runtime = runtime
+        self.pool = pool
+
+    def run_once(self) -> int:
+        runtime = self.runtime
+        if runtime.stopping.is_set() or runtime.settings.activity_queues == ():
+            return 0
+        free = self.pool.free_slots()
+        if free <= 0:
+            return 0
+        tasks = runtime.store.claim_tasks(runtime.worker_id, free, registered_activity_names())
+        for task in tasks:
+            self.pool.submit(runtime.run_claimed, task)
+        return len(tasks)
+
+    def next_delay(self, idle_delay: float) -> float:
+        try:
+            due_ms = self.runtime.store.next_task_due_ms(registered_activity_names())
+        except Exception:
+            return idle_delay
+        if due_ms is None:
+            return idle_delay
+        return min(idle_delay, due_ms / 1000 + 0.005)

@@ -1,0 +1,44 @@
+"""The dispatcher: leases runnable and expired instances and runs their executions."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from ..notify import Bus
+from ..registry import registered_workflow_names
+from .base import Loop
+from .pool import ThreadPool
+
+if TYPE_CHECKING:
+    from ..runtime import WorkerRuntime
+
+__all__ = ["Dispatcher"]
+
+
+class Dispatcher(Loop):
+    """Lease up to the free resumption slots and hand each lease to the pool."""
+
+    name = "dispatcher"
+    topics = ("runnable",)
+
+    def __init__(self, runtime: WorkerRuntime, bus: Bus, pool: ThreadPool) -> None:
+        settings = runtime.settings
+        super().__init__(bus, settings.workflow_resumption_interval, settings.max_poll_interval)
+        self.runtime = runtime
+        self.pool = pool
+
+    def run_once(self) -> int:
+        if self.runtime.stopping.is_set():
+            return 0
+        settings = self.runtime.settings
+        free = min(self.pool.free_slots(), settings.max_workflows_per_batch)
+        if free <= 0:
+            return 0
+        started = time.monotonic()
+        fences = self.runtime.store.acquire_batch(
+            self.runtime.worker_id, settings.lease.ttl, free, registered_workflow_names()
+        )
+        for fence in fences:
+            self.pool.submit(self.runtime.execute, fence, started)
+        return len(fences)

@@ -1,0 +1,72 @@
+"""Renews held leases and live activity claims before they expire.
+
+A lease renewal moves the holder's belief forward from the moment the renewal
+started; a failed renewal drops the belief, so the execution's next commit
+raises LeaseLost. A claim with a heartbeat timeout is extended only after the
+activity reported new progress; a claim that cannot be renewed cancels its
+attempt (``heartbeat()`` then raises ActivityCancelled).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from ..notify import Bus
+from .base import Loop
+
+if TYPE_CHECKING:
+    from ..engine.store import Fence, TaskClaim
+    from ..runtime import WorkerRuntime
+
+__all__ = ["Renewer"]
+
+
+class Renewer(Loop):
+    """Renew what this worker holds; returns 0 so it keeps its own cadence."""
+
+    name = "renewer"
+
+    def __init__(self, runtime: WorkerRuntime, bus: Bus) -> None:
+        lease = runtime.settings.lease
+        tick = min(0.25, lease.renew_interval / 4)
+        super().__init__(bus, tick, tick)
+        self.runtime = runtime
+        self._renewed: dict[Fence, float] = {}
+        self._claims: dict[TaskClaim, tuple[float, int]] = {}
+
+    def run_once(self) -> int:
+        runtime = self.runtime
+        now = time.monotonic()
+        interval = runtime.settings.lease.renew_interval
+        fences = runtime.held_fences()
+        for fence in fences:
+            last = self._renewed.setdefault(fence, now)
+            if now - last >= interval:
+                self._renewed[fence] = now
+                runtime.renew(fence)
+        for fence in list(self._renewed):
+            if fence not in fences:
+                del self._renewed[fence]
+        live = set()
+        for task, state in runtime.active_attempts():
+            claim = task.claim
+            live.add(claim)
+            last, progress = self._claims.setdefault(claim, (now, state.progress))
+            every = min(interval, task.claim_ttl / 3)
+            if now - last < every:
+                continue
+            if task.heartbeat_timeout is not None and state.progress == progress:
+                continue  # no new heartbeat: let the claim lapse
+            self._claims[claim] = (now, state.progress)
+            ok = False
+            try:
+                ok = runtime.store.renew_task(claim, task.claim_ttl)
+            except Exception:
+                ok = False
+            if not ok:
+                state.cancel("claim lost")
+        for claim in list(self._claims):
+            if claim not in live:
+                del self._claims[claim]
+        return 0

@@ -1,0 +1,106 @@
+"""The supervisor: starts every loop of one worker and owns its shutdown."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from ..conf import get_settings
+from ..conf import default_worker_id
+from ..runtime import WorkerRuntime
+from .activities import ActivityPoller
+from .base import Loop
+from .dispatcher import Dispatcher
+from .pool import ThreadPool
+from .renewer import Renewer
+
+__all__ = ["Worker"]
+
+logger = logging.getLogger("selvedge_django.worker")
+
+
+class Worker:
+    """Run the dispatcher, activity workers and renewals in threads of this process.
+
+    ``Worker(**overrides)`` takes the ``SELVEDGE`` keys in lower case and
+    overrides the settings for this worker only. Use it as a context manager, or
+    call :meth:`start` and :meth:`stop`.
+    """
+
+    def __init__(self, **overrides: Any) -> None:
+        base = get_settings()
+        if "worker_id" not in overrides:
+            overrides["worker_id"] = default_worker_id()
+        self.settings = base.with_overrides(**overrides)
+        self.runtime = WorkerRuntime(self.settings)
+        self.store = self.runtime.store
+        bus = self.store.bus
+        self._stop = threading.Event()
+        self.resumptions = ThreadPool("resume", self.settings.max_concurrent_resumptions)
+        self.activities = ThreadPool("activity", self.settings.max_concurrent_activities)
+        self.dispatcher = Dispatcher(self.runtime, bus, self.resumptions)
+        self.activity_poller = ActivityPoller(self.runtime, bus, self.activities)
+        self.resumptions.on_done = self.dispatcher.waker.wake
+        self.activities.on_done = self.activity_poller.waker.wake
+        self.loops: list[Loop] = [self.dispatcher, self.activity_poller, Renewer(self.runtime, bus)]
+        self._threads: list[threading.Thread] = []
+        self._started = False
+
+    @property
+    def worker_id(self) -> str:
+        return self.settings.worker_id
+
+    def start(self) -> Worker:
+        """Start every loop in its own thread; return self."""
+        if self._started:
+            raise RuntimeError("worker already started")
+        self._started = True
+        self.resumptions.start()
+        self.activities.start()
+        for loop in self.loops:
+            thread = threading.Thread(
+                target=loop.run, args=(self._stop,), name=f"selvedge-{loop.name}", daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
+        logger.info("worker %s started", self.worker_id, extra={"worker_id": self.worker_id})
+        return self
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop claiming, let in-flight work finish, then release what is still held.
+
+        Waits up to ``timeout`` (default ``SHUTDOWN_TIMEOUT``) for executions and
+        attempts in flight; attempts still running then see ``activity_cancelled()``
+        and their claims are released for another worker.
+        """
+        if not self._started:
+            return
+        timeout = self.settings.shutdown_timeout if timeout is None else timeout
+        self.runtime.stopping.set()
+        self._stop.set()
+        for loop in self.loops:
+            loop.waker.wake()
+        idle = self.activities.wait_idle(timeout) and self.resumptions.wait_idle(timeout)
+        if not idle:
+            self.runtime.cancel_attempts("shutdown")
+            self.activities.wait_idle(min(5.0, timeout))
+            self.resumptions.wait_idle(min(5.0, timeout))
+        for fence in self.runtime.held_fences():
+            self.runtime._release_quietly(fence, runnable=True)
+        for thread in self._threads:
+            thread.join(5.0)
+        self.resumptions.shutdown(1.0)
+        self.activities.shutdown(1.0)
+        self._started = False
+        logger.info("worker %s stopped", self.worker_id, extra={"worker_id": self.worker_id})
+
+    def wait(self, stop: threading.Event) -> None:
+        """Block until ``stop`` is set (used by ``runselvedge worker``)."""
+        stop.wait()
+
+    def __enter__(self) -> Worker:
+        return self.start()
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.stop()

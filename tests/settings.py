@@ -1,0 +1,93 @@
+"""Settings for the test suite: SELVEDGE_TEST_DB=sqlite (default) or postgres."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+BASE_DIR = Path(__file__).resolve().parent
+SECRET_KEY = "selvedge-tests-only"
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+ALLOWED_HOSTS = ["*"]
+
+INSTALLED_APPS = [
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.admin",
+    "selvedge_django",
+    "tests.testapp",
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+ROOT_URLCONF = "tests.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+DB = os.environ.get("SELVEDGE_TEST_DB", "sqlite")
+# Worker subprocesses started by the tests connect straight to the test database.
+SUBPROCESS = os.environ.get("SELVEDGE_TEST_SUBPROCESS") == "1"
+
+if DB == "postgres":
+    _test_name = os.environ.get("SELVEDGE_PG_TEST_NAME", "test_selvedge")
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": _test_name if SUBPROCESS else os.environ.get("SELVEDGE_PG_NAME", "selvedge"),
+            "USER": os.environ.get("SELVEDGE_PG_USER", "postgres"),
+            "PASSWORD": os.environ.get("SELVEDGE_PG_PASSWORD", ""),
+            "HOST": os.environ.get("SELVEDGE_PG_HOST", "127.0.0.1"),
+            "PORT": os.environ.get("SELVEDGE_PG_PORT", "5432"),
+            "TEST": {"NAME": _test_name},
+        }
+    }
+else:
+    _dir = Path(os.environ.get("SELVEDGE_SQLITE_DIR", tempfile.gettempdir()))
+    _test_file = str(_dir / f"selvedge-test-{os.environ.get('SELVEDGE_RUN_ID', 'local')}.sqlite3")
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": _test_file if SUBPROCESS else str(_dir / "selvedge-dev.sqlite3"),
+            "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 30},
+            "TEST": {"NAME": _test_file},
+        }
+    }
+
+SELVEDGE = {
+    "LEASE": {"TTL": 4, "RENEW_INTERVAL": 1, "MARGIN": 1, "MAX_SKEW": 0.5},
+    "WORKFLOW_RESUMPTION_INTERVAL": 0.05,
+    "ACTIVITY_POLL_INTERVAL": 0.05,
+    "MAX_POLL_INTERVAL": 0.5,
+    "WAIT_POLL_INTERVAL": 0.05,
+    "TIMER_CHECK_INTERVAL": 0.05,
+    "SHUTDOWN_TIMEOUT": 10,
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"selvedge_django": {"handlers": ["console"], "level": "WARNING"}},
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
