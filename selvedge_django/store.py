@@ -58,6 +58,21 @@ logger = logging.getLogger("selvedge_django.store")
 
 NOTIFY_CHANNEL = "selvedge_wake"
 
+# Added to the database clock by every store in this process. Only
+# selvedge_django.testing changes it, to move lease, claim and task deadlines
+# forward without waiting.
+_clock_offset_ms = 0
+
+
+def set_clock_offset_ms(offset_ms: int) -> None:
+    """Shift the database clock seen by this process's stores (tests only)."""
+    global _clock_offset_ms
+    _clock_offset_ms = int(offset_ms)
+
+
+def clock_offset_ms() -> int:
+    return _clock_offset_ms
+
 
 class DbNowMs(Func):
     """The database clock in Unix milliseconds (plus a test offset)."""
@@ -93,8 +108,6 @@ class DjangoStore:
         self.vendor = connections[alias].vendor
         self.identity = f"{alias}:{self.vendor}:{settings_dict.get('NAME')}"
         self.bus: Bus = bus_for(self.identity)
-        # Tests shift the database clock instead of waiting (see selvedge_django.testing).
-        self.clock_offset_ms = 0
         self.lease_ttl = 30.0
         self.activity_names: Callable[[], Sequence[str] | None] = lambda: None
         self.activity_queues: tuple[str, ...] | None = None
@@ -107,14 +120,14 @@ class DjangoStore:
         return connections[self.alias]
 
     def now_expr(self, plus_seconds: float = 0.0) -> Combinable:
-        expr = DbNowMs(self.clock_offset_ms)
+        expr = DbNowMs(_clock_offset_ms)
         if plus_seconds:
             return expr + Value(int(round(plus_seconds * 1000)))
         return expr
 
     def now_ms(self) -> int:
         with self.connection.cursor() as cursor:
-            sql, params = DbNowMs(self.clock_offset_ms).as_sql(None, self.connection)
+            sql, params = DbNowMs(_clock_offset_ms).as_sql(None, self.connection)
             cursor.execute("SELECT " + sql, params)
             row = cursor.fetchone()
         return int(row[0])

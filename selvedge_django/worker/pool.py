@@ -29,6 +29,9 @@ class ThreadPool:
         self._pending = 0
         self._idle = threading.Condition(self._lock)
         self._threads: list[threading.Thread] = []
+        # Inline pools run submitted work at once in the submitting thread
+        # (selvedge_django.testing.run_until_idle uses them).
+        self.inline = False
 
     def start(self) -> None:
         for index in range(self.size):
@@ -43,6 +46,9 @@ class ThreadPool:
             return self.size - self._pending
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> None:
+        if self.inline:
+            fn(*args)
+            return
         with self._lock:
             self._pending += 1
         self._queue.put((fn, args))

@@ -51,6 +51,14 @@ class Worker:
     def worker_id(self) -> str:
         return self.settings.worker_id
 
+    @property
+    def started(self) -> bool:
+        return self._started
+
+    def work_loops(self) -> list[Loop]:
+        """The loops that find work (the renewer only maintains what is held)."""
+        return [loop for loop in self.loops if not isinstance(loop, Renewer)]
+
     def start(self) -> Worker:
         """Start every loop in its own thread; return self."""
         if self._started:

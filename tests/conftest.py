@@ -1,0 +1,121 @@
+"""Shared fixtures: real databases, real worker threads and real worker processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 20.0, interval: float = 0.02) -> Any:
+    """Poll ``predicate`` until it returns a truthy value; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"condition not met within {timeout} seconds")
+        time.sleep(interval)
+
+
+@pytest.fixture
+def tdb(transactional_db: None) -> None:
+    """A real (transactional) test database that worker threads and processes can see."""
+
+
+@pytest.fixture
+def worker(tdb: None) -> Iterator[Any]:
+    """A started in-process Worker, stopped after the test."""
+    from selvedge_django.worker import Worker
+
+    w = Worker()
+    w.start()
+    try:
+        yield w
+    finally:
+        w.stop(timeout=10)
+
+
+@pytest.fixture
+def make_worker(tdb: None) -> Iterator[Callable[..., Any]]:
+    """Build started Workers with overrides; all are stopped after the test."""
+    from selvedge_django.worker import Worker
+
+    started: list[Worker] = []
+
+    def make(**overrides: Any) -> Worker:
+        w = Worker(**overrides)
+        w.start()
+        started.append(w)
+        return w
+
+    yield make
+    for w in started:
+        w.stop(timeout=10)
+
+
+class WorkerProcess:
+    """A real ``manage.py runselvedge worker`` process on the test database."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        full_env = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "tests.settings",
+            "SELVEDGE_TEST_SUBPROCESS": "1",
+            "PYTHONPATH": str(ROOT),
+            **(env or {}),
+        }
+        if connection.vendor == "postgresql":
+            full_env["SELVEDGE_PG_TEST_NAME"] = str(connection.settings_dict["NAME"])
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "django", "runselvedge", "worker", "-v", "1", *args],
+            cwd=str(ROOT),
+            env=full_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        line = self.proc.stdout.readline() if self.proc.stdout else ""
+        if "started" not in line:
+            rest = self.proc.stdout.read() if self.proc.stdout else ""
+            raise AssertionError(f"worker did not start: {line}{rest}")
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup at all."""
+        self.proc.kill()
+        self.proc.wait(10)
+
+    def terminate(self, timeout: float = 30) -> int:
+        """SIGTERM and wait for the graceful exit; return the exit status."""
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def output(self) -> str:
+        return self.proc.stdout.read() if self.proc.stdout else ""
+
+
+@pytest.fixture
+def worker_process(tdb: None) -> Iterator[Callable[..., WorkerProcess]]:
+    """Start real worker processes; any still running are killed after the test."""
+    procs: list[WorkerProcess] = []
+
+    def start(*args: str, env: dict[str, str] | None = None) -> WorkerProcess:
+        p = WorkerProcess(*args, env=env)
+        procs.append(p)
+        return p
+
+    yield start
+    for p in procs:
+        if p.proc.poll() is None:
+            p.kill()
