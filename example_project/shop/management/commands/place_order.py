@@ -1,0 +1,135 @@
+"""``manage.py place_order``: place one order, let a worker run it, show what happened.
+
+A worker must be running (``manage.py runselvedge worker``) in another process:
+this command only starts the workflow, waits for its result and prints the
+durable record the engine kept.
+"""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import transaction
+
+import selvedge_django as sv
+from selvedge_django.models import HistoryEvent
+
+from ...models import EmailOutbox, Order, Payment, Product
+from ...workflows import order_workflow
+
+CATALOGUE = [
+    ("mug", "Selvedge mug", Decimal("12.50"), 50),
+    ("tote", "Canvas tote bag", Decimal("18.00"), 20),
+    ("jeans", "Selvedge denim jeans", Decimal("129.00"), 5),
+]
+
+
+def _short(value: Any, width: int = 60) -> str:
+    text = value if isinstance(value, str) else json.dumps(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+class Command(BaseCommand):
+    help = "Place one order through the shop.order workflow and print its durable record."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--sku", default="mug", help="product to order (default: mug)")
+        parser.add_argument("--quantity", type=int, default=2)
+        parser.add_argument("--email", default="customer@example.com")
+        parser.add_argument(
+            "--card",
+            choices=["ok", "flaky", "declined"],
+            default="flaky",
+            help="simulated card: 'flaky' fails the first charge attempt (default), "
+            "'declined' is refused for good",
+        )
+        parser.add_argument(
+            "--timeout", type=float, default=60, help="seconds to wait for the workflow"
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        for sku, name, price, stock in CATALOGUE:
+            Product.objects.get_or_create(
+                sku=sku, defaults={"name": name, "price": price, "stock": stock}
+            )
+        try:
+            product = Product.objects.get(sku=options["sku"])
+        except Product.DoesNotExist:
+            skus = ", ".join(Product.objects.values_list("sku", flat=True))
+            raise CommandError(f"unknown sku {options['sku']!r} (known: {skus})") from None
+        if options["quantity"] < 1:
+            raise CommandError("--quantity must be at least 1")
+
+        # The order row and the workflow start commit together, or not at all.
+        with transaction.atomic():
+            order = Order.objects.create(
+                product=product, quantity=options["quantity"], customer_email=options["email"]
+            )
+            order.instance_id = sv.start_workflow(
+                order_workflow,
+                {"order_id": order.pk, "card": options["card"]},
+                instance_id=f"order-{order.pk}",
+            )
+            order.save(update_fields=["instance_id"])
+        instance_id = order.instance_id
+        self.stdout.write(
+            f"Placed order #{order.pk}: {order.quantity} x {product.sku} "
+            f"(stock {product.stock}), card {options['card']!r}"
+        )
+        self.stdout.write(f"Started workflow shop.order as instance {instance_id!r}; waiting...")
+
+        try:
+            result = sv.wait_workflow(instance_id, timeout=options["timeout"])
+        except TimeoutError:
+            raise CommandError(
+                f"{instance_id} still running after {options['timeout']} s: is a worker "
+                "running? (python example_project/manage.py runselvedge worker)"
+            ) from None
+
+        self.section("Result")
+        self.stdout.write(f"status: {result.status}")
+        if result.error is not None:
+            self.stdout.write(f"error:  {type(result.error).__name__}: {result.error}")
+        else:
+            self.stdout.write("output: " + json.dumps(result.output, indent=2))
+
+        self.section("History (one row per recorded step, replayed after a crash)")
+        rows = HistoryEvent.objects.filter(instance_id=instance_id).order_by("id")
+        self.stdout.write(f"{'seq':>4}  {'key':<28} {'command':<10} {'event_type':<20} data")
+        for row in rows:
+            seq = "" if row.seq is None else str(row.seq)
+            data = "" if row.data is None else _short(row.data)
+            self.stdout.write(
+                f"{seq:>4}  {row.key:<28} {row.command:<10} {row.event_type:<20} {data}"
+            )
+
+        self.section("Activity tasks (at-least-once attempts, exactly-once results)")
+        for task in sv.list_activity_tasks(instance_id):
+            line = (
+                f"{task.name:<22} {task.status:<10} attempts={task.attempts} "
+                f"failures={task.failures}"
+            )
+            if task.last_error is not None:
+                line += f"  last error: {type(task.last_error).__name__}: {task.last_error}"
+            self.stdout.write(line)
+
+        order.refresh_from_db()
+        product.refresh_from_db()
+        self.section("Shop data written by the activities")
+        detail = f" ({order.status_detail})" if order.status_detail else ""
+        self.stdout.write(f"order #{order.pk}: {order.status}{detail}")
+        self.stdout.write(f"{product.sku} stock now: {product.stock}")
+        for payment in Payment.objects.filter(order=order):
+            self.stdout.write(f"payment {payment.reference}: {payment.amount} {payment.status}")
+        for email in EmailOutbox.objects.filter(order=order):
+            self.stdout.write(f"outbox email to {email.to}: {email.subject!r}")
+
+        if result.status != sv.WorkflowStatus.COMPLETED:
+            raise CommandError(f"workflow {instance_id} ended {result.status}")
+
+    def section(self, title: str) -> None:
+        self.stdout.write("")
+        self.stdout.write(self.style.MIGRATE_HEADING(title))
