@@ -1,0 +1,1 @@
+"""Benchmarks for selvedge_django: runnable scripts that print their figures."""

@@ -1,0 +1,55 @@
+"""Django settings for the benchmarks (``bench/harness.py`` sets the variables below).
+
+SELVEDGE_BENCH_DB      sqlite (default) or postgres
+SELVEDGE_BENCH_SQLITE  the SQLite file (a fresh one in a temporary directory)
+SELVEDGE_BENCH_PG_NAME the PostgreSQL database created and dropped by the run
+                       (default selvedge_bench); the server is found through the
+                       SELVEDGE_PG_HOST / _PORT / _USER / _PASSWORD variables the
+                       test settings use (default 127.0.0.1:5432, user postgres)
+"""
+
+from __future__ import annotations
+
+import os
+
+SECRET_KEY = "selvedge-bench-only"
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+INSTALLED_APPS = ["selvedge_django"]
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+DB = os.environ.get("SELVEDGE_BENCH_DB", "sqlite")
+
+if DB == "postgres":
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": os.environ.get("SELVEDGE_BENCH_PG_NAME", "selvedge_bench"),
+            "USER": os.environ.get("SELVEDGE_PG_USER", "postgres"),
+            "PASSWORD": os.environ.get("SELVEDGE_PG_PASSWORD", ""),
+            "HOST": os.environ.get("SELVEDGE_PG_HOST", "127.0.0.1"),
+            "PORT": os.environ.get("SELVEDGE_PG_PORT", "5432"),
+        }
+    }
+elif DB == "sqlite":
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": os.environ.get("SELVEDGE_BENCH_SQLITE", "selvedge-bench.sqlite3"),
+            # As in the test settings: write transactions take the lock up front.
+            "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 30},
+        }
+    }
+else:
+    raise ValueError(f"SELVEDGE_BENCH_DB must be sqlite or postgres, not {DB!r}")
+
+# Project defaults throughout, so the figures describe an untuned install.
+SELVEDGE: dict[str, object] = {}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"selvedge_django": {"handlers": ["console"], "level": "WARNING"}},
+}
