@@ -26,6 +26,15 @@ sv_venv_dir() {
     esac
 }
 
+# Run the virtualenv's pip, dropping the warnings about missing local
+# index folders that some machines' pip configuration produces.
+sv_pip() {
+    local venv="$1"
+    shift
+    "$venv/bin/python" -m pip --disable-pip-version-check "$@" \
+        2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
+}
+
 # Create the virtualenv if missing, install the project with its dev group, and
 # put the virtualenv first on PATH. Installing is skipped when nothing it depends
 # on changed since the last successful install.
@@ -60,12 +69,10 @@ PY
     else
         sv_log "installing selvedge_django (editable) and the dev group into $(basename "$venv")"
         # --group needs pip 25.1 or newer.
-        "$venv/bin/python" -m pip install --quiet --disable-pip-version-check 'pip>=25.1' \
-            || sv_die "could not upgrade pip"
+        sv_pip "$venv" install --quiet 'pip>=25.1' || sv_die "could not upgrade pip"
         local args=(-e "$SV_ROOT[postgres]" --group "$SV_ROOT/pyproject.toml:dev")
         [ -n "$extra" ] && args+=("$extra")
-        "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "${args[@]}" \
-            || sv_die "pip install failed"
+        sv_pip "$venv" install --quiet "${args[@]}" || sv_die "pip install failed"
         printf '%s\n' "$want" >"$stamp"
     fi
     export VIRTUAL_ENV="$venv"
