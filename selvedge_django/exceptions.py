@@ -273,9 +273,7 @@ class RetryExhaustedError(SelvedgeError):
         self.activity = activity
         self.attempts = attempts
         self.last_error = last_error
-        super().__init__(
-            f"activity {activity!r} failed after {attempts} attempts: {last_error}"
-        )
+        super().__init__(f"activity {activity!r} failed after {attempts} attempts: {last_error}")
         self.__cause__ = last_error
 
 
@@ -287,7 +285,7 @@ class ReceiveTimeout(SelvedgeError, TimeoutError):
     """No signal arrived before the timeout."""
 
 
-class Cancelled(BaseException):  # noqa: N818 - mirrors asyncio.CancelledError
+class Cancelled(BaseException):
     """The workflow or one of its scopes was cancelled."""
 
     def __init__(self, message: str | None = None) -> None:

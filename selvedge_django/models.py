@@ -101,9 +101,7 @@ class HistoryEvent(models.Model):
     """One recorded command of an instance (or its close record); first value wins."""
 
     id = models.BigAutoField(primary_key=True)
-    instance = models.ForeignKey(
-        WorkflowInstance, on_delete=models.CASCADE, related_name="history"
-    )
+    instance = models.ForeignKey(WorkflowInstance, on_delete=models.CASCADE, related_name="history")
     key = models.CharField(max_length=255)
     seq = models.BigIntegerField(null=True, blank=True, help_text="command position")
     command = models.CharField(max_length=32)
@@ -220,11 +218,12 @@ class TimerSubscription(models.Model):
     """An armed durable timer: the poller fires it once its expiry has passed."""
 
     id = models.BigAutoField(primary_key=True)
-    instance = models.ForeignKey(
-        WorkflowInstance, on_delete=models.CASCADE, related_name="timers"
-    )
+    instance = models.ForeignKey(WorkflowInstance, on_delete=models.CASCADE, related_name="timers")
     key = models.CharField(max_length=255)
     expires_at = models.DateTimeField()
+    fired = models.BooleanField(
+        default=False, help_text="fired for a timed receive; retired by its observation"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -232,7 +231,11 @@ class TimerSubscription(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["instance", "key"], name="sv_timer_key_uniq"),
         ]
-        indexes = [models.Index(fields=["expires_at", "id"], name="sv_timer_due_idx")]
+        indexes = [
+            models.Index(
+                fields=["expires_at", "id"], name="sv_timer_due_idx", condition=Q(fired=False)
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.instance_id}:{self.key} @ {self.expires_at.isoformat()}"
@@ -242,9 +245,7 @@ class SignalMessage(models.Model):
     """One entry of an instance's signal inbox (per-channel order by id)."""
 
     id = models.BigAutoField(primary_key=True)
-    instance = models.ForeignKey(
-        WorkflowInstance, on_delete=models.CASCADE, related_name="signals"
-    )
+    instance = models.ForeignKey(WorkflowInstance, on_delete=models.CASCADE, related_name="signals")
     channel = models.CharField(max_length=255)
     payload = models.TextField()
     sent_at = models.DateTimeField(auto_now_add=True)

@@ -40,16 +40,20 @@ __all__ = [
     "InstancePage",
     "WorkflowDescription",
     "WorkflowResult",
-    "aget_workflow_result",
-    "astart_workflow",
-    "await_workflow",
+    "acancel_workflow",
     "adescribe",
     "afind_instances",
+    "aget_workflow_result",
     "alist_activity_tasks",
+    "asignal",
+    "astart_workflow",
+    "await_workflow",
+    "cancel_workflow",
     "describe",
     "find_instances",
     "get_workflow_result",
     "list_activity_tasks",
+    "signal",
     "start_workflow",
     "wait_workflow",
 ]
@@ -213,9 +217,7 @@ def start_workflow(
     except (TypeError, ValueError) as error:
         raise exc.WorkflowStartRejected(f"workflow input is not JSON-encodable: {error}") from error
     settings = get_settings()
-    store.create_instance(
-        instance_id, name, json.loads(text), service_name=settings.service_name
-    )
+    store.create_instance(instance_id, name, json.loads(text), service_name=settings.service_name)
     hooks = settings.hooks
     if hooks is not None:
         transaction.on_commit(
@@ -225,6 +227,42 @@ def start_workflow(
             using=store.alias,
         )
     return instance_id
+
+
+def signal(instance_id: str, channel: str, payload: Any = None) -> None:
+    """Append ``payload`` to the instance's ``channel`` inbox and wake it.
+
+    Accepted from creation until close, also while an execution holds the lease.
+    Inside ``transaction.atomic()`` it commits with the caller. The channel must
+    be 1 to 255 UTF-8 bytes (:class:`InvalidSignalChannel`) and the payload JSON
+    (:class:`InvalidSignalPayload`); nothing is written otherwise.
+    """
+    if not isinstance(channel, str) or not 1 <= len(channel.encode("utf-8")) <= 255:
+        raise exc.InvalidSignalChannel(
+            f"signal channel must contain 1 to 255 UTF-8 bytes, not {channel!r}"[:300]
+        )
+    if not isinstance(instance_id, str):
+        raise exc.WorkflowNotFound(str(instance_id))
+    store = _store()
+    try:
+        text = store.codec.encode(payload, "signal payload")
+    except exc.PayloadTooLarge:
+        raise
+    except (TypeError, ValueError) as error:
+        raise exc.InvalidSignalPayload(f"signal payload is not JSON-encodable: {error}") from error
+    store.append_signal(instance_id, channel, text)
+
+
+def cancel_workflow(instance_id: str, reason: str = "") -> None:
+    """Durably request cancellation of an instance and wake it.
+
+    Completed or failed instances raise an :class:`InstanceClosed` subclass; an
+    already cancelled instance is fine. The workflow observes the request at its
+    next blocking wait.
+    """
+    if not isinstance(reason, str):
+        raise TypeError("reason must be a string")
+    _store().request_cancel(instance_id, reason[:10_000])
 
 
 # -- reads ------------------------------------------------------------------------------
@@ -372,6 +410,8 @@ def find_instances(
 # -- async twins ------------------------------------------------------------------------
 
 astart_workflow = sync_to_async(start_workflow)
+asignal = sync_to_async(signal)
+acancel_workflow = sync_to_async(cancel_workflow)
 aget_workflow_result = sync_to_async(get_workflow_result)
 adescribe = sync_to_async(describe)
 afind_instances = sync_to_async(find_instances)

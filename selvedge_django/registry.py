@@ -14,8 +14,10 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, Generic, TypeVar, overload
 
-from .engine.execution import Future, current_execution
-from .engine.execution import WorkflowContext as _WorkflowContext
+from .engine import commands
+from .engine.context import WorkflowContext as _WorkflowContext
+from .engine.execution import current_execution
+from .engine.handles import Future
 from .engine.options import ActivityOptions, RetryPolicy
 from .exceptions import ActivityNameConflict, WorkflowNameConflict
 
@@ -120,7 +122,9 @@ class ActivityDefinition(Generic[R]):
         if options is not None and not isinstance(options, ActivityOptions):
             raise TypeError("options must be an ActivityOptions")
         register_activity(self)
-        return ctx._execution.issue_activity(self, input, options, activity_id, inline=inline)
+        return commands.issue_activity(
+            ctx._execution, ctx._scope, self, input, options, activity_id, inline=inline
+        )
 
 
 class WorkflowDefinition(Generic[R]):
@@ -147,12 +151,15 @@ def register_activity(definition: ActivityDefinition[Any]) -> None:
     """Register an activity definition, refusing another function under its name."""
     with _lock:
         existing = _activities.get(definition.name)
-        if existing is not None and existing is not definition:
-            if not _same_function(existing.fn, definition.fn):
-                raise ActivityNameConflict(
-                    f"activity name {definition.name!r} is already registered to "
-                    f"{existing.fn.__module__}.{existing.fn.__qualname__}"
-                )
+        if (
+            existing is not None
+            and existing is not definition
+            and not _same_function(existing.fn, definition.fn)
+        ):
+            raise ActivityNameConflict(
+                f"activity name {definition.name!r} is already registered to "
+                f"{existing.fn.__module__}.{existing.fn.__qualname__}"
+            )
         _activities[definition.name] = definition
 
 
@@ -160,12 +167,15 @@ def register_workflow(definition: WorkflowDefinition[Any]) -> None:
     """Register a workflow definition, refusing another function under its name."""
     with _lock:
         existing = _workflows.get(definition.name)
-        if existing is not None and existing is not definition:
-            if not _same_function(existing.fn, definition.fn):
-                raise WorkflowNameConflict(
-                    f"workflow name {definition.name!r} is already registered to "
-                    f"{existing.fn.__module__}.{existing.fn.__qualname__}"
-                )
+        if (
+            existing is not None
+            and existing is not definition
+            and not _same_function(existing.fn, definition.fn)
+        ):
+            raise WorkflowNameConflict(
+                f"workflow name {definition.name!r} is already registered to "
+                f"{existing.fn.__module__}.{existing.fn.__qualname__}"
+            )
         _workflows[definition.name] = definition
 
 

@@ -22,7 +22,7 @@ from . import hooks as hooks_module
 from .conf import SelvedgeSettings
 from .engine.activity import ActivityInfo, AttemptState, attempt_scope
 from .engine.codec import Codec, error_to_envelope
-from .engine.execution import Execution, ExecutionOutcome
+from .engine.execution import Execution, ExecutionOutcome, current_execution
 from .engine.options import RetryPolicy
 from .engine.store import ClaimedTask, Fence, TaskClaim
 from .registry import get_activity, get_workflow, registered_activity_names
@@ -91,8 +91,6 @@ class WorkerRuntime:
         return queues is None or queue in queues
 
     def run_attempt(self, task: ClaimedTask) -> None:
-        from .engine.execution import current_execution
-
         execution = current_execution()
         self.run_claimed(task, inline_fence=execution.fence if execution is not None else None)
 
@@ -190,6 +188,8 @@ class WorkerRuntime:
                     else:
                         result = definition.fn(value)
                         output = self.codec.encode(result, f"result of activity {task.name!r}")
+                        if state.cancelled and state.cancel_reason != "claim lost":
+                            raise exc.ActivityCancelled(state.cancel_reason)
                         recorded = self.store.complete_task(
                             claim, output, inline_fence=inline_fence
                         )
@@ -206,11 +206,10 @@ class WorkerRuntime:
                     claim.key,
                     task.attempt,
                 )
-        except BaseException as error:  # noqa: BLE001 - activity code may raise anything
+        except BaseException as error:
             self._record_failure(task, state, definition.non_retryable_errors, error, inline_fence)
-            if not isinstance(error, Exception) and not isinstance(error, exc.Cancelled):
-                if isinstance(error, KeyboardInterrupt | SystemExit):
-                    raise
+            if isinstance(error, KeyboardInterrupt | SystemExit):
+                raise
         finally:
             with self._lock:
                 self._attempts.pop(claim, None)
@@ -235,8 +234,12 @@ class WorkerRuntime:
             # Graceful release: another worker takes the task; no retry budget used.
             self.store.release_task(claim)
             return
-        if state.cancelled and state.deadline_monotonic is not None and (
-            time.monotonic() >= state.deadline_monotonic
+        if state.cancelled and state.cancel_reason == "heartbeat timeout":
+            error = exc.ActivityTimeoutError(task.name, "heartbeat", task.attempt)
+        elif (
+            state.cancelled
+            and state.deadline_monotonic is not None
+            and (time.monotonic() >= state.deadline_monotonic)
         ):
             error = exc.ActivityTimeoutError(task.name, "start_to_close", task.attempt)
         policy_data = task.options.get("retry_policy") or {}
@@ -326,9 +329,7 @@ class WorkerRuntime:
             return
         if outcome.kind == "abandoned":
             if not isinstance(outcome.error, exc.Fenced):
-                logger.warning(
-                    "execution of %s abandoned: %r", fence.instance_id, outcome.error
-                )
+                logger.warning("execution of %s abandoned: %r", fence.instance_id, outcome.error)
                 self._release_quietly(fence, runnable=True)
             return
         request = execution.close_request(outcome)

@@ -14,16 +14,13 @@ threads never see "database is locked".
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from django.db import DatabaseError, IntegrityError, connections, transaction
-from django.db.models import Case, F, Func, IntegerField, Q, Value, When
-from django.db.models.expressions import Combinable
+from django.db import IntegrityError, transaction
+from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
 from . import exceptions as exc
@@ -32,7 +29,6 @@ from .engine.store import (
     CLOSE_EVENT_BY_STATUS,
     CLOSE_KEY,
     CMD_CLOSE,
-    EV_ACTIVITY_CANCELLED,
     EV_ACTIVITY_COMPLETED,
     EV_ACTIVITY_FAILED,
     ClaimedTask,
@@ -40,6 +36,7 @@ from .engine.store import (
     ExecutionSnapshot,
     Fence,
     HistoryRow,
+    SignalPosition,
     TaskClaim,
     TaskSpec,
 )
@@ -50,160 +47,34 @@ from .models import (
     WorkflowInstance,
     WorkflowStatus,
 )
-from .notify import Bus, bus_for
+from .models import (
+    SignalMessage as SignalRow,
+)
+from .store_base import (
+    NOTIFY_CHANNEL,
+    DbNowMs,
+    StoreBase,
+    _ms,
+    clock_offset_ms,
+    set_clock_offset_ms,
+)
+from .store_tasks import TaskSweepMixin
+from .store_waits import WaitStoreMixin
 
-__all__ = ["DbNowMs", "DjangoStore", "store_for"]
+__all__ = [
+    "NOTIFY_CHANNEL",
+    "DbNowMs",
+    "DjangoStore",
+    "clock_offset_ms",
+    "set_clock_offset_ms",
+    "store_for",
+]
 
 logger = logging.getLogger("selvedge_django.store")
 
-NOTIFY_CHANNEL = "selvedge_wake"
 
-# Added to the database clock by every store in this process. Only
-# selvedge_django.testing changes it, to move lease, claim and task deadlines
-# forward without waiting.
-_clock_offset_ms = 0
-
-
-def set_clock_offset_ms(offset_ms: int) -> None:
-    """Shift the database clock seen by this process's stores (tests only)."""
-    global _clock_offset_ms
-    _clock_offset_ms = int(offset_ms)
-
-
-def clock_offset_ms() -> int:
-    return _clock_offset_ms
-
-
-class DbNowMs(Func):
-    """The database clock in Unix milliseconds (plus a test offset)."""
-
-    output_field = IntegerField()
-
-    def __init__(self, offset_ms: int = 0) -> None:
-        super().__init__()
-        self.offset_ms = int(offset_ms)
-
-    def as_sql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
-        vendor = connection.vendor
-        if vendor == "postgresql":
-            sql = "(CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) + %s)"
-        elif vendor == "sqlite":
-            sql = "(CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) + %s)"
-        else:  # pragma: no cover - rejected at start by the system checks
-            raise exc.SelvedgeError(f"unsupported database vendor {vendor!r}")
-        return sql, [self.offset_ms]
-
-
-def _ms(seconds: float | None) -> int | None:
-    return None if seconds is None else int(round(seconds * 1000))
-
-
-class DjangoStore:
+class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
     """Durable operations over the Django ORM for one database alias."""
-
-    def __init__(self, alias: str, codec: Codec) -> None:
-        self.alias = alias
-        self.codec = codec
-        settings_dict = connections[alias].settings_dict
-        self.vendor = connections[alias].vendor
-        self.identity = f"{alias}:{self.vendor}:{settings_dict.get('NAME')}"
-        self.bus: Bus = bus_for(self.identity)
-        self.lease_ttl = 30.0
-        self.activity_names: Callable[[], Sequence[str] | None] = lambda: None
-        self.activity_queues: tuple[str, ...] | None = None
-        self.notify_enabled = self.vendor == "postgresql"
-
-    # -- plumbing ---------------------------------------------------------------------
-
-    @property
-    def connection(self) -> Any:
-        return connections[self.alias]
-
-    def now_expr(self, plus_seconds: float = 0.0) -> Combinable:
-        expr = DbNowMs(_clock_offset_ms)
-        if plus_seconds:
-            return expr + Value(int(round(plus_seconds * 1000)))
-        return expr
-
-    def now_ms(self) -> int:
-        with self.connection.cursor() as cursor:
-            sql, params = DbNowMs(_clock_offset_ms).as_sql(None, self.connection)
-            cursor.execute("SELECT " + sql, params)
-            row = cursor.fetchone()
-        return int(row[0])
-
-    @contextlib.contextmanager
-    def atomic(self) -> Iterator[None]:
-        """A write transaction; on SQLite it begins IMMEDIATE to take the write lock first."""
-        conn = self.connection
-        if self.vendor == "sqlite" and not conn.in_atomic_block:
-            previous = getattr(conn, "transaction_mode", None)
-            conn.ensure_connection()
-            conn.transaction_mode = "IMMEDIATE"
-            try:
-                with transaction.atomic(using=self.alias):
-                    conn.transaction_mode = previous
-                    yield
-            finally:
-                conn.transaction_mode = previous
-        else:
-            with transaction.atomic(using=self.alias):
-                yield
-
-    @contextlib.contextmanager
-    def read_snapshot(self) -> Iterator[None]:
-        """One consistent read: REPEATABLE READ on PostgreSQL, a deferred read on SQLite."""
-        conn = self.connection
-        if conn.in_atomic_block:
-            yield
-            return
-        if self.vendor == "postgresql":
-            with transaction.atomic(using=self.alias):
-                with conn.cursor() as cursor:
-                    cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-                yield
-        else:
-            previous = getattr(conn, "transaction_mode", None)
-            conn.ensure_connection()
-            conn.transaction_mode = None
-            try:
-                with transaction.atomic(using=self.alias):
-                    conn.transaction_mode = previous
-                    yield
-            finally:
-                conn.transaction_mode = previous
-
-    def after_commit(self, *topics: str, notify_ids: Sequence[str] = ()) -> None:
-        """Publish wake-ups once the current transaction commits."""
-
-        def send() -> None:
-            for topic in topics:
-                self.bus.publish(topic)
-            if self.notify_enabled and topics:
-                self._pg_notify(topics)
-
-        transaction.on_commit(send, using=self.alias)
-
-    def _pg_notify(self, topics: Sequence[str]) -> None:
-        try:
-            with self.connection.cursor() as cursor:
-                for topic in topics:
-                    cursor.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, topic])
-        except DatabaseError:  # a hint only: pollers will find the work
-            logger.debug("NOTIFY failed", exc_info=True)
-
-    def _fence(self, fence: Fence) -> None:
-        """The fence check: the first statement of every fenced transaction."""
-        updated = WorkflowInstance.objects.using(self.alias).filter(
-            instance_id=fence.instance_id,
-            lease_owner=fence.owner,
-            lease_epoch=fence.epoch,
-            status=WorkflowStatus.RUNNING,
-        ).update(updated_at=timezone.now())
-        if updated != 1:
-            raise exc.Fenced(
-                f"execution of {fence.instance_id!r} (epoch {fence.epoch}) no longer holds the lease"
-            )
 
     # -- instances ----------------------------------------------------------------------
 
@@ -276,9 +147,11 @@ class DjangoStore:
                 lease_expires_ms=self.now_expr(ttl),
                 runnable=False,
             )
-            rows = WorkflowInstance.objects.using(self.alias).filter(
-                instance_id__in=ids, lease_owner=owner
-            ).values_list("instance_id", "lease_epoch")
+            rows = (
+                WorkflowInstance.objects.using(self.alias)
+                .filter(instance_id__in=ids, lease_owner=owner)
+                .values_list("instance_id", "lease_epoch")
+            )
             return [Fence(instance_id, owner, epoch) for instance_id, epoch in rows]
 
     def acquire(self, instance_id: str, owner: str, ttl: float) -> Fence | None:
@@ -348,9 +221,18 @@ class DjangoStore:
             HistoryEvent.objects.using(self.alias)
             .filter(instance_id=instance_id)
             .order_by("id")
-            .values_list("key", "seq", "command", "event_type", "data", "reservation", "delivered_seq")
+            .values_list(
+                "key", "seq", "command", "event_type", "data", "reservation", "delivered_seq"
+            )
         )
         history = [HistoryRow(*row) for row in rows]
+        signals = [
+            SignalPosition(*row)
+            for row in SignalRow.objects.using(self.alias)
+            .filter(instance_id=instance_id, delivered_seq__isnull=False)
+            .order_by("id")
+            .values_list("id", "channel", "delivered_seq", "consumed_seq")
+        ]
         return ExecutionSnapshot(
             instance_id=inst.instance_id,
             workflow_name=inst.workflow_name,
@@ -361,43 +243,15 @@ class DjangoStore:
             parent_instance_id=inst.parent_instance_id,
             parent_key=inst.parent_key,
             history=history,
+            signals=signals,
         )
 
     # -- history ------------------------------------------------------------------------
-
-    def _insert_row(self, instance_id: str, row: HistoryRow) -> HistoryRow:
-        try:
-            with transaction.atomic(using=self.alias, savepoint=self.vendor == "postgresql"):
-                HistoryEvent.objects.using(self.alias).create(
-                    instance_id=instance_id,
-                    key=row.key,
-                    seq=row.seq,
-                    command=row.command,
-                    event_type=row.event_type,
-                    data=row.data,
-                    reservation=row.reservation,
-                    delivered_seq=row.delivered_seq,
-                )
-        except IntegrityError:
-            stored = self.get_row(instance_id, row.key)
-            if stored is None:
-                raise
-            return stored
-        return row
 
     def record_command(self, fence: Fence, row: HistoryRow) -> HistoryRow:
         with self.atomic():
             self._fence(fence)
             return self._insert_row(fence.instance_id, row)
-
-    def get_row(self, instance_id: str, key: str) -> HistoryRow | None:
-        found = (
-            HistoryEvent.objects.using(self.alias)
-            .filter(instance_id=instance_id, key=key)
-            .values_list("key", "seq", "command", "event_type", "data", "reservation", "delivered_seq")
-            .first()
-        )
-        return HistoryRow(*found) if found is not None else None
 
     # -- activity tasks -----------------------------------------------------------------
 
@@ -502,7 +356,9 @@ class DjangoStore:
             schedule_deadline_ms=None,
         )
         tasks = list(
-            ActivityTask.objects.using(self.alias).filter(id__in=ids, claim_owner=owner).order_by("id")
+            ActivityTask.objects.using(self.alias)
+            .filter(id__in=ids, claim_owner=owner)
+            .order_by("id")
         )
         claimed: list[ClaimedTask] = []
         for task in tasks:
@@ -557,13 +413,16 @@ class DjangoStore:
             )
             return self._take_claims(ids, owner)
 
-    def _claim_filter(self, claim: TaskClaim) -> Any:
-        return ActivityTask.objects.using(self.alias).filter(
+    def _claim_filter(self, claim: TaskClaim, *, live: bool = False) -> Any:
+        qs = ActivityTask.objects.using(self.alias).filter(
             id=claim.task_id,
             claim_owner=claim.owner,
             claim_epoch=claim.epoch,
             status=ActivityTaskStatus.RUNNING,
         )
+        if live:
+            qs = qs.filter(claim_expires_ms__gte=self.now_expr())
+        return qs
 
     def _arrive(
         self, claim: TaskClaim, event_type: str, data: str, inline_fence: Fence | None
@@ -597,7 +456,7 @@ class DjangoStore:
     ) -> bool:
         """Record a successful attempt; False when the claim was lost (late result)."""
         with self.atomic():
-            if not self._claim_filter(claim).update(
+            if not self._claim_filter(claim, live=True).update(
                 status=ActivityTaskStatus.COMPLETED, claim_expires_ms=None
             ):
                 return False
@@ -722,9 +581,7 @@ class DjangoStore:
                 if not requested:
                     status = WorkflowStatus.FAILED
             now = timezone.now()
-            inst = WorkflowInstance.objects.using(self.alias).filter(
-                instance_id=fence.instance_id
-            )
+            inst = WorkflowInstance.objects.using(self.alias).filter(instance_id=fence.instance_id)
             inst.update(
                 status=status,
                 output=request.output,
@@ -746,28 +603,8 @@ class DjangoStore:
                     data=data,
                 ),
             )
-            ActivityTask.objects.using(self.alias).filter(
-                instance_id=fence.instance_id,
-                status__in=(ActivityTaskStatus.QUEUED, ActivityTaskStatus.RUNNING),
-            ).update(
-                status=ActivityTaskStatus.CANCELLED, claim_owner="", claim_expires_ms=None
-            )
-            HistoryEvent.objects.using(self.alias).filter(
-                instance_id=fence.instance_id, command="activity", data__isnull=True
-            ).update(
-                event_type=EV_ACTIVITY_CANCELLED,
-                data=json.dumps(
-                    {
-                        "kind": "engine",
-                        "type": "Cancelled",
-                        "message": "workflow closed before the activity finished",
-                        "details": None,
-                        "non_retryable": True,
-                        "traceback": "",
-                        "fields": {},
-                    }
-                ),
-            )
+            self._close_cleanup(fence.instance_id)
+            self._close_cascade(fence.instance_id, status, data)
             self.after_commit(f"closed:{fence.instance_id}", "closed")
         return str(status)
 
@@ -775,7 +612,9 @@ class DjangoStore:
 
     def list_tasks(self, instance_id: str) -> list[ActivityTask]:
         return list(
-            ActivityTask.objects.using(self.alias).filter(instance_id=instance_id).order_by("seq", "id")
+            ActivityTask.objects.using(self.alias)
+            .filter(instance_id=instance_id)
+            .order_by("seq", "id")
         )
 
 

@@ -88,7 +88,9 @@ def selvedge_clock() -> Iterator[ControllableClock]:
     from .conf import get_settings
 
     clock = ControllableClock()
-    raw: dict[str, Any] = dict(getattr(__import__("django.conf").conf.settings, "SELVEDGE", {}) or {})
+    raw: dict[str, Any] = dict(
+        getattr(__import__("django.conf").conf.settings, "SELVEDGE", {}) or {}
+    )
     raw["CLOCK"] = clock
     get_settings()
     with override_settings(SELVEDGE=raw):

@@ -58,9 +58,12 @@ class AttemptState:
 
     @property
     def cancelled(self) -> bool:
-        if not self._cancelled.is_set() and self.deadline_monotonic is not None:
-            if time.monotonic() >= self.deadline_monotonic:
-                self.cancel("start_to_close deadline passed")
+        if (
+            not self._cancelled.is_set()
+            and self.deadline_monotonic is not None
+            and time.monotonic() >= self.deadline_monotonic
+        ):
+            self.cancel("start_to_close deadline passed")
         return self._cancelled.is_set()
 
     def wait(self, timeout: float) -> bool:

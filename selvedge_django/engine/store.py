@@ -27,6 +27,12 @@ __all__ = [
 CMD_ACTIVITY = "activity"
 CMD_NOW = "now"
 CMD_CLOSE = "close"
+CMD_SLEEP = "sleep"
+CMD_RECEIVE = "receive"
+CMD_AWAIT = "await"
+CMD_CHILD = "child"
+CMD_CHILD_CANCEL = "child_cancel"
+CMD_CANCEL_SCOPE = "cancel_scope"
 
 # Event types (the ``event_type`` column).
 EV_RESERVED = "Reserved"
@@ -34,6 +40,20 @@ EV_ACTIVITY_COMPLETED = "ActivityCompleted"
 EV_ACTIVITY_FAILED = "ActivityFailed"
 EV_ACTIVITY_CANCELLED = "ActivityCancelled"
 EV_NOW_RECORDED = "NowRecorded"
+EV_TIMER_EXPIRED = "TimerExpired"
+EV_TIMER_CANCELLED = "TimerCancelled"
+EV_SIGNAL_RECEIVED = "SignalReceived"
+EV_SIGNAL_CANCELLED = "SignalCancelled"
+EV_SIGNAL_NONE = "SignalNone"
+EV_SIGNAL_TIMEOUT = "SignalTimeout"
+EV_AWAIT_COMPLETED = "AwaitCompleted"
+EV_AWAIT_CANCELLED = "AwaitCancelled"
+EV_CHILD_COMPLETED = "ChildCompleted"
+EV_CHILD_FAILED = "ChildFailed"
+EV_CHILD_CANCELLED = "ChildCancelled"
+EV_CHILD_START_FAILED = "ChildStartFailed"
+EV_CHILD_CANCEL_REQUESTED = "ChildCancelRequested"
+EV_SCOPE_CANCELLED = "ScopeCancelled"
 EV_WORKFLOW_COMPLETED = "WorkflowCompleted"
 EV_WORKFLOW_FAILED = "WorkflowFailed"
 EV_WORKFLOW_CANCELLED = "WorkflowCancelled"
@@ -86,6 +106,78 @@ class ExecutionSnapshot:
     parent_instance_id: str = ""
     parent_key: str = ""
     history: list[HistoryRow] = field(default_factory=list)
+    signals: list[SignalPosition] = field(default_factory=list)
+
+
+@dataclass
+class SignalPosition:
+    """Where a signal became visible and where it was consumed (command positions)."""
+
+    id: int
+    channel: str
+    delivered_seq: int | None = None
+    consumed_seq: int | None = None
+
+
+@dataclass(frozen=True)
+class SignalMessage:
+    """One pending inbox entry, with its payload (JSON text)."""
+
+    id: int
+    channel: str
+    payload: str
+
+
+@dataclass(frozen=True)
+class Arrivals:
+    """Recorded but undelivered outcomes and signals of an instance."""
+
+    keys: tuple[str, ...] = ()
+    signals: tuple[tuple[int, str], ...] = ()
+
+
+@dataclass
+class Observation:
+    """One fenced observation commit: record or fill a value and deliver a batch.
+
+    ``record`` inserts a new command row; ``fill`` sets the value of an existing
+    reserved row if it has none (a stored value wins and is returned instead).
+    ``deliver_all`` delivers every arrival at commit time; otherwise ``deliver``
+    names exactly the arrivals to deliver. ``consume`` consumes one signal,
+    ``retire_timer`` deletes a timer subscription, ``cancel_tasks`` cancels
+    unfinished tasks, ``fill_cancelled`` fills the given reserved rows with a
+    cancellation outcome, ``cancel_children`` requests cancellation of children.
+    """
+
+    seq: int
+    record: HistoryRow | None = None
+    fill: HistoryRow | None = None
+    deliver_all: bool = False
+    deliver: Arrivals | None = None
+    consume: int | None = None
+    retire_timer: str | None = None
+    cancel_tasks: tuple[str, ...] = ()
+    fill_cancelled: tuple[tuple[str, str, str], ...] = ()  # (key, event_type, data)
+    cancel_children: tuple[str, ...] = ()
+    cancel_reason: str = ""
+
+
+@dataclass
+class ObservationResult:
+    """The stored row and what the commit delivered."""
+
+    stored: HistoryRow | None
+    delivered: Arrivals
+    consumed: bool = True
+
+
+@dataclass(frozen=True)
+class ChildSpec:
+    """A child instance to create together with the parent's command."""
+
+    instance_id: str
+    workflow_name: str
+    input: Any
 
 
 @dataclass(frozen=True)
@@ -162,8 +254,8 @@ class EngineStore(Protocol):
         """Read one history row."""
         ...
 
-    def close(self, fence: Fence, request: CloseRequest) -> None:
-        """Close the instance, fenced, in one transaction."""
+    def close(self, fence: Fence, request: CloseRequest) -> str:
+        """Close the instance, fenced, in one transaction; return the status written."""
         ...
 
     def release_lease(self, fence: Fence, runnable: bool = False) -> None:
@@ -172,4 +264,36 @@ class EngineStore(Protocol):
 
     def now_ms(self) -> int:
         """Return the store clock in Unix milliseconds."""
+        ...
+
+    def reserve_timer(self, fence: Fence, row: HistoryRow, expires_at: Any) -> HistoryRow:
+        """Reserve a sleep (or timed receive) and arm its timer, atomically."""
+        ...
+
+    def observe(self, fence: Fence, observation: Observation) -> ObservationResult:
+        """Commit one observation and its delivery batch under the fence."""
+        ...
+
+    def next_signal(self, instance_id: str, channel: str) -> SignalMessage | None:
+        """Return the oldest unconsumed signal of the channel."""
+        ...
+
+    def signal_payload(self, signal_id: int) -> str | None:
+        """Return a signal's payload."""
+        ...
+
+    def arrivals(self, instance_id: str) -> Arrivals:
+        """Return recorded outcomes and signals not yet delivered."""
+        ...
+
+    def cancel_state(self, instance_id: str) -> tuple[bool, str]:
+        """Return (cancel requested, reason)."""
+        ...
+
+    def timer_fired(self, instance_id: str, key: str) -> bool:
+        """True when the timer of a timed receive has fired."""
+        ...
+
+    def start_child(self, fence: Fence, row: HistoryRow, child: ChildSpec) -> HistoryRow:
+        """Reserve the parent's command and create the child in one transaction."""
         ...

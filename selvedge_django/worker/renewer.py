@@ -34,6 +34,7 @@ class Renewer(Loop):
         self.runtime = runtime
         self._renewed: dict[Fence, float] = {}
         self._claims: dict[TaskClaim, tuple[float, int]] = {}
+        self._progress: dict[TaskClaim, tuple[float, int]] = {}
 
     def run_once(self) -> int:
         runtime = self.runtime
@@ -53,6 +54,11 @@ class Renewer(Loop):
             claim = task.claim
             live.add(claim)
             last, progress = self._claims.setdefault(claim, (now, state.progress))
+            seen_at, seen = self._progress.setdefault(claim, (now, state.progress))
+            if state.progress != seen:
+                self._progress[claim] = (now, state.progress)
+            elif task.heartbeat_timeout is not None and now - seen_at > task.heartbeat_timeout:
+                state.cancel("heartbeat timeout")
             every = min(interval, task.claim_ttl / 3)
             if now - last < every:
                 continue
@@ -69,4 +75,5 @@ class Renewer(Loop):
         for claim in list(self._claims):
             if claim not in live:
                 del self._claims[claim]
+                self._progress.pop(claim, None)
         return 0

@@ -6,14 +6,15 @@ import logging
 import threading
 from typing import Any
 
-from ..conf import get_settings
-from ..conf import default_worker_id
+from ..conf import default_worker_id, get_settings
 from ..runtime import WorkerRuntime
 from .activities import ActivityPoller
 from .base import Loop
 from .dispatcher import Dispatcher
+from .leader import Leader
 from .pool import ThreadPool
 from .renewer import Renewer
+from .timers import TimerPoller
 
 __all__ = ["Worker"]
 
@@ -43,7 +44,15 @@ class Worker:
         self.activity_poller = ActivityPoller(self.runtime, bus, self.activities)
         self.resumptions.on_done = self.dispatcher.waker.wake
         self.activities.on_done = self.activity_poller.waker.wake
-        self.loops: list[Loop] = [self.dispatcher, self.activity_poller, Renewer(self.runtime, bus)]
+        self.timer_poller = TimerPoller(self.runtime, bus)
+        self.leader = Leader(self.runtime, bus)
+        self.loops: list[Loop] = [
+            self.dispatcher,
+            self.activity_poller,
+            self.timer_poller,
+            self.leader,
+            Renewer(self.runtime, bus),
+        ]
         self._threads: list[threading.Thread] = []
         self._started = False
 
@@ -57,7 +66,7 @@ class Worker:
 
     def work_loops(self) -> list[Loop]:
         """The loops that find work (the renewer only maintains what is held)."""
-        return [loop for loop in self.loops if not isinstance(loop, Renewer)]
+        return [self.dispatcher, self.activity_poller, self.timer_poller]
 
     def start(self) -> Worker:
         """Start every loop in its own thread; return self."""
@@ -96,6 +105,7 @@ class Worker:
             self.resumptions.wait_idle(min(5.0, timeout))
         for fence in self.runtime.held_fences():
             self.runtime._release_quietly(fence, runnable=True)
+        self.leader.resign()
         for thread in self._threads:
             thread.join(5.0)
         self.resumptions.shutdown(1.0)

@@ -7,10 +7,12 @@ signal finishes in-flight work and releases what is held, a second exits at once
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
 import signal
+import sys
 import threading
 from typing import Any
 
@@ -49,13 +51,24 @@ class Command(BaseCommand):
         result = sub.add_parser("result", help="print an instance's result as JSON")
         result.add_argument("instance_id")
 
+        # Django's -v/--verbosity is also accepted after the subcommand
+        # (``runselvedge worker -v 2``); SUPPRESS keeps the top-level value otherwise.
+        for subparser in sub.choices.values():
+            subparser.add_argument(
+                "-v", "--verbosity", type=int, choices=[0, 1, 2, 3], default=argparse.SUPPRESS
+            )
+
     def _configure_logging(self, verbosity: int) -> None:
-        level = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO}.get(verbosity, logging.DEBUG)
+        level = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO}.get(
+            verbosity, logging.DEBUG
+        )
         logger = logging.getLogger("selvedge_django")
         logger.setLevel(level)
         if not logger.handlers and not logging.getLogger().handlers:
-            handler = logging.StreamHandler(self.stderr._out)
-            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(
+                logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s")
+            )
             logger.addHandler(handler)
 
     def handle(self, *args: Any, **options: Any) -> None:

@@ -1,0 +1,647 @@
+"""Workflow commands: each takes a command position, replays or writes one step.
+
+Every function here runs on the workflow thread. A recorded key returns the
+recorded outcome without I/O; a live command writes through the store in one
+fenced transaction (see :meth:`Execution.guarded`).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from .. import exceptions as exc
+from .codec import error_to_envelope
+from .durations import to_seconds
+from .handles import ChildHandle, Future, Timer, decode_outcome
+from .store import (
+    CMD_ACTIVITY,
+    CMD_AWAIT,
+    CMD_CANCEL_SCOPE,
+    CMD_CHILD,
+    CMD_NOW,
+    CMD_RECEIVE,
+    CMD_SLEEP,
+    EV_ACTIVITY_CANCELLED,
+    EV_AWAIT_CANCELLED,
+    EV_AWAIT_COMPLETED,
+    EV_CHILD_CANCELLED,
+    EV_CHILD_START_FAILED,
+    EV_NOW_RECORDED,
+    EV_SCOPE_CANCELLED,
+    EV_SIGNAL_CANCELLED,
+    EV_SIGNAL_NONE,
+    EV_SIGNAL_RECEIVED,
+    EV_SIGNAL_TIMEOUT,
+    EV_TIMER_CANCELLED,
+    EV_TIMER_EXPIRED,
+    ChildSpec,
+    HistoryRow,
+    Observation,
+    TaskSpec,
+)
+
+if TYPE_CHECKING:
+    from .context import Scope
+    from .execution import Execution
+    from .options import ActivityOptions
+
+__all__ = [
+    "cancel_scope",
+    "issue_activity",
+    "new_timer",
+    "now",
+    "receive",
+    "receive_async",
+    "receive_with_timeout",
+    "start_child",
+    "valid_channel",
+    "wait_condition",
+]
+
+
+def envelope(error: BaseException) -> str:
+    return json.dumps(error_to_envelope(error, with_traceback=False))
+
+
+def valid_channel(channel: object) -> bool:
+    return isinstance(channel, str) and 1 <= len(channel.encode("utf-8")) <= 255
+
+
+def _check_channel(channel: object) -> str:
+    if not valid_channel(channel):
+        raise exc.InvalidSignalChannel(
+            f"signal channel must contain 1 to 255 UTF-8 bytes, not {channel!r}"
+        )
+    return str(channel)
+
+
+def cancellation(execution: Execution, scope: Scope) -> BaseException | None:
+    """The cancellation a blocking wait in ``scope`` observes now (live), if any."""
+    if scope.locally_cancelled():
+        return exc.ScopeCancelled()
+    if not scope.attached():
+        return None
+    store = execution.runtime.store
+    requested, reason = execution.guarded(lambda: store.cancel_state(execution.instance_id))
+    if requested:
+        return exc.WorkflowCancelled(execution.instance_id, reason)
+    return None
+
+
+# -- activities --------------------------------------------------------------------------
+
+
+def issue_activity(
+    execution: Execution,
+    scope: Scope,
+    activity: Any,
+    input: Any,
+    options: ActivityOptions | None,
+    activity_id: str | None,
+    *,
+    inline: bool,
+) -> Future:
+    """Reserve an activity task (claimed inline when ``inline``) and return its Future."""
+    execution.check_command()
+    resolved = activity.options.merged(options)
+    if activity_id is not None:
+        execution.validate_user_key(activity_id, "activity_id")
+    input_text: str | None = None
+    if execution.live:
+        try:
+            input_text = execution.runtime.codec.encode(
+                input, f"input of activity {activity.name!r}"
+            )
+        except (TypeError, ValueError) as error:
+            raise TypeError(f"activity {activity.name!r} input is not JSON: {error}") from error
+    seq, key = execution.next_position(activity_id, CMD_ACTIVITY, activity.name)
+    scope.commands.append((key, CMD_ACTIVITY, ""))
+    future = Future(execution, scope, key, activity.name)
+    recorded = execution.history.get(key)
+    if recorded is not None:
+        from .execution import reservation_of
+
+        reserved_name = reservation_of(recorded).get("name")
+        if reserved_name is not None and reserved_name != activity.name:
+            raise execution.nondeterminism(
+                f"key {key!r} recorded activity {reserved_name!r}, code issued {activity.name!r}",
+                key=key,
+                expected=str(reserved_name),
+                actual=activity.name,
+            )
+        return future
+    if execution.readonly:
+        raise execution.suspend(f"activity {key!r} is not recorded")
+    assert input_text is not None
+    reservation = json.dumps({"name": activity.name, "queue": resolved.queue})
+    if scope.locally_cancelled():
+        execution.record(
+            HistoryRow(
+                key,
+                seq,
+                CMD_ACTIVITY,
+                EV_ACTIVITY_CANCELLED,
+                envelope(exc.ScopeCancelled()),
+                reservation,
+                seq,
+            )
+        )
+        return future
+    policy = resolved.effective_retry_policy()
+    spec = TaskSpec(
+        name=activity.name,
+        workflow_name=execution.workflow_name,
+        input=input_text,
+        queue=resolved.queue,
+        options=resolved.to_json(),
+        max_attempts=policy.max_attempts,
+        schedule_to_start_timeout=_float(resolved.schedule_to_start_timeout),
+        start_to_close_timeout=_float(resolved.start_to_close_timeout),
+        heartbeat_timeout=_float(resolved.heartbeat_timeout),
+    )
+    row = HistoryRow(key=key, seq=seq, command=CMD_ACTIVITY, reservation=reservation)
+    runtime = execution.runtime
+    claim_owner = (
+        runtime.worker_id
+        if inline and runtime.can_run_inline(activity.name, resolved.queue)
+        else None
+    )
+    fence = execution.fence
+    assert fence is not None
+    stored, claimed = execution.guarded(
+        lambda: runtime.store.reserve_activity(fence, row, spec, claim_owner)
+    )
+    execution.check_stored(key, stored, CMD_ACTIVITY)
+    if claimed is None:
+        runtime.tasks_reserved()
+    future._claimed = claimed
+    return future
+
+
+def _float(value: object) -> float | None:
+    return None if value is None else float(value)  # type: ignore[arg-type]
+
+
+# -- time and timers ---------------------------------------------------------------------
+
+
+def now(execution: Execution) -> datetime:
+    """Record (live) or return (replay) one workflow-time observation."""
+    from .execution import parse_time
+
+    if execution.suspension is not None and execution.fatal is None:
+        # Unwinding: no writes; the floor is the best answer.
+        return execution.time_floor or execution.time_base()
+    execution.check_command("now()")
+    seq, key = execution.next_position(None, CMD_NOW, "now")
+    recorded = execution.history.get(key)
+    if recorded is not None and recorded.data is not None:
+        value = parse_time(json.loads(recorded.data))
+        execution.advance_floor(value)
+        return value
+    if execution.readonly:
+        raise execution.suspend("now() is not recorded")
+    live = execution.time_base()
+    stored = execution.record(
+        HistoryRow(key, seq, CMD_NOW, EV_NOW_RECORDED, json.dumps(live.isoformat()))
+    )
+    value = parse_time(json.loads(stored.data or json.dumps(live.isoformat())))
+    execution.advance_floor(value)
+    return value
+
+
+def new_timer(
+    execution: Execution,
+    scope: Scope,
+    duration: float | timedelta | None,
+    sleep_id: str | None,
+    *,
+    until: datetime | None = None,
+) -> Timer:
+    """Issue a sleep command: arm a durable timer (or record an immediate expiry)."""
+    execution.check_command()
+    if until is not None:
+        if not isinstance(until, datetime):
+            raise TypeError(f"sleep_until() needs a datetime, not {until!r}")
+        if until.tzinfo is None:
+            raise ValueError("sleep_until() needs an aware datetime")
+        seconds = None
+    else:
+        seconds = to_seconds(duration, "sleep duration", allow_nonpositive=True)
+    if sleep_id is not None:
+        execution.validate_user_key(sleep_id, "sleep_id")
+    seq, key = execution.next_position(sleep_id, CMD_SLEEP, "sleep")
+    scope.commands.append((key, CMD_SLEEP, ""))
+    timer = Timer(execution, scope, key)
+    if key in execution.history:
+        return timer
+    if execution.readonly:
+        raise execution.suspend(f"timer {key!r} is not recorded")
+    if scope.locally_cancelled():
+        execution.record(
+            HistoryRow(
+                key, seq, CMD_SLEEP, EV_TIMER_CANCELLED, envelope(exc.ScopeCancelled()), None, seq
+            )
+        )
+        return timer
+    base = execution.time_base()
+    if until is not None:
+        seconds = (until - base).total_seconds()
+    assert seconds is not None
+    expires = base + timedelta(seconds=max(0.0, seconds))
+    reservation = json.dumps({"expires_at": expires.isoformat()})
+    if seconds <= 0:
+        execution.record(
+            HistoryRow(
+                key,
+                seq,
+                CMD_SLEEP,
+                EV_TIMER_EXPIRED,
+                json.dumps(expires.isoformat()),
+                reservation,
+                seq,
+            )
+        )
+        return timer
+    fence = execution.fence
+    assert fence is not None
+    store = execution.runtime.store
+    row = HistoryRow(key, seq, CMD_SLEEP, reservation=reservation)
+    stored = execution.guarded(lambda: store.reserve_timer(fence, row, expires))
+    execution.check_stored(key, stored, CMD_SLEEP)
+    return timer
+
+
+# -- signals -----------------------------------------------------------------------------
+
+
+def _signal_outcome(execution: Execution, row: HistoryRow) -> Any:
+    if row.event_type == EV_SIGNAL_RECEIVED:
+        return json.loads(row.data) if row.data is not None else None
+    if row.event_type == EV_SIGNAL_TIMEOUT:
+        raise exc.ReceiveTimeout(f"no signal before the timeout ({row.key})")
+    return decode_outcome(row)
+
+
+def receive(execution: Execution, scope: Scope, channel: str) -> Any:
+    """Consume the oldest signal of ``channel``; cancellation is observed first."""
+    execution.check_command()
+    channel = _check_channel(channel)
+    seq, key = execution.next_position(None, CMD_RECEIVE, f"receive:{channel}")
+    recorded = execution.history.get(key)
+    if recorded is not None and recorded.has_value:
+        return _signal_outcome(execution, recorded)
+    if execution.readonly:
+        raise execution.suspend(f"receive {key!r} is not recorded")
+    cancelled = cancellation(execution, scope)
+    if cancelled is not None:
+        execution.observe(
+            Observation(
+                seq,
+                record=HistoryRow(key, seq, CMD_RECEIVE, EV_SIGNAL_CANCELLED, envelope(cancelled)),
+                deliver_all=True,
+            )
+        )
+        raise cancelled
+    store = execution.runtime.store
+    message = execution.guarded(lambda: store.next_signal(execution.instance_id, channel))
+    if message is None:
+        raise execution.suspend(f"no signal on {channel!r}")
+    execution.observe(
+        Observation(
+            seq,
+            record=HistoryRow(key, seq, CMD_RECEIVE, EV_SIGNAL_RECEIVED, message.payload),
+            consume=message.id,
+            deliver_all=True,
+        )
+    )
+    execution.runtime.fire(
+        "on_signal_received",
+        instance_id=execution.instance_id,
+        workflow_name=execution.workflow_name,
+        key=key,
+    )
+    return json.loads(message.payload)
+
+
+def receive_with_timeout(
+    execution: Execution, scope: Scope, channel: str, timeout: float | timedelta
+) -> Any:
+    """Receive with a durable timer: cancellation, then a signal, then the timer."""
+    execution.check_command()
+    channel = _check_channel(channel)
+    seconds = to_seconds(timeout, "receive timeout", allow_nonpositive=True)
+    seq, key = execution.next_position(None, CMD_RECEIVE, f"receive:{channel}")
+    recorded = execution.history.get(key)
+    if recorded is not None and recorded.has_value:
+        return _signal_outcome(execution, recorded)
+    if execution.readonly:
+        raise execution.suspend(f"receive {key!r} is not recorded")
+    fence = execution.fence
+    assert fence is not None
+    store = execution.runtime.store
+    if recorded is None:
+        if seconds <= 0:
+            execution.record(HistoryRow(key, seq, CMD_RECEIVE, EV_SIGNAL_TIMEOUT, json.dumps(None)))
+            raise exc.ReceiveTimeout(f"receive on {channel!r} timed out at once")
+        if scope.locally_cancelled():
+            error = exc.ScopeCancelled()
+            execution.observe(
+                Observation(
+                    seq,
+                    record=HistoryRow(key, seq, CMD_RECEIVE, EV_SIGNAL_CANCELLED, envelope(error)),
+                    deliver_all=True,
+                )
+            )
+            raise error
+        expires = execution.time_base() + timedelta(seconds=seconds)
+        row = HistoryRow(
+            key, seq, CMD_RECEIVE, reservation=json.dumps({"expires_at": expires.isoformat()})
+        )
+        stored = execution.guarded(lambda: store.reserve_timer(fence, row, expires))
+        execution.check_stored(key, stored, CMD_RECEIVE)
+    cancelled = cancellation(execution, scope)
+    if cancelled is not None:
+        _fill(execution, seq, key, EV_SIGNAL_CANCELLED, envelope(cancelled))
+        raise cancelled
+    message = execution.guarded(lambda: store.next_signal(execution.instance_id, channel))
+    if message is not None:
+        result = execution.observe(
+            Observation(
+                seq,
+                fill=HistoryRow(key, seq, CMD_RECEIVE, EV_SIGNAL_RECEIVED, message.payload),
+                consume=message.id,
+                retire_timer=key,
+                deliver_all=True,
+            )
+        )
+        assert result.stored is not None
+        return _signal_outcome(execution, result.stored)
+    if execution.guarded(lambda: store.timer_fired(execution.instance_id, key)):
+        stored_row = _fill(execution, seq, key, EV_SIGNAL_TIMEOUT, json.dumps(None))
+        return _signal_outcome(execution, stored_row)
+    raise execution.suspend(f"no signal on {channel!r} yet")
+
+
+def _fill(execution: Execution, seq: int, key: str, event_type: str, data: str) -> HistoryRow:
+    result = execution.observe(
+        Observation(
+            seq,
+            fill=HistoryRow(key, seq, CMD_RECEIVE, event_type, data),
+            retire_timer=key,
+            deliver_all=True,
+        )
+    )
+    assert result.stored is not None
+    if result.stored.event_type != event_type:
+        return result.stored
+    if event_type == EV_SIGNAL_CANCELLED:
+        return result.stored
+    return result.stored
+
+
+def receive_async(execution: Execution, channel: str) -> tuple[Any, bool]:
+    """Record the next delivered signal of ``channel``, or that none was available."""
+    execution.check_command()
+    channel = _check_channel(channel)
+    seq, key = execution.next_position(None, CMD_RECEIVE, f"receive:{channel}")
+    recorded = execution.history.get(key)
+    if recorded is not None and recorded.has_value:
+        if recorded.event_type == EV_SIGNAL_NONE:
+            return None, False
+        return _signal_outcome(execution, recorded), True
+    if execution.readonly:
+        raise execution.suspend(f"receive {key!r} is not recorded")
+    position = execution.oldest_pending(channel)
+    if position is None:
+        execution.record(HistoryRow(key, seq, CMD_RECEIVE, EV_SIGNAL_NONE, json.dumps(None)))
+        return None, False
+    store = execution.runtime.store
+    payload = execution.guarded(lambda: store.signal_payload(position.id))
+    execution.observe(
+        Observation(
+            seq,
+            record=HistoryRow(key, seq, CMD_RECEIVE, EV_SIGNAL_RECEIVED, payload),
+            consume=position.id,
+        )
+    )
+    return (json.loads(payload) if payload is not None else None), True
+
+
+# -- conditions --------------------------------------------------------------------------
+
+
+def _evaluate(execution: Execution, predicate: Any) -> bool:
+    execution.in_predicate = True
+    try:
+        return bool(predicate())
+    except exc.NondeterminismError:
+        raise
+    except BaseException as error:
+        if execution.suspension is not None:
+            raise
+        raise execution.fail(error) from error
+    finally:
+        execution.in_predicate = False
+
+
+def wait_condition(execution: Execution, scope: Scope, predicate: Any) -> None:
+    """Wait until ``predicate`` is true in the delivered view; deliver what it saw."""
+    execution.check_command()
+    if predicate is None or not callable(predicate):
+        raise execution.fail(TypeError("wait_condition() needs a callable predicate"))
+    if _evaluate(execution, predicate):
+        return
+    seq, key = execution.next_position(None, CMD_AWAIT, "await")
+    recorded = execution.history.get(key)
+    if recorded is not None and recorded.has_value:
+        if recorded.event_type == EV_AWAIT_COMPLETED:
+            return
+        decode_outcome(recorded)
+        return
+    if execution.readonly:
+        raise execution.suspend("condition not met in recorded history")
+    store = execution.runtime.store
+    arrivals = execution.guarded(lambda: store.arrivals(execution.instance_id))
+    for arrived_key in arrivals.keys:
+        execution.refresh(arrived_key)
+    from .store import SignalPosition
+
+    for signal_id, channel in arrivals.signals:
+        execution.signals.setdefault(signal_id, SignalPosition(signal_id, channel))
+    execution.candidate_keys = frozenset(arrivals.keys)
+    execution.candidate_signals = frozenset(sid for sid, _ in arrivals.signals)
+    try:
+        satisfied = _evaluate(execution, predicate)
+    finally:
+        execution.candidate_keys = frozenset()
+        execution.candidate_signals = frozenset()
+    if satisfied:
+        execution.observe(
+            Observation(
+                seq,
+                record=HistoryRow(key, seq, CMD_AWAIT, EV_AWAIT_COMPLETED, json.dumps(None)),
+                deliver=arrivals,
+            )
+        )
+        return
+    cancelled = cancellation(execution, scope)
+    if cancelled is not None:
+        execution.observe(
+            Observation(
+                seq,
+                record=HistoryRow(key, seq, CMD_AWAIT, EV_AWAIT_CANCELLED, envelope(cancelled)),
+                deliver_all=True,
+            )
+        )
+        raise cancelled
+    raise execution.suspend("condition not met")
+
+
+# -- children ----------------------------------------------------------------------------
+
+
+def start_child(
+    execution: Execution,
+    scope: Scope,
+    workflow_or_name: Any,
+    input: Any,
+    child_id: str | None,
+) -> ChildHandle:
+    """Create a child instance and the parent's command in one transaction."""
+    execution.check_command()
+    name = getattr(workflow_or_name, "name", workflow_or_name)
+    if not isinstance(name, str) or not name or len(name) > 255:
+        raise exc.WorkflowStartRejected("start_child needs a workflow definition or name")
+    if child_id is not None:
+        _check_instance_id(child_id)
+    input_value: Any = None
+    if execution.live:
+        try:
+            input_value = json.loads(execution.runtime.codec.encode(input, "child input"))
+        except (TypeError, ValueError) as error:
+            raise exc.WorkflowStartRejected(
+                f"child input is not JSON-encodable: {error}"
+            ) from error
+    seq, key = execution.next_position(None, CMD_CHILD, f"child:{name}")
+    instance = child_id or f"{execution.instance_id}/{key}"
+    _check_instance_id(instance)
+    scope.commands.append((key, CMD_CHILD, instance))
+    handle = ChildHandle(execution, scope, key, instance)
+    from .execution import reservation_of
+
+    recorded = execution.history.get(key)
+    if recorded is not None:
+        reserved = reservation_of(recorded)
+        if reserved.get("child_id", instance) != instance or reserved.get("workflow", name) != name:
+            raise execution.nondeterminism(
+                f"child {key!r} recorded {reserved}, code started {name!r} as {instance!r}",
+                key=key,
+                expected=json.dumps(reserved),
+                actual=instance,
+            )
+        if recorded.event_type == EV_CHILD_START_FAILED:
+            raise decode_outcome(recorded, raise_it=False)
+        return handle
+    if execution.readonly:
+        raise execution.suspend(f"child {key!r} is not recorded")
+    reservation = json.dumps({"child_id": instance, "workflow": name})
+    if scope.locally_cancelled():
+        execution.record(
+            HistoryRow(
+                key,
+                seq,
+                CMD_CHILD,
+                EV_CHILD_CANCELLED,
+                envelope(exc.ScopeCancelled()),
+                reservation,
+                seq,
+            )
+        )
+        return handle
+    fence = execution.fence
+    assert fence is not None
+    store = execution.runtime.store
+    row = HistoryRow(key, seq, CMD_CHILD, reservation=reservation)
+    stored = execution.guarded(
+        lambda: store.start_child(fence, row, ChildSpec(instance, name, input_value))
+    )
+    execution.check_stored(key, stored, CMD_CHILD)
+    if stored.event_type == EV_CHILD_START_FAILED:
+        raise decode_outcome(stored, raise_it=False)
+    return handle
+
+
+def _check_instance_id(value: object) -> str:
+    import unicodedata
+
+    if not isinstance(value, str) or not 1 <= len(value) <= 255:
+        raise exc.WorkflowStartRejected("child ids are 1 to 255 characters")
+    if any(unicodedata.category(ch) == "Cc" for ch in value):
+        raise exc.WorkflowStartRejected("child ids must not contain control characters")
+    return value
+
+
+# -- scope cancellation ------------------------------------------------------------------
+
+_CANCELLED_EVENT = {
+    CMD_ACTIVITY: EV_ACTIVITY_CANCELLED,
+    CMD_SLEEP: EV_TIMER_CANCELLED,
+    CMD_CHILD: EV_CHILD_CANCELLED,
+}
+
+
+def cancel_scope(execution: Execution, scope: Scope) -> None:
+    """Cancel a scope: one record, one fenced transaction; repeats write nothing."""
+    execution.check_command("cancel()")
+    if scope.locally_cancelled():
+        return
+    targets: list[dict[str, str]] = []
+    for member in scope.subtree():
+        for key, command, child in member.commands:
+            if command in (CMD_ACTIVITY, CMD_SLEEP, CMD_CHILD):
+                if execution.visible(key):
+                    continue
+                target = {"key": key, "command": command}
+                if child:
+                    target["child_id"] = child
+                targets.append(target)
+    seq, key = execution.next_position(None, CMD_CANCEL_SCOPE, "cancel_scope")
+    from .execution import reservation_of
+
+    recorded = execution.history.get(key)
+    if recorded is not None:
+        reserved = reservation_of(recorded).get("targets")
+        if reserved is not None and reserved != targets:
+            raise execution.nondeterminism(
+                f"cancel_scope {key!r} recorded targets {reserved}, code cancelled {targets}",
+                key=key,
+                expected=json.dumps(reserved),
+                actual=json.dumps(targets),
+            )
+        scope.cancelled = True
+        return
+    if execution.readonly:
+        raise execution.suspend(f"cancel_scope {key!r} is not recorded")
+    data = envelope(exc.ScopeCancelled())
+    execution.observe(
+        Observation(
+            seq,
+            record=HistoryRow(
+                key,
+                seq,
+                CMD_CANCEL_SCOPE,
+                EV_SCOPE_CANCELLED,
+                json.dumps(None),
+                json.dumps({"targets": targets}),
+                seq,
+            ),
+            fill_cancelled=tuple((t["key"], _CANCELLED_EVENT[t["command"]], data) for t in targets),
+            cancel_tasks=tuple(t["key"] for t in targets if t["command"] != CMD_CHILD),
+            cancel_children=tuple(t["child_id"] for t in targets if t["command"] == CMD_CHILD),
+            cancel_reason="scope cancelled by parent",
+        )
+    )
+    scope.cancelled = True

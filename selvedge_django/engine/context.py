@@ -1,0 +1,214 @@
+"""The workflow context: the handle workflow code issues durable commands through.
+
+A context belongs to one execution and one cancellation *scope*. ``with_cancel()``
+returns a context with a child scope and its cancel function; ``detached()``
+returns a context with a parentless scope that ignores the durable cancel
+request (for cleanup). Neither issues a command.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from .. import exceptions as exc
+from . import commands
+
+if TYPE_CHECKING:
+    from .execution import Execution
+    from .handles import ChildHandle, Timer
+    from .store import HistoryRow
+
+__all__ = ["Scope", "WorkflowContext"]
+
+
+class Scope:
+    """A cancellation scope: attached to the workflow's request unless detached."""
+
+    def __init__(self, execution: Execution, parent: Scope | None, detached: bool) -> None:
+        self.execution = execution
+        self.parent = parent
+        self.detached = detached
+        self.cancelled = False
+        self.children: list[Scope] = []
+        self.commands: list[tuple[str, str, str]] = []  # (key, command, child id)
+        if parent is not None:
+            parent.children.append(self)
+
+    def locally_cancelled(self) -> bool:
+        scope: Scope | None = self
+        while scope is not None:
+            if scope.cancelled:
+                return True
+            scope = scope.parent
+        return False
+
+    def attached(self) -> bool:
+        """True when the durable cancel request reaches this scope."""
+        scope: Scope | None = self
+        while scope is not None:
+            if scope.detached:
+                return False
+            scope = scope.parent
+        return True
+
+    def subtree(self) -> list[Scope]:
+        """This scope and its attached (non-detached) descendants."""
+        found = [self]
+        for child in self.children:
+            if not child.detached:
+                found.extend(child.subtree())
+        return found
+
+
+class _ReplayAwareLogger(logging.LoggerAdapter):
+    """Drops records while the execution replays, so replays do not repeat logs."""
+
+    def __init__(self, execution: Execution) -> None:
+        super().__init__(logging.getLogger("selvedge_django.workflow"), {})
+        self._execution = execution
+
+    def isEnabledFor(self, level: int) -> bool:
+        execution = self._execution
+        if execution.readonly or execution.is_replaying:
+            return False
+        return self.logger.isEnabledFor(level)
+
+    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        extra = dict(kwargs.get("extra") or {})
+        extra.setdefault("instance_id", self._execution.instance_id)
+        extra.setdefault("workflow_name", self._execution.workflow_name)
+        kwargs["extra"] = extra
+        return msg, kwargs
+
+
+class WorkflowContext:
+    """Issue durable commands: time, timers, signals, conditions, children, scopes."""
+
+    def __init__(self, execution: Execution, scope: Scope) -> None:
+        self._execution = execution
+        self._scope = scope
+
+    def __repr__(self) -> str:
+        return f"<WorkflowContext {self._execution.instance_id!r}>"
+
+    # -- accessors ----------------------------------------------------------------------
+
+    @property
+    def instance_id(self) -> str:
+        return self._execution.instance_id
+
+    @property
+    def workflow_name(self) -> str:
+        return self._execution.workflow_name
+
+    @property
+    def worker_id(self) -> str:
+        return self._execution.runtime.worker_id
+
+    @property
+    def is_replaying(self) -> bool:
+        """True while the execution re-issues commands that history already records."""
+        return self._execution.is_replaying
+
+    @property
+    def logger(self) -> logging.LoggerAdapter:
+        """A logger that stays silent while the workflow replays."""
+        return _ReplayAwareLogger(self._execution)
+
+    def history_event(self, key: str) -> HistoryRow | None:
+        """Return a copy of the recorded history row at ``key`` (read-only diagnostics)."""
+        from .store import HistoryRow
+
+        row = self._execution.history.get(key)
+        return None if row is None else HistoryRow(**row.__dict__)
+
+    # -- time ---------------------------------------------------------------------------
+
+    def now(self) -> datetime:
+        """Return workflow time (aware UTC), recorded once per live call."""
+        return commands.now(self._execution)
+
+    def sleep(self, duration: float | timedelta, sleep_id: str | None = None) -> None:
+        """Wait for ``duration`` on a durable timer (nonpositive: expires at once)."""
+        timer = commands.new_timer(self._execution, self._scope, duration, sleep_id)
+        timer._wait(batch=True)
+
+    def sleep_until(self, when: datetime, sleep_id: str | None = None) -> None:
+        """Wait until the aware datetime ``when`` on a durable timer."""
+        timer = commands.new_timer(self._execution, self._scope, None, sleep_id, until=when)
+        timer._wait(batch=True)
+
+    def new_timer(self, duration: float | timedelta, sleep_id: str | None = None) -> Timer:
+        """Arm a durable timer without waiting; ``timer.get(ctx)`` waits for it."""
+        return commands.new_timer(self._execution, self._scope, duration, sleep_id)
+
+    # -- signals and conditions -----------------------------------------------------------
+
+    def receive(self, channel: str) -> Any:
+        """Consume the oldest signal of ``channel``, suspending until one exists."""
+        return commands.receive(self._execution, self._scope, channel)
+
+    def receive_with_timeout(self, channel: str, timeout: float | timedelta) -> Any:
+        """Like :meth:`receive`, raising :class:`ReceiveTimeout` after ``timeout``."""
+        return commands.receive_with_timeout(self._execution, self._scope, channel, timeout)
+
+    def receive_async(self, channel: str) -> tuple[Any, bool]:
+        """Record the next delivered signal of ``channel`` or that none was there."""
+        return commands.receive_async(self._execution, channel)
+
+    def pending(self, channel: str) -> int:
+        """Count delivered, unconsumed signals of ``channel`` (no I/O)."""
+        execution = self._execution
+        if not commands.valid_channel(channel):
+            raise execution.fail(
+                exc.InvalidSignalChannel(f"pending() got an invalid channel {channel!r}")
+            )
+        return execution.pending(channel)
+
+    def wait_condition(self, predicate: Callable[[], bool]) -> None:
+        """Wait until ``predicate()`` is true in the delivered view."""
+        commands.wait_condition(self._execution, self._scope, predicate)
+
+    # -- children -------------------------------------------------------------------------
+
+    def start_child(
+        self, workflow_or_name: Any, input: Any = None, child_id: str | None = None
+    ) -> ChildHandle:
+        """Start a child workflow (by definition or name) with this instance as parent."""
+        return commands.start_child(self._execution, self._scope, workflow_or_name, input, child_id)
+
+    # -- scopes ---------------------------------------------------------------------------
+
+    def with_cancel(self) -> tuple[WorkflowContext, Callable[[], None]]:
+        """Return a context in a child scope and the function that cancels it."""
+        from .context import Scope
+
+        scope = Scope(self._execution, parent=self._scope, detached=False)
+
+        def cancel() -> None:
+            commands.cancel_scope(self._execution, scope)
+
+        return WorkflowContext(self._execution, scope), cancel
+
+    def detached(self) -> WorkflowContext:
+        """Return a context whose scope ignores the workflow's cancellation (for cleanup)."""
+        return WorkflowContext(self._execution, Scope(self._execution, parent=None, detached=True))
+
+    # -- queries --------------------------------------------------------------------------
+
+    def set_query_handler(self, name: str, handler: Callable[[], Any] | None) -> None:
+        """Register (or with None remove) a zero-argument query handler."""
+        execution = self._execution
+        if execution.in_predicate:
+            raise execution.nondeterminism("set_query_handler called inside a predicate")
+        if not isinstance(name, str) or not 1 <= len(name.encode("utf-8")) <= 255:
+            raise ValueError("query names contain 1 to 255 bytes")
+        if handler is None:
+            execution.query_handlers.pop(name, None)
+        elif not callable(handler):
+            raise TypeError("a query handler must be callable")
+        else:
+            execution.query_handlers[name] = handler

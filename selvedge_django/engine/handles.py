@@ -1,0 +1,310 @@
+"""Handles on outcomes that arrive later: activity futures, timers and child workflows.
+
+``get()`` consumes no command position and delivers no batch: it returns a
+stored outcome (which always wins over cancellation), observes cancellation of
+its *issuing* scope, runs a claimable activity inline, or suspends.
+``is_ready()`` reads the delivered view (or an outcome ``get()`` returned).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from .. import exceptions as exc
+from .codec import error_from_envelope, error_to_envelope
+from .store import (
+    CMD_ACTIVITY,
+    CMD_CHILD,
+    CMD_CHILD_CANCEL,
+    CMD_SLEEP,
+    EV_ACTIVITY_CANCELLED,
+    EV_ACTIVITY_COMPLETED,
+    EV_CHILD_CANCEL_REQUESTED,
+    EV_CHILD_CANCELLED,
+    EV_CHILD_COMPLETED,
+    EV_TIMER_CANCELLED,
+    EV_TIMER_EXPIRED,
+    HistoryRow,
+    Observation,
+)
+
+if TYPE_CHECKING:
+    from .context import Scope, WorkflowContext
+    from .execution import Execution
+    from .store import ClaimedTask
+
+__all__ = ["ChildHandle", "Future", "Timer", "decode_outcome"]
+
+
+def _envelope(error: BaseException) -> str:
+    return json.dumps(error_to_envelope(error, with_traceback=False))
+
+
+def decode_outcome(row: HistoryRow, *, raise_it: bool = True) -> Any:
+    """Return a stored success value, or raise (or return) the stored error."""
+    value = json.loads(row.data) if row.data is not None else None
+    if row.event_type in (EV_ACTIVITY_COMPLETED, EV_CHILD_COMPLETED):
+        return value
+    if isinstance(value, dict):
+        error = error_from_envelope(value)
+    else:
+        error = exc.Cancelled() if "Cancel" in row.event_type else exc.ApplicationError(str(value))
+    if raise_it:
+        raise error
+    return error
+
+
+class _Handle:
+    command = ""
+
+    def __init__(self, execution: Execution, scope: Scope, key: str) -> None:
+        self._execution = execution
+        self._scope = scope
+        self._key = key
+        self._resolved: HistoryRow | None = None
+
+    @property
+    def key(self) -> str:
+        """The history key assigned when the command was issued."""
+        return self._key
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self._key!r} ready={self.is_ready()}>"
+
+    def is_ready(self) -> bool:
+        """True when the outcome was delivered, or a get() already returned it."""
+        return self._resolved is not None or self._execution.visible(self._key)
+
+    def _stored(self) -> HistoryRow | None:
+        execution = self._execution
+        row = execution.history.get(self._key)
+        if row is not None and row.has_value:
+            return row
+        if execution.readonly:
+            return None
+        fresh = execution.refresh(self._key)
+        return fresh if fresh is not None and fresh.has_value else None
+
+    def _resolve(self, row: HistoryRow) -> HistoryRow:
+        self._resolved = row
+        self._execution.observed.add(self._key)
+        return row
+
+    def _cancel_on_wait(self) -> HistoryRow | None:
+        """Observe the issuing scope's cancellation; return the stored outcome then."""
+        from .commands import cancellation
+
+        execution = self._execution
+        error = cancellation(execution, self._scope)
+        if error is None:
+            return None
+        return self._record_cancelled(error)
+
+    def _record_cancelled(self, error: BaseException) -> HistoryRow:
+        raise NotImplementedError
+
+
+class Future(_Handle):
+    """An activity outcome tied to the execution that issued it."""
+
+    command = CMD_ACTIVITY
+
+    def __init__(self, execution: Execution, scope: Scope, key: str, activity_name: str) -> None:
+        super().__init__(execution, scope, key)
+        self._activity_name = activity_name
+        self._claimed: ClaimedTask | None = None
+
+    def get(self, ctx: WorkflowContext | None = None) -> Any:
+        """Return the activity's result, raise its error, or suspend until it exists."""
+        if self._resolved is None:
+            self._execution.check_command("Future.get()")
+            row = self._lookup()
+            if row is None:
+                raise self._execution.suspend(f"activity {self._key!r} has no outcome yet")
+            self._resolve(row)
+            if self._execution.is_replaying and self._execution.live:
+                self._execution.runtime.fire(
+                    "on_activity_cache_hit",
+                    instance_id=self._execution.instance_id,
+                    workflow_name=self._execution.workflow_name,
+                    key=self._key,
+                    activity_name=self._activity_name,
+                )
+        assert self._resolved is not None
+        return decode_outcome(self._resolved)
+
+    def _lookup(self) -> HistoryRow | None:
+        execution = self._execution
+        task, self._claimed = self._claimed, None
+        if task is None:
+            stored = self._stored()
+            if stored is not None or execution.readonly:
+                return stored
+            cancelled = self._cancel_on_wait()
+            if cancelled is not None:
+                return cancelled
+            from .execution import reservation_of
+
+            queue = str(reservation_of(execution.history.get(self._key)).get("queue", ""))
+            if not execution.runtime.can_run_inline(self._activity_name, queue):
+                return None
+            store = execution.runtime.store
+            task = execution.guarded(
+                lambda: store.claim_task(
+                    execution.instance_id, self._key, execution.runtime.worker_id
+                )
+            )
+            if task is None:
+                return None
+        execution.in_activity = True
+        try:
+            execution.runtime.run_attempt(task)
+        finally:
+            execution.in_activity = False
+        return self._stored()
+
+    def _record_cancelled(self, error: BaseException) -> HistoryRow:
+        execution = self._execution
+        result = execution.observe(
+            Observation(
+                execution.seq,
+                fill=HistoryRow(
+                    self._key, None, CMD_ACTIVITY, EV_ACTIVITY_CANCELLED, _envelope(error)
+                ),
+                cancel_tasks=(self._key,),
+            )
+        )
+        assert result.stored is not None
+        return result.stored
+
+
+class Timer(_Handle):
+    """A durable timer tied to its issuing execution."""
+
+    command = CMD_SLEEP
+
+    def get(self, ctx: WorkflowContext | None = None) -> datetime:
+        """Return the recorded expiry (aware UTC), or raise the timer's cancellation."""
+        return self._wait(batch=False)
+
+    def _wait(self, *, batch: bool) -> datetime:
+        from .execution import parse_time
+
+        execution = self._execution
+        if self._resolved is None:
+            execution.check_command("Timer.get()")
+            row = self._stored()
+            if row is None and execution.live:
+                row = self._cancel_on_wait(batch=batch)
+            if row is None:
+                raise execution.suspend(f"timer {self._key!r} has not fired")
+            self._resolve(row)
+        row = self._resolved
+        assert row is not None
+        if row.event_type == EV_TIMER_EXPIRED:
+            value = parse_time(json.loads(row.data or "null"))
+            execution.advance_floor(value)
+            return value
+        raised = decode_outcome(row, raise_it=False)
+        raise raised
+
+    def _cancel_on_wait(self, batch: bool = False) -> HistoryRow | None:
+        from .commands import cancellation
+
+        execution = self._execution
+        error = cancellation(execution, self._scope)
+        if error is None:
+            return None
+        result = execution.observe(
+            Observation(
+                execution.seq,
+                fill=HistoryRow(self._key, None, CMD_SLEEP, EV_TIMER_CANCELLED, _envelope(error)),
+                retire_timer=self._key,
+                deliver_all=batch,
+            )
+        )
+        assert result.stored is not None
+        return result.stored
+
+
+class ChildHandle(_Handle):
+    """A child workflow's outcome, tied to the parent's execution."""
+
+    command = CMD_CHILD
+
+    def __init__(self, execution: Execution, scope: Scope, key: str, child_id: str) -> None:
+        super().__init__(execution, scope, key)
+        self._child_id = child_id
+        self._cancel_issued = False
+
+    @property
+    def id(self) -> str:
+        """The child's instance id (set even when a cancelled scope prevented its start)."""
+        return self._child_id
+
+    def get(self, ctx: WorkflowContext | None = None) -> Any:
+        """Return the child's result, raise its error, or suspend until it closes."""
+        execution = self._execution
+        if self._resolved is None:
+            execution.check_command("ChildHandle.get()")
+            row = self._stored()
+            if row is None and execution.live:
+                row = self._cancel_on_wait()
+            if row is None:
+                raise execution.suspend(f"child {self._child_id!r} has not closed")
+            self._resolve(row)
+        assert self._resolved is not None
+        return decode_outcome(self._resolved)
+
+    def _record_cancelled(self, error: BaseException) -> HistoryRow:
+        execution = self._execution
+        result = execution.observe(
+            Observation(
+                execution.seq,
+                fill=HistoryRow(self._key, None, CMD_CHILD, EV_CHILD_CANCELLED, _envelope(error)),
+                cancel_children=(self._child_id,),
+                cancel_reason=f"parent {execution.instance_id} cancelled",
+            )
+        )
+        assert result.stored is not None
+        return result.stored
+
+    def cancel(self, ctx: WorkflowContext | None = None) -> None:
+        """Record one cancel command, resolve this handle and request the child's cancel."""
+        execution = self._execution
+        if self._cancel_issued:
+            return
+        execution.check_command("ChildHandle.cancel()")
+        self._cancel_issued = True
+        seq, key = execution.next_position(None, CMD_CHILD_CANCEL, "child_cancel")
+        if key in execution.history:
+            self._refresh_resolution()
+            return
+        if execution.readonly:
+            raise execution.suspend(f"child_cancel {key!r} is not recorded")
+        error = exc.Cancelled(f"child {self._child_id} cancelled by its parent")
+        execution.observe(
+            Observation(
+                seq,
+                record=HistoryRow(
+                    key,
+                    seq,
+                    CMD_CHILD_CANCEL,
+                    EV_CHILD_CANCEL_REQUESTED,
+                    json.dumps(None),
+                    json.dumps({"child_key": self._key, "child_id": self._child_id}),
+                    seq,
+                ),
+                fill_cancelled=((self._key, EV_CHILD_CANCELLED, _envelope(error)),),
+                cancel_children=(self._child_id,),
+                cancel_reason=f"cancelled by parent {execution.instance_id}",
+            )
+        )
+        self._refresh_resolution()
+
+    def _refresh_resolution(self) -> None:
+        row = self._execution.history.get(self._key)
+        if row is not None and row.has_value:
+            self._resolve(row)

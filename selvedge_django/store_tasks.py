@@ -1,0 +1,167 @@
+"""Store operations for leader duties: system locks and activity timeout sweeps."""
+
+from __future__ import annotations
+
+import json
+
+from django.db import IntegrityError, transaction
+from django.db.models import Case, F, Q, Value, When
+
+from . import exceptions as exc
+from .engine.codec import error_to_envelope
+from .engine.store import EV_ACTIVITY_FAILED
+from .models import ActivityTask, ActivityTaskStatus, SystemLock
+from .store_base import StoreBase
+
+__all__ = ["TaskSweepMixin"]
+
+
+def _envelope(error: BaseException) -> str:
+    return json.dumps(error_to_envelope(error, with_traceback=False))
+
+
+class TaskSweepMixin(StoreBase):
+    """System locks and the leader's activity timeout sweeps."""
+
+    def try_lock(self, name: str, owner: str, ttl: float) -> bool:
+        """Take or renew a named lock; True while ``owner`` holds it."""
+        with self.atomic():
+            now = self.now_expr()
+            updated = (
+                SystemLock.objects.using(self.alias)
+                .filter(Q(name=name) & (Q(owner=owner) | Q(expires_ms__lt=now)))
+                .update(
+                    epoch=Case(When(owner=owner, then=F("epoch")), default=F("epoch") + 1),
+                    owner=owner,
+                    expires_ms=self.now_expr(ttl),
+                )
+            )
+            if updated:
+                return True
+            if SystemLock.objects.using(self.alias).filter(name=name).exists():
+                return False
+            try:
+                with transaction.atomic(using=self.alias):
+                    SystemLock.objects.using(self.alias).create(
+                        name=name, owner=owner, epoch=1, expires_ms=self.now_expr(ttl)
+                    )
+            except IntegrityError:
+                return False
+            return True
+
+    def unlock(self, name: str, owner: str) -> None:
+        SystemLock.objects.using(self.alias).filter(name=name, owner=owner).update(
+            owner="", expires_ms=0
+        )
+
+    def lock_owner(self, name: str) -> str | None:
+        """The current holder of a lock, or None when it is free or expired."""
+        row = (
+            SystemLock.objects.using(self.alias)
+            .filter(name=name, expires_ms__gte=self.now_expr())
+            .exclude(owner="")
+            .values_list("owner", flat=True)
+            .first()
+        )
+        return row
+
+    def sweep_activity_timeouts(self, limit: int) -> int:
+        """Requeue lapsed claims, fail exhausted ones and schedule-to-start timeouts."""
+        done = 0
+        now = self.now_expr()
+        lapsed = list(
+            ActivityTask.objects.using(self.alias)
+            .filter(status=ActivityTaskStatus.RUNNING, claim_expires_ms__lt=now)
+            .order_by("claim_expires_ms")
+            .values_list(
+                "id",
+                "claim_epoch",
+                "name",
+                "attempts",
+                "failures",
+                "max_attempts",
+                "attempt_deadline_ms",
+                "heartbeat_timeout_ms",
+            )[:limit]
+        )
+        now_ms = self.now_ms()
+        for task_id, epoch, name, attempts, failures, max_attempts, deadline, heartbeat in lapsed:
+            kind = (
+                "start_to_close"
+                if deadline is not None and deadline < now_ms
+                else ("heartbeat" if heartbeat is not None else "start_to_close")
+            )
+            timeout = exc.ActivityTimeoutError(name, kind, attempts)
+            exhausted = max_attempts != 0 and failures + 1 >= max_attempts
+            with self.atomic():
+                task = ActivityTask.objects.using(self.alias).filter(
+                    id=task_id,
+                    claim_epoch=epoch,
+                    status=ActivityTaskStatus.RUNNING,
+                    claim_expires_ms__lt=self.now_expr(),
+                )
+                if exhausted:
+                    final = exc.RetryExhaustedError(name, failures + 1, timeout)
+                    row = task.values_list("instance_id", "key").first()
+                    if row is None or not task.update(
+                        status=ActivityTaskStatus.FAILED,
+                        claim_owner="",
+                        claim_expires_ms=None,
+                        failures=F("failures") + 1,
+                        last_error=_envelope(timeout),
+                    ):
+                        continue
+                    self._arrive_failure(row[0], row[1], _envelope(final))
+                else:
+                    task.update(
+                        status=ActivityTaskStatus.QUEUED,
+                        claim_owner="",
+                        claim_expires_ms=None,
+                        failures=F("failures") + 1,
+                        last_error=_envelope(timeout),
+                        not_before_ms=0,
+                        schedule_deadline_ms=Case(
+                            When(
+                                schedule_to_start_ms__isnull=False,
+                                then=self.now_expr() + F("schedule_to_start_ms"),
+                            ),
+                            default=Value(None),
+                        ),
+                    )
+                    self.after_commit("task")
+            done += 1
+        overdue = list(
+            ActivityTask.objects.using(self.alias)
+            .filter(status=ActivityTaskStatus.QUEUED, schedule_deadline_ms__lt=now)
+            .order_by("schedule_deadline_ms")
+            .values_list("id", "instance_id", "key", "name", "attempts")[:limit]
+        )
+        for task_id, instance_id, key, name, attempts in overdue:
+            error = _envelope(exc.ActivityTimeoutError(name, "schedule_to_start", attempts))
+            with self.atomic():
+                if (
+                    not ActivityTask.objects.using(self.alias)
+                    .filter(
+                        id=task_id,
+                        status=ActivityTaskStatus.QUEUED,
+                        schedule_deadline_ms__lt=self.now_expr(),
+                    )
+                    .update(status=ActivityTaskStatus.FAILED, last_error=error)
+                ):
+                    continue
+                self._arrive_failure(instance_id, key, error)
+            done += 1
+        return done
+
+    def _arrive_failure(self, instance_id: str, key: str, data: str) -> None:
+        from django.utils import timezone
+
+        from .models import HistoryEvent, WorkflowInstance, WorkflowStatus
+
+        HistoryEvent.objects.using(self.alias).filter(
+            instance_id=instance_id, key=key, data__isnull=True
+        ).update(event_type=EV_ACTIVITY_FAILED, data=data, arrived_at=timezone.now())
+        WorkflowInstance.objects.using(self.alias).filter(
+            instance_id=instance_id, status=WorkflowStatus.RUNNING
+        ).update(runnable=True)
+        self.after_commit("runnable")

@@ -1,0 +1,418 @@
+"""Store operations for waits: timers, signals, observations (delivery batches), children.
+
+Mixed into :class:`selvedge_django.store.DjangoStore`; every method is one
+transaction. Arrivals (timer fires, signals, child outcomes) never need the
+lease; observations always do (they start with the fence check).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from . import exceptions as exc
+from .engine.codec import error_to_envelope
+from .engine.store import (
+    CMD_CHILD,
+    CMD_RECEIVE,
+    CMD_SLEEP,
+    EV_ACTIVITY_CANCELLED,
+    EV_CHILD_START_FAILED,
+    EV_TIMER_CANCELLED,
+    EV_TIMER_EXPIRED,
+    Arrivals,
+    ChildSpec,
+    Fence,
+    HistoryRow,
+    Observation,
+    ObservationResult,
+    SignalMessage,
+)
+from .models import (
+    ActivityTask,
+    ActivityTaskStatus,
+    HistoryEvent,
+    TimerSubscription,
+    WorkflowInstance,
+    WorkflowStatus,
+)
+from .models import (
+    SignalMessage as SignalRow,
+)
+from .store_base import StoreBase
+
+__all__ = ["WaitStoreMixin", "cancelled_envelope"]
+
+
+def cancelled_envelope(error: BaseException) -> str:
+    return json.dumps(error_to_envelope(error, with_traceback=False))
+
+
+class WaitStoreMixin(StoreBase):
+    """Timers, signals, observations and child starts."""
+
+    # -- timers -------------------------------------------------------------------------
+
+    def reserve_timer(self, fence: Fence, row: HistoryRow, expires_at: datetime) -> HistoryRow:
+        with self.atomic():
+            self._fence(fence)
+            stored = self._insert_row(fence.instance_id, row)
+            if stored is row:
+                TimerSubscription.objects.using(self.alias).create(
+                    instance_id=fence.instance_id, key=row.key, expires_at=expires_at
+                )
+                self.after_commit("timer")
+            return stored
+
+    def timer_fired(self, instance_id: str, key: str) -> bool:
+        return (
+            TimerSubscription.objects.using(self.alias)
+            .filter(instance_id=instance_id, key=key, fired=True)
+            .exists()
+        )
+
+    def fire_due_timers(self, now: datetime, limit: int) -> int:
+        """Fire up to ``limit`` due timers in one transaction; return how many."""
+        with self.atomic():
+            due = list(
+                TimerSubscription.objects.using(self.alias)
+                .filter(fired=False, expires_at__lte=now)
+                .order_by("expires_at", "id")
+                .select_for_update(skip_locked=True)
+                .values_list("id", "instance_id", "key", "expires_at")[:limit]
+            )
+            if not due:
+                return 0
+            instance_ids = {instance_id for _, instance_id, _, _ in due}
+            running = set(
+                WorkflowInstance.objects.using(self.alias)
+                .filter(instance_id__in=instance_ids, status=WorkflowStatus.RUNNING)
+                .values_list("instance_id", flat=True)
+            )
+            commands = {
+                (instance_id, key): command
+                for instance_id, key, command in HistoryEvent.objects.using(self.alias)
+                .filter(instance_id__in=instance_ids, key__in=[key for _, _, key, _ in due])
+                .values_list("instance_id", "key", "command")
+            }
+            delete_ids: list[int] = []
+            mark_ids: list[int] = []
+            woken: set[str] = set()
+            for timer_id, instance_id, key, expires_at in due:
+                if instance_id not in running:
+                    delete_ids.append(timer_id)  # closed: discarded, no history, no wake
+                    continue
+                if commands.get((instance_id, key)) == CMD_RECEIVE:
+                    mark_ids.append(timer_id)
+                else:
+                    HistoryEvent.objects.using(self.alias).filter(
+                        instance_id=instance_id, key=key, data__isnull=True
+                    ).update(
+                        event_type=EV_TIMER_EXPIRED,
+                        data=json.dumps(expires_at.isoformat()),
+                        arrived_at=timezone.now(),
+                    )
+                    delete_ids.append(timer_id)
+                woken.add(instance_id)
+            if delete_ids:
+                TimerSubscription.objects.using(self.alias).filter(id__in=delete_ids).delete()
+            if mark_ids:
+                TimerSubscription.objects.using(self.alias).filter(id__in=mark_ids).update(
+                    fired=True
+                )
+            if woken:
+                WorkflowInstance.objects.using(self.alias).filter(
+                    instance_id__in=woken, status=WorkflowStatus.RUNNING
+                ).update(runnable=True)
+                self.after_commit("runnable")
+            return len(due)
+
+    def next_timer_due(self) -> datetime | None:
+        return (
+            TimerSubscription.objects.using(self.alias)
+            .filter(fired=False)
+            .order_by("expires_at")
+            .values_list("expires_at", flat=True)
+            .first()
+        )
+
+    # -- signals ------------------------------------------------------------------------
+
+    def append_signal(self, instance_id: str, channel: str, payload: str) -> int:
+        """Append a signal while the instance runs, and wake it."""
+        with self.atomic():
+            status = (
+                WorkflowInstance.objects.using(self.alias)
+                .filter(instance_id=instance_id)
+                .select_for_update()
+                .values_list("status", flat=True)
+                .first()
+            )
+            if status is None:
+                raise exc.WorkflowNotFound(instance_id)
+            if status != WorkflowStatus.RUNNING:
+                raise exc.InstanceClosed.for_status(instance_id, status)
+            signal = SignalRow.objects.using(self.alias).create(
+                instance_id=instance_id, channel=channel, payload=payload
+            )
+            WorkflowInstance.objects.using(self.alias).filter(instance_id=instance_id).update(
+                runnable=True
+            )
+            self.after_commit("runnable")
+            return int(signal.id)
+
+    def next_signal(self, instance_id: str, channel: str) -> SignalMessage | None:
+        found = (
+            SignalRow.objects.using(self.alias)
+            .filter(instance_id=instance_id, channel=channel, consumed_seq__isnull=True)
+            .order_by("id")
+            .values_list("id", "channel", "payload")
+            .first()
+        )
+        return SignalMessage(*found) if found is not None else None
+
+    def signal_payload(self, signal_id: int) -> str | None:
+        return (
+            SignalRow.objects.using(self.alias)
+            .filter(id=signal_id)
+            .values_list("payload", flat=True)
+            .first()
+        )
+
+    # -- cancellation -------------------------------------------------------------------
+
+    def request_cancel(self, instance_id: str, reason: str) -> str:
+        """Store a durable cancel request and wake the instance; return its status."""
+        with self.atomic():
+            status = (
+                WorkflowInstance.objects.using(self.alias)
+                .filter(instance_id=instance_id)
+                .select_for_update()
+                .values_list("status", flat=True)
+                .first()
+            )
+            if status is None:
+                raise exc.WorkflowNotFound(instance_id)
+            if status == WorkflowStatus.CANCELLED:
+                return str(status)
+            if status != WorkflowStatus.RUNNING:
+                raise exc.InstanceClosed.for_status(instance_id, status)
+            WorkflowInstance.objects.using(self.alias).filter(
+                instance_id=instance_id, cancel_requested=False
+            ).update(cancel_requested=True, cancel_reason=reason)
+            WorkflowInstance.objects.using(self.alias).filter(instance_id=instance_id).update(
+                runnable=True
+            )
+            self.after_commit("runnable")
+            return str(status)
+
+    def cancel_state(self, instance_id: str) -> tuple[bool, str]:
+        found = (
+            WorkflowInstance.objects.using(self.alias)
+            .filter(instance_id=instance_id)
+            .values_list("cancel_requested", "cancel_reason")
+            .first()
+        )
+        if found is None:
+            return False, ""
+        return bool(found[0]), str(found[1])
+
+    def _request_child_cancel(self, child_ids: list[str], reason: str) -> None:
+        if not child_ids:
+            return
+        WorkflowInstance.objects.using(self.alias).filter(
+            instance_id__in=child_ids, status=WorkflowStatus.RUNNING, cancel_requested=False
+        ).update(cancel_requested=True, cancel_reason=reason)
+        WorkflowInstance.objects.using(self.alias).filter(
+            instance_id__in=child_ids, status=WorkflowStatus.RUNNING
+        ).update(runnable=True)
+        self.after_commit("runnable")
+
+    # -- observations -------------------------------------------------------------------
+
+    def arrivals(self, instance_id: str) -> Arrivals:
+        keys = (
+            HistoryEvent.objects.using(self.alias)
+            .filter(instance_id=instance_id, delivered_seq__isnull=True, data__isnull=False)
+            .exclude(seq__isnull=True)
+        )
+        signals = SignalRow.objects.using(self.alias).filter(
+            instance_id=instance_id, delivered_seq__isnull=True
+        )
+        return Arrivals(
+            keys=tuple(keys.order_by("id").values_list("key", flat=True)),
+            signals=tuple(signals.order_by("id").values_list("id", "channel")),
+        )
+
+    def observe(self, fence: Fence, observation: Observation) -> ObservationResult:
+        iid = fence.instance_id
+        seq = observation.seq
+        with self.atomic():
+            self._fence(fence)
+            consumed = True
+            if observation.consume is not None:
+                consumed = bool(
+                    SignalRow.objects.using(self.alias)
+                    .filter(id=observation.consume, instance_id=iid, consumed_seq__isnull=True)
+                    .update(
+                        consumed_seq=seq,
+                        consumed_key=(
+                            observation.record or observation.fill or HistoryRow("", None, "")
+                        ).key,
+                    )
+                )
+                if not consumed:
+                    transaction.set_rollback(True, using=self.alias)
+                    return ObservationResult(None, Arrivals(), consumed=False)
+            stored: HistoryRow | None = None
+            if observation.record is not None:
+                stored = self._insert_row(iid, observation.record)
+            elif observation.fill is not None:
+                fill = observation.fill
+                HistoryEvent.objects.using(self.alias).filter(
+                    instance_id=iid, key=fill.key, data__isnull=True
+                ).update(event_type=fill.event_type, data=fill.data, arrived_at=timezone.now())
+                stored = self.get_row(iid, fill.key)
+            if observation.retire_timer is not None:
+                TimerSubscription.objects.using(self.alias).filter(
+                    instance_id=iid, key=observation.retire_timer
+                ).delete()
+            for key, event_type, data in observation.fill_cancelled:
+                HistoryEvent.objects.using(self.alias).filter(
+                    instance_id=iid, key=key, data__isnull=True
+                ).update(event_type=event_type, data=data, delivered_seq=seq)
+            if observation.cancel_tasks:
+                keys = list(observation.cancel_tasks)
+                ActivityTask.objects.using(self.alias).filter(
+                    instance_id=iid,
+                    key__in=keys,
+                    status__in=(ActivityTaskStatus.QUEUED, ActivityTaskStatus.RUNNING),
+                ).update(status=ActivityTaskStatus.CANCELLED, claim_owner="", claim_expires_ms=None)
+                TimerSubscription.objects.using(self.alias).filter(
+                    instance_id=iid, key__in=keys
+                ).delete()
+            if observation.cancel_children:
+                self._request_child_cancel(
+                    list(observation.cancel_children),
+                    observation.cancel_reason or "cancelled by parent",
+                )
+            delivered = self._deliver(iid, seq, observation)
+        return ObservationResult(stored, delivered, consumed)
+
+    def _deliver(self, iid: str, seq: int, observation: Observation) -> Arrivals:
+        events = HistoryEvent.objects.using(self.alias).filter(
+            instance_id=iid, delivered_seq__isnull=True, data__isnull=False, seq__isnull=False
+        )
+        signals = SignalRow.objects.using(self.alias).filter(
+            instance_id=iid, delivered_seq__isnull=True
+        )
+        if observation.deliver_all:
+            keys = tuple(events.values_list("key", flat=True))
+            sigs = tuple(signals.order_by("id").values_list("id", "channel"))
+        elif observation.deliver is not None:
+            wanted = observation.deliver
+            keys = tuple(events.filter(key__in=list(wanted.keys)).values_list("key", flat=True))
+            sigs = tuple(
+                signals.filter(id__in=[sid for sid, _ in wanted.signals])
+                .order_by("id")
+                .values_list("id", "channel")
+            )
+        else:
+            return Arrivals()
+        if keys:
+            events.filter(key__in=list(keys)).update(delivered_seq=seq)
+        if sigs:
+            signals.filter(id__in=[sid for sid, _ in sigs]).update(delivered_seq=seq)
+        return Arrivals(keys=keys, signals=sigs)
+
+    # -- children -----------------------------------------------------------------------
+
+    def start_child(self, fence: Fence, row: HistoryRow, child: ChildSpec) -> HistoryRow:
+        with self.atomic():
+            self._fence(fence)
+            stored = self._insert_row(fence.instance_id, row)
+            if stored is not row:
+                return stored
+            now = timezone.now()
+            try:
+                with transaction.atomic(using=self.alias):
+                    WorkflowInstance.objects.using(self.alias).create(
+                        instance_id=child.instance_id,
+                        workflow_name=child.workflow_name,
+                        input=child.input,
+                        status=WorkflowStatus.RUNNING,
+                        runnable=True,
+                        parent_instance_id=fence.instance_id,
+                        parent_key=row.key,
+                        started_at=now,
+                        updated_at=now,
+                    )
+            except IntegrityError:
+                data = cancelled_envelope(exc.WorkflowAlreadyStarted(child.instance_id))
+                HistoryEvent.objects.using(self.alias).filter(
+                    instance_id=fence.instance_id, key=row.key
+                ).update(event_type=EV_CHILD_START_FAILED, data=data, delivered_seq=row.seq)
+                stored = HistoryRow(
+                    row.key,
+                    row.seq,
+                    row.command,
+                    EV_CHILD_START_FAILED,
+                    data,
+                    row.reservation,
+                    row.seq,
+                )
+            else:
+                self.after_commit("runnable")
+            return stored
+
+    def _close_cascade(self, iid: str, status: str, data: str | None) -> None:
+        """What a close does to children and the parent (inside the close transaction)."""
+        children = list(
+            WorkflowInstance.objects.using(self.alias)
+            .filter(parent_instance_id=iid, status=WorkflowStatus.RUNNING)
+            .values_list("instance_id", flat=True)
+        )
+        self._request_child_cancel(children, f"parent {iid} closed")
+        parent = (
+            WorkflowInstance.objects.using(self.alias)
+            .filter(instance_id=iid)
+            .values_list("parent_instance_id", "parent_key")
+            .first()
+        )
+        if parent is None or not parent[0]:
+            return
+        parent_id, parent_key = parent
+        from .engine.store import EV_CHILD_CANCELLED, EV_CHILD_COMPLETED, EV_CHILD_FAILED
+
+        event = {
+            WorkflowStatus.COMPLETED: EV_CHILD_COMPLETED,
+            WorkflowStatus.FAILED: EV_CHILD_FAILED,
+            WorkflowStatus.CANCELLED: EV_CHILD_CANCELLED,
+        }[WorkflowStatus(status)]
+        filled = (
+            HistoryEvent.objects.using(self.alias)
+            .filter(instance_id=parent_id, key=parent_key, command=CMD_CHILD, data__isnull=True)
+            .update(event_type=event, data=data, arrived_at=timezone.now())
+        )
+        if filled:
+            WorkflowInstance.objects.using(self.alias).filter(
+                instance_id=parent_id, status=WorkflowStatus.RUNNING
+            ).update(runnable=True)
+            self.after_commit("runnable")
+
+    def _close_cleanup(self, iid: str) -> None:
+        """Cancel unfinished tasks and timers of a closing instance."""
+        ActivityTask.objects.using(self.alias).filter(
+            instance_id=iid,
+            status__in=(ActivityTaskStatus.QUEUED, ActivityTaskStatus.RUNNING),
+        ).update(status=ActivityTaskStatus.CANCELLED, claim_owner="", claim_expires_ms=None)
+        closed = cancelled_envelope(exc.Cancelled("workflow closed before it finished"))
+        unfinished = HistoryEvent.objects.using(self.alias).filter(
+            instance_id=iid, data__isnull=True
+        )
+        unfinished.filter(command="activity").update(event_type=EV_ACTIVITY_CANCELLED, data=closed)
+        unfinished.filter(command=CMD_SLEEP).update(event_type=EV_TIMER_CANCELLED, data=closed)
+        TimerSubscription.objects.using(self.alias).filter(instance_id=iid).delete()

@@ -1,0 +1,74 @@
+"""Leader duties: one elected worker records activity timeouts the others cannot.
+
+The leader holds the system lock ``selvedge:leader`` (a row with an owner, an
+epoch and an expiry on the database clock), renews it every
+``LEADER_HEARTBEAT_INTERVAL`` and loses it ``LEADER_LEASE_DURATION`` after its
+last renewal, when another worker takes over. While leading, it requeues lapsed
+claims (a lapse counts as a failure), fails tasks whose lapse used up the retry
+budget, and fails tasks that waited longer than their schedule-to-start timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from ..notify import Bus
+from .base import Loop
+
+if TYPE_CHECKING:
+    from ..runtime import WorkerRuntime
+
+__all__ = ["LEADER_LOCK", "Leader"]
+
+logger = logging.getLogger("selvedge_django.worker")
+
+LEADER_LOCK = "selvedge:leader"
+
+
+class Leader(Loop):
+    """Hold or contest the leader lock; sweep timeouts while holding it."""
+
+    name = "leader"
+
+    def __init__(self, runtime: WorkerRuntime, bus: Bus) -> None:
+        settings = runtime.settings
+        tick = min(1.0, settings.leader_heartbeat_interval)
+        super().__init__(bus, tick, tick)
+        self.runtime = runtime
+        self.is_leader = False
+        self._renewed_at = 0.0
+
+    def run_once(self) -> int:
+        runtime = self.runtime
+        settings = runtime.settings
+        if runtime.stopping.is_set():
+            return 0
+        now = time.monotonic()
+        if not self.is_leader or now - self._renewed_at >= settings.leader_heartbeat_interval:
+            held = runtime.store.try_lock(
+                LEADER_LOCK, runtime.worker_id, settings.leader_lease_duration
+            )
+            if held != self.is_leader:
+                logger.info(
+                    "worker %s %s leadership",
+                    runtime.worker_id,
+                    "took" if held else "lost",
+                    extra={"worker_id": runtime.worker_id},
+                )
+            self.is_leader = held
+            if held:
+                self._renewed_at = now
+        if not self.is_leader:
+            return 0
+        runtime.store.sweep_activity_timeouts(settings.max_workflows_per_batch)
+        return 0
+
+    def resign(self) -> None:
+        if self.is_leader:
+            try:
+                self.runtime.store.unlock(LEADER_LOCK, self.runtime.worker_id)
+            except Exception:
+                logger.warning("could not release the leader lock", exc_info=True)
+            self.is_leader = False

@@ -1,0 +1,44 @@
+"""The timer poller: fires due timers in bounded batches, on the configured clock."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..notify import Bus
+from .base import Loop
+
+if TYPE_CHECKING:
+    from ..runtime import WorkerRuntime
+
+__all__ = ["TimerPoller"]
+
+
+class TimerPoller(Loop):
+    """Fire timers whose expiry passed; wake early for the next expiry."""
+
+    name = "timers"
+    topics = ("timer",)
+
+    def __init__(self, runtime: WorkerRuntime, bus: Bus) -> None:
+        settings = runtime.settings
+        super().__init__(bus, settings.timer_check_interval, settings.max_poll_interval)
+        self.runtime = runtime
+
+    def run_once(self) -> int:
+        runtime = self.runtime
+        if runtime.stopping.is_set():
+            return 0
+        fired = runtime.store.fire_due_timers(
+            runtime.clock(), runtime.settings.max_timers_per_batch
+        )
+        return fired
+
+    def next_delay(self, idle_delay: float) -> float:
+        try:
+            due = self.runtime.store.next_timer_due()
+        except Exception:
+            return idle_delay
+        if due is None:
+            return idle_delay
+        wait = (due - self.runtime.clock()).total_seconds()
+        return max(0.0, min(idle_delay, wait + 0.005))
