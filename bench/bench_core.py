@@ -56,10 +56,19 @@ PHASES: dict[str, str] = {
     "fail_task": "step",
     "retry_task": "step",
     "get_row": "step",
-    "record_command": "step",
     "close": "close",
     "release_lease": "close",
-    "get_instance": "client",
+    # Other workflow commands: this workload issues none of them.
+    "record_command": "other commands",
+    "reserve_timer": "other commands",
+    "timer_fired": "other commands",
+    "observe": "other commands",
+    "start_child": "other commands",
+    "next_signal": "other commands",
+    "signal_payload": "other commands",
+    "arrivals": "other commands",
+    "cancel_state": "other commands",
+    # The worker's loops when they find nothing to do, renewals and leader duties.
     "claim_tasks": "polling",
     "next_task_due_ms": "polling",
     "renew_lease": "polling",
@@ -67,7 +76,17 @@ PHASES: dict[str, str] = {
     "release_task": "polling",
     "claim_alive": "polling",
     "now_ms": "polling",
+    "fire_due_timers": "polling",
+    "next_timer_due": "polling",
+    "try_lock": "polling",
+    "unlock": "polling",
+    "lock_owner": "polling",
+    "sweep_activity_timeouts": "polling",
+    # Client calls.
+    "get_instance": "client",
     "list_tasks": "client",
+    "append_signal": "client",
+    "request_cancel": "client",
 }
 
 PHASE_ROWS = (
@@ -276,11 +295,12 @@ def print_throughput(result: dict[str, Any], n: int) -> None:
     phases = by_phase(result["counts"])
     print("  observed during this run, per workflow, all threads:")
     print(_header(32))
-    for phase in ("start", "dispatch", "step", "close", "polling", "client", "other", UNTRACKED):
+    shown = ("start", "dispatch", "step", "close", "other commands", "polling", "client", "other")
+    for phase in (*shown, UNTRACKED):
         if phase in phases:
             label = {
                 "step": f"activity steps (all {ACTIVITIES_PER_WORKFLOW})",
-                "polling": "polling (idle loops, renewals)",
+                "polling": "loops (idle polls, renewals, leader)",
                 "client": "client reads (wait_workflow)",
             }.get(phase, phase)
             print(_row(label, phases[phase], n, 32))
