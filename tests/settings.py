@@ -46,11 +46,14 @@ TEMPLATES = [
 ]
 
 DB = os.environ.get("SELVEDGE_TEST_DB", "sqlite")
+# One test database per test run, so concurrent runs never share one; worker
+# subprocesses inherit the variable and open the same database.
+RUN_ID = os.environ.setdefault("SELVEDGE_RUN_ID", str(os.getpid()))
 # Worker subprocesses started by the tests connect straight to the test database.
 SUBPROCESS = os.environ.get("SELVEDGE_TEST_SUBPROCESS") == "1"
 
 if DB == "postgres":
-    _test_name = os.environ.get("SELVEDGE_PG_TEST_NAME", "test_selvedge")
+    _test_name = os.environ.get("SELVEDGE_PG_TEST_NAME", f"test_selvedge_{RUN_ID}")
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.postgresql",
@@ -64,7 +67,7 @@ if DB == "postgres":
     }
 else:
     _dir = Path(os.environ.get("SELVEDGE_SQLITE_DIR", tempfile.gettempdir()))
-    _test_file = str(_dir / f"selvedge-test-{os.environ.get('SELVEDGE_RUN_ID', 'local')}.sqlite3")
+    _test_file = str(_dir / f"selvedge-test-{RUN_ID}.sqlite3")
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
