@@ -300,7 +300,7 @@ def print_throughput(result: dict[str, Any], n: int) -> None:
         if phase in phases:
             label = {
                 "step": f"activity steps (all {ACTIVITIES_PER_WORKFLOW})",
-                "polling": "loops (idle polls, renewals, leader)",
+                "polling": "loops (idle, renewals, leader)",
                 "client": "client reads (wait_workflow)",
             }.get(phase, phase)
             print(_row(label, phases[phase], n, 32))
