@@ -58,6 +58,17 @@ from .exceptions import (
 from .registry import ActivityDefinition, WorkflowDefinition, activity, workflow
 
 if TYPE_CHECKING:
+    from .history import (
+        RecordedEvent,
+        RecordedHistory,
+        RecordedInstance,
+        RecordedSignal,
+        export_history,
+        parse_history,
+        query,
+        replay_history,
+        replay_instance,
+    )
     from .models import WorkflowStatus
     from .operations import (
         ActivityTaskInfo,
@@ -69,6 +80,7 @@ if TYPE_CHECKING:
         afind_instances,
         aget_workflow_result,
         alist_activity_tasks,
+        aquery,
         asignal,
         astart_workflow,
         await_workflow,
@@ -85,14 +97,11 @@ if TYPE_CHECKING:
 __version__ = "0.1.0.dev0"
 
 __all__ = [
-    # errors
     "ActivityCancelled",
-    # defining workflows and activities
     "ActivityDefinition",
     "ActivityInfo",
     "ActivityNameConflict",
     "ActivityOptions",
-    # client API
     "ActivityTaskInfo",
     "ActivityTimeoutError",
     "ApplicationError",
@@ -113,6 +122,10 @@ __all__ = [
     "QueryFailed",
     "QueryNotFound",
     "ReceiveTimeout",
+    "RecordedEvent",
+    "RecordedHistory",
+    "RecordedInstance",
+    "RecordedSignal",
     "ReplayDecodeError",
     "ReplayError",
     "ReplayOutcomeError",
@@ -142,20 +155,26 @@ __all__ = [
     "activity_cancelled",
     "activity_info",
     "adescribe",
+    "aexport_history",
     "afind_instances",
     "aget_workflow_result",
     "alist_activity_tasks",
+    "aquery",
     "asignal",
     "astart_workflow",
     "await_workflow",
     "cancel_workflow",
     "describe",
+    "export_history",
     "find_instances",
     "get_workflow_result",
     "heartbeat",
-    # observability
     "hooks",
     "list_activity_tasks",
+    "parse_history",
+    "query",
+    "replay_history",
+    "replay_instance",
     "signal",
     "start_workflow",
     "wait_workflow",
@@ -163,6 +182,17 @@ __all__ = [
 ]
 
 _LAZY = {
+    "RecordedEvent": "selvedge_django.history",
+    "RecordedHistory": "selvedge_django.history",
+    "RecordedInstance": "selvedge_django.history",
+    "RecordedSignal": "selvedge_django.history",
+    "export_history": "selvedge_django.history",
+    "parse_history": "selvedge_django.history",
+    "query": "selvedge_django.history",
+    "replay_history": "selvedge_django.history",
+    "replay_instance": "selvedge_django.history",
+    "aexport_history": "selvedge_django.operations",
+    "aquery": "selvedge_django.operations",
     "WorkflowStatus": "selvedge_django.models",
     "ActivityTaskInfo": "selvedge_django.operations",
     "InstancePage": "selvedge_django.operations",

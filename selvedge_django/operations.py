@@ -27,6 +27,7 @@ from django.utils import timezone
 
 from . import exceptions as exc
 from . import hooks as hooks_module
+from . import signals
 from .conf import get_settings
 from .engine.codec import Codec, error_from_envelope
 from .models import ActivityTask, WorkflowInstance, WorkflowStatus
@@ -42,9 +43,11 @@ __all__ = [
     "WorkflowResult",
     "acancel_workflow",
     "adescribe",
+    "aexport_history",
     "afind_instances",
     "aget_workflow_result",
     "alist_activity_tasks",
+    "aquery",
     "asignal",
     "astart_workflow",
     "await_workflow",
@@ -219,13 +222,12 @@ def start_workflow(
     settings = get_settings()
     store.create_instance(instance_id, name, json.loads(text), service_name=settings.service_name)
     hooks = settings.hooks
-    if hooks is not None:
-        transaction.on_commit(
-            lambda: hooks_module.fire(
-                hooks, "on_workflow_started", instance_id=instance_id, workflow_name=name
-            ),
-            using=store.alias,
-        )
+
+    def started() -> None:
+        hooks_module.fire(hooks, "on_workflow_started", instance_id=instance_id, workflow_name=name)
+        signals.send("on_workflow_started", instance_id=instance_id, workflow_name=name)
+
+    transaction.on_commit(started, using=store.alias)
     return instance_id
 
 
@@ -416,6 +418,22 @@ aget_workflow_result = sync_to_async(get_workflow_result)
 adescribe = sync_to_async(describe)
 afind_instances = sync_to_async(find_instances)
 alist_activity_tasks = sync_to_async(list_activity_tasks)
+
+
+def _query(instance_id: str, name: str) -> Any:
+    from .history import query
+
+    return query(instance_id, name)
+
+
+def _export(instance_id: str) -> Any:
+    from .history import export_history
+
+    return export_history(instance_id)
+
+
+aquery = sync_to_async(_query)
+aexport_history = sync_to_async(_export)
 
 
 async def await_workflow(instance_id: str, timeout: float | None = None) -> WorkflowResult:

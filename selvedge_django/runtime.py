@@ -19,6 +19,7 @@ from django.db import connections
 
 from . import exceptions as exc
 from . import hooks as hooks_module
+from . import signals
 from .conf import SelvedgeSettings
 from .engine.activity import ActivityInfo, AttemptState, attempt_scope
 from .engine.codec import Codec, error_to_envelope
@@ -99,6 +100,7 @@ class WorkerRuntime:
 
     def fire(self, hook: str, **fields: Any) -> None:
         hooks_module.fire(self.hooks, hook, worker_id=self.worker_id, **fields)
+        signals.send(hook, **fields)
 
     # -- leases -------------------------------------------------------------------------
 

@@ -202,6 +202,8 @@ class WorkflowContext:
     def set_query_handler(self, name: str, handler: Callable[[], Any] | None) -> None:
         """Register (or with None remove) a zero-argument query handler."""
         execution = self._execution
+        if execution.in_query:
+            raise exc.QueryCommandError("set_query_handler() called inside a query handler")
         if execution.in_predicate:
             raise execution.nondeterminism("set_query_handler called inside a predicate")
         if not isinstance(name, str) or not 1 <= len(name.encode("utf-8")) <= 255:

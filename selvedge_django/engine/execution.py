@@ -142,6 +142,7 @@ class Execution:
         self.suspension: Suspend | None = None
         self.in_activity = False
         self.in_predicate = False
+        self.in_query = False
         self.candidate_keys: frozenset[str] = frozenset()
         self.candidate_signals: frozenset[int] = frozenset()
         self.time_floor: datetime | None = None
@@ -171,6 +172,8 @@ class Execution:
 
     def check_command(self, what: str = "workflow command") -> None:
         """Reject commands from foreign threads, activities, predicates or unwinding."""
+        if self.in_query:
+            raise exc.QueryCommandError(f"{what} issued inside a query handler")
         if self.thread_id is not None and threading.get_ident() != self.thread_id:
             raise self.nondeterminism(f"{what} issued from a thread that is not the workflow's")
         if self.fatal is not None:
