@@ -16,7 +16,7 @@ import time
 import unicodedata
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -56,6 +56,7 @@ __all__ = [
     "find_instances",
     "get_workflow_result",
     "list_activity_tasks",
+    "prune",
     "signal",
     "start_workflow",
     "wait_workflow",
@@ -265,6 +266,53 @@ def cancel_workflow(instance_id: str, reason: str = "") -> None:
     if not isinstance(reason, str):
         raise TypeError("reason must be a string")
     _store().request_cancel(instance_id, reason[:10_000])
+
+
+def prune(
+    older_than: timedelta,
+    *,
+    statuses: list[str] | None = None,
+    workflow_name: str | None = None,
+    batch_size: int = 500,
+    progress: Any = None,
+) -> int:
+    """Delete closed instances older than ``older_than`` with everything they own.
+
+    Works in bounded batches (one transaction each). Never deletes a running
+    instance, nor a child whose parent is still running. ``progress`` is called
+    with the running total after each batch. Returns how many were deleted.
+    """
+    closed = {WorkflowStatus.COMPLETED, WorkflowStatus.FAILED, WorkflowStatus.CANCELLED}
+    wanted = set(statuses) if statuses else closed
+    if not wanted <= closed:
+        raise ValueError(f"prune only deletes closed instances, not {sorted(wanted - closed)}")
+    if not isinstance(older_than, timedelta) or older_than < timedelta(0):
+        raise ValueError("older_than must be a non-negative timedelta")
+    if batch_size < 1:
+        raise ValueError("batch_size must be positive")
+    store = _store()
+    cutoff = timezone.now() - older_than
+    running = WorkflowInstance.objects.using(store.alias).filter(status=WorkflowStatus.RUNNING)
+    total = 0
+    while True:
+        qs = (
+            WorkflowInstance.objects.using(store.alias)
+            .filter(status__in=sorted(wanted), closed_at__lt=cutoff)
+            .exclude(parent_instance_id__in=running.values("instance_id"))
+        )
+        if workflow_name:
+            qs = qs.filter(workflow_name=workflow_name)
+        with store.atomic():
+            ids = list(qs.order_by("closed_at").values_list("instance_id", flat=True)[:batch_size])
+            if not ids:
+                break
+            WorkflowInstance.objects.using(store.alias).filter(instance_id__in=ids).delete()
+        total += len(ids)
+        if progress is not None:
+            progress(total)
+        if len(ids) < batch_size:
+            break
+    return total
 
 
 # -- reads ------------------------------------------------------------------------------

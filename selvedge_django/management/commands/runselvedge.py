@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import threading
+from datetime import timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -26,7 +27,7 @@ def _csv(value: str) -> list[str]:
 
 
 class Command(BaseCommand):
-    help = "Run a selvedge worker, or start, describe and cancel workflow instances."
+    help = "Run a selvedge worker, or operate on workflow instances."
 
     def add_arguments(self, parser: CommandParser) -> None:
         sub = parser.add_subparsers(dest="subcommand", required=True)
@@ -50,6 +51,40 @@ class Command(BaseCommand):
 
         result = sub.add_parser("result", help="print an instance's result as JSON")
         result.add_argument("instance_id")
+
+        export = sub.add_parser("export-history", help="print an instance's history as JSON")
+        export.add_argument("instance_id")
+        export.add_argument("--output", "-o", default=None, help="write to this file")
+
+        cancel = sub.add_parser("cancel", help="request cancellation of an instance")
+        cancel.add_argument("instance_id")
+        cancel.add_argument("--reason", default="")
+
+        sig = sub.add_parser("signal", help="send a signal with a JSON payload")
+        sig.add_argument("instance_id")
+        sig.add_argument("channel")
+        sig.add_argument("payload", nargs="?", default="null", help="JSON payload")
+
+        check = sub.add_parser(
+            "replay-check",
+            help="replay running and recently closed instances (or history files) against "
+            "the registered workflow code; exit non-zero on any divergence",
+        )
+        check.add_argument("files", nargs="*", help="selvedge.history/v1 files to check")
+        check.add_argument(
+            "--recent",
+            default="7d",
+            help="also check instances closed within this duration (default 7d; 0 for none)",
+        )
+        check.add_argument("--limit", type=int, default=1000, help="instances per status")
+
+        prune = sub.add_parser("prune", help="delete closed instances older than a duration")
+        prune.add_argument("--older-than", required=True, help="e.g. 30d, 12h, 90m, 3600")
+        prune.add_argument(
+            "--status", action="append", choices=["completed", "failed", "cancelled"]
+        )
+        prune.add_argument("--workflow", default=None)
+        prune.add_argument("--batch-size", type=int, default=500)
 
         # Django's -v/--verbosity is also accepted after the subcommand
         # (``runselvedge worker -v 2``); SUPPRESS keeps the top-level value otherwise.
@@ -154,3 +189,120 @@ class Command(BaseCommand):
                 indent=2,
             )
         )
+
+    def handle_export_history(self, **options: Any) -> None:
+        from ...history import export_history
+
+        text = export_history(options["instance_id"]).to_json(indent=2)
+        if options["output"]:
+            with open(options["output"], "w", encoding="utf-8") as handle:
+                handle.write(text)
+            self.stdout.write(f"exported {options['instance_id']} to {options['output']}")
+        else:
+            self.stdout.write(text)
+
+    def handle_cancel(self, **options: Any) -> None:
+        from ... import operations
+
+        operations.cancel_workflow(options["instance_id"], options["reason"])
+        self.stdout.write(f"cancel requested for {options['instance_id']}")
+
+    def handle_signal(self, **options: Any) -> None:
+        from ... import operations
+
+        try:
+            payload = json.loads(options["payload"])
+        except ValueError as error:
+            raise CommandError(f"payload is not JSON: {error}") from error
+        operations.signal(options["instance_id"], options["channel"], payload)
+        self.stdout.write(f"signalled {options['instance_id']} on {options['channel']!r}")
+
+    def handle_replay_check(self, **options: Any) -> None:
+        from django.utils import timezone
+
+        from ...history import export_history, parse_history, replay_history
+        from ...models import WorkflowInstance, WorkflowStatus
+        from ...registry import registered_workflow_names
+
+        failures: list[str] = []
+        checked = 0
+
+        def check(label: str, load: Any) -> None:
+            nonlocal checked
+            checked += 1
+            try:
+                replay_history(load())
+            except exc.SelvedgeError as error:
+                failures.append(label)
+                self.stdout.write(f"DIVERGED {label}: {error}")
+                cause = getattr(error, "divergence", None)
+                if cause is not None and cause is not error:
+                    self.stdout.write(f"    {type(cause).__name__}: {cause}")
+            else:
+                self.stdout.write(f"ok {label}")
+
+        for path in options["files"]:
+            try:
+                with open(path, "rb") as handle:
+                    data = handle.read()
+            except OSError as error:
+                raise CommandError(f"cannot read {path}: {error}") from error
+            check(path, lambda data=data: parse_history(data))
+        if not options["files"]:
+            names = registered_workflow_names()
+            limit = options["limit"]
+            base = WorkflowInstance.objects.filter(workflow_name__in=names)
+            ids = list(
+                base.filter(status=WorkflowStatus.RUNNING)
+                .order_by("started_at")
+                .values_list("instance_id", flat=True)[:limit]
+            )
+            recent = parse_duration(options["recent"])
+            if recent.total_seconds() > 0:
+                ids += list(
+                    base.exclude(status=WorkflowStatus.RUNNING)
+                    .filter(closed_at__gte=timezone.now() - recent)
+                    .order_by("-closed_at")
+                    .values_list("instance_id", flat=True)[:limit]
+                )
+            for instance_id in ids:
+                check(instance_id, lambda instance_id=instance_id: export_history(instance_id))
+        self.stdout.write(f"checked {checked}, diverged {len(failures)}")
+        if failures:
+            raise CommandError(f"{len(failures)} of {checked} histories diverged")
+
+    def handle_prune(self, **options: Any) -> None:
+        from ... import operations
+
+        older = parse_duration(options["older_than"])
+        if options["batch_size"] < 1:
+            raise CommandError("--batch-size must be at least 1")
+
+        def progress(total: int) -> None:
+            self.stdout.write(f"deleted {total} so far")
+
+        total = operations.prune(
+            older,
+            statuses=options["status"],
+            workflow_name=options["workflow"],
+            batch_size=options["batch_size"],
+            progress=progress,
+        )
+        self.stdout.write(f"pruned {total} instances")
+
+
+def parse_duration(text: str) -> timedelta:
+    """Parse ``30d``, ``12h``, ``90m``, ``45s`` or plain seconds into a timedelta."""
+    value = text.strip().lower()
+    units = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+    factor = 1
+    if value and value[-1] in units:
+        factor = units[value[-1]]
+        value = value[:-1]
+    try:
+        seconds = float(value) * factor
+    except ValueError:
+        raise CommandError(f"invalid duration {text!r}: use e.g. 30d, 12h, 90m or 3600") from None
+    if seconds < 0 or seconds != seconds or seconds == float("inf"):
+        raise CommandError(f"invalid duration {text!r}")
+    return timedelta(seconds=seconds)
