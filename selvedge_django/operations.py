@@ -336,6 +336,10 @@ def wait_workflow(instance_id: str, timeout: float | None = None) -> WorkflowRes
     waker = Waker()
     topic = f"closed:{instance_id}"
     store.bus.subscribe(topic, waker)
+    if store.notify_enabled:
+        from .worker.notify import ensure_listener
+
+        ensure_listener(store.alias, store.bus)
     try:
         while True:
             result = get_workflow_result(instance_id)

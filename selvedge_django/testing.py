@@ -111,3 +111,12 @@ def selvedge_worker(transactional_db: None) -> Iterator[Worker]:
         yield worker
     finally:
         worker.stop(timeout=10)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Close LISTEN connections before the test database is dropped."""
+    if nextitem is None:
+        from .worker.notify import stop_listeners
+
+        stop_listeners()

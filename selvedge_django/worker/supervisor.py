@@ -55,6 +55,7 @@ class Worker:
         ]
         self._threads: list[threading.Thread] = []
         self._started = False
+        self.listener: Any = None
 
     @property
     def worker_id(self) -> str:
@@ -75,6 +76,10 @@ class Worker:
         self._started = True
         self.resumptions.start()
         self.activities.start()
+        if self.store.notify_enabled:
+            from .notify import ensure_listener
+
+            self.listener = ensure_listener(self.store.alias, self.store.bus)
         for loop in self.loops:
             thread = threading.Thread(
                 target=loop.run, args=(self._stop,), name=f"selvedge-{loop.name}", daemon=True

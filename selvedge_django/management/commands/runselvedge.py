@@ -149,6 +149,9 @@ class Command(BaseCommand):
         self.stdout.write(f"selvedge worker {worker.worker_id} stopping")
         self.stdout.flush()
         worker.stop()
+        from ...worker.notify import stop_listeners
+
+        stop_listeners()
         self.stdout.write(f"selvedge worker {worker.worker_id} stopped")
 
     def handle_start(self, **options: Any) -> None:

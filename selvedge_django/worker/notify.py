@@ -1,0 +1,141 @@
+"""PostgreSQL LISTEN/NOTIFY: wake-ups from other processes into the local bus.
+
+One listener per process and database holds its own connection (outside
+Django's pool, in autocommit mode), listens on ``selvedge_wake`` and republishes
+each payload (a bus topic such as ``runnable`` or ``closed:<id>``) on the
+in-process bus. A lost connection is retried with backoff; meanwhile the
+pollers keep working, and nothing is lost because notifications are only hints.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from django.db import connections
+
+from ..notify import Bus
+from ..store_base import NOTIFY_CHANNEL
+
+__all__ = ["Listener", "ensure_listener"]
+
+logger = logging.getLogger("selvedge_django.notify")
+
+
+class Listener:
+    """A daemon thread relaying NOTIFY payloads to a bus."""
+
+    def __init__(self, alias: str, bus: Bus, reconnect_delay: float = 1.0) -> None:
+        self.alias = alias
+        self.bus = bus
+        self.reconnect_delay = reconnect_delay
+        self.connected = threading.Event()
+        self.reconnects = 0
+        self.backend_pid: int | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._conn: Any = None
+
+    def start(self) -> Listener:
+        if self._thread is None or not self._thread.is_alive():
+            self._stop.clear()
+            self._thread = threading.Thread(
+                target=self._run, name=f"selvedge-listen-{self.alias}", daemon=True
+            )
+            self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        conn = self._conn
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:
+                pass
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _connect(self) -> Any:
+        import psycopg
+
+        params = connections[self.alias].get_connection_params()
+        params.pop("cursor_factory", None)
+        params.pop("context", None)
+        params.pop("server_side_binding", None)
+        params.pop("prepare_threshold", None)
+        conn = psycopg.connect(**params, autocommit=True)
+        conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+        return conn
+
+    def _run(self) -> None:
+        delay = self.reconnect_delay
+        first = True
+        while not self._stop.is_set():
+            try:
+                self._conn = self._connect()
+            except Exception as error:
+                logger.warning("LISTEN connection failed (%s); retrying in %.1fs", error, delay)
+                self._stop.wait(delay)
+                delay = min(delay * 2, 60.0)
+                continue
+            if not first:
+                self.reconnects += 1
+            first = False
+            delay = self.reconnect_delay
+            self.backend_pid = self._conn.info.backend_pid
+            self.connected.set()
+            # Whatever was missed while disconnected is found by the pollers; waking
+            # everything once makes them look now.
+            for topic in ("runnable", "task", "timer"):
+                self.bus.publish(topic)
+            try:
+                while not self._stop.is_set():
+                    for note in self._conn.notifies(timeout=1.0):
+                        self.bus.publish(note.payload)
+            except Exception as error:
+                if not self._stop.is_set():
+                    logger.warning("LISTEN connection lost (%s); reconnecting", error)
+            finally:
+                self.connected.clear()
+                try:
+                    self._conn.close()
+                except Exception:
+                    pass
+                self._conn = None
+            if not self._stop.is_set():
+                self._stop.wait(min(delay, 0.5))
+        self.connected.clear()
+
+
+_listeners: dict[str, Listener] = {}
+_lock = threading.Lock()
+
+
+def ensure_listener(alias: str, bus: Bus) -> Listener:
+    """Start (once per process and database) the listener for ``alias``."""
+    key = f"{alias}:{connections[alias].settings_dict.get('NAME')}"
+    with _lock:
+        listener = _listeners.get(key)
+        if listener is None:
+            listener = _listeners[key] = Listener(alias, bus)
+        listener.start()
+        return listener
+
+
+def stop_listeners() -> None:
+    with _lock:
+        listeners = list(_listeners.values())
+        _listeners.clear()
+    for listener in listeners:
+        listener.stop()
+
+
+def wait_until_connected(listener: Listener, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if listener.connected.wait(0.05):
+            return True
+    return False
