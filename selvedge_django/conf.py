@@ -175,6 +175,15 @@ def _duration(raw: Mapping[str, Any], key: str) -> float:
         raise ImproperlyConfigured(str(error)) from error
 
 
+def _import(path: str, key: str) -> Any:
+    try:
+        return import_string(path)
+    except ImportError as error:
+        raise ImproperlyConfigured(
+            f"SELVEDGE[{key!r}] {path!r} cannot be imported: {error}"
+        ) from error
+
+
 def lease_problems(lease: Mapping[str, Any]) -> list[str]:
     """Return what is unsafe about a LEASE dict (empty when it is safe)."""
     problems: list[str] = []
@@ -238,12 +247,12 @@ def resolve_settings(raw_in: Mapping[str, Any] | None) -> SelvedgeSettings:
     if clock is None:
         clock = default_clock
     elif isinstance(clock, str):
-        clock = import_string(clock)
+        clock = _import(clock, "CLOCK")
     if not callable(clock):
         raise ImproperlyConfigured("SELVEDGE['CLOCK'] must be a callable or a dotted path")
     hooks = raw["HOOKS"]
     if isinstance(hooks, str):
-        hooks = import_string(hooks)
+        hooks = _import(hooks, "HOOKS")
     if isinstance(hooks, type):
         hooks = hooks()
     listen = raw["LISTEN_NOTIFY"]

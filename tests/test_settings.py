@@ -177,6 +177,9 @@ def test_unknown_keys_are_rejected() -> None:
         ("LISTEN_NOTIFY", "yes"),
         ("DATABASE", "no-such-alias"),
         ("CLOCK", 42),
+        ("CLOCK", "no_such_module.clock"),
+        ("CLOCK", "os"),
+        ("HOOKS", "selvedge_django.hooks.NoSuchHooks"),
         ("LEASE", [30, 10, 5, 1]),
     ],
 )
@@ -295,6 +298,8 @@ def test_each_unsafe_lease_rule_is_reported() -> None:
         {"WAIT_POLL_INTERVAL": -1},
         {"DATABASE": "no-such-alias"},
         {"UNKNOWN_SETTING": 1},
+        {"CLOCK": "no_such_module.clock"},
+        {"HOOKS": "no_such_module.Hooks"},
     ],
 )
 def test_invalid_settings_are_error_e003(changes: dict[str, Any]) -> None:
