@@ -409,7 +409,7 @@ class ReplayRuntime:
     def can_run_inline(self, activity_name: str, queue: str) -> bool:
         return False
 
-    def run_attempt(self, task: ClaimedTask) -> None:
+    def run_attempt(self, task: ClaimedTask) -> tuple[str, str] | None:
         raise RuntimeError("read-only replay does not run activities")
 
     def tasks_reserved(self) -> None:

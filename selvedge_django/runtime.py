@@ -25,7 +25,7 @@ from .engine.activity import ActivityInfo, AttemptState, attempt_scope
 from .engine.codec import Codec, error_to_envelope
 from .engine.execution import Execution, ExecutionOutcome, current_execution
 from .engine.options import RetryPolicy
-from .engine.store import ClaimedTask, Fence, TaskClaim
+from .engine.store import EV_ACTIVITY_COMPLETED, EV_ACTIVITY_FAILED, ClaimedTask, Fence, TaskClaim
 from .registry import get_activity, get_workflow, registered_activity_names
 from .store import DjangoStore
 
@@ -91,9 +91,11 @@ class WorkerRuntime:
         queues = self.settings.activity_queues
         return queues is None or queue in queues
 
-    def run_attempt(self, task: ClaimedTask) -> None:
+    def run_attempt(self, task: ClaimedTask) -> tuple[str, str] | None:
         execution = current_execution()
-        self.run_claimed(task, inline_fence=execution.fence if execution is not None else None)
+        return self.run_claimed(
+            task, inline_fence=execution.fence if execution is not None else None
+        )
 
     def tasks_reserved(self) -> None:
         """New queued tasks: the store already wakes local activity workers on commit."""
@@ -139,13 +141,18 @@ class WorkerRuntime:
         for _, state in self.active_attempts():
             state.cancel(reason)
 
-    def run_claimed(self, task: ClaimedTask, *, inline_fence: Fence | None = None) -> None:
-        """Run one claimed attempt and record its outcome, fenced by the claim."""
+    def run_claimed(
+        self, task: ClaimedTask, *, inline_fence: Fence | None = None
+    ) -> tuple[str, str] | None:
+        """Run one claimed attempt and record its outcome, fenced by the claim.
+
+        Returns the (event type, data) this attempt wrote to history, if any.
+        """
         definition = get_activity(task.name)
         claim = task.claim
         if definition is None:
             self.store.release_task(claim)
-            return
+            return None
         info = ActivityInfo(
             instance_id=claim.instance_id,
             workflow_name=task.workflow_name,
@@ -201,6 +208,7 @@ class WorkerRuntime:
                 self.fire(
                     "on_activity_completed", duration=time.monotonic() - started, **hook_fields
                 )
+                return EV_ACTIVITY_COMPLETED, output
             else:
                 logger.info(
                     "late result of %s/%s attempt %s discarded",
@@ -209,12 +217,16 @@ class WorkerRuntime:
                     task.attempt,
                 )
         except BaseException as error:
-            self._record_failure(task, state, definition.non_retryable_errors, error, inline_fence)
+            written = self._record_failure(
+                task, state, definition.non_retryable_errors, error, inline_fence
+            )
             if isinstance(error, KeyboardInterrupt | SystemExit):
                 raise
+            return written
         finally:
             with self._lock:
                 self._attempts.pop(claim, None)
+        return None
 
     def _record_failure(
         self,
@@ -223,7 +235,8 @@ class WorkerRuntime:
         non_retryable: tuple[type[BaseException], ...],
         error: BaseException,
         inline_fence: Fence | None,
-    ) -> None:
+    ) -> tuple[str, str] | None:
+        """Record a failed attempt: release, retry or final failure. Return what was written."""
         claim = task.claim
         hook_fields = dict(
             instance_id=claim.instance_id,
@@ -235,7 +248,7 @@ class WorkerRuntime:
         if self.stopping.is_set() and state.cancel_reason == "shutdown":
             # Graceful release: another worker takes the task; no retry budget used.
             self.store.release_task(claim)
-            return
+            return None
         if state.cancelled and state.cancel_reason == "heartbeat timeout":
             error = exc.ActivityTimeoutError(task.name, "heartbeat", task.attempt)
         elif (
@@ -259,15 +272,18 @@ class WorkerRuntime:
             if final:
                 if self.store.fail_task(claim, envelope, inline_fence=inline_fence):
                     self.fire("on_activity_failed", error=error, **hook_fields)
+                    return EV_ACTIVITY_FAILED, envelope
             elif policy.exhausted(failures):
                 exhausted = exc.RetryExhaustedError(task.name, failures, error)
                 final_envelope = json.dumps(error_to_envelope(exhausted, codec=self.codec))
                 if self.store.fail_task(claim, final_envelope, inline_fence=inline_fence):
                     self.fire("on_activity_failed", error=exhausted, **hook_fields)
+                    return EV_ACTIVITY_FAILED, final_envelope
             elif self.store.retry_task(claim, envelope, policy.delay_for(failures)):
                 self.fire("on_activity_retry", error=error, **hook_fields)
         except Exception:
             logger.exception("could not record the failure of %s/%s", claim.instance_id, claim.key)
+        return None
 
     # -- executions ---------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError
 from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
@@ -92,7 +92,7 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
         """Insert a runnable instance; a taken id raises WorkflowAlreadyStarted."""
         now = started_at or timezone.now()
         try:
-            with transaction.atomic(using=self.alias):
+            with self.atomic():
                 WorkflowInstance.objects.using(self.alias).create(
                     instance_id=instance_id,
                     workflow_name=workflow_name,
@@ -105,9 +105,9 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
                     started_at=now,
                     updated_at=now,
                 )
+                self.after_commit("runnable")
         except IntegrityError as error:
             raise exc.WorkflowAlreadyStarted(instance_id) from error
-        self.after_commit("runnable")
 
     def get_instance(self, instance_id: str) -> WorkflowInstance:
         try:
@@ -209,10 +209,8 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
             )
         )
         if updated:
-            # An arrival during the execution left the instance runnable: dispatch again.
-            self.bus.publish("runnable")
-            if self.notify_enabled:
-                self._pg_notify(["runnable"])
+            # An arrival during the execution may have left it runnable: dispatch again.
+            self.after_commit("runnable")
 
     def load_snapshot(self, instance_id: str) -> ExecutionSnapshot:
         """Read the instance and its whole history for one execution."""
@@ -430,21 +428,16 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
         HistoryEvent.objects.using(self.alias).filter(
             instance_id=claim.instance_id, key=claim.key, data__isnull=True
         ).update(data=data, event_type=event_type, arrived_at=timezone.now())
-        if inline_fence is not None:
-            runnable: Any = Case(
-                When(
-                    lease_owner=inline_fence.owner,
-                    lease_epoch=inline_fence.epoch,
-                    then=F("runnable"),
-                ),
-                default=Value(True),
-            )
-        else:
-            runnable = Value(True)
-        WorkflowInstance.objects.using(self.alias).filter(
+        instance = WorkflowInstance.objects.using(self.alias).filter(
             instance_id=claim.instance_id, status=WorkflowStatus.RUNNING
-        ).update(runnable=runnable)
-        if inline_fence is None:
+        )
+        if inline_fence is not None:
+            # The execution that ran the attempt inline reads the value itself; any
+            # other holder (or none) must be woken.
+            instance = instance.exclude(
+                lease_owner=inline_fence.owner, lease_epoch=inline_fence.epoch
+            )
+        if instance.update(runnable=True):
             self.after_commit("runnable")
 
     def complete_task(
@@ -569,9 +562,9 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
         as failed).
         """
         with self.atomic():
-            self._fence(fence)
             status = request.status
             if status == WorkflowStatus.CANCELLED:
+                self._fence(fence)
                 requested = (
                     WorkflowInstance.objects.using(self.alias)
                     .filter(instance_id=fence.instance_id)
@@ -581,17 +574,31 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
                 if not requested:
                     status = WorkflowStatus.FAILED
             now = timezone.now()
-            inst = WorkflowInstance.objects.using(self.alias).filter(instance_id=fence.instance_id)
-            inst.update(
-                status=status,
-                output=request.output,
-                error=request.error,
-                lease_owner="",
-                lease_expires_ms=None,
-                runnable=False,
-                closed_at=now,
-                updated_at=now,
+            # The fence check and the close are one conditional update.
+            closed = (
+                WorkflowInstance.objects.using(self.alias)
+                .filter(
+                    instance_id=fence.instance_id,
+                    lease_owner=fence.owner,
+                    lease_epoch=fence.epoch,
+                    status=WorkflowStatus.RUNNING,
+                )
+                .update(
+                    status=status,
+                    output=request.output,
+                    error=request.error,
+                    lease_owner="",
+                    lease_expires_ms=None,
+                    runnable=False,
+                    closed_at=now,
+                    updated_at=now,
+                )
             )
+            if closed != 1:
+                raise exc.Fenced(
+                    f"execution of {fence.instance_id!r} (epoch {fence.epoch}) "
+                    "no longer holds the lease"
+                )
             data = request.output if status == WorkflowStatus.COMPLETED else request.error
             self._insert_row(
                 fence.instance_id,
@@ -603,9 +610,16 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
                     data=data,
                 ),
             )
-            self._close_cleanup(fence.instance_id)
-            self._close_cascade(fence.instance_id, status, data)
-            self.after_commit(f"closed:{fence.instance_id}", "closed")
+            if request.unfinished:
+                self._close_cleanup(fence.instance_id)
+            self._close_cascade(
+                fence.instance_id,
+                status,
+                data,
+                children=request.children,
+                parent=request.parent,
+            )
+            self.after_commit(f"closed:{fence.instance_id}")
         return str(status)
 
     # -- client reads -------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -80,6 +81,7 @@ class StoreBase:
         self.activity_names: Callable[[], Sequence[str] | None] = lambda: None
         self.activity_queues: tuple[str, ...] | None = None
         self.notify_enabled = self.vendor == "postgresql"
+        self._tx = threading.local()
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -104,19 +106,31 @@ class StoreBase:
     def atomic(self) -> Iterator[None]:
         """A write transaction; on SQLite it begins IMMEDIATE to take the write lock first."""
         conn = self.connection
-        if self.vendor == "sqlite" and not conn.in_atomic_block:
-            previous = getattr(conn, "transaction_mode", None)
-            conn.ensure_connection()
-            conn.transaction_mode = "IMMEDIATE"
-            try:
-                with transaction.atomic(using=self.alias):
+        tx = self._tx
+        depth = getattr(tx, "depth", 0)
+        if depth == 0:
+            tx.pending = set()
+        tx.depth = depth + 1
+        try:
+            if self.vendor == "sqlite" and not conn.in_atomic_block:
+                previous = getattr(conn, "transaction_mode", None)
+                conn.ensure_connection()
+                conn.transaction_mode = "IMMEDIATE"
+                try:
+                    with transaction.atomic(using=self.alias):
+                        conn.transaction_mode = previous
+                        yield
+                finally:
                     conn.transaction_mode = previous
+            else:
+                with transaction.atomic(using=self.alias):
                     yield
-            finally:
-                conn.transaction_mode = previous
-        else:
-            with transaction.atomic(using=self.alias):
-                yield
+                    if depth == 0 and tx.pending:
+                        self._pg_notify(tx.pending)
+        finally:
+            tx.depth = depth
+            if depth == 0:
+                tx.pending = set()
 
     @contextlib.contextmanager
     def read_snapshot(self) -> Iterator[None]:
@@ -141,24 +155,39 @@ class StoreBase:
             finally:
                 conn.transaction_mode = previous
 
-    def after_commit(self, *topics: str, notify_ids: Sequence[str] = ()) -> None:
-        """Publish wake-ups once the current transaction commits."""
+    def after_commit(self, *topics: str) -> None:
+        """Wake local loops once the current transaction commits; NOTIFY other processes.
+
+        On PostgreSQL the NOTIFY is issued inside the transaction (one statement for
+        all topics, at the end of the outermost store transaction), so it is
+        delivered exactly when the transaction commits and dropped on rollback.
+        """
 
         def send() -> None:
             for topic in topics:
                 self.bus.publish(topic)
-            if self.notify_enabled and topics:
-                self._pg_notify(topics)
 
         transaction.on_commit(send, using=self.alias)
+        if not (self.notify_enabled and topics):
+            return
+        if getattr(self._tx, "depth", 0) > 0:
+            self._tx.pending.update(topics)
+        else:
+            self._pg_notify(topics)
 
-    def _pg_notify(self, topics: Sequence[str]) -> None:
+    def _pg_notify(self, topics: Sequence[str] | set[str]) -> None:
+        ordered = sorted(topics)
+        sql = "SELECT " + ", ".join(["pg_notify(%s, %s)"] * len(ordered))
+        params: list[str] = []
+        for topic in ordered:
+            params += [NOTIFY_CHANNEL, topic]
         try:
             with self.connection.cursor() as cursor:
-                for topic in topics:
-                    cursor.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, topic])
+                cursor.execute(sql, params)
         except DatabaseError:  # a hint only: pollers will find the work
             logger.debug("NOTIFY failed", exc_info=True)
+            if self.connection.in_atomic_block:
+                raise
 
     def _fence(self, fence: Fence) -> None:
         """The fence check: the first statement of every fenced transaction."""
@@ -179,23 +208,26 @@ class StoreBase:
             )
 
     def _insert_row(self, instance_id: str, row: HistoryRow) -> HistoryRow:
+        """Insert a history row inside the caller's fenced transaction.
+
+        Under the fence no other writer can add a key this execution has not seen,
+        so a conflict is a bug: it aborts the whole transaction (no savepoint).
+        """
         try:
-            with transaction.atomic(using=self.alias, savepoint=self.vendor == "postgresql"):
-                HistoryEvent.objects.using(self.alias).create(
-                    instance_id=instance_id,
-                    key=row.key,
-                    seq=row.seq,
-                    command=row.command,
-                    event_type=row.event_type,
-                    data=row.data,
-                    reservation=row.reservation,
-                    delivered_seq=row.delivered_seq,
-                )
-        except IntegrityError:
-            stored = self.get_row(instance_id, row.key)
-            if stored is None:
-                raise
-            return stored
+            HistoryEvent.objects.using(self.alias).create(
+                instance_id=instance_id,
+                key=row.key,
+                seq=row.seq,
+                command=row.command,
+                event_type=row.event_type,
+                data=row.data,
+                reservation=row.reservation,
+                delivered_seq=row.delivered_seq,
+            )
+        except IntegrityError as error:
+            raise exc.HistoryKeyConflict(
+                f"history key {row.key!r} of {instance_id!r} is already recorded"
+            ) from error
         return row
 
     def get_row(self, instance_id: str, key: str) -> HistoryRow | None:

@@ -20,6 +20,9 @@ from .engine.store import (
     CMD_RECEIVE,
     CMD_SLEEP,
     EV_ACTIVITY_CANCELLED,
+    EV_CHILD_CANCELLED,
+    EV_CHILD_COMPLETED,
+    EV_CHILD_FAILED,
     EV_CHILD_START_FAILED,
     EV_TIMER_CANCELLED,
     EV_TIMER_EXPIRED,
@@ -368,25 +371,37 @@ class WaitStoreMixin(StoreBase):
                 self.after_commit("runnable")
             return stored
 
-    def _close_cascade(self, iid: str, status: str, data: str | None) -> None:
-        """What a close does to children and the parent (inside the close transaction)."""
-        children = list(
-            WorkflowInstance.objects.using(self.alias)
-            .filter(parent_instance_id=iid, status=WorkflowStatus.RUNNING)
-            .values_list("instance_id", flat=True)
-        )
-        self._request_child_cancel(children, f"parent {iid} closed")
-        parent = (
-            WorkflowInstance.objects.using(self.alias)
-            .filter(instance_id=iid)
-            .values_list("parent_instance_id", "parent_key")
-            .first()
-        )
+    def _close_cascade(
+        self,
+        iid: str,
+        status: str,
+        data: str | None,
+        *,
+        children: bool = True,
+        parent: tuple[str, str] | None = None,
+    ) -> None:
+        """What a close does to children and the parent (inside the close transaction).
+
+        ``children`` False skips the child lookup (the history started none);
+        ``parent`` is (parent id, parent key) when known, None to read it.
+        """
+        if children:
+            running = list(
+                WorkflowInstance.objects.using(self.alias)
+                .filter(parent_instance_id=iid, status=WorkflowStatus.RUNNING)
+                .values_list("instance_id", flat=True)
+            )
+            self._request_child_cancel(running, f"parent {iid} closed")
+        if parent is None:
+            parent = (
+                WorkflowInstance.objects.using(self.alias)
+                .filter(instance_id=iid)
+                .values_list("parent_instance_id", "parent_key")
+                .first()
+            )
         if parent is None or not parent[0]:
             return
         parent_id, parent_key = parent
-        from .engine.store import EV_CHILD_CANCELLED, EV_CHILD_COMPLETED, EV_CHILD_FAILED
-
         event = {
             WorkflowStatus.COMPLETED: EV_CHILD_COMPLETED,
             WorkflowStatus.FAILED: EV_CHILD_FAILED,

@@ -82,7 +82,7 @@ class Runtime(Protocol):
 
     def can_run_inline(self, activity_name: str, queue: str) -> bool: ...
 
-    def run_attempt(self, task: ClaimedTask) -> None: ...
+    def run_attempt(self, task: ClaimedTask) -> tuple[str, str] | None: ...
 
     def tasks_reserved(self) -> None: ...
 
@@ -424,6 +424,12 @@ class Execution:
     def close_request(self, outcome: ExecutionOutcome) -> CloseRequest:
         """Encode a closing outcome; an unencodable output fails the workflow instead."""
         codec = self.runtime.codec
+        rows = [row for row in self.history.values() if row.seq is not None]
+        extra = {
+            "unfinished": any(not row.has_value for row in rows),
+            "children": any(row.command == "child" for row in rows),
+            "parent": (self.snapshot.parent_instance_id, self.snapshot.parent_key),
+        }
         if outcome.kind == "completed":
             try:
                 text = codec.encode(outcome.output, "workflow output")
@@ -433,10 +439,10 @@ class Execution:
                     f"workflow output is not JSON: {error}", type="OutputEncodingError"
                 )
             else:
-                return CloseRequest("completed", text, None)
+                return CloseRequest("completed", text, None, **extra)  # type: ignore[arg-type]
         assert outcome.error is not None
         envelope = json.dumps(error_to_envelope(outcome.error, codec=codec))
-        return CloseRequest(outcome.kind, None, envelope)
+        return CloseRequest(outcome.kind, None, envelope, **extra)  # type: ignore[arg-type]
 
 
 def parse_time(value: str) -> datetime:

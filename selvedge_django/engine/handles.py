@@ -160,10 +160,23 @@ class Future(_Handle):
                 return None
         execution.in_activity = True
         try:
-            execution.runtime.run_attempt(task)
+            written = execution.runtime.run_attempt(task)
         finally:
             execution.in_activity = False
-        return self._stored()
+        if written is None:
+            return self._stored()
+        # The attempt recorded the first value at this key: no need to read it back.
+        reserved = execution.history.get(self._key)
+        row = HistoryRow(
+            self._key,
+            reserved.seq if reserved is not None else None,
+            CMD_ACTIVITY,
+            written[0],
+            written[1],
+            reserved.reservation if reserved is not None else None,
+        )
+        execution.history[self._key] = row
+        return row
 
     def _record_cancelled(self, error: BaseException) -> HistoryRow:
         execution = self._execution

@@ -226,11 +226,19 @@ class ClaimedTask:
 
 @dataclass(frozen=True)
 class CloseRequest:
-    """A workflow close: status, output or error, and the close history row."""
+    """A workflow close: status, output or error, and what the close must clean up.
+
+    ``unfinished`` says whether any command may still have a task, timer or
+    missing value; ``children`` whether the history started children; ``parent``
+    is (parent id, parent key) of a child instance, ("", "") for a top-level one.
+    """
 
     status: str
     output: str | None
     error: str | None
+    unfinished: bool = True
+    children: bool = True
+    parent: tuple[str, str] | None = None
 
 
 class EngineStore(Protocol):
