@@ -383,6 +383,26 @@ def test_changed_command_at_a_recorded_position_fails_the_run() -> None:
     assert runtime.store.writes == []
 
 
+def test_another_command_recorded_under_the_same_key_fails_the_run() -> None:
+    def wf(ctx: sv.WorkflowContext, _: Any) -> int:
+        return double.execute(ctx, 1, activity_id="step-1")
+
+    history = [
+        HistoryRow(
+            key="step-1",
+            seq=1,
+            command="sleep",
+            event_type="TimerExpired",
+            data=json.dumps(T0.isoformat()),
+            delivered_seq=1,
+        )
+    ]
+    outcome, runtime = run(wf, history)
+    error = _assert_nondeterministic(outcome)
+    assert (error.key, error.expected, error.actual) == ("step-1", "sleep", "activity")
+    assert runtime.store.calls == []
+
+
 def test_different_activity_name_fails_the_run() -> None:
     def wf(ctx: sv.WorkflowContext, _: Any) -> int:
         return other.execute(ctx, 1)
