@@ -77,8 +77,14 @@ class WaitStoreMixin(StoreBase):
             .exists()
         )
 
-    def fire_due_timers(self, now: datetime, limit: int) -> int:
-        """Fire up to ``limit`` due timers in one transaction; return how many."""
+    def fire_due_timers(
+        self, now: datetime, limit: int, fired: list[tuple[str, str]] | None = None
+    ) -> int:
+        """Fire up to ``limit`` due timers in one transaction; return how many.
+
+        ``fired`` collects (instance id, key) of the timers that woke a running
+        instance (the discarded ones of closed instances are not listed).
+        """
         with self.atomic():
             due = list(
                 TimerSubscription.objects.using(self.alias)
@@ -120,6 +126,8 @@ class WaitStoreMixin(StoreBase):
                     )
                     delete_ids.append(timer_id)
                 woken.add(instance_id)
+                if fired is not None:
+                    fired.append((instance_id, key))
             if delete_ids:
                 TimerSubscription.objects.using(self.alias).filter(id__in=delete_ids).delete()
             if mark_ids:

@@ -28,10 +28,13 @@ class TimerPoller(Loop):
         runtime = self.runtime
         if runtime.stopping.is_set():
             return 0
-        fired = runtime.store.fire_due_timers(
-            runtime.clock(), runtime.settings.max_timers_per_batch
+        woke: list[tuple[str, str]] = []
+        done = runtime.store.fire_due_timers(
+            runtime.clock(), runtime.settings.max_timers_per_batch, woke
         )
-        return fired
+        for instance_id, key in woke:
+            runtime.fire("on_timer_fired", instance_id=instance_id, key=key)
+        return done
 
     def next_delay(self, idle_delay: float) -> float:
         try:
