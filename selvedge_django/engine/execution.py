@@ -433,6 +433,9 @@ class Execution:
         if outcome.kind == "completed":
             try:
                 text = codec.encode(outcome.output, "workflow output")
+            except exc.PayloadTooLarge as error:
+                outcome.kind = "failed"
+                outcome.error = exc.ApplicationError(str(error), type="PayloadTooLarge")
             except (TypeError, ValueError) as error:
                 outcome.kind = "failed"
                 outcome.error = exc.ApplicationError(
