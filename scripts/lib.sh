@@ -1,4 +1,4 @@
-# Shared helpers for scripts/test, scripts/demo and .ci/run (sourced, not executed).
+# Shell functions shared by scripts/test, scripts/demo and .ci/run (sourced, not executed).
 #
 # Settings read from the environment:
 #   SELVEDGE_VENV     virtualenv folder (default: .venv in the repository root)
