@@ -64,22 +64,22 @@ __all__ = [
 
 _PATH_RE = re.compile(r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*$")
 
-_stores: dict[tuple[str, int], DjangoStore] = {}
+_client: tuple[Any, DjangoStore] | None = None
 _stores_lock = threading.Lock()
 
 
 def _store() -> DjangoStore:
+    """The client API's store, rebuilt whenever the settings object changes."""
+    global _client
     settings = get_settings()
-    key = (settings.database, id(settings))
     with _stores_lock:
-        store = _stores.get(key)
-        if store is None:
+        if _client is None or _client[0] is not settings:
             check_vendor(settings.database)
-            _stores.clear()
-            store = _stores[key] = DjangoStore(settings.database, client_codec(settings))
+            store = DjangoStore(settings.database, client_codec(settings))
             if settings.listen_notify is not None:
                 store.notify_enabled = settings.listen_notify and store.vendor == "postgresql"
-    return store
+            _client = (settings, store)
+        return _client[1]
 
 
 def _codec() -> Codec:

@@ -55,7 +55,9 @@ class DbNowMs(Func):
     ) -> tuple[str, list[Any]]:
         vendor = connection.vendor
         if vendor == "postgresql":
-            sql = "(CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) + %s)"
+            # statement_timestamp() is stable within a statement, so comparisons with it
+            # can drive index scans (clock_timestamp() is volatile and cannot).
+            sql = "(CAST(EXTRACT(EPOCH FROM statement_timestamp()) * 1000 AS BIGINT) + %s)"
         elif vendor == "sqlite":
             sql = "(CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) + %s)"
         else:  # pragma: no cover - rejected at start by the system checks

@@ -11,3 +11,6 @@ class Ledger(models.Model):
 
     class Meta:
         app_label = "testapp"
+
+    def __str__(self) -> str:
+        return self.entry
