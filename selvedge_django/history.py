@@ -468,6 +468,19 @@ def _error_matches(recorded: Any, replayed: BaseException | None) -> bool:
     return env.get("type") == recorded.get("type") and env.get("message") == recorded.get("message")
 
 
+def _json_equal(a: Any, b: Any) -> bool:
+    """Compare JSON values: key order and number spelling do not matter, ``true`` is not 1."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return a == b
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_json_equal(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_json_equal(x, y) for x, y in zip(a, b, strict=True))
+    return type(a) is type(b) and bool(a == b)
+
+
 def replay_history(history: RecordedHistory) -> None:
     """Check the registered workflow code against a recorded history.
 
@@ -491,11 +504,15 @@ def replay_history(history: RecordedHistory) -> None:
             )
     elif history.closed:
         recorded_status = inst.status
+        if outcome.kind == "completed":
+            # Compare what the close would record: the output's JSON value (an output
+            # that cannot be encoded becomes the same failure it became live).
+            encoded = execution.close_request(outcome).output
+            if encoded is not None:
+                outcome.output = json.loads(encoded)
         replayed_status = outcome.kind
         if outcome.kind == "completed":
-            same = recorded_status == "completed" and inst.output == outcome.output
-            # JSON values compare by value: key order and number spelling don't matter.
-            if same:
+            if recorded_status == "completed" and _json_equal(inst.output, outcome.output):
                 return
         elif outcome.kind in ("failed", "cancelled"):
             if recorded_status == "cancelled" and isinstance(outcome.error, exc.Cancelled):
