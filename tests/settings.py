@@ -86,6 +86,17 @@ SELVEDGE = {
     "TIMER_CHECK_INTERVAL": 0.05,
     "SHUTDOWN_TIMEOUT": 10,
 }
+# Worker subprocesses of tests/test_scale.py: a short leader lease (takeover tests)
+# and slow polling (so that only a notification can explain a prompt wake-up).
+if os.environ.get("SELVEDGE_TEST_LEADER_LEASE"):
+    _lease = float(os.environ["SELVEDGE_TEST_LEADER_LEASE"])
+    SELVEDGE["LEADER_LEASE_DURATION"] = _lease
+    SELVEDGE["LEADER_HEARTBEAT_INTERVAL"] = _lease / 6
+if os.environ.get("SELVEDGE_TEST_POLL_INTERVAL"):
+    _poll = float(os.environ["SELVEDGE_TEST_POLL_INTERVAL"])
+    for _key in ("WORKFLOW_RESUMPTION_INTERVAL", "ACTIVITY_POLL_INTERVAL", "TIMER_CHECK_INTERVAL"):
+        SELVEDGE[_key] = _poll
+    SELVEDGE["MAX_POLL_INTERVAL"] = _poll
 
 LOGGING = {
     "version": 1,
