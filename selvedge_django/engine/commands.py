@@ -191,8 +191,9 @@ def now(execution: Execution) -> datetime:
     """Record (live) or return (replay) one workflow-time observation."""
     from .execution import parse_time
 
-    if execution.suspension is not None and execution.fatal is None:
-        # Unwinding: no writes; the floor is the best answer.
+    if execution.suspension is not None and execution.fatal is None and not execution.in_query:
+        # Unwinding: no writes; the floor is the best answer. (A query handler runs after
+        # replay stopped, and is refused like any other command.)
         return execution.time_floor or execution.time_base()
     execution.check_command("now()")
     seq, key = execution.next_position(None, CMD_NOW, "now")
