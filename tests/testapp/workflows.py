@@ -141,3 +141,592 @@ def fault_flow(ctx: sv.WorkflowContext, data: dict[str, Any]) -> dict[str, Any]:
         "child": child,
         "cancelled": cancelled,
     }
+
+
+# -- cancellation tests (tests/test_cancellation.py) -------------------------------------
+
+UNSERVED = sv.ActivityOptions(queue="cancel.unserved")  # workers in these tests serve "" only
+
+
+@sv.activity(name="cancel.stubborn")
+def stubborn(data: dict[str, Any]) -> str:
+    """Heartbeat until told to stop, then try to record a late result anyway."""
+    Ledger.objects.create(entry=f"started:{data['entry']}")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            sv.heartbeat()
+        except sv.ActivityCancelled:
+            Ledger.objects.create(entry=f"heartbeat-raised:{data['entry']}")
+            return "late result"
+        time.sleep(0.02)
+    return "never stopped"
+
+
+@sv.workflow(name="cancel.wait")
+def cancel_wait(ctx: sv.WorkflowContext, data: dict[str, Any]) -> str:
+    """Block at one kind of wait (an hour, or forever) until cancellation reaches it."""
+    kind = data["kind"]
+    if kind == "sleep":
+        ctx.sleep(3600)
+    elif kind == "receive":
+        ctx.receive("work")
+    elif kind == "receive_with_timeout":
+        ctx.receive_with_timeout("work", 3600)
+    elif kind == "wait_condition":
+        ctx.wait_condition(lambda: False)
+    elif kind == "timer_get":
+        ctx.new_timer(3600).get(ctx)
+    elif kind == "future_get":
+        add.execute_async(ctx, {"a": 1, "b": 1}, options=UNSERVED).get(ctx)
+    elif kind == "child_get":
+        ctx.start_child("child.waiter").get(ctx)
+    return "not cancelled"
+
+
+@sv.workflow(name="cancel.reads")
+def cancel_reads(ctx: sv.WorkflowContext, _: Any) -> dict[str, Any]:
+    """After a request: reads that ignore it, a stored outcome that wins, then catch and return."""
+    future = add.execute_async(ctx, {"a": 2, "b": 3})
+    ctx.detached().receive("go")
+    out: dict[str, Any] = {"ready": future.is_ready(), "value": future.get(ctx)}
+    try:
+        ctx.receive("work")
+    except sv.WorkflowCancelled as error:
+        out["receive"] = [type(error).__name__, error.instance_id, error.reason]
+    try:
+        ctx.receive_with_timeout("work", 3600)
+    except sv.WorkflowCancelled as error:
+        out["receive_with_timeout"] = type(error).__name__
+    try:
+        ctx.receive_with_timeout("work", 0)
+    except sv.ReceiveTimeout as error:
+        out["zero_timeout"] = type(error).__name__
+    ctx.wait_condition(lambda: ctx.pending("work") == 1)  # true: no cancellation observed
+    out["pending"] = ctx.pending("work")
+    out["now"] = ctx.now().isoformat()
+    out["receive_async"] = list(ctx.receive_async("work"))
+    out["pending_after"] = ctx.pending("work")
+    try:
+        ctx.sleep(3600)
+    except Exception:  # a Cancelled is no Exception: this must not catch it
+        out["sleep"] = "caught by except Exception"
+    except sv.Cancelled as error:
+        out["sleep"] = type(error).__name__
+    return out
+
+
+@sv.workflow(name="cancel.future")
+def cancel_future(ctx: sv.WorkflowContext, data: dict[str, Any]) -> str:
+    """A running activity survives the request until Future.get observes it."""
+    future = stubborn.execute_async(ctx, {"entry": data["entry"]})
+    ctx.detached().receive("go")
+    return future.get(ctx)
+
+
+@sv.workflow(name="cancel.cleanup")
+def cancel_cleanup(ctx: sv.WorkflowContext, _: Any) -> Any:
+    """Run a cleanup activity in a detached scope after cancellation, then re-raise."""
+    try:
+        return ctx.receive("work")
+    except sv.WorkflowCancelled:
+        record.execute(ctx.detached(), f"cleanup:{ctx.instance_id}")
+        raise
+
+
+@sv.workflow(name="cancel.scope")
+def cancel_scope_flow(ctx: sv.WorkflowContext, data: dict[str, Any]) -> dict[str, Any]:
+    """Cancel a scope holding a running and a queued task, a timer and a child."""
+    scoped, cancel = ctx.with_cancel()
+    inner, cancel_inner = scoped.with_cancel()
+    running = stubborn.execute_async(scoped, {"entry": data["entry"]})
+    queued = add.execute_async(inner, {"a": 1, "b": 1}, options=UNSERVED)
+    timer = inner.new_timer(3600)
+    child = inner.start_child("child.waiter")
+    ctx.detached().new_timer(3600)  # another scope: survives the scope's cancellation
+    ctx.receive("go")
+    cancel()
+    cancel()
+    cancel_inner()  # already cancelled through its ancestor
+    out: dict[str, Any] = {}
+    for name, handle in (("running", running), ("queued", queued), ("timer", timer)):
+        try:
+            handle.get(ctx)
+            out[name] = "value"
+        except sv.ScopeCancelled as error:
+            out[name] = type(error).__name__
+    try:
+        child.get(ctx)
+    except sv.ScopeCancelled as error:
+        out["child"] = type(error).__name__
+    # Commands issued in the cancelled scope record cancellation and create nothing.
+    late = add.execute_async(scoped, {"a": 5, "b": 5})
+    late_child = inner.start_child("child.echo", "late")
+    out["late_child_id"] = late_child.id
+    for name, call in (
+        ("late_activity", lambda: late.get(ctx)),
+        ("late_child", lambda: late_child.get(ctx)),
+        ("late_sleep", lambda: scoped.sleep(3600)),
+        ("late_receive", lambda: inner.receive_with_timeout("work", 3600)),
+    ):
+        try:
+            call()
+            out[name] = "value"
+        except sv.ScopeCancelled as error:
+            out[name] = type(error).__name__
+    ctx.receive("finish")
+    cancel()
+    return out
+
+
+@sv.workflow(name="cancel.scope_uncaught")
+def cancel_scope_uncaught(ctx: sv.WorkflowContext, _: Any) -> str:
+    """A scope cancellation that escapes, with no durable request: the instance fails."""
+    scoped, cancel = ctx.with_cancel()
+    cancel()
+    try:
+        scoped.sleep(3600)
+    except Exception:
+        return "caught by except Exception"
+    return "not cancelled"
+
+
+@sv.workflow(name="cancel.scope_choice")
+def cancel_scope_choice(ctx: sv.WorkflowContext, data: dict[str, Any]) -> str:
+    """Arm timers inside or outside a scope (per the input), then cancel the scope."""
+    scoped, cancel = ctx.with_cancel()
+    for inside in data["inside"]:
+        (scoped if inside else ctx).new_timer(3600)
+    cancel()
+    return "cancelled"
+
+
+@sv.workflow(name="cancel.detached_scope")
+def cancel_detached_scope(ctx: sv.WorkflowContext, _: Any) -> list[Any]:
+    """with_cancel() under detached(): deaf to the durable request, with its own cancel."""
+    cleanup, cancel = ctx.detached().with_cancel()
+    ctx.detached().receive("go")
+    out: list[Any] = [cleanup.receive("work")]  # the request does not reach this scope
+    cancel()
+    try:
+        cleanup.receive("work")
+    except sv.ScopeCancelled as error:
+        out.append(type(error).__name__)
+    try:
+        ctx.receive("work")
+    except sv.WorkflowCancelled as error:
+        out.append(type(error).__name__)
+    return out
+
+
+@sv.workflow(name="cancel.misuse")
+def cancel_misuse(ctx: sv.WorkflowContext, data: dict[str, Any]) -> Any:
+    """Call a scope's cancel function from a foreign thread or inside a predicate."""
+    import threading
+
+    _, cancel = ctx.with_cancel()
+    if data["mode"] == "thread":
+        seen: list[str] = []
+
+        def call() -> None:
+            try:
+                cancel()
+            except BaseException as error:  # the run fails on the workflow thread
+                seen.append(type(error).__name__)
+
+        thread = threading.Thread(target=call)
+        thread.start()
+        thread.join()
+        return seen
+    ctx.wait_condition(lambda: cancel() is None)
+    return "returned"
+
+
+@sv.workflow(name="cancel.in_finally")
+def cancel_in_finally(ctx: sv.WorkflowContext, _: Any) -> str:
+    """Cancel a scope in a finally block: nothing is written while suspending."""
+    _, cancel = ctx.with_cancel()
+    try:
+        ctx.receive("go")
+    finally:
+        cancel()
+    return "done"
+
+
+@sv.workflow(name="cancel.unawaited")
+def cancel_unawaited(ctx: sv.WorkflowContext, data: dict[str, Any]) -> str:
+    """Return with a running and a queued (detached) task, a timer and a child unfinished."""
+    stubborn.execute_async(ctx, {"entry": data["entry"]})
+    add.execute_async(ctx.detached(), {"a": 1, "b": 2}, options=UNSERVED)
+    ctx.detached().new_timer(3600)
+    ctx.start_child("child.waiter")
+    ctx.detached().receive("go")
+    return "returned"
+
+
+# -- child workflow tests (tests/test_children.py) ---------------------------------------
+
+
+class ChildBroke(Exception):
+    """A plain exception a child workflow raises."""
+
+
+@sv.activity(name="child.hold")
+def child_hold(data: dict[str, Any]) -> str:
+    """Record a start, then wait while the marker file exists."""
+    Ledger.objects.create(entry=f"started:{data['entry']}")
+    deadline = time.monotonic() + 60
+    while os.path.exists(data["hold_while"]) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return str(data["entry"])
+
+
+@sv.workflow(name="child.echo")
+def child_echo(ctx: sv.WorkflowContext, value: Any) -> Any:
+    return {"echo": value, "id": ctx.instance_id}
+
+
+@sv.workflow(name="child.waiter")
+def child_waiter(ctx: sv.WorkflowContext, _: Any) -> Any:
+    return ctx.receive("release")
+
+
+@sv.workflow(name="child.fail")
+def child_fail(ctx: sv.WorkflowContext, data: dict[str, Any]) -> Any:
+    if data["mode"] == "application":
+        raise sv.ApplicationError("child declined", type="ChildDeclined", details={"code": 7})
+    raise ChildBroke("child broke")
+
+
+@sv.workflow(name="child.remote")
+def child_remote(ctx: sv.WorkflowContext, value: Any) -> Any:
+    """Registered only by the worker process in the test that starts it by name."""
+    return {"value": value, "worker": ctx.worker_id}
+
+
+@sv.workflow(name="child.basic")
+def child_basic(ctx: sv.WorkflowContext, data: dict[str, Any]) -> dict[str, Any]:
+    by_definition = ctx.start_child(child_echo, "a")
+    by_name = ctx.start_child("child.echo", "b", child_id=data["child_id"])
+    return {
+        "ids": [by_definition.id, by_name.id],
+        "keys": [by_definition.key, by_name.key],
+        "values": [by_definition.get(ctx), by_name.get(ctx)],
+    }
+
+
+@sv.workflow(name="child.duplicate")
+def child_duplicate(ctx: sv.WorkflowContext, data: dict[str, Any]) -> list[Any]:
+    try:
+        ctx.start_child("child.echo", "dup", child_id=data["child_id"])
+        caught: Any = "started"
+    except sv.WorkflowAlreadyStarted as error:
+        caught = [type(error).__name__, error.instance_id]
+    ctx.receive("go")  # suspend, so the failed start is replayed from history
+    return [caught, ctx.start_child("child.echo", "fresh").get(ctx)["echo"]]
+
+
+@sv.workflow(name="child.errors")
+def child_errors(ctx: sv.WorkflowContext, data: dict[str, Any]) -> Any:
+    child = ctx.start_child("child.fail", data)
+    if not data.get("catch"):
+        return child.get(ctx)
+    try:
+        child.get(ctx)
+    except sv.ApplicationError as error:
+        return {
+            "class": type(error).__name__,
+            "type": error.type,
+            "message": error.message,
+            "details": error.details,
+        }
+    return "no error"
+
+
+@sv.workflow(name="child.ready")
+def child_ready(ctx: sv.WorkflowContext, data: dict[str, Any]) -> list[Any]:
+    """is_ready() reads the delivered view: a closed child is not ready until delivered."""
+    child = ctx.start_child("child.echo", "r")
+    child_hold.execute_async(ctx, data).get(ctx)  # Future.get delivers no batch
+    before = child.is_ready()
+    ctx.wait_condition(child.is_ready)
+    return [before, child.is_ready(), child.get(ctx)["echo"]]
+
+
+@sv.workflow(name="child.cancel_handle")
+def child_cancel_handle(ctx: sv.WorkflowContext, _: Any) -> dict[str, Any]:
+    waiting = ctx.start_child("child.waiter")
+    done = ctx.start_child("child.echo", "kept")
+    waiting.cancel(ctx)
+    waiting.cancel(ctx)  # a second call on the handle takes no command position
+    out: dict[str, Any] = {"ready_after_cancel": waiting.is_ready()}
+    try:
+        waiting.get(ctx)
+    except sv.Cancelled as error:
+        out["cancelled"] = type(error).__name__
+    ctx.wait_condition(done.is_ready)
+    done.cancel(ctx)  # a stored result wins over cancellation
+    out["done"] = done.get(ctx)["echo"]
+    ctx.receive("go")  # suspend: the next run replays both cancel commands
+    return out
+
+
+@sv.workflow(name="child.tree")
+def child_tree(ctx: sv.WorkflowContext, level: int) -> Any:
+    if level >= 2:
+        return ctx.receive("release")
+    return ctx.start_child("child.tree", level + 1).get(ctx)
+
+
+@sv.workflow(name="child.leave_running")
+def child_leave_running(ctx: sv.WorkflowContext, data: dict[str, Any]) -> list[str]:
+    children = [ctx.start_child("child.waiter") for _ in range(2)]
+    if data.get("fail"):
+        raise sv.ApplicationError("parent gave up", type="ParentGaveUp")
+    return [child.id for child in children]
+
+
+@sv.workflow(name="child.of_client")
+def child_of_client(ctx: sv.WorkflowContext, _: Any) -> Any:
+    child = ctx.start_child("child.waiter")
+    try:
+        return {"value": child.get(ctx)}
+    except sv.WorkflowCancelled as error:
+        return {"cancelled": [error.instance_id, error.reason]}
+
+
+# -- waits: signals, timers, conditions and workflow time (tests/test_waits.py) ----------
+
+
+@sv.activity(name="wait.manual", queue="manual")
+def wait_manual(data: Any) -> Any:
+    """Queued on "manual", which the wait tests' workers never serve: tests complete it."""
+    return data
+
+
+@sv.workflow(name="wait.receive")
+def wait_receive(ctx: sv.WorkflowContext, data: dict[str, Any]) -> list[Any]:
+    """Receive once from each of ``data["channels"]``, in order; return the payloads."""
+    return [ctx.receive(channel) for channel in data["channels"]]
+
+
+@sv.workflow(name="wait.inbox")
+def wait_inbox(ctx: sv.WorkflowContext, _: Any) -> dict[str, Any]:
+    """receive_async and pending on channel "c" around two batching receives of "go"."""
+    seen: dict[str, Any] = {"async_empty": list(ctx.receive_async("c"))}
+    seen["pending_before"] = ctx.pending("c")
+    seen["go"] = ctx.receive("go")
+    seen["pending_after_go"] = ctx.pending("c")
+    seen["async"] = list(ctx.receive_async("c"))
+    seen["pending_after_async"] = ctx.pending("c")
+    ctx.receive("go")
+    seen["pending_end"] = ctx.pending("c")
+    return seen
+
+
+@sv.workflow(name="wait.sleep")
+def wait_sleep(ctx: sv.WorkflowContext, data: dict[str, Any]) -> dict[str, Any]:
+    """Sleep ``seconds`` in ``form`` (sleep, timer, until, timedelta); return times around it."""
+    from datetime import timedelta
+
+    before = ctx.now()
+    seconds = data["seconds"]
+    form = data.get("form", "sleep")
+    sleep_id = data.get("sleep_id")
+    fired_at = None
+    if form == "sleep":
+        ctx.sleep(seconds, sleep_id=sleep_id)
+    elif form == "timedelta":
+        ctx.sleep(timedelta(seconds=seconds), sleep_id=sleep_id)
+    elif form == "until":
+        ctx.sleep_until(before + timedelta(seconds=seconds), sleep_id=sleep_id)
+    else:
+        fired_at = ctx.new_timer(seconds, sleep_id=sleep_id).get(ctx).isoformat()
+    return {"before": before.isoformat(), "after": ctx.now().isoformat(), "fired_at": fired_at}
+
+
+@sv.workflow(name="wait.timer_handle")
+def wait_timer_handle(ctx: sv.WorkflowContext, data: dict[str, Any]) -> dict[str, Any]:
+    """new_timer, optionally a receive of "poke" while it is armed, then Timer.get twice."""
+    from datetime import timedelta
+
+    timer = ctx.new_timer(data["seconds"])
+    ready_before = timer.is_ready()
+    if data.get("poke"):
+        ctx.receive("poke")
+    fired_at = timer.get(ctx)
+    return {
+        "key": timer.key,
+        "ready_before": ready_before,
+        "fired_at": fired_at.isoformat(),
+        "utc": fired_at.utcoffset() == timedelta(0),
+        "ready_after": timer.is_ready(),
+        "get_again_equal": timer.get(ctx) == fired_at,
+    }
+
+
+@sv.workflow(name="wait.bad_duration")
+def wait_bad_duration(ctx: sv.WorkflowContext, kind: str) -> str:
+    """Issue a wait with a nonsensical duration (the run fails with TypeError/ValueError)."""
+    from datetime import datetime
+
+    if kind == "nan":
+        ctx.sleep(float("nan"))
+    elif kind == "inf_timeout":
+        ctx.receive_with_timeout("c", float("inf"))
+    elif kind == "string":
+        ctx.sleep("5")  # type: ignore[arg-type]
+    elif kind == "bool":
+        ctx.new_timer(True)
+    elif kind == "none":
+        ctx.sleep(None)  # type: ignore[arg-type]
+    elif kind == "naive_until":
+        ctx.sleep_until(datetime(2030, 1, 1))
+    elif kind == "until_not_datetime":
+        ctx.sleep_until(5)  # type: ignore[arg-type]
+    return "no error"
+
+
+@sv.workflow(name="wait.receive_timeout")
+def wait_receive_timeout(ctx: sv.WorkflowContext, data: dict[str, Any]) -> dict[str, Any]:
+    """receive_with_timeout on "c"; then, if ``then`` names a channel, receive from it."""
+    try:
+        got: Any = {"signal": ctx.receive_with_timeout("c", data["timeout"])}
+    except sv.ReceiveTimeout as error:
+        got = {"timeout": isinstance(error, TimeoutError)}
+    if data.get("then"):
+        got["then"] = ctx.receive(data["then"])
+    return got
+
+
+@sv.workflow(name="wait.condition")
+def wait_condition_flow(ctx: sv.WorkflowContext, _: Any) -> dict[str, Any]:
+    """Wait for either of two activities; report readiness before and after a receive."""
+    first = add.execute_async(ctx, {"a": 1, "b": 2})
+    second = wait_manual.execute_async(ctx, "manual")
+    ctx.wait_condition(lambda: first.is_ready() or second.is_ready())
+    seen: dict[str, Any] = {"first": first.is_ready(), "second": second.is_ready()}
+    ctx.receive("go")
+    seen["second_after_receive"] = second.is_ready()
+    seen["values"] = [first.get(ctx), second.get(ctx)]
+    return seen
+
+
+@sv.workflow(name="wait.get_no_batch")
+def wait_get_no_batch(ctx: sv.WorkflowContext, data: dict[str, Any]) -> dict[str, Any]:
+    """Timer.get returns a fire without delivering an activity result that arrived first."""
+    manual = wait_manual.execute_async(ctx, "m")
+    timer = ctx.new_timer(data["seconds"])
+    timer.get(ctx)
+    seen: dict[str, Any] = {"manual_after_get": manual.is_ready(), "timer": timer.is_ready()}
+    ctx.wait_condition(lambda: manual.is_ready())
+    seen["manual_after_condition"] = manual.is_ready()
+    seen["value"] = manual.get(ctx)
+    return seen
+
+
+@sv.workflow(name="wait.bad_predicate")
+def wait_bad_predicate(ctx: sv.WorkflowContext, mode: str) -> str:
+    """wait_condition with a None, command-issuing or raising predicate, error swallowed."""
+    predicate: Any
+    if mode == "none":
+        predicate = None
+    elif mode == "command":
+
+        def predicate() -> bool:
+            return ctx.now() is None
+
+    else:
+
+        def predicate() -> bool:
+            raise LookupError("the predicate broke")
+
+    try:
+        ctx.wait_condition(predicate)
+    except Exception as error:
+        return f"swallowed {type(error).__name__}"
+    return "returned"
+
+
+@sv.workflow(name="wait.time")
+def wait_time(ctx: sv.WorkflowContext, data: dict[str, Any]) -> list[str]:
+    """now() twice, sleep, now(), then a timer's fire: the values workflow code saw."""
+    values = [ctx.now(), ctx.now()]
+    ctx.sleep(data["seconds"])
+    values.append(ctx.now())
+    values.append(ctx.new_timer(data["seconds"]).get(ctx))
+    return [value.isoformat() for value in values]
+
+
+@sv.activity(name="wait.hold")
+def wait_hold(data: dict[str, Any]) -> str:
+    """Record a start, then wait (heartbeating) while the marker file exists."""
+    Ledger.objects.create(entry=f"started:{data['entry']}")
+    deadline = time.monotonic() + 60
+    while os.path.exists(data["hold_while"]) and time.monotonic() < deadline:
+        sv.heartbeat()
+        time.sleep(0.02)
+    return str(data["entry"])
+
+
+@sv.workflow(name="wait.receive_around_hold")
+def wait_receive_around_hold(ctx: sv.WorkflowContext, data: dict[str, Any]) -> list[Any]:
+    """Run wait.hold inline (the execution keeps its lease), then receive "during"."""
+    return [wait_hold.execute(ctx, data), ctx.receive("during")]
+
+
+def _crash_here(point: str) -> None:
+    """SIGKILL this process at ``point`` when the worker was started to crash there."""
+    import signal
+
+    if os.environ.get("SELVEDGE_WAIT_CRASH") == point:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+@sv.workflow(name="wait.crash_timer")
+def wait_crash_timer(ctx: sv.WorkflowContext, data: dict[str, Any]) -> str:
+    """Arm a timer, die before suspending (in the crashing worker), then wait for it."""
+    timer = ctx.new_timer(data["seconds"])
+    _crash_here("timer_reserved")
+    return timer.get(ctx).isoformat()
+
+
+@sv.workflow(name="wait.crash_receive")
+def wait_crash_receive(ctx: sv.WorkflowContext, _: Any) -> list[Any]:
+    """Receive twice from "c"; the crashing worker dies inside or right after the first."""
+    if os.environ.get("SELVEDGE_WAIT_CRASH") == "receive_mid_commit":
+        from django.db import connection
+
+        def die_after_consuming(execute: Any, sql: str, *args: Any) -> Any:
+            result = execute(sql, *args)
+            if sql.lstrip().upper().startswith("UPDATE") and "consumed_seq" in sql:
+                _crash_here("receive_mid_commit")  # inside the observation's transaction
+            return result
+
+        connection.execute_wrappers.append(die_after_consuming)
+    first = ctx.receive("c")
+    _crash_here("receive_committed")
+    return [first, ctx.receive("c")]
+
+
+@sv.workflow(name="wait.deadline")
+def wait_deadline(ctx: sv.WorkflowContext, _: Any) -> Any:
+    """Wait for wait.manual with a one-hour schedule-to-start timeout."""
+    options = sv.ActivityOptions(schedule_to_start_timeout=3600)
+    try:
+        return wait_manual.execute(ctx, "served", options=options)
+    except sv.ActivityTimeoutError as error:
+        return {"timeout": error.kind}
+
+
+@sv.workflow(name="child.catch_get")
+def child_catch_get(ctx: sv.WorkflowContext, _: Any) -> str:
+    """Catch a cancellation observed by a blocked child.get(), then wait before returning."""
+    child = ctx.start_child("child.waiter")
+    try:
+        child.get(ctx)
+        caught = "not cancelled"
+    except sv.WorkflowCancelled as error:
+        caught = error.reason
+    ctx.detached().receive("go")
+    return caught
