@@ -65,15 +65,19 @@ def run_until_idle(worker: Worker, max_rounds: int = 1000) -> int:
 
     Executions and activity attempts run inline, one at a time, so a test can
     advance a :class:`ControllableClock` between calls and observe each step.
-    Returns the number of units of work done.
+    Each round also records the activity timeouts that passed (the leader's
+    sweep), so advancing past a deadline is seen here too. Returns the number of
+    units of work done.
     """
     if worker.started:
         raise RuntimeError("run_until_idle drives an unstarted Worker")
     worker.resumptions.inline = True
     worker.activities.inline = True
+    limit = worker.settings.max_workflows_per_batch
     total = 0
     for _ in range(max_rounds):
         done = sum(loop.run_once() for loop in worker.work_loops())
+        done += worker.store.sweep_activity_timeouts(limit)
         total += done
         if done == 0:
             return total
