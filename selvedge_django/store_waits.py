@@ -394,11 +394,17 @@ class WaitStoreMixin(StoreBase):
         ``parent`` is (parent id, parent key) when known, None to read it.
         """
         if children:
-            running = list(
-                WorkflowInstance.objects.using(self.alias)
-                .filter(parent_instance_id=iid, status=WorkflowStatus.RUNNING)
-                .values_list("instance_id", flat=True)
-            )
+            # The partial index's own condition, repeated, and the status checked here:
+            # otherwise SQLite scans every running instance through the status index.
+            running = [
+                child_id
+                for child_id, child_status in WorkflowInstance.objects.using(self.alias)
+                .filter(parent_instance_id=iid)
+                .exclude(parent_instance_id="")
+                .order_by()
+                .values_list("instance_id", "status")
+                if child_status == WorkflowStatus.RUNNING
+            ]
             self._request_child_cancel(running, f"parent {iid} closed")
         if parent is None:
             parent = (
