@@ -210,11 +210,11 @@ def _quote(name: str) -> str:
 
 
 @contextlib.contextmanager
-def bench_database(db: str) -> Iterator[dict[str, str]]:
+def bench_database(db: str, settings_module: str = "bench.settings") -> Iterator[dict[str, str]]:
     """Set Django up on a fresh database, migrate it, and remove it afterwards."""
     if str(REPO_ROOT) not in sys.path[:1]:
         sys.path.insert(0, str(REPO_ROOT))
-    os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
+    os.environ["DJANGO_SETTINGS_MODULE"] = settings_module
     os.environ["SELVEDGE_BENCH_DB"] = db
     info: dict[str, str] = {"db": db}
     tmpdir: str | None = None

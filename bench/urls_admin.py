@@ -1,0 +1,6 @@
+"""URLs for ``bench_admin.py``: the admin site at ``/admin/``."""
+
+from django.contrib import admin
+from django.urls import path
+
+urlpatterns = [path("admin/", admin.site.urls)]

@@ -1,0 +1,899 @@
+"""The admin console: read-only models, actions through the operations layer.
+
+Nothing here edits a row by hand. Cancelling, signalling and exporting call the
+operations layer (the same code path as the client API and ``runselvedge``),
+need their own permission (``cancel_workflowinstance``, ``signal_workflowinstance``,
+``export_history``) besides view access, are POSTs with CSRF protection, and are
+written to the admin log. They exist as changelist actions (cancel and signal
+ask for the reason, or the channel and payload, on an intermediate page) and as
+buttons on an instance's page (extra URLs under the instance's own).
+
+Stored values are escaped and truncated wherever they are shown, and the
+changelist stays cheap on large tables: no per-row queries, no unbounded
+``SELECT DISTINCT`` for the filters, no full-table count.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import zipfile
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.contrib.admin.utils import quote, unquote
+from django.contrib.admin.views.main import ChangeList
+from django.core.exceptions import PermissionDenied
+from django.db.models import QuerySet
+from django.db.models.functions import Length, Substr
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBase,
+    HttpResponseNotAllowed,
+    HttpResponseRedirect,
+)
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils.html import format_html
+from django.utils.http import content_disposition_header
+
+from . import exceptions as exc
+from . import operations
+from .conf import get_settings
+from .models import (
+    ActivityTask,
+    HistoryEvent,
+    SignalMessage,
+    SystemLock,
+    TimerSubscription,
+    WorkflowInstance,
+    WorkflowStatus,
+)
+from .registry import registered_workflow_names
+
+# How much of a stored value is shown: a cell of a table, a value on the detail page.
+CELL_CHARS = 200
+VALUE_CHARS = 2000
+ID_CHARS = 80
+# Rows shown per section of the detail page; the export has everything.
+HISTORY_ROWS = 500
+SECTION_ROWS = 200
+# Most instances one changelist action handles at once.
+MAX_BATCH = 1000
+MAX_EXPORT = 100
+# Most workflow names the name filter lists (taken from the registry, not the table).
+MAX_FILTER_NAMES = 200
+
+APP = "selvedge_django"
+PERM_CANCEL = f"{APP}.cancel_workflowinstance"
+PERM_SIGNAL = f"{APP}.signal_workflowinstance"
+PERM_EXPORT = f"{APP}.export_history"
+TEMPLATE_DIR = "admin/selvedge_django/workflowinstance"
+
+_STATUS_LABELS = dict(WorkflowStatus.choices)
+_UNSAFE_FILENAME = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+# -- display helpers ------------------------------------------------------------------
+
+
+def truncate(text: str, limit: int) -> str:
+    """Return ``text`` cut to ``limit`` characters, marking the cut with an ellipsis."""
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
+def json_preview(value: Any, limit: int = VALUE_CHARS) -> str:
+    """Return a value as compact JSON text, truncated."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return truncate(text, limit)
+
+
+def error_summary(text: str | None, limit: int = CELL_CHARS) -> str:
+    """Return ``type: message`` of a stored error envelope, truncated."""
+    if not text:
+        return ""
+    try:
+        env = json.loads(text)
+    except ValueError:
+        return truncate(text, limit)
+    if not isinstance(env, dict):
+        return truncate(text, limit)
+    summary = f"{env.get('type') or 'Error'}: {env.get('message') or ''}"
+    last = (env.get("fields") or {}).get("last_error")
+    if isinstance(last, dict):
+        summary += f" (last error {last.get('type') or 'Error'}: {last.get('message') or ''})"
+    return truncate(summary, limit)
+
+
+def safe_filename(instance_id: str) -> str:
+    """Return a file name fragment built from an instance id (no path characters)."""
+    return _UNSAFE_FILENAME.sub("_", instance_id).strip("._")[:80] or "instance"
+
+
+def _ms_datetime(ms: int | None) -> datetime | None:
+    return None if ms is None else datetime.fromtimestamp(ms / 1000, UTC)
+
+
+def _alias() -> str:
+    return get_settings().database
+
+
+# -- forms --------------------------------------------------------------------------------
+
+
+class CancelForm(forms.Form):
+    """The reason given with a cancellation request."""
+
+    reason = forms.CharField(
+        required=False,
+        max_length=10_000,
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
+        help_text="Recorded with the request and shown to the workflow as the reason.",
+    )
+
+
+class SignalForm(forms.Form):
+    """A signal's channel and JSON payload, validated as the client API does."""
+
+    channel = forms.CharField(
+        strip=False,
+        max_length=255,
+        help_text="1 to 255 UTF-8 bytes.",
+        widget=forms.TextInput(attrs={"size": 60}),
+    )
+    payload = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 6, "cols": 60}),
+        help_text="A JSON value; leave empty to send null.",
+    )
+
+    def clean_channel(self) -> str:
+        channel: str = self.cleaned_data["channel"]
+        if not 1 <= len(channel.encode("utf-8")) <= 255:
+            raise forms.ValidationError("The channel must contain 1 to 255 UTF-8 bytes.")
+        return channel
+
+    def clean_payload(self) -> Any:
+        text: str = self.cleaned_data.get("payload") or ""
+        if not text.strip():
+            return None
+        try:
+            return json.loads(text)
+        except (ValueError, RecursionError) as error:
+            raise forms.ValidationError(
+                "The payload is not valid JSON: %(error)s",
+                params={"error": truncate(str(error), CELL_CHARS)},
+            )
+
+
+# -- filters ------------------------------------------------------------------------------
+
+
+class WorkflowNameFilter(admin.SimpleListFilter):
+    """Filter by exact workflow name; the choices come from the workflow registry.
+
+    Listing the names stored in the table would need a ``SELECT DISTINCT`` over
+    every instance on each changelist load. The registry is what this process
+    can run; any other name still filters through ``?workflow_name=...``.
+    """
+
+    title = "workflow name"
+    parameter_name = "workflow_name"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        names = registered_workflow_names()[:MAX_FILTER_NAMES]
+        current = self.value()
+        if current and current not in names:
+            names = [current, *names]
+        return [(name, truncate(name, ID_CHARS)) for name in names]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        return queryset.filter(workflow_name=value) if value else queryset
+
+
+class InstanceChangeList(ChangeList):
+    """The changelist, without loading the (possibly large) stored values of each row."""
+
+    def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet[Any]:
+        qs = super().get_queryset(request, exclude_parameters)
+        return qs.defer("input", "output", "error", "cancel_reason")
+
+
+# -- shared admin behaviour -----------------------------------------------------------
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Views only: nothing is added, changed or deleted by hand."""
+
+    show_full_result_count = False
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        return super().get_queryset(request).using(_alias())
+
+    def instance_url(self, instance_id: str) -> str:
+        return reverse(
+            f"{self.admin_site.name}:{APP}_workflowinstance_change", args=(quote(instance_id),)
+        )
+
+    def instance_link(self, instance_id: str) -> str:
+        if not instance_id:
+            return ""
+        return format_html(
+            '<a href="{}">{}</a>', self.instance_url(instance_id), truncate(instance_id, ID_CHARS)
+        )
+
+
+# -- workflow instances -------------------------------------------------------------------
+
+
+@admin.register(WorkflowInstance)
+class WorkflowInstanceAdmin(ReadOnlyAdmin):
+    """Instances: list, detail (history, tasks, timers, signals, children) and actions."""
+
+    list_display = (
+        "instance",
+        "workflow",
+        "status",
+        "cancel_requested",
+        "started_at",
+        "updated_at",
+        "closed_at",
+        "parent",
+    )
+    list_display_links = ("instance",)
+    list_filter = ("status", WorkflowNameFilter, ("started_at", admin.DateFieldListFilter))
+    search_fields = ("instance_id",)
+    search_help_text = "An exact instance id, or part of one (ignoring case)."
+    ordering = ("-started_at", "-instance_id")
+    list_per_page = 100
+    actions = ("cancel_instances", "signal_instances", "export_instances")
+    change_form_template = f"{TEMPLATE_DIR}/change_form.html"
+    action_template = f"{TEMPLATE_DIR}/action.html"
+    fieldsets = (
+        (
+            "Description",
+            {
+                "fields": (
+                    "instance_id",
+                    "workflow_name",
+                    "status",
+                    "cancel_requested",
+                    "reason",
+                    "parent",
+                    "parent_key",
+                    "service_name",
+                    "current_step",
+                    "started_at",
+                    "updated_at",
+                    "closed_at",
+                )
+            },
+        ),
+        ("Values", {"fields": ("input_value", "output_value", "error_value")}),
+        ("Execution lease", {"fields": ("runnable", "lease_owner", "lease_epoch", "lease_expiry")}),
+    )
+    readonly_fields = (
+        *fieldsets[0][1]["fields"],
+        *fieldsets[1][1]["fields"],
+        *fieldsets[2][1]["fields"],
+    )
+
+    # -- permissions ------------------------------------------------------------------
+
+    def has_cancel_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.has_perm(PERM_CANCEL)
+
+    def has_signal_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.has_perm(PERM_SIGNAL)
+
+    def has_export_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.has_perm(PERM_EXPORT)
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return InstanceChangeList
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
+    ) -> tuple[QuerySet[Any], bool]:
+        # A pasted id is found through the primary key; only other terms scan the ids.
+        term = search_term.strip()
+        if term and len(term) <= 255:
+            exact = queryset.filter(instance_id=term)
+            if exact.exists():
+                return exact, False
+        return super().get_search_results(request, queryset, search_term)
+
+    # -- columns and fields -----------------------------------------------------------
+
+    @admin.display(description="instance id", ordering="instance_id")
+    def instance(self, obj: WorkflowInstance) -> str:
+        return truncate(obj.instance_id, ID_CHARS)
+
+    @admin.display(description="workflow name", ordering="workflow_name")
+    def workflow(self, obj: WorkflowInstance) -> str:
+        return truncate(obj.workflow_name, ID_CHARS)
+
+    @admin.display(description="parent")
+    def parent(self, obj: WorkflowInstance) -> str | None:
+        return self.instance_link(obj.parent_instance_id) or None
+
+    @admin.display(description="cancel reason")
+    def reason(self, obj: WorkflowInstance) -> str | None:
+        return truncate(obj.cancel_reason, VALUE_CHARS) or None
+
+    @admin.display(description="input")
+    def input_value(self, obj: WorkflowInstance) -> str:
+        return format_html("<code>{}</code>", json_preview(obj.input))
+
+    @admin.display(description="output")
+    def output_value(self, obj: WorkflowInstance) -> str | None:
+        if obj.output is None:
+            return None
+        return format_html("<code>{}</code>", truncate(obj.output, VALUE_CHARS))
+
+    @admin.display(description="error")
+    def error_value(self, obj: WorkflowInstance) -> str | None:
+        if not obj.error:
+            return None
+        return format_html(
+            "<strong>{}</strong><br><code>{}</code>",
+            error_summary(obj.error, VALUE_CHARS),
+            truncate(obj.error, VALUE_CHARS),
+        )
+
+    @admin.display(description="lease expires")
+    def lease_expiry(self, obj: WorkflowInstance) -> datetime | None:
+        return _ms_datetime(obj.lease_expires_ms)
+
+    # -- the detail page --------------------------------------------------------------
+
+    def render_change_form(
+        self,
+        request: HttpRequest,
+        context: dict[str, Any],
+        add: bool = False,
+        change: bool = False,
+        form_url: str = "",
+        obj: Any = None,
+    ) -> HttpResponse:
+        if obj is not None:
+            context["selvedge"] = self.detail_context(request, obj)
+        return super().render_change_form(request, context, add, change, form_url, obj)
+
+    def detail_context(self, request: HttpRequest, obj: WorkflowInstance) -> dict[str, Any]:
+        """Gather what the detail page shows below the description, in bounded queries."""
+        alias = _alias()
+        iid = obj.instance_id
+        running = obj.status == WorkflowStatus.RUNNING
+        threshold = get_settings().history_warning_threshold
+
+        history_count = HistoryEvent.objects.using(alias).filter(instance_id=iid).count()
+        rows = (
+            HistoryEvent.objects.using(alias)
+            .filter(instance_id=iid)
+            .order_by("id")
+            .annotate(data_head=Substr("data", 1, CELL_CHARS + 1))
+            .annotate(reservation_head=Substr("reservation", 1, CELL_CHARS + 1))
+            .values_list(
+                "seq",
+                "key",
+                "command",
+                "event_type",
+                "data_head",
+                "reservation_head",
+                "delivered_seq",
+            )[:HISTORY_ROWS]
+        )
+        history = [
+            {
+                "seq": seq,
+                "key": truncate(key, ID_CHARS),
+                "command": command,
+                "event_type": event_type,
+                "data": None if data is None else truncate(data, CELL_CHARS),
+                "reservation": None if reservation is None else truncate(reservation, CELL_CHARS),
+                "delivered_seq": delivered,
+            }
+            for seq, key, command, event_type, data, reservation, delivered in rows
+        ]
+
+        tasks = [
+            {
+                "key": truncate(task.key, ID_CHARS),
+                "name": truncate(task.name, ID_CHARS),
+                "queue": truncate(task.queue, ID_CHARS),
+                "status": task.get_status_display(),
+                "attempts": task.attempts,
+                "failures": task.failures,
+                "max_attempts": task.max_attempts,
+                "last_error": error_summary(task.last_error),
+            }
+            for task in ActivityTask.objects.using(alias)
+            .filter(instance_id=iid)
+            .order_by("seq", "id")
+            .only(
+                "key",
+                "name",
+                "queue",
+                "status",
+                "attempts",
+                "failures",
+                "max_attempts",
+                "last_error",
+            )[:SECTION_ROWS]
+        ]
+
+        timers = [
+            {"key": truncate(key, ID_CHARS), "expires_at": expires_at, "fired": fired}
+            for key, expires_at, fired in TimerSubscription.objects.using(alias)
+            .filter(instance_id=iid)
+            .order_by("expires_at", "id")
+            .values_list("key", "expires_at", "fired")[:SECTION_ROWS]
+        ]
+
+        signals = [
+            {
+                "id": sid,
+                "channel": truncate(channel, ID_CHARS),
+                "sent_at": sent_at,
+                "delivered_seq": delivered,
+                "consumed_seq": consumed,
+                "consumed_key": truncate(consumed_key, ID_CHARS),
+                "payload": truncate(head or "", CELL_CHARS),
+                "size": size,
+            }
+            for sid, channel, sent_at, delivered, consumed, consumed_key, head, size in (
+                SignalMessage.objects.using(alias)
+                .filter(instance_id=iid)
+                .order_by("id")
+                .annotate(head=Substr("payload", 1, CELL_CHARS + 1), size=Length("payload"))
+                .values_list(
+                    "id",
+                    "channel",
+                    "sent_at",
+                    "delivered_seq",
+                    "consumed_seq",
+                    "consumed_key",
+                    "head",
+                    "size",
+                )[:SECTION_ROWS]
+            )
+        ]
+
+        children = [
+            {
+                "url": self.instance_url(child_id),
+                "instance_id": truncate(child_id, ID_CHARS),
+                "workflow_name": truncate(name, ID_CHARS),
+                "status": _STATUS_LABELS.get(status, status),
+                "parent_key": truncate(key, ID_CHARS),
+            }
+            for child_id, name, status, key in WorkflowInstance.objects.using(alias)
+            .filter(parent_instance_id=iid)
+            # Spelled as the partial index's condition, so SQLite can use that index.
+            .exclude(parent_instance_id="")
+            .order_by("started_at", "instance_id")
+            .values_list("instance_id", "workflow_name", "status", "parent_key")[:SECTION_ROWS]
+        ]
+
+        quoted = quote(iid)
+        site = self.admin_site.name
+        return {
+            "history": history,
+            "history_count": history_count,
+            "history_truncated": history_count > len(history),
+            "history_warning": history_count > threshold,
+            "history_threshold": threshold,
+            "tasks": tasks,
+            "timers": timers,
+            "signals": signals,
+            "children": children,
+            "section_rows": SECTION_ROWS,
+            "parent_url": self.instance_url(obj.parent_instance_id)
+            if obj.parent_instance_id
+            else "",
+            "cancel_url": reverse(f"{site}:{APP}_workflowinstance_cancel", args=(quoted,))
+            if running and self.has_cancel_permission(request)
+            else "",
+            "signal_url": reverse(f"{site}:{APP}_workflowinstance_signal", args=(quoted,))
+            if running and self.has_signal_permission(request)
+            else "",
+            "export_url": reverse(f"{site}:{APP}_workflowinstance_export", args=(quoted,))
+            if self.has_export_permission(request)
+            else "",
+        }
+
+    # -- per-instance action views ----------------------------------------------------
+
+    def get_urls(self) -> list[URLPattern]:
+        info = (self.opts.app_label, self.opts.model_name)
+        view = self.admin_site.admin_view
+        # Before the defaults: their "<path:object_id>/" catch-all would match first.
+        return [
+            path(
+                "<path:object_id>/cancel/",
+                view(self.cancel_view),
+                name="{}_{}_cancel".format(*info),
+            ),
+            path(
+                "<path:object_id>/signal/",
+                view(self.signal_view),
+                name="{}_{}_signal".format(*info),
+            ),
+            path(
+                "<path:object_id>/export/",
+                view(self.export_view),
+                name="{}_{}_export".format(*info),
+            ),
+            *super().get_urls(),
+        ]
+
+    def _action_object(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        allowed: Callable[[HttpRequest], bool],
+    ) -> WorkflowInstance:
+        if not (self.has_view_permission(request) and allowed(request)):
+            raise PermissionDenied
+        obj = self.get_object(request, unquote(object_id))
+        if obj is None:
+            raise Http404("No workflow instance with this id.")
+        return obj
+
+    def cancel_view(self, request: HttpRequest, object_id: str) -> HttpResponseBase:
+        """Ask for a reason (GET), then request cancellation (POST)."""
+        if request.method not in ("GET", "POST"):
+            return HttpResponseNotAllowed(["GET", "POST"])
+        obj = self._action_object(request, object_id, self.has_cancel_permission)
+        form = CancelForm(request.POST if request.method == "POST" else None)
+        if form.is_bound and form.is_valid():
+            try:
+                self.perform_cancel(request, obj, form.cleaned_data)
+            except exc.SelvedgeError as error:
+                form.add_error(None, truncate(str(error), VALUE_CHARS))
+            else:
+                self.message_user(
+                    request,
+                    f"Cancellation requested for {truncate(obj.instance_id, ID_CHARS)}.",
+                    messages.SUCCESS,
+                )
+                return HttpResponseRedirect(self.instance_url(obj.instance_id))
+        return self.render_action_page(
+            request,
+            form,
+            title="Cancel workflow instance",
+            intro="Request cancellation of this instance; it stops at its next wait.",
+            submit="Request cancellation",
+            objects=[obj],
+            object_url=self.instance_url(obj.instance_id),
+        )
+
+    def signal_view(self, request: HttpRequest, object_id: str) -> HttpResponseBase:
+        """Ask for a channel and JSON payload (GET), then send the signal (POST)."""
+        if request.method not in ("GET", "POST"):
+            return HttpResponseNotAllowed(["GET", "POST"])
+        obj = self._action_object(request, object_id, self.has_signal_permission)
+        form = SignalForm(request.POST if request.method == "POST" else None)
+        if form.is_bound and form.is_valid():
+            try:
+                self.perform_signal(request, obj, form.cleaned_data)
+            except exc.SelvedgeError as error:
+                form.add_error(None, truncate(str(error), VALUE_CHARS))
+            else:
+                self.message_user(
+                    request,
+                    f"Signal sent to {truncate(obj.instance_id, ID_CHARS)} on channel "
+                    f"{truncate(form.cleaned_data['channel'], ID_CHARS)!r}.",
+                    messages.SUCCESS,
+                )
+                return HttpResponseRedirect(self.instance_url(obj.instance_id))
+        return self.render_action_page(
+            request,
+            form,
+            title="Send a signal",
+            intro="Append a signal to this instance's inbox and wake it.",
+            submit="Send signal",
+            objects=[obj],
+            object_url=self.instance_url(obj.instance_id),
+        )
+
+    def export_view(self, request: HttpRequest, object_id: str) -> HttpResponseBase:
+        """Download the instance's history as ``selvedge.history/v1`` JSON (POST only)."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        obj = self._action_object(request, object_id, self.has_export_permission)
+        try:
+            text = self.perform_export(request, obj)
+        except exc.WorkflowNotFound:
+            raise Http404("No workflow instance with this id.")
+        return self.download(text, f"selvedge-history-{safe_filename(obj.instance_id)}.json")
+
+    # -- the operations, each logged ---------------------------------------------------
+
+    def perform_cancel(
+        self, request: HttpRequest, obj: WorkflowInstance, data: dict[str, Any]
+    ) -> None:
+        reason = data.get("reason") or ""
+        operations.cancel_workflow(obj.instance_id, reason)
+        self.log_change(request, obj, f"Requested cancellation. Reason: {reason!r}")
+
+    def perform_signal(
+        self, request: HttpRequest, obj: WorkflowInstance, data: dict[str, Any]
+    ) -> None:
+        operations.signal(obj.instance_id, data["channel"], data["payload"])
+        # The payload stays out of the log, as it stays out of history exports.
+        self.log_change(request, obj, f"Sent a signal on channel {data['channel']!r}.")
+
+    def perform_export(self, request: HttpRequest, obj: WorkflowInstance) -> str:
+        from .history import export_history
+
+        text = export_history(obj.instance_id).to_json(indent=2)
+        self.log_change(request, obj, "Exported the history.")
+        return text
+
+    @staticmethod
+    def download(content: str | bytes, filename: str, content_type: str = "") -> HttpResponse:
+        response = HttpResponse(
+            content, content_type=content_type or "application/json; charset=utf-8"
+        )
+        response["Content-Disposition"] = content_disposition_header(True, filename)
+        response["X-Content-Type-Options"] = "nosniff"
+        return response
+
+    # -- changelist actions ------------------------------------------------------------
+
+    @admin.action(description="Cancel selected instances\u2026", permissions=["cancel"])
+    def cancel_instances(self, request: HttpRequest, queryset: QuerySet[Any]) -> Any:
+        if not self.has_cancel_permission(request):
+            raise PermissionDenied
+        return self.bulk_action(
+            request,
+            queryset,
+            "cancel_instances",
+            CancelForm,
+            self.perform_cancel,
+            title="Cancel workflow instances",
+            intro="Request cancellation of these instances; each stops at its next wait.",
+            submit="Request cancellation",
+            done="Cancellation requested for %d instance(s).",
+        )
+
+    @admin.action(description="Send a signal to selected instances\u2026", permissions=["signal"])
+    def signal_instances(self, request: HttpRequest, queryset: QuerySet[Any]) -> Any:
+        if not self.has_signal_permission(request):
+            raise PermissionDenied
+        return self.bulk_action(
+            request,
+            queryset,
+            "signal_instances",
+            SignalForm,
+            self.perform_signal,
+            title="Send a signal",
+            intro="Append the same signal to each of these instances' inboxes.",
+            submit="Send signal",
+            done="Signal sent to %d instance(s).",
+        )
+
+    @admin.action(description="Export history of selected instances", permissions=["export"])
+    def export_instances(self, request: HttpRequest, queryset: QuerySet[Any]) -> Any:
+        if not self.has_export_permission(request):
+            raise PermissionDenied
+        targets = list(queryset.only("instance_id")[: MAX_EXPORT + 1])
+        if len(targets) > MAX_EXPORT:
+            self.message_user(
+                request, f"Export at most {MAX_EXPORT} instances at a time.", messages.ERROR
+            )
+            return None
+        exported: list[tuple[WorkflowInstance, str]] = []
+        for obj in targets:
+            try:
+                exported.append((obj, self.perform_export(request, obj)))
+            except exc.WorkflowNotFound:
+                continue
+        if not exported:
+            self.message_user(request, "Nothing to export.", messages.WARNING)
+            return None
+        if len(exported) == 1:
+            obj, text = exported[0]
+            return self.download(text, f"selvedge-history-{safe_filename(obj.instance_id)}.json")
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+            for number, (obj, text) in enumerate(exported, 1):
+                archive.writestr(f"{number:03d}-{safe_filename(obj.instance_id)}.json", text)
+        return self.download(buffer.getvalue(), "selvedge-histories.zip", "application/zip")
+
+    def bulk_action(
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[Any],
+        action: str,
+        form_class: type[forms.Form],
+        perform: Callable[[HttpRequest, WorkflowInstance, dict[str, Any]], None],
+        *,
+        title: str,
+        intro: str,
+        submit: str,
+        done: str,
+    ) -> HttpResponseBase | None:
+        """Show the action's form for the selection, then apply it to each instance."""
+        targets = list(queryset.only("instance_id", "status")[: MAX_BATCH + 1])
+        if len(targets) > MAX_BATCH:
+            self.message_user(
+                request, f"Select at most {MAX_BATCH} instances at a time.", messages.ERROR
+            )
+            return None
+        form = form_class(request.POST if "apply" in request.POST else None)
+        if form.is_bound and form.is_valid():
+            applied = 0
+            failed: list[str] = []
+            for obj in targets:
+                try:
+                    perform(request, obj, form.cleaned_data)
+                except exc.SelvedgeError as error:
+                    failed.append(truncate(str(error), CELL_CHARS))
+                else:
+                    applied += 1
+            if applied:
+                self.message_user(request, done % applied, messages.SUCCESS)
+            if failed:
+                shown = "; ".join(failed[:5]) + ("; \u2026" if len(failed) > 5 else "")
+                self.message_user(
+                    request, f"{len(failed)} instance(s) skipped: {shown}", messages.WARNING
+                )
+            return None
+        hidden = [("action", action), ("select_across", request.POST.get("select_across", "0"))]
+        hidden += [
+            (helpers.ACTION_CHECKBOX_NAME, pk)
+            for pk in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)
+        ]
+        return self.render_action_page(
+            request,
+            form,
+            title=title,
+            intro=intro,
+            submit=submit,
+            objects=targets,
+            hidden=hidden,
+        )
+
+    def render_action_page(
+        self,
+        request: HttpRequest,
+        form: forms.Form,
+        *,
+        title: str,
+        intro: str,
+        submit: str,
+        objects: Iterable[WorkflowInstance],
+        object_url: str = "",
+        hidden: list[tuple[str, str]] | None = None,
+    ) -> TemplateResponse:
+        """Render an action's form page (per instance, or the changelist's intermediate page)."""
+        objects = list(objects)
+        changelist_url = reverse(f"{self.admin_site.name}:{APP}_workflowinstance_changelist")
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": title,
+            "intro": intro,
+            "submit": submit,
+            "form": form,
+            "targets": [
+                {
+                    "url": self.instance_url(obj.instance_id),
+                    "label": truncate(obj.instance_id, ID_CHARS),
+                }
+                for obj in objects[:50]
+            ],
+            "more_targets": max(0, len(objects) - 50),
+            "object_url": object_url,
+            "object_label": truncate(objects[0].instance_id, ID_CHARS) if object_url else "",
+            "back_url": object_url or request.get_full_path() or changelist_url,
+            "hidden": [*(hidden or []), ("apply", "1")],
+            "media": self.media + form.media,
+        }
+        request.current_app = self.admin_site.name
+        return TemplateResponse(request, self.action_template, context)
+
+
+# -- activity tasks and locks ---------------------------------------------------------
+
+
+@admin.register(ActivityTask)
+class ActivityTaskAdmin(ReadOnlyAdmin):
+    """Activity tasks across instances; search by exact instance id."""
+
+    list_display = (
+        "task",
+        "instance_column",
+        "name",
+        "queue",
+        "status",
+        "attempts",
+        "failures",
+        "updated_at",
+    )
+    list_display_links = ("task",)
+    list_filter = ("status",)
+    search_fields = ("instance__instance_id",)
+    search_help_text = "Exact instance id."
+    ordering = ("-id",)
+    fields = (
+        "instance_column",
+        "workflow_name",
+        "key",
+        "seq",
+        "name",
+        "queue",
+        "status",
+        "attempts",
+        "failures",
+        "max_attempts",
+        "options_value",
+        "input_value",
+        "error_value",
+        "created_at",
+        "updated_at",
+    )
+    readonly_fields = fields
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
+    ) -> tuple[QuerySet[Any], bool]:
+        # An exact match uses the (instance, key) index; a partial one would scan every task.
+        term = search_term.strip()
+        return (queryset.filter(instance_id=term) if term else queryset), False
+
+    @admin.display(description="task", ordering="key")
+    def task(self, obj: ActivityTask) -> str:
+        return truncate(obj.key, ID_CHARS)
+
+    @admin.display(description="instance")
+    def instance_column(self, obj: ActivityTask) -> str:
+        return self.instance_link(obj.instance_id)
+
+    @admin.display(description="options")
+    def options_value(self, obj: ActivityTask) -> str:
+        return format_html("<code>{}</code>", json_preview(obj.options))
+
+    @admin.display(description="input")
+    def input_value(self, obj: ActivityTask) -> str:
+        return format_html("<code>{}</code>", truncate(obj.input, VALUE_CHARS))
+
+    @admin.display(description="last error")
+    def error_value(self, obj: ActivityTask) -> str:
+        return error_summary(obj.last_error, VALUE_CHARS)
+
+
+@admin.register(SystemLock)
+class SystemLockAdmin(ReadOnlyAdmin):
+    """Named leases (the leader's among them): who holds them and until when."""
+
+    list_display = ("name", "owner", "epoch", "expires")
+    fields = ("name", "owner", "epoch", "expires")
+    readonly_fields = fields
+
+    @admin.display(description="expires", ordering="expires_ms")
+    def expires(self, obj: SystemLock) -> datetime | None:
+        return _ms_datetime(obj.expires_ms or None)
