@@ -237,7 +237,8 @@ class Command(BaseCommand):
                 replay_history(load())
             except exc.SelvedgeError as error:
                 failures.append(label)
-                self.stdout.write(f"DIVERGED {label}: {error}")
+                unreadable = isinstance(error, exc.UnsupportedHistoryFormat)
+                self.stdout.write(f"{'INVALID' if unreadable else 'DIVERGED'} {label}: {error}")
                 cause = getattr(error, "divergence", None)
                 if cause is not None and cause is not error:
                     self.stdout.write(f"    {type(cause).__name__}: {cause}")
