@@ -9,7 +9,8 @@ test client as a superuser and prints, per page, the SQL statements it ran and
 its response time (median and best of R loads after one warm-up load):
 
 * the plain changelist (newest first, 100 rows);
-* filtered by status, by workflow name and by start date;
+* filtered by status, by workflow name and by start date, and sorted by the
+  other indexed columns (workflow name, close time);
 * searched by a full instance id and by a fragment of one;
 * the detail page of one instance.
 
@@ -142,6 +143,8 @@ def run_one(db: str, count: int, repeat: int, show_sql: bool) -> None:
             ("workflow name", f"{CHANGELIST}?workflow_name=bench.payment"),
             ("started, past 7 days", f"{CHANGELIST}?started_at__gte={since}"),
             ("status + name", f"{CHANGELIST}?status__exact=failed&workflow_name=bench.refund"),
+            ("sorted by name", f"{CHANGELIST}?o=2"),
+            ("sorted by close time", f"{CHANGELIST}?o=-7"),
             ("search, full id", f"{CHANGELIST}?q={quote_plus(sample)}"),
             ("search, fragment", f"{CHANGELIST}?q={quote_plus(sample[6:12])}"),
             ("detail page", f"{CHANGELIST}{quote(sample)}/change/"),

@@ -16,11 +16,9 @@ changelist stays cheap on large tables: no per-row queries, no unbounded
 from __future__ import annotations
 
 import io
-import json
-import re
 import zipfile
 from collections.abc import Callable, Iterable
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from django import forms
@@ -30,7 +28,6 @@ from django.contrib.admin.utils import quote, unquote
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
-from django.db.models.functions import Length, Substr
 from django.http import (
     Http404,
     HttpRequest,
@@ -46,168 +43,32 @@ from django.utils.http import content_disposition_header
 
 from . import exceptions as exc
 from . import operations
-from .conf import get_settings
-from .models import (
-    ActivityTask,
-    HistoryEvent,
-    SignalMessage,
-    SystemLock,
-    TimerSubscription,
-    WorkflowInstance,
-    WorkflowStatus,
+from .admin_support import (
+    CELL_CHARS,
+    ID_CHARS,
+    MAX_BATCH,
+    MAX_EXPORT,
+    VALUE_CHARS,
+    CancelForm,
+    InstanceChangeList,
+    SignalForm,
+    WorkflowNameFilter,
+    database_alias,
+    error_summary,
+    instance_sections,
+    json_preview,
+    ms_datetime,
+    safe_filename,
+    truncate,
 )
-from .registry import registered_workflow_names
-
-# How much of a stored value is shown: a cell of a table, a value on the detail page.
-CELL_CHARS = 200
-VALUE_CHARS = 2000
-ID_CHARS = 80
-# Rows shown per section of the detail page; the export has everything.
-HISTORY_ROWS = 500
-SECTION_ROWS = 200
-# Most instances one changelist action handles at once.
-MAX_BATCH = 1000
-MAX_EXPORT = 100
-# Most workflow names the name filter lists (taken from the registry, not the table).
-MAX_FILTER_NAMES = 200
+from .conf import get_settings
+from .models import ActivityTask, SystemLock, WorkflowInstance, WorkflowStatus
 
 APP = "selvedge_django"
 PERM_CANCEL = f"{APP}.cancel_workflowinstance"
 PERM_SIGNAL = f"{APP}.signal_workflowinstance"
 PERM_EXPORT = f"{APP}.export_history"
 TEMPLATE_DIR = "admin/selvedge_django/workflowinstance"
-
-_STATUS_LABELS = dict(WorkflowStatus.choices)
-_UNSAFE_FILENAME = re.compile(r"[^A-Za-z0-9._-]+")
-
-
-# -- display helpers ------------------------------------------------------------------
-
-
-def truncate(text: str, limit: int) -> str:
-    """Return ``text`` cut to ``limit`` characters, marking the cut with an ellipsis."""
-    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
-
-
-def json_preview(value: Any, limit: int = VALUE_CHARS) -> str:
-    """Return a value as compact JSON text, truncated."""
-    try:
-        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
-    except (TypeError, ValueError):
-        text = repr(value)
-    return truncate(text, limit)
-
-
-def error_summary(text: str | None, limit: int = CELL_CHARS) -> str:
-    """Return ``type: message`` of a stored error envelope, truncated."""
-    if not text:
-        return ""
-    try:
-        env = json.loads(text)
-    except ValueError:
-        return truncate(text, limit)
-    if not isinstance(env, dict):
-        return truncate(text, limit)
-    summary = f"{env.get('type') or 'Error'}: {env.get('message') or ''}"
-    last = (env.get("fields") or {}).get("last_error")
-    if isinstance(last, dict):
-        summary += f" (last error {last.get('type') or 'Error'}: {last.get('message') or ''})"
-    return truncate(summary, limit)
-
-
-def safe_filename(instance_id: str) -> str:
-    """Return a file name fragment built from an instance id (no path characters)."""
-    return _UNSAFE_FILENAME.sub("_", instance_id).strip("._")[:80] or "instance"
-
-
-def _ms_datetime(ms: int | None) -> datetime | None:
-    return None if ms is None else datetime.fromtimestamp(ms / 1000, UTC)
-
-
-def _alias() -> str:
-    return get_settings().database
-
-
-# -- forms --------------------------------------------------------------------------------
-
-
-class CancelForm(forms.Form):
-    """The reason given with a cancellation request."""
-
-    reason = forms.CharField(
-        required=False,
-        max_length=10_000,
-        widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
-        help_text="Recorded with the request and shown to the workflow as the reason.",
-    )
-
-
-class SignalForm(forms.Form):
-    """A signal's channel and JSON payload, validated as the client API does."""
-
-    channel = forms.CharField(
-        strip=False,
-        max_length=255,
-        help_text="1 to 255 UTF-8 bytes.",
-        widget=forms.TextInput(attrs={"size": 60}),
-    )
-    payload = forms.CharField(
-        required=False,
-        widget=forms.Textarea(attrs={"rows": 6, "cols": 60}),
-        help_text="A JSON value; leave empty to send null.",
-    )
-
-    def clean_channel(self) -> str:
-        channel: str = self.cleaned_data["channel"]
-        if not 1 <= len(channel.encode("utf-8")) <= 255:
-            raise forms.ValidationError("The channel must contain 1 to 255 UTF-8 bytes.")
-        return channel
-
-    def clean_payload(self) -> Any:
-        text: str = self.cleaned_data.get("payload") or ""
-        if not text.strip():
-            return None
-        try:
-            return json.loads(text)
-        except (ValueError, RecursionError) as error:
-            raise forms.ValidationError(
-                "The payload is not valid JSON: %(error)s",
-                params={"error": truncate(str(error), CELL_CHARS)},
-            )
-
-
-# -- filters ------------------------------------------------------------------------------
-
-
-class WorkflowNameFilter(admin.SimpleListFilter):
-    """Filter by exact workflow name; the choices come from the workflow registry.
-
-    Listing the names stored in the table would need a ``SELECT DISTINCT`` over
-    every instance on each changelist load. The registry is what this process
-    can run; any other name still filters through ``?workflow_name=...``.
-    """
-
-    title = "workflow name"
-    parameter_name = "workflow_name"
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        names = registered_workflow_names()[:MAX_FILTER_NAMES]
-        current = self.value()
-        if current and current not in names:
-            names = [current, *names]
-        return [(name, truncate(name, ID_CHARS)) for name in names]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        value = self.value()
-        return queryset.filter(workflow_name=value) if value else queryset
-
-
-class InstanceChangeList(ChangeList):
-    """The changelist, without loading the (possibly large) stored values of each row."""
-
-    def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet[Any]:
-        qs = super().get_queryset(request, exclude_parameters)
-        return qs.defer("input", "output", "error", "cancel_reason")
 
 
 # -- shared admin behaviour -----------------------------------------------------------
@@ -228,7 +89,7 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
-        return super().get_queryset(request).using(_alias())
+        return super().get_queryset(request).using(database_alias())
 
     def instance_url(self, instance_id: str) -> str:
         return reverse(
@@ -261,6 +122,8 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
         "parent",
     )
     list_display_links = ("instance",)
+    # Only the columns an index can order: sorting 100,000 rows by anything else is slow.
+    sortable_by = ("instance", "workflow", "started_at", "closed_at")
     list_filter = ("status", WorkflowNameFilter, ("started_at", admin.DateFieldListFilter))
     search_fields = ("instance_id",)
     search_help_text = "An exact instance id, or part of one (ignoring case)."
@@ -363,7 +226,7 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
 
     @admin.display(description="lease expires")
     def lease_expiry(self, obj: WorkflowInstance) -> datetime | None:
-        return _ms_datetime(obj.lease_expires_ms)
+        return ms_datetime(obj.lease_expires_ms)
 
     # -- the detail page --------------------------------------------------------------
 
@@ -382,133 +245,18 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
 
     def detail_context(self, request: HttpRequest, obj: WorkflowInstance) -> dict[str, Any]:
         """Gather what the detail page shows below the description, in bounded queries."""
-        alias = _alias()
+        alias = database_alias()
         iid = obj.instance_id
         running = obj.status == WorkflowStatus.RUNNING
         threshold = get_settings().history_warning_threshold
 
-        history_count = HistoryEvent.objects.using(alias).filter(instance_id=iid).count()
-        rows = (
-            HistoryEvent.objects.using(alias)
-            .filter(instance_id=iid)
-            .order_by("id")
-            .annotate(data_head=Substr("data", 1, CELL_CHARS + 1))
-            .annotate(reservation_head=Substr("reservation", 1, CELL_CHARS + 1))
-            .values_list(
-                "seq",
-                "key",
-                "command",
-                "event_type",
-                "data_head",
-                "reservation_head",
-                "delivered_seq",
-            )[:HISTORY_ROWS]
-        )
-        history = [
-            {
-                "seq": seq,
-                "key": truncate(key, ID_CHARS),
-                "command": command,
-                "event_type": event_type,
-                "data": None if data is None else truncate(data, CELL_CHARS),
-                "reservation": None if reservation is None else truncate(reservation, CELL_CHARS),
-                "delivered_seq": delivered,
-            }
-            for seq, key, command, event_type, data, reservation, delivered in rows
-        ]
-
-        tasks = [
-            {
-                "key": truncate(task.key, ID_CHARS),
-                "name": truncate(task.name, ID_CHARS),
-                "queue": truncate(task.queue, ID_CHARS),
-                "status": task.get_status_display(),
-                "attempts": task.attempts,
-                "failures": task.failures,
-                "max_attempts": task.max_attempts,
-                "last_error": error_summary(task.last_error),
-            }
-            for task in ActivityTask.objects.using(alias)
-            .filter(instance_id=iid)
-            .order_by("seq", "id")
-            .only(
-                "key",
-                "name",
-                "queue",
-                "status",
-                "attempts",
-                "failures",
-                "max_attempts",
-                "last_error",
-            )[:SECTION_ROWS]
-        ]
-
-        timers = [
-            {"key": truncate(key, ID_CHARS), "expires_at": expires_at, "fired": fired}
-            for key, expires_at, fired in TimerSubscription.objects.using(alias)
-            .filter(instance_id=iid)
-            .order_by("expires_at", "id")
-            .values_list("key", "expires_at", "fired")[:SECTION_ROWS]
-        ]
-
-        signals = [
-            {
-                "id": sid,
-                "channel": truncate(channel, ID_CHARS),
-                "sent_at": sent_at,
-                "delivered_seq": delivered,
-                "consumed_seq": consumed,
-                "consumed_key": truncate(consumed_key, ID_CHARS),
-                "payload": truncate(head or "", CELL_CHARS),
-                "size": size,
-            }
-            for sid, channel, sent_at, delivered, consumed, consumed_key, head, size in (
-                SignalMessage.objects.using(alias)
-                .filter(instance_id=iid)
-                .order_by("id")
-                .annotate(head=Substr("payload", 1, CELL_CHARS + 1), size=Length("payload"))
-                .values_list(
-                    "id",
-                    "channel",
-                    "sent_at",
-                    "delivered_seq",
-                    "consumed_seq",
-                    "consumed_key",
-                    "head",
-                    "size",
-                )[:SECTION_ROWS]
-            )
-        ]
-
-        children = [
-            {
-                "url": self.instance_url(child_id),
-                "instance_id": truncate(child_id, ID_CHARS),
-                "workflow_name": truncate(name, ID_CHARS),
-                "status": _STATUS_LABELS.get(status, status),
-                "parent_key": truncate(key, ID_CHARS),
-            }
-            for child_id, name, status, key in WorkflowInstance.objects.using(alias)
-            .filter(parent_instance_id=iid)
-            # Spelled as the partial index's condition, so SQLite can use that index.
-            .exclude(parent_instance_id="")
-            .order_by("started_at", "instance_id")
-            .values_list("instance_id", "workflow_name", "status", "parent_key")[:SECTION_ROWS]
-        ]
-
+        sections = instance_sections(alias, iid, self.instance_url)
         quoted = quote(iid)
         site = self.admin_site.name
         return {
-            "history": history,
-            "history_count": history_count,
-            "history_truncated": history_count > len(history),
-            "history_warning": history_count > threshold,
+            **sections,
+            "history_warning": sections["history_count"] > threshold,
             "history_threshold": threshold,
-            "tasks": tasks,
-            "timers": timers,
-            "signals": signals,
-            "children": children,
-            "section_rows": SECTION_ROWS,
             "parent_url": self.instance_url(obj.parent_instance_id)
             if obj.parent_instance_id
             else "",
@@ -896,4 +644,4 @@ class SystemLockAdmin(ReadOnlyAdmin):
 
     @admin.display(description="expires", ordering="expires_ms")
     def expires(self, obj: SystemLock) -> datetime | None:
-        return _ms_datetime(obj.expires_ms or None)
+        return ms_datetime(obj.expires_ms or None)

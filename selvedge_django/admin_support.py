@@ -1,0 +1,304 @@
+"""Helpers of the admin console: truncation, forms, the name filter and the detail sections.
+
+``selvedge_django.admin`` holds the ModelAdmin classes and their views; this
+module holds what they show and validate, so each stays a readable size.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from django import forms
+from django.contrib import admin
+from django.contrib.admin.views.main import ChangeList
+from django.db.models import QuerySet
+from django.db.models.functions import Length, Substr
+from django.http import HttpRequest
+
+from .conf import get_settings
+from .models import (
+    ActivityTask,
+    HistoryEvent,
+    SignalMessage,
+    TimerSubscription,
+    WorkflowInstance,
+    WorkflowStatus,
+)
+from .registry import registered_workflow_names
+
+# How much of a stored value is shown: a cell of a table, a value on the detail page.
+CELL_CHARS = 200
+VALUE_CHARS = 2000
+ID_CHARS = 80
+# Rows shown per section of the detail page; the export has everything.
+HISTORY_ROWS = 500
+SECTION_ROWS = 200
+# Most instances one changelist action handles at once.
+MAX_BATCH = 1000
+MAX_EXPORT = 100
+# Most workflow names the name filter lists (taken from the registry, not the table).
+MAX_FILTER_NAMES = 200
+
+_STATUS_LABELS = dict(WorkflowStatus.choices)
+_UNSAFE_FILENAME = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+# -- display helpers ------------------------------------------------------------------
+
+
+def truncate(text: str, limit: int) -> str:
+    """Return ``text`` cut to ``limit`` characters, marking the cut with an ellipsis."""
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
+def json_preview(value: Any, limit: int = VALUE_CHARS) -> str:
+    """Return a value as compact JSON text, truncated."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return truncate(text, limit)
+
+
+def error_summary(text: str | None, limit: int = CELL_CHARS) -> str:
+    """Return ``type: message`` of a stored error envelope, truncated."""
+    if not text:
+        return ""
+    try:
+        env = json.loads(text)
+    except ValueError:
+        return truncate(text, limit)
+    if not isinstance(env, dict):
+        return truncate(text, limit)
+    return truncate(f"{env.get('type') or 'Error'}: {env.get('message') or ''}", limit)
+
+
+def safe_filename(instance_id: str) -> str:
+    """Return a file name fragment built from an instance id (no path characters)."""
+    return _UNSAFE_FILENAME.sub("_", instance_id).strip("._")[:80] or "instance"
+
+
+def ms_datetime(ms: int | None) -> datetime | None:
+    """Return Unix milliseconds (the database clock's ``*_ms`` columns) as a UTC datetime."""
+    return None if ms is None else datetime.fromtimestamp(ms / 1000, UTC)
+
+
+def database_alias() -> str:
+    """Return the database alias the engine uses (``SELVEDGE["DATABASE"]``)."""
+    return get_settings().database
+
+
+# -- forms --------------------------------------------------------------------------------
+
+
+class CancelForm(forms.Form):
+    """The reason given with a cancellation request."""
+
+    reason = forms.CharField(
+        required=False,
+        max_length=10_000,
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
+        help_text="Recorded with the request and shown to the workflow as the reason.",
+    )
+
+
+class SignalForm(forms.Form):
+    """A signal's channel and JSON payload, validated as the client API does."""
+
+    channel = forms.CharField(
+        strip=False,
+        max_length=255,
+        help_text="1 to 255 UTF-8 bytes.",
+        widget=forms.TextInput(attrs={"size": 60}),
+    )
+    payload = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 6, "cols": 60}),
+        help_text="A JSON value; leave empty to send null.",
+    )
+
+    def clean_channel(self) -> str:
+        channel: str = self.cleaned_data["channel"]
+        if not 1 <= len(channel.encode("utf-8")) <= 255:
+            raise forms.ValidationError("The channel must contain 1 to 255 UTF-8 bytes.")
+        return channel
+
+    def clean_payload(self) -> Any:
+        text: str = self.cleaned_data.get("payload") or ""
+        if not text.strip():
+            return None
+        try:
+            return json.loads(text)
+        except (ValueError, RecursionError) as error:
+            raise forms.ValidationError(
+                "The payload is not valid JSON: %(error)s",
+                params={"error": truncate(str(error), CELL_CHARS)},
+            )
+
+
+# -- filters ------------------------------------------------------------------------------
+
+
+class WorkflowNameFilter(admin.SimpleListFilter):
+    """Filter by exact workflow name; the choices come from the workflow registry.
+
+    Listing the names stored in the table would need a ``SELECT DISTINCT`` over
+    every instance on each changelist load. The registry is what this process
+    can run; any other name still filters through ``?workflow_name=...``.
+    """
+
+    title = "workflow name"
+    parameter_name = "workflow_name"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        names = registered_workflow_names()[:MAX_FILTER_NAMES]
+        current = self.value()
+        if current and current not in names:
+            names = [current, *names]
+        return [(name, truncate(name, ID_CHARS)) for name in names]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        return queryset.filter(workflow_name=value) if value else queryset
+
+
+class InstanceChangeList(ChangeList):
+    """The changelist, without loading the (possibly large) stored values of each row."""
+
+    def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet[Any]:
+        qs = super().get_queryset(request, exclude_parameters)
+        return qs.defer("input", "output", "error", "cancel_reason")
+
+
+# -- the detail page's sections -----------------------------------------------------------
+
+
+def instance_sections(alias: str, iid: str, instance_url: Callable[[str], str]) -> dict[str, Any]:
+    """Read an instance's history, tasks, timers, signals and children, in bounded queries.
+
+    Every section is capped, and long values are cut in SQL, so a huge history or
+    payload never reaches Python whole.
+    """
+    history_count = HistoryEvent.objects.using(alias).filter(instance_id=iid).count()
+    rows = (
+        HistoryEvent.objects.using(alias)
+        .filter(instance_id=iid)
+        .order_by("id")
+        .annotate(data_head=Substr("data", 1, CELL_CHARS + 1))
+        .annotate(reservation_head=Substr("reservation", 1, CELL_CHARS + 1))
+        .values_list(
+            "seq",
+            "key",
+            "command",
+            "event_type",
+            "data_head",
+            "reservation_head",
+            "delivered_seq",
+        )[:HISTORY_ROWS]
+    )
+    history = [
+        {
+            "seq": seq,
+            "key": truncate(key, ID_CHARS),
+            "command": command,
+            "event_type": event_type,
+            "data": None if data is None else truncate(data, CELL_CHARS),
+            "reservation": None if reservation is None else truncate(reservation, CELL_CHARS),
+            "delivered_seq": delivered,
+        }
+        for seq, key, command, event_type, data, reservation, delivered in rows
+    ]
+
+    tasks = [
+        {
+            "key": truncate(task.key, ID_CHARS),
+            "name": truncate(task.name, ID_CHARS),
+            "queue": truncate(task.queue, ID_CHARS),
+            "status": task.get_status_display(),
+            "attempts": task.attempts,
+            "failures": task.failures,
+            "max_attempts": task.max_attempts,
+            "last_error": error_summary(task.last_error),
+        }
+        for task in ActivityTask.objects.using(alias)
+        .filter(instance_id=iid)
+        .order_by("seq", "id")
+        .only(
+            "key",
+            "name",
+            "queue",
+            "status",
+            "attempts",
+            "failures",
+            "max_attempts",
+            "last_error",
+        )[:SECTION_ROWS]
+    ]
+
+    timers = [
+        {"key": truncate(key, ID_CHARS), "expires_at": expires_at, "fired": fired}
+        for key, expires_at, fired in TimerSubscription.objects.using(alias)
+        .filter(instance_id=iid)
+        .order_by("expires_at", "id")
+        .values_list("key", "expires_at", "fired")[:SECTION_ROWS]
+    ]
+
+    signals = [
+        {
+            "id": sid,
+            "channel": truncate(channel, ID_CHARS),
+            "sent_at": sent_at,
+            "delivered_seq": delivered,
+            "consumed_seq": consumed,
+            "consumed_key": truncate(consumed_key, ID_CHARS),
+            "payload": truncate(head or "", CELL_CHARS),
+            "size": size,
+        }
+        for sid, channel, sent_at, delivered, consumed, consumed_key, head, size in (
+            SignalMessage.objects.using(alias)
+            .filter(instance_id=iid)
+            .order_by("id")
+            .annotate(head=Substr("payload", 1, CELL_CHARS + 1), size=Length("payload"))
+            .values_list(
+                "id",
+                "channel",
+                "sent_at",
+                "delivered_seq",
+                "consumed_seq",
+                "consumed_key",
+                "head",
+                "size",
+            )[:SECTION_ROWS]
+        )
+    ]
+
+    children = [
+        {
+            "url": instance_url(child_id),
+            "instance_id": truncate(child_id, ID_CHARS),
+            "workflow_name": truncate(name, ID_CHARS),
+            "status": _STATUS_LABELS.get(status, status),
+            "parent_key": truncate(key, ID_CHARS),
+        }
+        for child_id, name, status, key in WorkflowInstance.objects.using(alias)
+        .filter(parent_instance_id=iid)
+        # Spelled as the partial index's condition, so SQLite can use that index.
+        .exclude(parent_instance_id="")
+        .order_by("started_at", "instance_id")
+        .values_list("instance_id", "workflow_name", "status", "parent_key")[:SECTION_ROWS]
+    ]
+
+    return {
+        "history": history,
+        "history_count": history_count,
+        "history_truncated": history_count > len(history),
+        "tasks": tasks,
+        "timers": timers,
+        "signals": signals,
+        "children": children,
+        "section_rows": SECTION_ROWS,
+    }
