@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import quote_plus
 
 import pytest
+from django.conf import settings
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.admin.utils import quote
 from django.contrib.auth.models import Permission
@@ -26,6 +27,7 @@ from django.test import Client, override_settings
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.html import escape
 
 import selvedge_django as sv
 from selvedge_django.models import (
@@ -113,8 +115,6 @@ def logs(instance_id: str) -> list[LogEntry]:
 
 
 def escaped(text: str) -> str:
-    from django.utils.html import escape
-
     return str(escape(text))
 
 
@@ -295,7 +295,7 @@ def test_detail_page_warns_about_long_histories_and_truncates_values(
         )
         for n in range(1, 4)
     )
-    raw = dict(getattr(__import__("django.conf").conf.settings, "SELVEDGE", {}))
+    raw = dict(settings.SELVEDGE)
     with override_settings(SELVEDGE={**raw, "HISTORY_WARNING_THRESHOLD": 2}):
         page = html(admin_client.get(url("change", "long-history")))
     assert "more than HISTORY_WARNING_THRESHOLD (2)" in page
@@ -488,7 +488,7 @@ def test_signal_from_the_instance_page_validates_the_form(staff: Callable[..., C
     assert SignalMessage.objects.get(instance_id="listener", channel="go").payload == "null"
 
     # A payload over MAX_PAYLOAD_BYTES is the operations layer's error, shown on the form.
-    raw = dict(getattr(__import__("django.conf").conf.settings, "SELVEDGE", {}))
+    raw = dict(settings.SELVEDGE)
     with override_settings(SELVEDGE={**raw, "MAX_PAYLOAD_BYTES": 64}):
         page = html(
             operator.post(
