@@ -324,6 +324,7 @@ class WorkerRuntime:
             self._finish(execution, outcome)
         except exc.Fenced:
             logger.info("execution of %s was fenced out at close", fence.instance_id)
+            outcome.kind = "abandoned"  # nothing was closed: no close hooks
         except Exception:
             logger.exception("could not finish execution of %s", fence.instance_id)
             self._release_quietly(fence, runnable=True)
@@ -354,6 +355,7 @@ class WorkerRuntime:
         if not self.lease_valid(fence):
             logger.warning("lease on %s lost before close; not closing", fence.instance_id)
             self._release_quietly(fence, runnable=True)
+            outcome.kind = "abandoned"  # nothing was closed: no close hooks
             return
         status = self.store.close(fence, request)
         outcome.kind = status

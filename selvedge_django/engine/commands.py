@@ -572,6 +572,7 @@ def start_child(
     execution.check_stored(key, stored, CMD_CHILD)
     if stored.event_type == EV_CHILD_START_FAILED:
         raise decode_outcome(stored, raise_it=False)
+    execution.runtime.fire("on_workflow_started", instance_id=instance, workflow_name=name)
     return handle
 
 
