@@ -119,3 +119,5 @@ def worker_process(tdb: None) -> Iterator[Callable[..., WorkerProcess]]:
     for p in procs:
         if p.proc.poll() is None:
             p.kill()
+        if p.proc.stdout is not None:
+            p.proc.stdout.close()
