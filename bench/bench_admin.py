@@ -21,6 +21,7 @@ page's ``COUNT(*)`` and, for the search, the scan of the id column.
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import random
 import statistics
@@ -122,6 +123,8 @@ def measure(client: Any, url: str, repeat: int) -> dict[str, Any]:
 
 
 def run_one(db: str, count: int, repeat: int, show_sql: bool) -> None:
+    # A database of its own, so it never collides with another benchmark's run.
+    os.environ.setdefault("SELVEDGE_BENCH_PG_NAME", "selvedge_bench_admin")
     with bench_database(db, "bench.settings_admin") as info:
         import django
         from django.contrib.admin.utils import quote
