@@ -83,6 +83,11 @@ SELVEDGE = {
     "MAX_POLL_INTERVAL": 2,
 }
 
+# The shop's order workflow: how long an order waits for "Approve payment" before
+# it is rejected, and how long the shipping child workflow's packing timer runs.
+SHOP_APPROVAL_TIMEOUT = env.float("SHOP_APPROVAL_TIMEOUT", default=24 * 3600)
+SHOP_PACKING_SECONDS = env.float("SHOP_PACKING_SECONDS", default=2)
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

@@ -1,8 +1,9 @@
-"""URLs of the example shop: the admin for now."""
+"""URLs of the example shop: the shop's pages and the admin."""
 
 from django.contrib import admin
-from django.urls import path
+from django.urls import include, path
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("", include("shop.urls")),
 ]

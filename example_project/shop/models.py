@@ -30,6 +30,7 @@ class Order(models.Model):
         PENDING = "pending", "Pending"
         RESERVED = "reserved", "Stock reserved"
         PAID = "paid", "Paid"
+        SHIPPED = "shipped", "Shipped"
         CONFIRMED = "confirmed", "Confirmed"
         REJECTED = "rejected", "Rejected"
         CANCELLED = "cancelled", "Cancelled"
@@ -39,6 +40,7 @@ class Order(models.Model):
     customer_email = models.EmailField()
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     status_detail = models.CharField(max_length=255, blank=True, default="")
+    tracking_number = models.CharField(max_length=64, blank=True, default="")
     instance_id = models.CharField(
         max_length=255, blank=True, default="", db_index=True, help_text="workflow instance id"
     )

@@ -1,18 +1,20 @@
-"""The order workflow: reserve stock, charge the card, confirm by email.
+"""The order workflow: reserve stock, wait for payment approval, charge, ship, confirm.
 
 Workflow code only decides what happens next. Everything that touches the world
-(the database, the payment provider, email) happens in activities, whose results
-are recorded in the workflow's history. After a crash or a deploy a worker
-replays the function from the start: recorded steps return their recorded
-results instead of running again, and the workflow carries on where it stopped.
+(the database, the payment provider, the courier, email) happens in activities,
+whose results are recorded in the workflow's history. After a crash or a deploy
+a worker replays the function from the start: recorded steps return their
+recorded results instead of running again, and the workflow carries on where it
+stopped.
 
 selvedge_django finds this module by itself (a ``workflows`` module in an
-installed app), so the worker knows these names.
+installed app), so the worker and the web process know these names.
 """
 
 from __future__ import annotations
 
 import logging
+import zlib
 from decimal import Decimal
 from typing import Any
 
@@ -25,6 +27,14 @@ from .models import EmailOutbox, Order, Payment, Product
 
 logger = logging.getLogger(__name__)
 
+# The signal a view (or the admin, or ``runselvedge signal``) sends to let an order be charged.
+APPROVAL_CHANNEL = "approve-payment"
+# The query the order page asks for the workflow's live progress.
+PROGRESS_QUERY = "progress"
+# Defaults for the request fields that tune the two timers.
+DEFAULT_APPROVAL_TIMEOUT = 24 * 3600.0
+DEFAULT_PACKING_SECONDS = 2.0
+
 
 class CardDeclined(Exception):
     """The payment provider refused the card: retrying will not help."""
@@ -32,6 +42,13 @@ class CardDeclined(Exception):
 
 class PaymentGatewayError(Exception):
     """The payment provider did not answer: worth another try."""
+
+
+class CourierUnavailable(Exception):
+    """The courier's booking service did not answer: worth another try."""
+
+
+# -- activities -------------------------------------------------------------------------
 
 
 # Transactional activities run inside transaction.atomic() and their recorded
@@ -88,6 +105,38 @@ def charge_payment(request: dict[str, Any]) -> dict[str, Any]:
     return {"reference": payment.reference, "amount": str(payment.amount)}
 
 
+@sv.activity(
+    name="shop.book_courier",
+    start_to_close_timeout=30,
+    retry_policy=sv.RetryPolicy(max_attempts=5, initial_interval=1, max_interval=5),
+)
+def book_courier(order_id: int) -> str:
+    """Book a pick-up at the (simulated) courier; returns the tracking number.
+
+    The number is derived from the workflow instance, so a repeated attempt books
+    the same parcel.
+    """
+    info = sv.activity_info()
+    assert info is not None
+    return f"SV{order_id:06d}-{zlib.crc32(info.instance_id.encode()) % 10_000:04d}"
+
+
+@sv.activity(name="shop.mark_shipped", transactional=True)
+def mark_shipped(request: dict[str, Any]) -> None:
+    """Record the tracking number and mark the order shipped, unless it was cancelled."""
+    shipped = Order.objects.filter(pk=request["order_id"], status=Order.Status.PAID).update(
+        status=Order.Status.SHIPPED,
+        tracking_number=request["tracking_number"],
+        updated_at=timezone.now(),
+    )
+    if not shipped:
+        raise sv.ApplicationError(
+            f"order #{request['order_id']} is no longer waiting to ship",
+            type="NotShippable",
+            non_retryable=True,
+        )
+
+
 @sv.activity(name="shop.send_confirmation", transactional=True)
 def send_confirmation(request: dict[str, Any]) -> int:
     """Queue the confirmation email in the outbox and mark the order confirmed."""
@@ -95,10 +144,11 @@ def send_confirmation(request: dict[str, Any]) -> int:
     email = EmailOutbox.objects.create(
         order=order,
         to=order.customer_email,
-        subject=f"Your order #{order.pk} is confirmed",
+        subject=f"Your order #{order.pk} is on its way",
         body=(
             f"{order.quantity} x {order.product.name}, {order.total} charged "
-            f"(payment {request['payment_reference']})."
+            f"(payment {request['payment_reference']}), "
+            f"tracking number {request['tracking_number']}."
         ),
     )
     order.status = Order.Status.CONFIRMED
@@ -117,44 +167,135 @@ def reject_order(request: dict[str, Any]) -> None:
     order.save(update_fields=["status", "status_detail", "updated_at"])
 
 
-@sv.workflow(name="shop.order")
-def order_workflow(ctx: sv.WorkflowContext, request: dict[str, Any]) -> dict[str, Any]:
-    """Reserve, charge and confirm one order, undoing the reservation if payment fails.
+@sv.activity(name="shop.cancel_order", transactional=True)
+def cancel_order(request: dict[str, Any]) -> None:
+    """Undo what the order did so far: refund charges, restock unshipped items.
 
-    ``request`` is ``{"order_id": int, "card": "ok" | "flaky" | "declined"}``.
-    Workflow code must be deterministic: no I/O, no wall clock (use ctx.now()),
-    no randomness; activities do those things.
+    It runs in one transaction, as ``mark_shipped`` does: whichever commits first
+    decides whether the items are back in stock or on their way.
+    """
+    order = Order.objects.get(pk=request["order_id"])
+    Payment.objects.filter(order=order, status=Payment.Status.CHARGED).update(
+        status=Payment.Status.REFUNDED
+    )
+    if order.status in (Order.Status.RESERVED, Order.Status.PAID):
+        Product.objects.filter(pk=order.product_id).update(stock=F("stock") + order.quantity)
+    order.status = Order.Status.CANCELLED
+    order.status_detail = str(request.get("reason") or "cancelled")[:255]
+    order.save(update_fields=["status", "status_detail", "updated_at"])
+
+
+# -- workflows --------------------------------------------------------------------------
+
+
+@sv.workflow(name="shop.shipping")
+def shipping_workflow(ctx: sv.WorkflowContext, request: dict[str, Any]) -> dict[str, Any]:
+    """Book a courier, wait while the parcel is packed (a durable timer), mark it shipped.
+
+    Runs as a child of ``shop.order``; it is cancelled with its parent.
     """
     order_id = request["order_id"]
-    try:
-        reservation = reserve_stock.execute(ctx, order_id)
-    except sv.ApplicationError as error:
-        reject_order.execute(ctx, {"order_id": order_id, "reason": str(error)})
-        return {"order_id": order_id, "status": "rejected", "reason": str(error)}
+    tracking_number = book_courier.execute(ctx, order_id)
+    ctx.sleep(request.get("packing_seconds", DEFAULT_PACKING_SECONDS), sleep_id="packing")
+    mark_shipped.execute(ctx, {"order_id": order_id, "tracking_number": tracking_number})
+    return {"tracking_number": tracking_number, "shipped_at": ctx.now().isoformat()}
+
+
+@sv.workflow(name="shop.order")
+def order_workflow(ctx: sv.WorkflowContext, request: dict[str, Any]) -> dict[str, Any]:
+    """Run one order from reservation to confirmation, undoing what it did if it stops early.
+
+    ``request`` is ``{"order_id": int, "card": "ok" | "flaky" | "declined",
+    "approval_timeout": seconds, "packing_seconds": seconds}``. Workflow code must
+    be deterministic: no I/O, no wall clock (use ctx.now()), no randomness;
+    activities do those things.
+    """
+    order_id = request["order_id"]
+    # Live progress for the order page: sv.query(instance_id, "progress") replays
+    # the recorded history and calls this handler where the replay stops.
+    progress: dict[str, Any] = {"step": "", "done": []}
+    ctx.set_query_handler(PROGRESS_QUERY, lambda: progress)
+
+    def step(name: str) -> None:
+        if progress["step"]:
+            progress["done"].append(progress["step"])
+        progress["step"] = name
+
+    def reject(reason: str, release_stock: bool) -> dict[str, Any]:
+        step("rejected")
+        reject_order.execute(
+            ctx, {"order_id": order_id, "reason": reason, "release_stock": release_stock}
+        )
+        return {"order_id": order_id, "status": "rejected", "reason": reason}
 
     try:
-        payment = charge_payment.execute(
+        step("reserving stock")
+        try:
+            reservation = reserve_stock.execute(ctx, order_id)
+        except sv.ApplicationError as error:
+            return reject(str(error), release_stock=False)
+
+        # A signal from the shop's "approve payment" button, with a durable timer.
+        step("awaiting payment approval")
+        timeout = request.get("approval_timeout", DEFAULT_APPROVAL_TIMEOUT)
+        try:
+            approval = ctx.receive_with_timeout(APPROVAL_CHANNEL, timeout)
+        except sv.ReceiveTimeout:
+            return reject(f"payment not approved within {timeout:g} s", release_stock=True)
+        approved_by = str((approval or {}).get("approved_by", "")) or "someone"
+        progress["approved_by"] = approved_by
+
+        step("charging payment")
+        try:
+            payment = charge_payment.execute(
+                ctx,
+                {
+                    "order_id": order_id,
+                    "amount": reservation["amount"],
+                    "card": request.get("card", "ok"),
+                },
+            )
+        except (sv.ApplicationError, sv.RetryExhaustedError) as error:
+            return reject(str(error), release_stock=True)
+
+        step("shipping")
+        shipment = ctx.start_child(
+            shipping_workflow,
+            {
+                "order_id": order_id,
+                "packing_seconds": request.get("packing_seconds", DEFAULT_PACKING_SECONDS),
+            },
+            child_id=f"{ctx.instance_id}-shipping",
+        )
+        progress["shipping_instance_id"] = shipment.id
+        shipped = shipment.get(ctx)
+        progress["tracking_number"] = shipped["tracking_number"]
+
+        step("sending confirmation")
+        email_id = send_confirmation.execute(
             ctx,
             {
                 "order_id": order_id,
-                "amount": reservation["amount"],
-                "card": request.get("card", "ok"),
+                "payment_reference": payment["reference"],
+                "tracking_number": shipped["tracking_number"],
             },
         )
-    except (sv.ApplicationError, sv.RetryExhaustedError) as error:
-        reject_order.execute(
-            ctx, {"order_id": order_id, "reason": str(error), "release_stock": True}
-        )
-        return {"order_id": order_id, "status": "rejected", "reason": str(error)}
-
-    email_id = send_confirmation.execute(
-        ctx, {"order_id": order_id, "payment_reference": payment["reference"]}
-    )
-    return {
-        "order_id": order_id,
-        "status": "confirmed",
-        "amount": payment["amount"],
-        "payment_reference": payment["reference"],
-        "confirmation_email_id": email_id,
-        "confirmed_at": ctx.now().isoformat(),
-    }
+        step("completed")
+        return {
+            "order_id": order_id,
+            "status": "confirmed",
+            "amount": payment["amount"],
+            "approved_by": approved_by,
+            "payment_reference": payment["reference"],
+            "tracking_number": shipped["tracking_number"],
+            "confirmation_email_id": email_id,
+            "confirmed_at": ctx.now().isoformat(),
+        }
+    except sv.WorkflowCancelled as cancelled:
+        # The cancellation request reached a wait. Clean up on a detached context
+        # (it ignores the request), then let the instance close as cancelled; a
+        # running shipping child is asked to cancel too.
+        step("cancelled")
+        progress["cancel_reason"] = cancelled.reason
+        cancel_order.execute(ctx.detached(), {"order_id": order_id, "reason": cancelled.reason})
+        raise

@@ -1,30 +1,30 @@
 """``manage.py place_order``: place one order, let a worker run it, show what happened.
 
 A worker must be running (``manage.py runselvedge worker``) in another process:
-this command only starts the workflow, waits for its result and prints the
-durable record the engine kept.
+this command only starts the workflow, approves its payment with a signal (as
+the shop's "Approve payment" button does, unless ``--no-approve``), waits for
+its result and prints the durable record the engine kept.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-from decimal import Decimal
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
 import selvedge_django as sv
-from selvedge_django.models import HistoryEvent
+from selvedge_django.models import HistoryEvent, WorkflowInstance
 
 from ...models import EmailOutbox, Order, Payment, Product
-from ...workflows import order_workflow
+from ...workflows import APPROVAL_CHANNEL, order_workflow
 
-CATALOGUE = [
-    ("mug", "Selvedge mug", Decimal("12.50"), 50),
-    ("tote", "Canvas tote bag", Decimal("18.00"), 20),
-    ("jeans", "Selvedge denim jeans", Decimal("129.00"), 5),
-]
+
+def _or(value: float | None, default: float) -> float:
+    return default if value is None else value
 
 
 def _short(value: Any, width: int = 60) -> str:
@@ -47,18 +47,33 @@ class Command(BaseCommand):
             "'declined' is refused for good",
         )
         parser.add_argument(
+            "--approve",
+            action=argparse.BooleanOptionalAction,
+            default=True,
+            help=f"send the {APPROVAL_CHANNEL!r} signal right after placing the order "
+            "(default); with --no-approve the order waits until --approval-timeout",
+        )
+        parser.add_argument(
+            "--approval-timeout",
+            type=float,
+            default=None,
+            help="seconds the workflow waits for the approval (default: SHOP_APPROVAL_TIMEOUT)",
+        )
+        parser.add_argument(
+            "--packing-seconds",
+            type=float,
+            default=None,
+            help="the shipping child workflow's timer (default: SHOP_PACKING_SECONDS)",
+        )
+        parser.add_argument(
             "--timeout", type=float, default=60, help="seconds to wait for the workflow"
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        for sku, name, price, stock in CATALOGUE:
-            Product.objects.get_or_create(
-                sku=sku, defaults={"name": name, "price": price, "stock": stock}
-            )
         try:
             product = Product.objects.get(sku=options["sku"])
         except Product.DoesNotExist:
-            skus = ", ".join(Product.objects.values_list("sku", flat=True))
+            skus = ", ".join(Product.objects.values_list("sku", flat=True)) or "none: migrate"
             raise CommandError(f"unknown sku {options['sku']!r} (known: {skus})") from None
         if options["quantity"] < 1:
             raise CommandError("--quantity must be at least 1")
@@ -70,7 +85,16 @@ class Command(BaseCommand):
             )
             order.instance_id = sv.start_workflow(
                 order_workflow,
-                {"order_id": order.pk, "card": options["card"]},
+                {
+                    "order_id": order.pk,
+                    "card": options["card"],
+                    "approval_timeout": _or(
+                        options["approval_timeout"], settings.SHOP_APPROVAL_TIMEOUT
+                    ),
+                    "packing_seconds": _or(
+                        options["packing_seconds"], settings.SHOP_PACKING_SECONDS
+                    ),
+                },
                 instance_id=f"order-{order.pk}",
             )
             order.save(update_fields=["instance_id"])
@@ -79,7 +103,13 @@ class Command(BaseCommand):
             f"Placed order #{order.pk}: {order.quantity} x {product.sku} "
             f"(stock {product.stock}), card {options['card']!r}"
         )
-        self.stdout.write(f"Started workflow shop.order as instance {instance_id!r}; waiting...")
+        self.stdout.write(f"Started workflow shop.order as instance {instance_id!r}")
+        if options["approve"]:
+            # A signal is accepted from the start: the workflow consumes it once
+            # it reaches its wait for the approval.
+            sv.signal(instance_id, APPROVAL_CHANNEL, {"approved_by": "place_order"})
+            self.stdout.write(f"Sent the {APPROVAL_CHANNEL!r} signal")
+        self.stdout.write("Waiting for the workflow...")
 
         try:
             result = sv.wait_workflow(instance_id, timeout=options["timeout"])
@@ -116,11 +146,20 @@ class Command(BaseCommand):
                 line += f"  last error: {type(task.last_error).__name__}: {task.last_error}"
             self.stdout.write(line)
 
+        for child in WorkflowInstance.objects.filter(parent_instance_id=instance_id):
+            self.section(f"Child workflow {child.workflow_name} ({child.instance_id})")
+            self.stdout.write(f"status: {child.status}")
+            for row in HistoryEvent.objects.filter(instance_id=child.instance_id).order_by("id"):
+                data = "" if row.data is None else _short(row.data)
+                self.stdout.write(f"  {row.key:<28} {row.command:<10} {row.event_type:<20} {data}")
+
         order.refresh_from_db()
         product.refresh_from_db()
         self.section("Shop data written by the activities")
         detail = f" ({order.status_detail})" if order.status_detail else ""
         self.stdout.write(f"order #{order.pk}: {order.status}{detail}")
+        if order.tracking_number:
+            self.stdout.write(f"tracking number: {order.tracking_number}")
         self.stdout.write(f"{product.sku} stock now: {product.stock}")
         for payment in Payment.objects.filter(order=order):
             self.stdout.write(f"payment {payment.reference}: {payment.amount} {payment.status}")

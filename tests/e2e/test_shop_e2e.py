@@ -1,0 +1,403 @@
+"""End to end: the example shop and the admin in a real headless Chromium.
+
+The example project runs as it would for a developer: ``manage.py runserver`` and
+a ``manage.py runselvedge worker`` process on a fresh SQLite database in a
+temporary folder. Playwright drives Chromium through the shop's pages (place an
+order, approve its payment, watch it complete; place another and cancel it) and
+through the admin's workflow actions (send a signal, cancel, export history),
+from an instance's page and from the changelist.
+
+Needs the ``playwright`` package (``pip install --group e2e``; its bundled
+browsers are not used) and a Chromium binary: ``/usr/bin/chromium`` (Debian's
+``chromium`` package) unless ``SELVEDGE_CHROMIUM`` names another; skipped with
+the reason when either is missing, failed instead when ``SELVEDGE_E2E_REQUIRED=1``
+(as ``.ci/run`` sets it). Screenshots go to a temporary folder, or to
+``SELVEDGE_E2E_ARTIFACTS`` when set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Page
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+
+ROOT = Path(__file__).resolve().parents[2]
+MANAGE = ROOT / "example_project" / "manage.py"
+CHROMIUM = os.environ.get("SELVEDGE_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+    "--disable-sync",
+    "--disable-quic",
+]
+ADMIN_USER = "admin"
+ADMIN_PASSWORD = "e2e-admin-password"
+# Generous: a worker on SQLite in another process finds new work by polling.
+SLOW = 60_000
+
+
+def _skip_reason() -> str:
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "the playwright package is not installed (pip install --group e2e)"
+    if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
+        return f"no Chromium at {CHROMIUM} (apt-get install chromium, or set SELVEDGE_CHROMIUM)"
+    if os.environ.get("SELVEDGE_TEST_DB", "sqlite") != "sqlite":
+        return "runs its own SQLite database: the SQLite run covers it"
+    return ""
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ExampleProject:
+    """The example project's dev server and worker process on a temporary database."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.db = workdir / "shop.sqlite3"
+        self.port = _free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.env = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "config.settings",
+            "DATABASE_URL": f"sqlite:///{self.db}",
+            "DEBUG": "True",
+            "SECRET_KEY": "selvedge-e2e-only",
+            "SHOP_PACKING_SECONDS": "1",
+            "SHOP_APPROVAL_TIMEOUT": "600",
+            "DJANGO_SUPERUSER_PASSWORD": ADMIN_PASSWORD,
+            "PYTHONUNBUFFERED": "1",
+        }
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.logs: dict[str, Path] = {}
+
+    def manage(self, *args: str) -> None:
+        subprocess.run(
+            [sys.executable, str(MANAGE), *args],
+            env=self.env,
+            cwd=self.workdir,
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+
+    def spawn(self, name: str, *args: str) -> None:
+        log = self.workdir / f"{name}.log"
+        self.logs[name] = log
+        with log.open("wb") as out:
+            self.processes[name] = subprocess.Popen(
+                [sys.executable, str(MANAGE), *args],
+                env=self.env,
+                cwd=self.workdir,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+
+    def log(self, name: str) -> str:
+        path = self.logs.get(name)
+        return path.read_text(errors="replace") if path and path.exists() else ""
+
+    def wait_for(self, name: str, ready: Any, what: str, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while not ready():
+            if self.processes[name].poll() is not None:
+                raise AssertionError(f"{name} exited early:\n{self.log(name)}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{what} within {timeout} s:\n{self.log(name)}")
+            time.sleep(0.1)
+
+    def serving(self) -> bool:
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        try:
+            with opener.open(self.base_url + "/", timeout=5) as response:
+                return bool(response.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def start(self) -> None:
+        self.manage("migrate", "--noinput")
+        self.manage("createsuperuser", "--noinput", "--username", ADMIN_USER, "--email", "a@x.io")
+        self.spawn("worker", "runselvedge", "-v", "2", "worker", "--worker-id", "e2e-worker")
+        self.wait_for("worker", lambda: "started" in self.log("worker"), "no worker start")
+        self.spawn("server", "runserver", "--noreload", f"127.0.0.1:{self.port}")
+        self.wait_for("server", self.serving, "the server did not answer")
+
+    def stop(self, name: str, timeout: float = 30) -> int | None:
+        process = self.processes.get(name)
+        if process is None:
+            return None
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(10)
+        return process.returncode
+
+    def rows(self, sql: str) -> list[tuple[Any, ...]]:
+        with sqlite3.connect(self.db, timeout=30) as conn:
+            return list(conn.execute(sql))
+
+
+@pytest.fixture
+def artifacts(tmp_path: Path) -> Path:
+    chosen = os.environ.get("SELVEDGE_E2E_ARTIFACTS")
+    folder = Path(chosen) if chosen else tmp_path / "screenshots"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Iterator[ExampleProject]:
+    reason = _skip_reason()
+    if reason and os.environ.get("SELVEDGE_E2E_REQUIRED") == "1":
+        pytest.fail(f"SELVEDGE_E2E_REQUIRED is set, but {reason}")
+    if reason:
+        pytest.skip(reason)
+    project = ExampleProject(tmp_path)
+    try:
+        project.start()
+        yield project
+    finally:
+        project.stop("server")
+        project.stop("worker")
+        # Shown by pytest when the test fails.
+        for name in project.logs:
+            print(f"----- {name} log -----\n{project.log(name)[-20_000:]}")
+
+
+def place_order(page: Page, base_url: str, sku: str, quantity: int, card: str) -> int:
+    page.goto(base_url + "/")
+    value = page.locator("#id_product option", has_text=f"({sku})").get_attribute("value")
+    assert value is not None
+    page.locator("#id_product").select_option(value)
+    page.fill("#id_quantity", str(quantity))
+    page.fill("#id_customer_email", f"{sku}-buyer@example.com")
+    page.locator("#id_card").select_option(card)
+    page.get_by_role("button", name="Place order").click()
+    page.wait_for_url(re.compile(r"/orders/\d+/$"))
+    match = re.search(r"/orders/(\d+)/$", page.url)
+    assert match is not None
+    return int(match.group(1))
+
+
+def open_order(page: Page, base_url: str, order_id: int) -> None:
+    page.goto(f"{base_url}/orders/{order_id}/")
+
+
+def test_shop_and_admin_in_chromium(project: ExampleProject, artifacts: Path) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    started = time.monotonic()
+    base = project.base_url
+    print(f"screenshots: {artifacts}")
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        context = browser.new_context(viewport={"width": 1280, "height": 1000})
+        page = context.new_page()
+        page.set_default_timeout(20_000)
+        try:
+            _drive(page, expect, project, base, artifacts)
+        except BaseException:
+            page.screenshot(path=str(artifacts / "failure.png"), full_page=True)
+            raise
+        finally:
+            context.close()
+            browser.close()
+
+    assert project.stop("server") is not None
+    assert project.stop("worker") == 0, project.log("worker")
+    print(f"e2e run took {time.monotonic() - started:.1f} s")
+
+
+def _drive(page: Page, expect: Any, project: ExampleProject, base: str, shots: Path) -> None:
+    # -- the shop: place an order, approve its payment, watch it complete ------------------
+    page.goto(base + "/")
+    expect(page.locator("#products tr[data-sku=mug] .stock")).to_have_text("50")
+    page.screenshot(path=str(shots / "01-shop.png"), full_page=True)
+
+    first = place_order(page, base, "mug", 2, "flaky")
+    expect(page.locator(".messages")).to_contain_text(f"Order #{first} placed.")
+    # The page refreshes its progress by itself; no reload needed.
+    expect(page.locator("#current-step")).to_have_text("awaiting payment approval", timeout=SLOW)
+    expect(page.locator("#workflow-status")).to_have_text("running")
+    expect(page.locator("#order-status")).to_have_text("Stock reserved")
+    page.screenshot(path=str(shots / "02-awaiting-approval.png"), full_page=True)
+
+    page.get_by_role("button", name="Approve payment").click()
+    expect(page.locator(".messages")).to_contain_text(f"Payment of order #{first} approved.")
+    expect(page.locator("#workflow-status")).to_have_text("completed", timeout=SLOW)
+    expect(page.locator("#order-status")).to_have_text("Confirmed")
+    expect(page.locator("#current-step")).to_have_text("completed")
+    expect(page.locator("#status")).to_contain_text("Payment approved by shop staff.")
+    expect(page.locator("#tracking")).to_have_text(re.compile(rf"^SV{first:06d}-\d{{4}}$"))
+    expect(page.locator("#history")).to_contain_text("#2:receive:approve-payment")
+    expect(page.locator("#history")).to_contain_text("child:shop.shipping")
+    expect(page.locator("#history")).to_contain_text("WorkflowCompleted")
+    # The flaky card's first charge failed and was retried.
+    charge = page.locator("#tasks tr", has_text="shop.charge_payment")
+    expect(charge.locator("td").nth(2)).to_have_text("2")
+    expect(page.locator("#cancel")).to_have_count(0)
+    page.screenshot(path=str(shots / "03-completed.png"), full_page=True)
+
+    # -- another order, cancelled while it waits for approval -----------------------------
+    second = place_order(page, base, "mug", 3, "ok")
+    expect(page.locator("#current-step")).to_have_text("awaiting payment approval", timeout=SLOW)
+    page.fill("#id_reason", "changed my mind <b>twice</b>")
+    page.get_by_role("button", name="Cancel order").click()
+    expect(page.locator(".messages")).to_contain_text(f"Cancellation of order #{second} requested.")
+    expect(page.locator("#workflow-status")).to_have_text("cancelled", timeout=SLOW)
+    expect(page.locator("#order-status")).to_have_text("Cancelled")
+    # Escaped, not interpreted.
+    expect(page.locator("#status")).to_contain_text("Cancelled: changed my mind <b>twice</b>")
+    expect(page.locator("#status b")).to_have_count(0)
+    expect(page.locator("#approve")).to_have_count(0)
+    page.screenshot(path=str(shots / "04-cancelled.png"), full_page=True)
+
+    page.goto(base + "/")
+    # 50 - 2 for the first order; the cancelled one put its 3 back.
+    expect(page.locator("#products tr[data-sku=mug] .stock")).to_have_text("48")
+    orders = page.locator("#orders")
+    expect(orders.locator("tr", has_text=f"#{first}")).to_contain_text("Confirmed")
+    expect(orders.locator("tr", has_text=f"#{second}")).to_contain_text("Cancelled")
+
+    # -- four more orders for the admin's actions -----------------------------------------
+    pending = [place_order(page, base, "tote", 1, "ok") for _ in range(4)]
+    for order_id in pending:
+        open_order(page, base, order_id)
+        expect(page.locator("#current-step")).to_have_text(
+            "awaiting payment approval", timeout=SLOW
+        )
+    by_button_signal, by_button_cancel, by_action_signal, by_action_cancel = pending
+
+    page.goto(base + "/admin/login/?next=/admin/")
+    page.fill("#id_username", ADMIN_USER)
+    page.fill("#id_password", ADMIN_PASSWORD)
+    page.locator("input[type=submit]").click()
+    expect(page.locator("#content")).to_contain_text("Site administration")
+
+    changelist = base + "/admin/selvedge_django/workflowinstance/"
+
+    def instance_page(order_id: int) -> None:
+        page.goto(f"{changelist}order-{order_id}/change/")
+        expect(page.locator("#content h2").first).to_be_visible()
+
+    # Send a signal from an instance's page.
+    instance_page(by_button_signal)
+    page.screenshot(path=str(shots / "05-admin-instance.png"), full_page=True)
+    page.locator(".object-tools a", has_text="Send signal").click()
+    page.fill("#id_channel", "approve-payment")
+    page.fill("#id_payload", '{"approved_by": "the admin"}')
+    page.screenshot(path=str(shots / "06-admin-signal-form.png"), full_page=True)
+    page.locator("input[type=submit][value='Send signal']").click()
+    expect(page.locator(".messagelist")).to_contain_text(f"Signal sent to order-{by_button_signal}")
+
+    # Cancel from an instance's page.
+    instance_page(by_button_cancel)
+    page.locator(".object-tools a", has_text="Cancel").click()
+    page.fill("#id_reason", "cancelled in the admin")
+    page.locator("input[type=submit][value='Request cancellation']").click()
+    expect(page.locator(".messagelist")).to_contain_text(
+        f"Cancellation requested for order-{by_button_cancel}"
+    )
+
+    # The same two actions from the changelist, on a selection.
+    def choose_action(order_ids: list[int], action: str) -> None:
+        page.goto(changelist)
+        for order_id in order_ids:
+            page.locator(f"input.action-select[value='order-{order_id}']").check()
+        page.locator("select[name=action]").select_option(action)
+
+    def changelist_action(order_ids: list[int], action: str) -> None:
+        choose_action(order_ids, action)
+        page.get_by_role("button", name="Go").click()
+
+    changelist_action([by_action_signal], "signal_instances")
+    page.fill("#id_channel", "approve-payment")
+    page.fill("#id_payload", '{"approved_by": "the admin, in bulk"}')
+    page.locator("input[type=submit][value='Send signal']").click()
+    expect(page.locator(".messagelist")).to_contain_text("Signal sent to 1 instance")
+
+    changelist_action([by_action_cancel], "cancel_instances")
+    page.fill("#id_reason", "cancelled in bulk")
+    page.locator("input[type=submit][value='Request cancellation']").click()
+    expect(page.locator(".messagelist")).to_contain_text("Cancellation requested for 1 instance")
+    page.screenshot(path=str(shots / "07-admin-changelist.png"), full_page=True)
+
+    # The workflows react: two complete, two are cancelled with their reasons.
+    for order_id, status, text in (
+        (by_button_signal, "completed", "Payment approved by the admin."),
+        (by_action_signal, "completed", "Payment approved by the admin, in bulk."),
+        (by_button_cancel, "cancelled", "Cancelled: cancelled in the admin"),
+        (by_action_cancel, "cancelled", "Cancelled: cancelled in bulk"),
+    ):
+        open_order(page, base, order_id)
+        expect(page.locator("#workflow-status")).to_have_text(status, timeout=SLOW)
+        expect(page.locator("#status")).to_contain_text(text)
+
+    # Export a history from an instance's page: a selvedge.history/v1 download.
+    instance_page(first)
+    with page.expect_download() as download_info:
+        page.get_by_role("button", name="Export history").click()
+    download = download_info.value
+    assert download.suggested_filename.endswith(".json")
+    exported = json.loads(Path(download.path()).read_text())
+    assert exported["format"] == "selvedge.history/v1"
+    assert exported["instance"]["instance_id"] == f"order-{first}"
+    assert exported["instance"]["status"] == "completed"
+    assert any(event["key"] == "#2:receive:approve-payment" for event in exported["events"])
+
+    # And several from the changelist: a zip with one document each.
+    choose_action([first, second], "export_instances")
+    with page.expect_download() as download_info:
+        page.get_by_role("button", name="Go").click()
+    archive = download_info.value
+    with zipfile.ZipFile(archive.path()) as bundle:
+        documents = [json.loads(bundle.read(name)) for name in bundle.namelist()]
+    assert sorted(doc["instance"]["instance_id"] for doc in documents) == sorted(
+        [f"order-{first}", f"order-{second}"]
+    )
+
+    # What the shop's own tables and the admin log say.
+    statuses = dict(project.rows("SELECT id, status FROM shop_order"))
+    assert statuses == {
+        first: "confirmed",
+        second: "cancelled",
+        by_button_signal: "confirmed",
+        by_button_cancel: "cancelled",
+        by_action_signal: "confirmed",
+        by_action_cancel: "cancelled",
+    }
+    logged = [message for (message,) in project.rows("SELECT change_message FROM django_admin_log")]
+    assert sum("Sent a signal" in message for message in logged) == 2, logged
+    assert sum("Requested cancellation" in message for message in logged) == 2, logged
+    assert sum("Exported the history" in message for message in logged) == 3, logged
+    print("screenshots:", ", ".join(sorted(path.name for path in shots.iterdir())))
