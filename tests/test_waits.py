@@ -320,6 +320,24 @@ def test_receive_async_and_pending_read_the_delivered_view(stepper: Worker) -> N
     sv.replay_instance(instance_id)
 
 
+def test_receive_async_and_pending_ignore_cancellation_and_receive_observes_it_first(
+    stepper: Worker,
+) -> None:
+    instance_id = sv.start_workflow("wait.inbox", None)
+    sv.signal(instance_id, "go", "pending but second to cancellation")
+    sv.cancel_workflow(instance_id, "before the first dispatch")
+    run(stepper)
+
+    result = result_of(instance_id)
+    assert result.status == "cancelled"
+    assert isinstance(result.error, sv.WorkflowCancelled)
+    assert [(r.seq, r.event_type) for r in rows(instance_id, "receive")] == [
+        (1, "SignalNone"),  # receive_async went ahead
+        (2, "SignalCancelled"),  # receive saw the request before the pending signal
+    ]
+    assert [s.consumed_seq for s in signals(instance_id)] == [None]
+
+
 # -- 2. timers --------------------------------------------------------------------------
 
 
