@@ -796,6 +796,7 @@ def test_get_never_delivers_a_batch_and_replay_keeps_earlier_readiness(
         ("none", sv.ApplicationError, "TypeError"),
         ("command", sv.NondeterminismError, None),
         ("raise", sv.ApplicationError, "LookupError"),
+        ("pending", sv.ApplicationError, "selvedge_django.exceptions.InvalidSignalChannel"),
     ],
 )
 def test_bad_predicates_fail_the_run_even_when_the_error_is_caught(

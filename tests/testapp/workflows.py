@@ -755,7 +755,7 @@ def wait_get_no_batch(ctx: sv.WorkflowContext, data: dict[str, Any]) -> dict[str
 
 @sv.workflow(name="wait.bad_predicate")
 def wait_bad_predicate(ctx: sv.WorkflowContext, mode: str) -> str:
-    """wait_condition with a None, command-issuing or raising predicate, error swallowed."""
+    """wait_condition with a None, command-issuing, raising or bad-pending predicate."""
     predicate: Any
     if mode == "none":
         predicate = None
@@ -763,6 +763,11 @@ def wait_bad_predicate(ctx: sv.WorkflowContext, mode: str) -> str:
 
         def predicate() -> bool:
             return ctx.now() is None
+
+    elif mode == "pending":
+
+        def predicate() -> bool:
+            return ctx.pending("") > 0
 
     else:
 
