@@ -84,6 +84,9 @@ class WorkflowInstance(models.Model):
             ),
             models.Index(fields=["status", "-started_at"], name="sv_inst_status_idx"),
             models.Index(fields=["workflow_name", "-started_at"], name="sv_inst_name_idx"),
+            models.Index(
+                fields=["workflow_name", "status", "-started_at"], name="sv_inst_name_status_idx"
+            ),
             models.Index(fields=["-started_at", "-instance_id"], name="sv_inst_started_idx"),
             models.Index(fields=["closed_at"], name="sv_inst_closed_idx"),
             models.Index(
