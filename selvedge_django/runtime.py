@@ -184,9 +184,7 @@ class WorkerRuntime:
                 with attempt_scope(state):
                     if definition.transactional:
                         with self.store.atomic():
-                            output = self.codec.encode(
-                                definition.fn(value), f"result of activity {task.name!r}"
-                            )
+                            output = self._encode_result(task.name, definition.fn(value))
                             if state.cancelled:
                                 raise exc.ActivityCancelled(state.cancel_reason)
                             if not self.store.complete_task(
@@ -196,7 +194,7 @@ class WorkerRuntime:
                         recorded = True
                     else:
                         result = definition.fn(value)
-                        output = self.codec.encode(result, f"result of activity {task.name!r}")
+                        output = self._encode_result(task.name, result)
                         if state.cancelled and state.cancel_reason != "claim lost":
                             raise exc.ActivityCancelled(state.cancel_reason)
                         recorded = self.store.complete_task(
@@ -227,6 +225,15 @@ class WorkerRuntime:
             with self._lock:
                 self._attempts.pop(claim, None)
         return None
+
+    def _encode_result(self, name: str, value: Any) -> str:
+        """Encode an attempt's return value; one that is not JSON fails the attempt."""
+        try:
+            return self.codec.encode(value, f"result of activity {name!r}")
+        except (TypeError, ValueError) as error:
+            raise TypeError(
+                f"activity {name!r} returned a value that is not JSON: {error}"
+            ) from error
 
     def _record_failure(
         self,
@@ -276,7 +283,9 @@ class WorkerRuntime:
             elif policy.exhausted(failures):
                 exhausted = exc.RetryExhaustedError(task.name, failures, error)
                 final_envelope = json.dumps(error_to_envelope(exhausted, codec=self.codec))
-                if self.store.fail_task(claim, final_envelope, inline_fence=inline_fence):
+                if self.store.fail_task(
+                    claim, final_envelope, inline_fence=inline_fence, last_error=envelope
+                ):
                     self.fire("on_activity_failed", error=exhausted, **hook_fields)
                     return EV_ACTIVITY_FAILED, final_envelope
             elif self.store.retry_task(claim, envelope, policy.delay_for(failures)):

@@ -363,10 +363,14 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
             start_to_close = task.start_to_close_ms / 1000 if task.start_to_close_ms else None
             heartbeat = task.heartbeat_timeout_ms / 1000 if task.heartbeat_timeout_ms else None
             ttl = self._claim_ttl(start_to_close, heartbeat)
-            ActivityTask.objects.using(self.alias).filter(id=task.id).update(
+            fields: dict[str, Any] = dict(
                 claim_expires_ms=self.now_expr(ttl),
                 attempt_deadline_ms=self.now_expr(start_to_close) if start_to_close else None,
             )
+            if task.claim_expires_ms is not None:
+                # Still the previous claim's expiry: a lapsed claim, whose failure was counted.
+                fields["last_error"] = self._lapse_envelope(task)
+            ActivityTask.objects.using(self.alias).filter(id=task.id).update(**fields)
             claimed.append(
                 ClaimedTask(
                     claim=TaskClaim(task.id, task.instance_id, task.key, owner, task.claim_epoch),
@@ -463,13 +467,18 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
         *,
         count_failure: bool = True,
         inline_fence: Fence | None = None,
+        last_error: str | None = None,
     ) -> bool:
-        """Record a final failure (non-retryable or retries exhausted)."""
+        """Record a final failure (non-retryable or retries exhausted).
+
+        ``error`` is the outcome recorded in history; the task keeps ``last_error``
+        (default: the same), the error of the attempt itself.
+        """
         with self.atomic():
             if not self._claim_filter(claim).update(
                 status=ActivityTaskStatus.FAILED,
                 claim_expires_ms=None,
-                last_error=error,
+                last_error=error if last_error is None else last_error,
                 failures=F("failures") + (1 if count_failure else 0),
             ):
                 return False

@@ -13,11 +13,24 @@ from .engine.store import EV_ACTIVITY_FAILED
 from .models import ActivityTask, ActivityTaskStatus, SystemLock
 from .store_base import StoreBase
 
-__all__ = ["TaskSweepMixin"]
+__all__ = ["TaskSweepMixin", "lapse_timeout"]
 
 
 def _envelope(error: BaseException) -> str:
     return json.dumps(error_to_envelope(error, with_traceback=False))
+
+
+def lapse_timeout(
+    name: str,
+    attempt: int,
+    deadline_ms: int | None,
+    heartbeat_ms: int | None,
+    expired_ms: int | None,
+) -> exc.ActivityTimeoutError:
+    """The timeout a lapsed claim stands for: its attempt deadline, else a missed heartbeat."""
+    deadline_reached = deadline_ms is not None and (expired_ms is None or deadline_ms <= expired_ms)
+    kind = "heartbeat" if heartbeat_ms is not None and not deadline_reached else "start_to_close"
+    return exc.ActivityTimeoutError(name, kind, attempt)
 
 
 class TaskSweepMixin(StoreBase):
@@ -82,16 +95,11 @@ class TaskSweepMixin(StoreBase):
                 "max_attempts",
                 "attempt_deadline_ms",
                 "heartbeat_timeout_ms",
+                "claim_expires_ms",
             )[:limit]
         )
-        now_ms = self.now_ms()
-        for task_id, epoch, name, attempts, failures, max_attempts, deadline, heartbeat in lapsed:
-            kind = (
-                "start_to_close"
-                if deadline is not None and deadline < now_ms
-                else ("heartbeat" if heartbeat is not None else "start_to_close")
-            )
-            timeout = exc.ActivityTimeoutError(name, kind, attempts)
+        for task_id, epoch, name, attempts, failures, max_attempts, *expiry in lapsed:
+            timeout = lapse_timeout(name, attempts, *expiry)
             exhausted = max_attempts != 0 and failures + 1 >= max_attempts
             with self.atomic():
                 task = ActivityTask.objects.using(self.alias).filter(
@@ -120,10 +128,12 @@ class TaskSweepMixin(StoreBase):
                         failures=F("failures") + 1,
                         last_error=_envelope(timeout),
                         not_before_ms=0,
+                        # The wait for a worker starts at the lapse, not at this sweep
+                        # (SET expressions read the row as it was before the update).
                         schedule_deadline_ms=Case(
                             When(
                                 schedule_to_start_ms__isnull=False,
-                                then=self.now_expr() + F("schedule_to_start_ms"),
+                                then=F("claim_expires_ms") + F("schedule_to_start_ms"),
                             ),
                             default=Value(None),
                         ),
@@ -152,6 +162,17 @@ class TaskSweepMixin(StoreBase):
                 self._arrive_failure(instance_id, key, error)
             done += 1
         return done
+
+    def _lapse_envelope(self, task: ActivityTask) -> str:
+        """The error of a lapsed claim taken over by a new one (read before the takeover)."""
+        timeout = lapse_timeout(
+            task.name,
+            task.attempts - 1,
+            task.attempt_deadline_ms,
+            task.heartbeat_timeout_ms,
+            task.claim_expires_ms,
+        )
+        return _envelope(timeout)
 
     def _arrive_failure(self, instance_id: str, key: str, data: str) -> None:
         from django.utils import timezone

@@ -47,6 +47,7 @@ class AttemptState:
     info: ActivityInfo
     deadline_monotonic: float | None = None
     progress: int = 0
+    started: float = field(default_factory=time.monotonic)
     cancel_reason: str = ""
     _cancelled: threading.Event = field(default_factory=threading.Event)
 

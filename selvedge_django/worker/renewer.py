@@ -53,8 +53,9 @@ class Renewer(Loop):
         for task, state in runtime.active_attempts():
             claim = task.claim
             live.add(claim)
-            last, progress = self._claims.setdefault(claim, (now, state.progress))
-            seen_at, seen = self._progress.setdefault(claim, (now, state.progress))
+            # Both clocks start with the attempt, not when this loop first sees it.
+            last, progress = self._claims.setdefault(claim, (state.started, 0))
+            seen_at, seen = self._progress.setdefault(claim, (state.started, 0))
             if state.progress != seen:
                 self._progress[claim] = (now, state.progress)
             elif task.heartbeat_timeout is not None and now - seen_at > task.heartbeat_timeout:
@@ -77,3 +78,8 @@ class Renewer(Loop):
                 del self._claims[claim]
                 self._progress.pop(claim, None)
         return 0
+
+    def next_delay(self, idle_delay: float) -> float:
+        """Tick often enough to renew the shortest live claim several times per TTL."""
+        ttls = [task.claim_ttl for task, _ in self.runtime.active_attempts()]
+        return min([idle_delay, *(ttl / 4 for ttl in ttls)])
