@@ -123,17 +123,19 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
         """Lease up to ``limit`` dispatchable instances (runnable or expired) for ``owner``."""
         if limit <= 0 or (names is not None and not names):
             return []
-        with self.atomic():
-            now = self.now_expr()
-            candidates = WorkflowInstance.objects.using(self.alias).filter(
-                Q(status=WorkflowStatus.RUNNING)
-                & (
-                    Q(runnable=True, lease_owner="")
-                    | (Q(lease_expires_ms__lt=now) & ~Q(lease_owner=""))
-                )
+        now = self.now_expr()
+        candidates = WorkflowInstance.objects.using(self.alias).filter(
+            Q(status=WorkflowStatus.RUNNING)
+            & (
+                Q(runnable=True, lease_owner="")
+                | (Q(lease_expires_ms__lt=now) & ~Q(lease_owner=""))
             )
-            if names is not None:
-                candidates = candidates.filter(workflow_name__in=list(names))
+        )
+        if names is not None:
+            candidates = candidates.filter(workflow_name__in=list(names))
+        if self.vendor == "postgresql":
+            return self._acquire_returning(candidates, owner, ttl, limit)
+        with self.atomic():
             ids = list(
                 candidates.order_by()
                 .select_for_update(skip_locked=True)
@@ -153,6 +155,26 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
                 .values_list("instance_id", "lease_epoch")
             )
             return [Fence(instance_id, owner, epoch) for instance_id, epoch in rows]
+
+    def _acquire_returning(
+        self, candidates: Any, owner: str, ttl: float, limit: int
+    ) -> list[Fence]:
+        """PostgreSQL: pick, lease and read back the epochs in one statement (one round trip)."""
+        conn = self.connection
+        pick_query = candidates.order_by().values("instance_id")[:limit].query
+        pick, pick_params = pick_query.get_compiler(using=self.alias).as_sql()
+        now_sql, now_params = DbNowMs(clock_offset_ms()).as_sql(None, conn)
+        table = conn.ops.quote_name(WorkflowInstance._meta.db_table)
+        with conn.cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {table} SET lease_owner = %s, lease_epoch = lease_epoch + 1,"
+                f" lease_expires_ms = {now_sql} + %s, runnable = false"
+                f" WHERE instance_id IN ({pick} FOR UPDATE SKIP LOCKED)"
+                " RETURNING instance_id, lease_epoch",
+                [owner, *now_params, round(ttl * 1000), *pick_params],
+            )
+            rows = cursor.fetchall()
+        return [Fence(instance_id, owner, epoch) for instance_id, epoch in rows]
 
     def acquire(self, instance_id: str, owner: str, ttl: float) -> Fence | None:
         """Lease one instance if it is dispatchable."""
@@ -195,6 +217,22 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
 
     def release_lease(self, fence: Fence, runnable: bool = False) -> None:
         """Clear a matching lease, keeping pending input runnable."""
+        conn = self.connection
+        if conn.features.can_return_columns_from_insert:
+            # One statement that also says whether input arrived meanwhile: only then
+            # is a dispatcher woken (every worker's, through NOTIFY), not on every release.
+            table = conn.ops.quote_name(WorkflowInstance._meta.db_table)
+            with conn.cursor() as cursor:
+                cursor.execute(
+                    f"UPDATE {table} SET lease_owner = '', lease_expires_ms = NULL,"
+                    " runnable = (runnable OR %s) WHERE instance_id = %s AND lease_owner = %s"
+                    " AND lease_epoch = %s RETURNING runnable",
+                    [runnable, fence.instance_id, fence.owner, fence.epoch],
+                )
+                row = cursor.fetchone()
+            if row is not None and row[0]:
+                self.after_commit("runnable")
+            return
         updated = (
             WorkflowInstance.objects.using(self.alias)
             .filter(
@@ -266,7 +304,7 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
     ) -> tuple[HistoryRow, ClaimedTask | None]:
         """Reserve the command and create its task (claimed inline when asked) atomically."""
         with self.atomic():
-            self._fence(fence)
+            self._fence(fence, current_step=f"activity {task.name}")
             stored = self._insert_row(fence.instance_id, row)
             if stored is not row:
                 return stored, None

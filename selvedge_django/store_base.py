@@ -191,8 +191,15 @@ class StoreBase:
             if self.connection.in_atomic_block:
                 raise
 
-    def _fence(self, fence: Fence) -> None:
-        """The fence check: the first statement of every fenced transaction."""
+    def _fence(self, fence: Fence, current_step: str | None = None) -> None:
+        """The fence check: the first statement of every fenced transaction.
+
+        ``current_step`` (the command being issued) is recorded in the same update,
+        so operators see where an instance is at no extra cost.
+        """
+        fields: dict[str, Any] = {"updated_at": timezone.now()}
+        if current_step is not None:
+            fields["current_step"] = current_step[:255]
         updated = (
             WorkflowInstance.objects.using(self.alias)
             .filter(
@@ -201,7 +208,7 @@ class StoreBase:
                 lease_epoch=fence.epoch,
                 status=WorkflowStatus.RUNNING,
             )
-            .update(updated_at=timezone.now())
+            .update(**fields)
         )
         if updated != 1:
             raise exc.Fenced(

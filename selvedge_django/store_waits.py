@@ -61,7 +61,7 @@ class WaitStoreMixin(StoreBase):
 
     def reserve_timer(self, fence: Fence, row: HistoryRow, expires_at: datetime) -> HistoryRow:
         with self.atomic():
-            self._fence(fence)
+            self._fence(fence, current_step=f"{row.command} until {expires_at.isoformat()}")
             stored = self._insert_row(fence.instance_id, row)
             if stored is row:
                 TimerSubscription.objects.using(self.alias).create(
@@ -343,7 +343,7 @@ class WaitStoreMixin(StoreBase):
 
     def start_child(self, fence: Fence, row: HistoryRow, child: ChildSpec) -> HistoryRow:
         with self.atomic():
-            self._fence(fence)
+            self._fence(fence, current_step=f"child {child.workflow_name} {child.instance_id}")
             stored = self._insert_row(fence.instance_id, row)
             if stored is not row:
                 return stored
