@@ -1,11 +1,15 @@
 #!/usr/bin/env python
 """Core benchmark: SQL per durable operation, and worker throughput, per database.
 
-    python bench/bench_core.py [--db sqlite|postgres|all] [--workflows N] [--sql]
+    python bench/bench_core.py [--db sqlite|postgres|all] [--workflows N] [--sql] [--futures]
 
 The workload is one workflow of three trivial activities run with
 ``act.execute(ctx, x)`` (the inline path: reserve and claim in one transaction,
-run on the workflow thread, complete). Two measurements per database:
+run on the workflow thread, complete). With ``--futures`` it is instead one
+workflow that issues ten trivial activities with ``act.execute_async(ctx, x)``
+and then calls ``get()`` on each future: ten reservations, then activity
+workers and the workflow's own inline ``get()`` attempts run them
+concurrently. Two measurements per database:
 
 1. Statements and transactions per workflow and per phase (start, dispatch,
    activity step, close), counted on every connection of every thread while N
@@ -27,6 +31,8 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +48,7 @@ from bench.harness import (  # noqa: E402 - the repository root goes on the path
 )
 
 ACTIVITIES_PER_WORKFLOW = 3
+FUTURES_PER_WORKFLOW = 10
 
 # Store methods and the phase of a workflow's life they belong to. Calls nested
 # in another tracked method are charged to the outer one.
@@ -89,16 +96,29 @@ PHASES: dict[str, str] = {
     "request_cancel": "client",
 }
 
-PHASE_ROWS = (
-    ("start", "start (start_workflow)", 1),
-    ("dispatch", "dispatch (lease + history load)", 1),
-    ("step", "activity step (per step)", ACTIVITIES_PER_WORKFLOW),
-    ("close", "close", 1),
-)
+
+def phase_rows(steps: int) -> tuple[tuple[str, str, int], ...]:
+    """The phases of part 1: (phase, label, how many per workflow)."""
+    return (
+        ("start", "start (start_workflow)", 1),
+        ("dispatch", "dispatch (lease + history load)", 1),
+        ("step", "activity step (per step)", steps),
+        ("close", "close", 1),
+    )
 
 
-def define_workload() -> Any:
-    """Register the benchmark's workflow and its three activities; return the workflow."""
+@dataclass(frozen=True)
+class Workload:
+    """One benchmarked workflow: its definition, its activity steps and its expected output."""
+
+    workflow: Any
+    steps: int
+    description: str
+    expected: Callable[[int], Any]
+
+
+def define_workload() -> Workload:
+    """Register the benchmark's workflow and its three activities."""
     import selvedge_django as sv
 
     @sv.activity(name="bench.add_one")
@@ -117,11 +137,43 @@ def define_workload() -> Any:
     def three_steps(ctx: sv.WorkflowContext, x: int) -> str:
         return label.execute(ctx, double.execute(ctx, add_one.execute(ctx, x)))
 
-    return three_steps
+    return Workload(
+        three_steps,
+        ACTIVITIES_PER_WORKFLOW,
+        f"{ACTIVITIES_PER_WORKFLOW} trivial activities per workflow, "
+        "act.execute(ctx, x) (reserve + claim inline, run, complete)",
+        expected_output,
+    )
 
 
 def expected_output(x: int) -> str:
     return f"n={(x + 1) * 2}"
+
+
+def define_futures_workload() -> Workload:
+    """Register the ``--futures`` workflow: ten futures issued serially, then awaited."""
+    import selvedge_django as sv
+
+    @sv.activity(name="bench.square")
+    def square(x: int) -> int:
+        return x * x
+
+    @sv.workflow(name="bench.ten_futures")
+    def ten_futures(ctx: sv.WorkflowContext, x: int) -> int:
+        futures = [square.execute_async(ctx, x + i) for i in range(FUTURES_PER_WORKFLOW)]
+        return sum(future.get(ctx) for future in futures)
+
+    return Workload(
+        ten_futures,
+        FUTURES_PER_WORKFLOW,
+        f"{FUTURES_PER_WORKFLOW} concurrent futures per workflow, act.execute_async(ctx, x) "
+        "for each, then future.get(ctx) for each (claimed inline when still queued)",
+        expected_futures_output,
+    )
+
+
+def expected_futures_output(x: int) -> int:
+    return sum((x + i) ** 2 for i in range(FUTURES_PER_WORKFLOW))
 
 
 # -- measurements -------------------------------------------------------------------
@@ -135,7 +187,7 @@ def by_phase(counts: dict[str, Counter[str]]) -> dict[str, Counter[str]]:
     return phases
 
 
-def measure_counts(workflow: Any, counter: SqlCounter, n: int, trace: bool) -> dict[str, Any]:
+def measure_counts(workload: Workload, counter: SqlCounter, n: int, trace: bool) -> dict[str, Any]:
     """Run ``n`` workflows one at a time, dispatched and run inline, counting SQL."""
     import selvedge_django as sv
     from selvedge_django.worker import Worker
@@ -145,7 +197,7 @@ def measure_counts(workflow: Any, counter: SqlCounter, n: int, trace: bool) -> d
     worker.activities.inline = True
 
     def one(x: int) -> str:
-        instance_id = sv.start_workflow(workflow, x)
+        instance_id = sv.start_workflow(workload.workflow, x)
         dispatched = worker.dispatcher.run_once()
         if dispatched != 1:
             raise RuntimeError(f"expected one dispatch, got {dispatched}")
@@ -165,7 +217,7 @@ def measure_counts(workflow: Any, counter: SqlCounter, n: int, trace: bool) -> d
     counts, calls, shapes = counter.snapshot()
     for instance_id, x in ids:
         result = sv.get_workflow_result(instance_id)
-        if result.status != "completed" or result.output != expected_output(x):
+        if result.status != "completed" or result.output != workload.expected(x):
             raise RuntimeError(f"{instance_id}: {result.status} {result.output!r} {result.error!r}")
     return {
         "counts": counts,
@@ -177,7 +229,7 @@ def measure_counts(workflow: Any, counter: SqlCounter, n: int, trace: bool) -> d
 
 
 def measure_throughput(
-    workflow: Any, counter: SqlCounter, n: int, overrides: dict[str, Any]
+    workload: Workload, counter: SqlCounter, n: int, overrides: dict[str, Any]
 ) -> dict[str, Any]:
     """Start ``n`` workflows, then let one in-process Worker run them all."""
     from django.db.models import Max
@@ -190,7 +242,7 @@ def measure_throughput(
     counter.reset()
     first_start = timezone.now()
     t0 = time.perf_counter()
-    ids = [(sv.start_workflow(workflow, x), x) for x in range(n)]
+    ids = [(sv.start_workflow(workload.workflow, x), x) for x in range(n)]
     starting = time.perf_counter() - t0
     worker = Worker(**overrides)
     worker_started = timezone.now()
@@ -198,7 +250,7 @@ def measure_throughput(
     try:
         for instance_id, x in ids:
             result = sv.wait_workflow(instance_id, timeout=120)
-            if result.status != "completed" or result.output != expected_output(x):
+            if result.status != "completed" or result.output != workload.expected(x):
                 raise RuntimeError(f"{instance_id}: {result.status} {result.error!r}")
     finally:
         worker.stop(timeout=10)
@@ -211,6 +263,7 @@ def measure_throughput(
         "elapsed": (last_close - first_start).total_seconds(),
         "draining": (last_close - worker_started).total_seconds(),
         "resumptions": worker.settings.max_concurrent_resumptions,
+        "activities": worker.settings.max_concurrent_activities,
         "counts": counts,
         "calls": calls,
     }
@@ -232,18 +285,19 @@ def _header(width: int = 34) -> str:
     return f"  {'':<{width}}" + "".join(f"{name:>13}" for name in names)
 
 
-def print_counts(result: dict[str, Any], n: int) -> None:
+def print_counts(result: dict[str, Any], n: int, steps: int) -> None:
     counts, calls, shapes = result["counts"], result["calls"], result["shapes"]
     phases = by_phase(counts)
+    rows = phase_rows(steps)
     print(f"Statements and transactions, inline path (averaged over {n} workflows)")
     print(_header())
     total: Counter[str] = Counter()
-    for phase, label, per_workflow in PHASE_ROWS:
+    for phase, label, per_workflow in rows:
         c = phases.get(phase, Counter())
         total.update(c)
         print(_row(label, c, n * per_workflow))
-    print(_row(f"workflow, start to close ({ACTIVITIES_PER_WORKFLOW} steps)", total, n))
-    leftover = {k: v for k, v in phases.items() if k not in {p for p, _, _ in PHASE_ROWS}}
+    print(_row(f"workflow, start to close ({steps} steps)", total, n))
+    leftover = {k: v for k, v in phases.items() if k not in {p for p, _, _ in rows}}
     for phase, c in sorted(leftover.items()):
         print(_row(f"not in a phase: {phase}", c, n))
     print()
@@ -277,12 +331,13 @@ def print_trace(rows: list[tuple[str, str]]) -> None:
     print()
 
 
-def print_throughput(result: dict[str, Any], n: int) -> None:
+def print_throughput(result: dict[str, Any], n: int, per_workflow: int) -> None:
     elapsed = result["elapsed"]
-    steps = n * ACTIVITIES_PER_WORKFLOW
+    steps = n * per_workflow
     print(
         f"Throughput: {n} workflows started up front, one in-process Worker "
-        f"(max_concurrent_resumptions={result['resumptions']}, other settings at their defaults)"
+        f"(max_concurrent_resumptions={result['resumptions']}, "
+        f"max_concurrent_activities={result['activities']}, other settings at their defaults)"
     )
     print(
         f"  {n} starts                       {result['starting']:>8.2f} s  "
@@ -299,7 +354,7 @@ def print_throughput(result: dict[str, Any], n: int) -> None:
     for phase in (*shown, UNTRACKED):
         if phase in phases:
             label = {
-                "step": f"activity steps (all {ACTIVITIES_PER_WORKFLOW})",
+                "step": f"activity steps (all {per_workflow})",
                 "polling": "loops (idle, renewals, leader)",
                 "client": "client reads (wait_workflow)",
             }.get(phase, phase)
@@ -320,14 +375,14 @@ def _git_revision() -> str:
     return out.stdout.strip() or "unknown"
 
 
-def run_one(db: str, n: int, trace: bool, resumptions: int | None) -> None:
+def run_one(db: str, n: int, trace: bool, resumptions: int | None, futures: bool = False) -> None:
     with bench_database(db) as info:
         import django
 
         import selvedge_django
         from selvedge_django.store import DjangoStore
 
-        workflow = define_workload()
+        workload = define_futures_workload() if futures else define_workload()
         counter = SqlCounter()
         counter.track(DjangoStore, PHASES)
         counter.install()
@@ -339,18 +394,16 @@ def run_one(db: str, n: int, trace: bool, resumptions: int | None) -> None:
             f"Django {django.get_version()}, Python {platform.python_version()}, "
             f"{os.cpu_count()} CPUs"
         )
-        print(
-            f"Workload: {ACTIVITIES_PER_WORKFLOW} trivial activities per workflow, "
-            "act.execute(ctx, x) (reserve + claim inline, run, complete)"
-        )
+        print(f"Workload: {workload.description}")
         print()
-        counted = measure_counts(workflow, counter, n, trace)
+        counted = measure_counts(workload, counter, n, trace)
         if trace:
             print_trace(counted["trace"])
-        print_counts(counted, n)
+        print_counts(counted, n, workload.steps)
         print()
         overrides = {} if resumptions is None else {"max_concurrent_resumptions": resumptions}
-        print_throughput(measure_throughput(workflow, counter, n, overrides), n)
+        throughput = measure_throughput(workload, counter, n, overrides)
+        print_throughput(throughput, n, workload.steps)
         print(flush=True)
 
 
@@ -365,13 +418,18 @@ def main(argv: list[str] | None = None) -> int:
         help="max_concurrent_resumptions of the throughput Worker (default: the setting's default)",
     )
     parser.add_argument("--sql", action="store_true", help="print the SQL of one workflow")
+    parser.add_argument(
+        "--futures",
+        action="store_true",
+        help=f"benchmark {FUTURES_PER_WORKFLOW} concurrent futures per workflow instead",
+    )
     args = parser.parse_args(argv)
     if args.workflows < 1:
         parser.error("--workflows must be at least 1")
     if args.resumptions is not None and args.resumptions < 1:
         parser.error("--resumptions must be at least 1")
     if args.db != "all":
-        run_one(args.db, args.workflows, args.sql, args.resumptions)
+        run_one(args.db, args.workflows, args.sql, args.resumptions, args.futures)
         return 0
     # One process per database: Django is configured once per process.
     failed = []
@@ -380,6 +438,8 @@ def main(argv: list[str] | None = None) -> int:
         command += ["--workflows", str(args.workflows)] + (["--sql"] if args.sql else [])
         if args.resumptions is not None:
             command += ["--resumptions", str(args.resumptions)]
+        if args.futures:
+            command.append("--futures")
         if subprocess.call(command) != 0:
             failed.append(db)
     if failed:
