@@ -631,8 +631,8 @@ def test_a_workflow_whose_output_could_not_be_encoded_replays_as_the_same_failur
     sv.replay_instance(iid)
 
 
-def test_receipt_child_replays_from_its_own_golden_parent() -> None:
-    """The child handle's recorded outcome is part of the parent's history."""
+def test_the_parents_golden_history_records_the_childs_output() -> None:
+    """The child's outcome is part of the parent's history: replay never runs the child."""
     history = load("order_completed.json")
     (child_event,) = [e for e in history.events if e.command == "child"]
     assert child_event.data == receipt.fn(None, {"sku": "tee", "cents": 750})  # type: ignore[arg-type]
