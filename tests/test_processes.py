@@ -142,10 +142,8 @@ def test_two_processes_racing_complete_every_workflow_exactly_once(
     instances = {i.instance_id: i for i in WorkflowInstance.objects.filter(instance_id__in=inputs)}
     assert {i.status for i in instances.values()} == {"completed"}
     assert {iid: json.loads(i.output) for iid, i in instances.items()} == inputs
-    # Every instance was leased at least once; a lease lost to a slow renewal on a
-    # loaded machine may be taken over (a higher epoch), but the fence keeps the
-    # history exactly once, which is what the assertions below check.
-    assert min(i.lease_epoch for i in instances.values()) >= 1
+    # A lease lost to a slow renewal on a loaded machine may be taken over (a higher
+    # epoch); the fence keeps the history exactly once, which is what is checked here.
     closes = Counter(
         HistoryEvent.objects.filter(instance_id__in=inputs, key="$close").values_list(
             "instance_id", flat=True
@@ -160,7 +158,6 @@ def test_two_processes_racing_complete_every_workflow_exactly_once(
     tasks = ActivityTask.objects.filter(instance_id__in=inputs)
     assert tasks.count() == 300
     assert set(tasks.values_list("status", flat=True)) == {"completed"}
-    assert min(tasks.values_list("attempts", flat=True)) >= 1
     owners = Counter(tasks.values_list("claim_owner", flat=True))
     assert set(owners) <= {"racer-0", "racer-1"}
     assert [p.terminate() for p in procs] == [0, 0]
