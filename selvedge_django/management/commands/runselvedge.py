@@ -255,7 +255,11 @@ class Command(BaseCommand):
         if not options["files"]:
             names = registered_workflow_names()
             limit = options["limit"]
-            base = WorkflowInstance.objects.filter(workflow_name__in=names)
+            from ...conf import get_settings
+
+            base = WorkflowInstance.objects.using(get_settings().database).filter(
+                workflow_name__in=names
+            )
             ids = list(
                 base.filter(status=WorkflowStatus.RUNNING)
                 .order_by("started_at")
