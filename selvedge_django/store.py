@@ -467,19 +467,19 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
     def _arrive(
         self, claim: TaskClaim, event_type: str, data: str, inline_fence: Fence | None
     ) -> None:
-        HistoryEvent.objects.using(self.alias).filter(
-            instance_id=claim.instance_id, key=claim.key, data__isnull=True
-        ).update(data=data, event_type=event_type, arrived_at=timezone.now())
-        instance = WorkflowInstance.objects.using(self.alias).filter(
-            instance_id=claim.instance_id, status=WorkflowStatus.RUNNING
+        self._execute(
+            "UPDATE {history} SET data = %s, event_type = %s, arrived_at = %s"
+            " WHERE instance_id = %s AND key = %s AND data IS NULL",
+            [data, event_type, self._now_param(), claim.instance_id, claim.key],
         )
+        wake = "UPDATE {instance} SET runnable = %s WHERE instance_id = %s AND status = %s"
+        params: list[Any] = [True, claim.instance_id, str(WorkflowStatus.RUNNING)]
         if inline_fence is not None:
             # The execution that ran the attempt inline reads the value itself; any
             # other holder (or none) must be woken.
-            instance = instance.exclude(
-                lease_owner=inline_fence.owner, lease_epoch=inline_fence.epoch
-            )
-        if instance.update(runnable=True):
+            wake += " AND NOT (lease_owner = %s AND lease_epoch = %s)"
+            params += [inline_fence.owner, inline_fence.epoch]
+        if self._execute(wake, params):
             self.after_commit("runnable")
 
     def complete_task(
@@ -490,9 +490,20 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
         inline_fence: Fence | None = None,
     ) -> bool:
         """Record a successful attempt; False when the claim was lost (late result)."""
+        now_sql, now_params = DbNowMs(clock_offset_ms()).as_sql(None, self.connection)
         with self.atomic():
-            if not self._claim_filter(claim, live=True).update(
-                status=ActivityTaskStatus.COMPLETED, claim_expires_ms=None
+            if not self._execute(
+                "UPDATE {task} SET status = %s, claim_expires_ms = NULL WHERE id = %s"
+                " AND claim_owner = %s AND claim_epoch = %s AND status = %s"
+                f" AND claim_expires_ms >= {now_sql}",
+                [
+                    str(ActivityTaskStatus.COMPLETED),
+                    claim.task_id,
+                    claim.owner,
+                    claim.epoch,
+                    str(ActivityTaskStatus.RUNNING),
+                    *now_params,
+                ],
             ):
                 return False
             self._arrive(claim, EV_ACTIVITY_COMPLETED, output, inline_fence)

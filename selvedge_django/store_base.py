@@ -16,7 +16,7 @@ from django.utils import timezone
 from . import exceptions as exc
 from .engine.codec import Codec
 from .engine.store import Fence, HistoryRow
-from .models import HistoryEvent, WorkflowInstance, WorkflowStatus
+from .models import ActivityTask, HistoryEvent, WorkflowInstance, WorkflowStatus
 from .notify import Bus, bus_for
 
 __all__ = ["DbNowMs", "StoreBase", "clock_offset_ms", "set_clock_offset_ms"]
@@ -191,24 +191,44 @@ class StoreBase:
             if self.connection.in_atomic_block:
                 raise
 
+    def _execute(self, sql: str, params: Sequence[Any]) -> int:
+        """Run one hand-written statement; return the rows it touched.
+
+        The hottest statements (fences, history rows, activity arrivals) skip the
+        ORM's query building, which costs ten times the statement itself on a
+        local database. ``{instance}``, ``{history}`` and ``{task}`` name the tables.
+        """
+        conn = self.connection
+        quote = conn.ops.quote_name
+        with conn.cursor() as cursor:
+            cursor.execute(
+                sql.format(
+                    instance=quote(WorkflowInstance._meta.db_table),
+                    history=quote(HistoryEvent._meta.db_table),
+                    task=quote(ActivityTask._meta.db_table),
+                ),
+                params,
+            )
+            return int(cursor.rowcount)
+
+    def _now_param(self) -> Any:
+        """``timezone.now()`` as the database driver takes it."""
+        return self.connection.ops.adapt_datetimefield_value(timezone.now())
+
     def _fence(self, fence: Fence, current_step: str | None = None) -> None:
         """The fence check: the first statement of every fenced transaction.
 
         ``current_step`` (the command being issued) is recorded in the same update,
         so operators see where an instance is at no extra cost.
         """
-        fields: dict[str, Any] = {"updated_at": timezone.now()}
+        sets, params = "updated_at = %s", [self._now_param()]
         if current_step is not None:
-            fields["current_step"] = current_step[:255]
-        updated = (
-            WorkflowInstance.objects.using(self.alias)
-            .filter(
-                instance_id=fence.instance_id,
-                lease_owner=fence.owner,
-                lease_epoch=fence.epoch,
-                status=WorkflowStatus.RUNNING,
-            )
-            .update(**fields)
+            sets += ", current_step = %s"
+            params.append(current_step[:255])
+        updated = self._execute(
+            "UPDATE {instance} SET " + sets + " WHERE instance_id = %s AND lease_owner = %s"
+            " AND lease_epoch = %s AND status = %s",
+            [*params, fence.instance_id, fence.owner, fence.epoch, str(WorkflowStatus.RUNNING)],
         )
         if updated != 1:
             raise exc.Fenced(
@@ -223,15 +243,21 @@ class StoreBase:
         so a conflict is a bug: it aborts the whole transaction (no savepoint).
         """
         try:
-            HistoryEvent.objects.using(self.alias).create(
-                instance_id=instance_id,
-                key=row.key,
-                seq=row.seq,
-                command=row.command,
-                event_type=row.event_type,
-                data=row.data,
-                reservation=row.reservation,
-                delivered_seq=row.delivered_seq,
+            self._execute(
+                "INSERT INTO {history} (instance_id, key, seq, command, event_type, data,"
+                " reservation, delivered_seq, created_at, arrived_at)"
+                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, NULL)",
+                [
+                    instance_id,
+                    row.key,
+                    row.seq,
+                    row.command,
+                    row.event_type,
+                    row.data,
+                    row.reservation,
+                    row.delivered_seq,
+                    self._now_param(),
+                ],
             )
         except IntegrityError as error:
             raise exc.HistoryKeyConflict(

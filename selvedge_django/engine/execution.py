@@ -295,7 +295,12 @@ class Execution:
 
     def apply_delivery(self, seq: int, delivered: Arrivals) -> None:
         for key in delivered.keys:
-            row = self.refresh(key)
+            row = self.history.get(key)
+            if row is None or not row.has_value:
+                # Re-read only what arrived since loading: a value, once recorded, never
+                # changes, so a row known with its value (such as every value this
+                # execution recorded itself) needs no read.
+                row = self.refresh(key)
             if row is not None:
                 row.delivered_seq = seq
         for signal_id, channel in delivered.signals:

@@ -26,6 +26,8 @@ class ActivityPoller(Loop):
         super().__init__(bus, settings.activity_poll_interval, settings.max_poll_interval)
         self.runtime = runtime
         self.pool = pool
+        # The last claim filled every free slot: more tasks may be waiting.
+        self.saturated = False
 
     def run_once(self) -> int:
         runtime = self.runtime
@@ -35,9 +37,18 @@ class ActivityPoller(Loop):
         if free <= 0:
             return 0
         tasks = runtime.store.claim_tasks(runtime.worker_id, free, registered_activity_names())
+        self.saturated = len(tasks) >= free
         for task in tasks:
             self.pool.submit(runtime.run_claimed, task)
         return len(tasks)
+
+    def more_waiting(self, done: int) -> bool:
+        return self.saturated
+
+    def slot_freed(self) -> None:
+        """An attempt finished: poll again at once only if tasks were left waiting."""
+        if self.saturated:
+            self.waker.wake()
 
     def next_delay(self, idle_delay: float) -> float:
         try:

@@ -42,6 +42,14 @@ class Loop:
         """The wait before the next poll when idle (loops may shorten it)."""
         return idle_delay
 
+    def more_waiting(self, done: int) -> bool:
+        """Whether work may still be waiting after a round that did ``done``.
+
+        Loops that ask for a bounded batch say no when the batch came back short,
+        so that they wait for a wake-up instead of polling an empty table again.
+        """
+        return done > 0
+
     def run(self, stop: threading.Event) -> None:
         """Poll until ``stop`` is set."""
         for topic in self.topics:
@@ -61,7 +69,8 @@ class Loop:
                     done = 0
                 if done > 0:
                     delay = self.interval
-                    continue
+                    if self.more_waiting(done):
+                        continue
                 wait = self.next_delay(delay) * random.uniform(0.8, 1.0)
                 self.waker.wait(max(0.0, min(wait, self.max_interval)))
                 delay = min(delay * 2, self.max_interval)

@@ -27,6 +27,8 @@ class Dispatcher(Loop):
         super().__init__(bus, settings.workflow_resumption_interval, settings.max_poll_interval)
         self.runtime = runtime
         self.pool = pool
+        # The last lease filled every free slot: more instances may be waiting.
+        self.saturated = False
 
     def run_once(self) -> int:
         if self.runtime.stopping.is_set():
@@ -39,6 +41,15 @@ class Dispatcher(Loop):
         fences = self.runtime.store.acquire_batch(
             self.runtime.worker_id, settings.lease.ttl, free, registered_workflow_names()
         )
+        self.saturated = len(fences) >= free
         for fence in fences:
             self.pool.submit(self.runtime.execute, fence, started)
         return len(fences)
+
+    def more_waiting(self, done: int) -> bool:
+        return self.saturated
+
+    def slot_freed(self) -> None:
+        """A resumption finished: poll again at once only if instances were left waiting."""
+        if self.saturated:
+            self.waker.wake()

@@ -42,8 +42,8 @@ class Worker:
         self.activities = ThreadPool("activity", self.settings.max_concurrent_activities)
         self.dispatcher = Dispatcher(self.runtime, bus, self.resumptions)
         self.activity_poller = ActivityPoller(self.runtime, bus, self.activities)
-        self.resumptions.on_done = self.dispatcher.waker.wake
-        self.activities.on_done = self.activity_poller.waker.wake
+        self.resumptions.on_done = self.dispatcher.slot_freed
+        self.activities.on_done = self.activity_poller.slot_freed
         self.timer_poller = TimerPoller(self.runtime, bus)
         self.leader = Leader(self.runtime, bus)
         self.loops: list[Loop] = [
