@@ -414,8 +414,15 @@ def measure_resume(lengths: list[int], repeats: int) -> dict[str, Any]:
     from selvedge_django.worker import Worker
 
     out: dict[str, Any] = {}
+    # A long lease: the worker is driven from this thread, without its renewer, and
+    # building a long history takes longer than the default lease.
+    lease = {"TTL": 3600, "RENEW_INTERVAL": 60, "MARGIN": 5, "MAX_SKEW": 1}
     with override_settings(
-        SELVEDGE={"MODULES": ["bench.workloads"], "HISTORY_WARNING_THRESHOLD": 10**7}
+        SELVEDGE={
+            "MODULES": ["bench.workloads"],
+            "HISTORY_WARNING_THRESHOLD": 10**7,
+            "LEASE": lease,
+        }
     ):
         worker = Worker(worker_id="bench-resume")  # never started: driven from this thread
         worker.resumptions.inline = True
@@ -441,7 +448,9 @@ def measure_resume(lengths: list[int], repeats: int) -> dict[str, Any]:
                 times.append(time.perf_counter() - t)
             out[str(length)] = {
                 "events": length,
-                "resume_ms": statistics.median(times) * 1000,
+                # The first resumption also delivers every value recorded before it.
+                "first_ms": times[0] * 1000,
+                "resume_ms": statistics.median(times[1:]) * 1000,
                 "load_ms": statistics.median(loads) * 1000,
             }
     base = out[str(lengths[0])]["resume_ms"]
@@ -451,7 +460,7 @@ def measure_resume(lengths: list[int], repeats: int) -> dict[str, Any]:
         print(
             f"  {length:>6} events: one resumption {row['resume_ms']:8.1f} ms "
             f"(history load alone {row['load_ms']:7.1f} ms), {row['ratio']:6.1f}x the "
-            f"{lengths[0]}-event cost",
+            f"{lengths[0]}-event cost; the first, delivering, {row['first_ms']:8.1f} ms",
             flush=True,
         )
     return out
@@ -597,8 +606,11 @@ def run_one(db: str, args: argparse.Namespace) -> dict[str, Any]:
             print(f"\n{args.sleepers} sleeping workflows in one worker process")
             results["sleepers"] = measure_sleepers(db, args.sleepers)
         if "resume" in args.only:
-            print("\nResume cost against history length (median of 5, inline in this process)")
+            print("\nResume cost against history length (median of 4 after the first, inline)")
             results["resume"] = measure_resume(args.history, 5)
+        from selvedge_django.worker.notify import stop_listeners
+
+        stop_listeners()  # wait_workflow's LISTEN connection, before the database goes
         print(flush=True)
     return results
 
