@@ -7,21 +7,44 @@
   nothing is runnable.
 * pytest fixtures ``selvedge_clock`` and ``selvedge_worker`` (this module is
   registered as a pytest plugin by the package).
+* :class:`FaultInjector` makes chosen database statements fail, or ends the
+  process just before one or right after its transaction commits, to test
+  what survives a crash at any step.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import re
+import sys
 import threading
-from collections.abc import Iterator
+import weakref
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from django.db import OperationalError
 
 if TYPE_CHECKING:
     from .worker import Worker
 
-__all__ = ["ControllableClock", "run_until_idle", "selvedge_clock", "selvedge_worker"]
+__all__ = [
+    "FAULTS_ENV",
+    "FAULT_EXIT_STATUS",
+    "ControllableClock",
+    "Fault",
+    "FaultInjector",
+    "InjectedFault",
+    "Statement",
+    "install_faults_from_env",
+    "run_until_idle",
+    "selvedge_clock",
+    "selvedge_worker",
+]
 
 
 class ControllableClock:
@@ -124,3 +147,302 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
         from .worker.notify import stop_listeners
 
         stop_listeners()
+
+
+# -- fault injection -------------------------------------------------------------------
+
+#: The environment variable :meth:`FaultInjector.to_env` writes and
+#: :func:`install_faults_from_env` reads (JSON), to arm faults in a worker subprocess.
+FAULTS_ENV = "SELVEDGE_FAULTS"
+
+#: The exit status of a process that a fault stopped with ``os._exit``.
+FAULT_EXIT_STATUS = 75
+
+_ACTIONS = ("fail", "exit", "exit_after_commit")
+
+
+class InjectedFault(OperationalError):
+    """The database error a :class:`FaultInjector` raises instead of running a statement."""
+
+
+@dataclass
+class Statement:
+    """One statement a :class:`FaultInjector` saw (kept when tracing)."""
+
+    operation: str | None
+    instance_id: str | None
+    call: int
+    step: int
+    sql: str
+    params: str
+    thread: str
+
+
+@dataclass
+class Fault:
+    """Where a fault strikes and what it does; ``hits`` and ``fired`` count what happened.
+
+    A statement matches when every selector given matches: ``operation`` (the
+    store operation running it, e.g. ``"complete_task"``), ``instance_id`` (the
+    instance that operation acts on), ``pattern`` (a regular expression searched
+    in the SQL text) and ``step`` (its position, from 1, within one call of the
+    operation). The ``nth`` matching statement, and the ``times - 1`` after it,
+    trigger the action.
+    """
+
+    action: str
+    pattern: str | None = None
+    nth: int = 1
+    operation: str | None = None
+    instance_id: str | None = None
+    step: int | None = None
+    times: int = 1
+    error: BaseException | type[BaseException] | None = None
+    hits: int = 0
+    fired: int = 0
+
+    def __post_init__(self) -> None:
+        if self.action not in _ACTIONS:
+            raise ValueError(f"unknown fault action {self.action!r}")
+        if self.nth < 1 or self.times < 1:
+            raise ValueError("nth and times count from 1")
+        self._regex = re.compile(self.pattern, re.IGNORECASE | re.DOTALL) if self.pattern else None
+
+    def matches(self, statement: Statement) -> bool:
+        if self.operation is not None and statement.operation != self.operation:
+            return False
+        if self.instance_id is not None and statement.instance_id != self.instance_id:
+            return False
+        if self.step is not None and statement.step != self.step:
+            return False
+        return self._regex is None or self._regex.search(statement.sql) is not None
+
+    def to_json(self) -> dict[str, Any]:
+        if self.error is not None:
+            raise ValueError("a fault with a custom error cannot be sent to another process")
+        return {
+            "action": self.action,
+            "pattern": self.pattern,
+            "nth": self.nth,
+            "operation": self.operation,
+            "instance_id": self.instance_id,
+            "step": self.step,
+            "times": self.times,
+        }
+
+
+class FaultInjector:
+    """Make chosen database statements fail, or end the process around them.
+
+    Built on Django's ``connection.execute_wrapper``: once :meth:`install`\\ ed, the
+    injector wraps every connection of this process opened from then on (and
+    the calling thread's), so install it before starting workers. Faults:
+
+    * :meth:`fail_statement`: raise an exception (default :class:`InjectedFault`,
+      an ``OperationalError``) instead of running the statement;
+    * :meth:`exit_at_statement`: ``os._exit`` before the statement runs (the
+      database rolls back the open transaction, as after a crash);
+    * :meth:`exit_after_commit`: run the statement, then ``os._exit`` as soon as
+      its transaction commits (at once outside a transaction).
+
+    With ``trace=True`` every statement is kept in :attr:`statements` with the
+    store operation, instance, call number and step that issued it. Use
+    :meth:`to_env` and :func:`install_faults_from_env` to arm a subprocess.
+    """
+
+    def __init__(self, *, trace: bool = False) -> None:
+        self.faults: list[Fault] = []
+        self.trace = trace
+        self.statements: list[Statement] = []
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self._calls: dict[str, int] = {}
+        self._attached: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._installed = False
+
+    # -- arming -----------------------------------------------------------------------
+
+    def add(self, fault: Fault) -> Fault:
+        with self._lock:
+            self.faults.append(fault)
+        return fault
+
+    def fail_statement(
+        self,
+        pattern: str | None = None,
+        nth: int = 1,
+        exc: BaseException | type[BaseException] | None = None,
+        **selectors: Any,
+    ) -> Fault:
+        """Raise ``exc`` instead of running the ``nth`` matching statement."""
+        return self.add(Fault("fail", pattern, nth, error=exc, **selectors))
+
+    def exit_at_statement(
+        self, pattern: str | None = None, nth: int = 1, **selectors: Any
+    ) -> Fault:
+        """End the process (``os._exit``) just before the ``nth`` matching statement."""
+        return self.add(Fault("exit", pattern, nth, **selectors))
+
+    def exit_after_commit(
+        self, pattern: str | None = None, nth: int = 1, **selectors: Any
+    ) -> Fault:
+        """End the process right after the ``nth`` matching statement's transaction commits."""
+        return self.add(Fault("exit_after_commit", pattern, nth, **selectors))
+
+    # -- installing -------------------------------------------------------------------
+
+    def install(self) -> FaultInjector:
+        """Wrap the calling thread's connections and every connection opened later."""
+        from django.db import connections
+        from django.db.backends.signals import connection_created
+
+        self._installed = True
+        connection_created.connect(self._on_connection_created, weak=False, dispatch_uid=id(self))
+        for conn in connections.all():
+            self._attach(conn)
+        return self
+
+    def uninstall(self) -> None:
+        """Stop injecting faults and unwrap the connections seen so far."""
+        from django.db.backends.signals import connection_created
+
+        self._installed = False
+        connection_created.disconnect(dispatch_uid=id(self))
+        for conn in list(self._attached):
+            with contextlib.suppress(ValueError):
+                conn.execute_wrappers.remove(self._wrap)
+
+    def __enter__(self) -> FaultInjector:
+        return self.install()
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.uninstall()
+
+    def _on_connection_created(self, sender: Any, connection: Any, **kwargs: Any) -> None:
+        if self._installed:
+            self._attach(connection)
+
+    def _attach(self, conn: Any) -> None:
+        if self._wrap not in conn.execute_wrappers:
+            conn.execute_wrappers.append(self._wrap)
+            self._attached.add(conn)
+
+    # -- across processes ---------------------------------------------------------------
+
+    def to_env(self) -> dict[str, str]:
+        """The environment that arms these faults in a subprocess (see FAULTS_ENV)."""
+        return {FAULTS_ENV: json.dumps([fault.to_json() for fault in self.faults])}
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> FaultInjector | None:
+        """Build the injector described by ``FAULTS_ENV``, or None when it is unset."""
+        raw = (os.environ if environ is None else environ).get(FAULTS_ENV)
+        if not raw:
+            return None
+        injector = cls()
+        for spec in json.loads(raw):
+            injector.add(Fault(**spec))
+        return injector
+
+    # -- the wrapper ----------------------------------------------------------------------
+
+    def _statement(self, sql: str, params: Any) -> Statement:
+        operation, instance_id, frame = _store_operation(sys._getframe(2))
+        local = self._local
+        call = getattr(local, "call", 0)
+        step = getattr(local, "step", 0) + 1
+        if operation is None:
+            local.frame = None
+            call, step = 0, 0
+        elif frame is not getattr(local, "frame", None):
+            # A new call. Holding the frame keeps its identity from being reused.
+            local.frame = frame
+            with self._lock:
+                call = self._calls[operation] = self._calls.get(operation, 0) + 1
+            local.call = call
+            step = 1
+        local.step = step
+        return Statement(
+            operation=operation,
+            instance_id=instance_id,
+            call=call,
+            step=step,
+            sql=sql,
+            params=repr(params)[:500],
+            thread=threading.current_thread().name,
+        )
+
+    def _wrap(self, execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if not self._installed:
+            return execute(sql, params, many, context)
+        statement = self._statement(sql, params)
+        action: Fault | None = None
+        with self._lock:
+            if self.trace:
+                self.statements.append(statement)
+            for fault in self.faults:
+                if not fault.matches(statement):
+                    continue
+                fault.hits += 1
+                if fault.nth <= fault.hits < fault.nth + fault.times:
+                    fault.fired += 1
+                    action = fault
+                    break
+        if action is None:
+            return execute(sql, params, many, context)
+        if action.action == "fail":
+            error = action.error
+            if error is None:
+                error = InjectedFault(
+                    f"injected fault at {statement.operation or 'statement'} "
+                    f"step {statement.step}: {sql[:200]}"
+                )
+            elif isinstance(error, type):
+                error = error(f"injected fault: {sql[:200]}")
+            raise error
+        if action.action == "exit":
+            _exit_now(f"before {statement.operation} step {statement.step}")
+        result = execute(sql, params, many, context)
+        conn = context["connection"]
+        if conn.in_atomic_block:
+            from django.db import transaction
+
+            where = f"after the commit of {statement.operation} step {statement.step}"
+            transaction.on_commit(lambda: _exit_now(where), using=conn.alias)
+        else:
+            _exit_now(f"after {statement.operation} step {statement.step} (autocommit)")
+        return result
+
+
+def _store_operation(frame: Any) -> tuple[str | None, str | None, Any]:
+    """The outermost public store method on the stack, the instance it acts on, its frame."""
+    found: tuple[str | None, str | None, Any] = (None, None, None)
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        name = frame.f_code.co_name
+        if module.startswith("selvedge_django.store") and not name.startswith("_"):
+            found = (name, _instance_of(frame.f_locals), frame)
+        frame = frame.f_back
+    return found
+
+
+def _instance_of(local_vars: Mapping[str, Any]) -> str | None:
+    for name in ("fence", "claim"):
+        holder = local_vars.get(name)
+        instance_id = getattr(holder, "instance_id", None)
+        if isinstance(instance_id, str):
+            return instance_id
+    value = local_vars.get("instance_id")
+    return value if isinstance(value, str) else None
+
+
+def _exit_now(where: str) -> None:
+    with contextlib.suppress(OSError):
+        os.write(2, f"selvedge fault injector: exiting {where}\n".encode())
+    os._exit(FAULT_EXIT_STATUS)
+
+
+def install_faults_from_env(environ: Mapping[str, str] | None = None) -> FaultInjector | None:
+    """Install the faults ``FAULTS_ENV`` describes (in a worker subprocess); None if unset."""
+    injector = FaultInjector.from_env(environ)
+    return injector.install() if injector is not None else None

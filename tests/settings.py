@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -97,6 +98,13 @@ if os.environ.get("SELVEDGE_TEST_POLL_INTERVAL"):
     for _key in ("WORKFLOW_RESUMPTION_INTERVAL", "ACTIVITY_POLL_INTERVAL", "TIMER_CHECK_INTERVAL"):
         SELVEDGE[_key] = _poll
     SELVEDGE["MAX_POLL_INTERVAL"] = _poll
+
+# Fault tests (tests/test_crash_matrix.py, tests/test_faults.py, bench/soak.py) arm faults
+# in worker subprocesses (SELVEDGE_FAULTS) and give them extra SELVEDGE keys, such as
+# short leases (SELVEDGE_TEST_OVERRIDES, a JSON object).
+if os.environ.get("SELVEDGE_FAULTS"):
+    INSTALLED_APPS.append("tests.faultapp.FaultInjectionConfig")
+SELVEDGE.update(json.loads(os.environ.get("SELVEDGE_TEST_OVERRIDES") or "{}"))
 
 LOGGING = {
     "version": 1,
