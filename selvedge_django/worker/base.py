@@ -16,9 +16,22 @@ from django.db import close_old_connections, connections
 
 from ..notify import Bus, Waker
 
-__all__ = ["Loop"]
+__all__ = ["Loop", "drop_broken_connections"]
 
 logger = logging.getLogger("selvedge_django.worker")
+
+
+def drop_broken_connections() -> None:
+    """Close this thread's connections that failed and no longer work, so the next use
+    reconnects (Django only reconnects a connection that was closed, such as after the
+    database restarted). Healthy connections stay open whatever CONN_MAX_AGE says."""
+    for conn in connections.all(initialized_only=True):
+        if conn.connection is None or not conn.errors_occurred or conn.in_atomic_block:
+            continue
+        if conn.is_usable():
+            conn.errors_occurred = False
+        else:
+            conn.close()
 
 
 class Loop:
@@ -60,6 +73,8 @@ class Loop:
                 try:
                     done = self.run_once()
                     self.errors = 0
+                    # Loops that handle their own errors (the renewer) reconnect here.
+                    drop_broken_connections()
                 except Exception:
                     self.errors += 1
                     logger.exception("%s loop failed (%d in a row)", self.name, self.errors)

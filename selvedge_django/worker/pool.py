@@ -10,6 +10,8 @@ from typing import Any
 
 from django.db import connections
 
+from .base import drop_broken_connections
+
 __all__ = ["ThreadPool"]
 
 logger = logging.getLogger("selvedge_django.worker")
@@ -65,6 +67,7 @@ class ThreadPool:
                 except BaseException:
                     logger.exception("%s task failed", self.name)
                 finally:
+                    drop_broken_connections()
                     with self._lock:
                         self._pending -= 1
                         if self._pending == 0:

@@ -271,6 +271,25 @@ def fault_flow(ctx: sv.WorkflowContext, data: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+@sv.activity(name="fault.hold", retry_policy=_FAULT_RETRY)
+def fault_hold(data: dict[str, Any]) -> str:
+    """Hold while the ``hold_while`` file exists (never heartbeating); return the attempt."""
+    info = sv.activity_info()
+    assert info is not None
+    Ledger.objects.create(entry=f"fault.hold:{data['tag']}:{info.attempt}:start")
+    deadline = time.monotonic() + 60
+    while os.path.exists(data["hold_while"]) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    Ledger.objects.create(entry=f"fault.hold:{data['tag']}:{info.attempt}:done")
+    return f"{data['tag']}:attempt {info.attempt}"
+
+
+@sv.workflow(name="fault.stall")
+def fault_stall(ctx: sv.WorkflowContext, data: dict[str, Any]) -> list[str]:
+    held = fault_hold.execute(ctx, data)
+    return [held, fault_step.execute(ctx, {"tag": f"{data['tag']}:after"})]
+
+
 # -- cancellation tests (tests/test_cancellation.py) -------------------------------------
 
 UNSERVED = sv.ActivityOptions(queue="cancel.unserved")  # workers in these tests serve "" only
