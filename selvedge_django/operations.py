@@ -29,7 +29,8 @@ from . import exceptions as exc
 from . import hooks as hooks_module
 from . import signals
 from .conf import get_settings
-from .engine.codec import Codec, error_from_envelope
+from .engine.codec import Codec, contains_nul, error_from_envelope
+from .engine.commands import valid_channel
 from .models import ActivityTask, WorkflowInstance, WorkflowStatus
 from .notify import Waker
 from .registry import WorkflowDefinition
@@ -184,8 +185,10 @@ def validate_instance_id(instance_id: object) -> str:
         raise exc.WorkflowStartRejected(f"instance id must be a string, not {instance_id!r}")
     if not 1 <= len(instance_id) <= 255:
         raise exc.WorkflowStartRejected("instance id must be 1 to 255 characters")
-    if any(unicodedata.category(ch) == "Cc" for ch in instance_id):
-        raise exc.WorkflowStartRejected("instance id must not contain control characters")
+    if any(unicodedata.category(ch) in ("Cc", "Cs") for ch in instance_id):
+        raise exc.WorkflowStartRejected(
+            "instance id must not contain control characters or lone surrogates"
+        )
     return instance_id
 
 
@@ -212,14 +215,21 @@ def start_workflow(
         name = workflow_or_name
     else:
         raise exc.WorkflowStartRejected("start_workflow needs a workflow definition or name")
-    if len(name) > 255:
-        raise exc.WorkflowStartRejected("workflow names are at most 255 characters")
+    if len(name) > 255 or any(unicodedata.category(ch) in ("Cc", "Cs") for ch in name):
+        raise exc.WorkflowStartRejected(
+            "workflow names are at most 255 characters, without control characters "
+            "or lone surrogates"
+        )
     instance_id = uuid.uuid4().hex if instance_id is None else validate_instance_id(instance_id)
     store = _store()
     try:
         text = store.codec.encode(input, "workflow input")
+    except exc.PayloadTooLarge as error:
+        raise exc.WorkflowStartRejected(str(error)) from error
     except (TypeError, ValueError) as error:
         raise exc.WorkflowStartRejected(f"workflow input is not JSON-encodable: {error}") from error
+    if contains_nul(text):
+        raise exc.WorkflowStartRejected("workflow input contains a NUL character (\\u0000)")
     settings = get_settings()
     store.create_instance(instance_id, name, json.loads(text), service_name=settings.service_name)
     hooks = settings.hooks
@@ -240,12 +250,15 @@ def signal(instance_id: str, channel: str, payload: Any = None) -> None:
     be 1 to 255 UTF-8 bytes (:class:`InvalidSignalChannel`) and the payload JSON
     (:class:`InvalidSignalPayload`); nothing is written otherwise.
     """
-    if not isinstance(channel, str) or not 1 <= len(channel.encode("utf-8")) <= 255:
+    if not valid_channel(channel):
         raise exc.InvalidSignalChannel(
-            f"signal channel must contain 1 to 255 UTF-8 bytes, not {channel!r}"[:300]
+            f"signal channel must contain 1 to 255 UTF-8 bytes and no NUL, not {channel!r}"[:300]
         )
-    if not isinstance(instance_id, str):
-        raise exc.WorkflowNotFound(str(instance_id))
+    try:
+        validate_instance_id(instance_id)
+    except exc.WorkflowStartRejected:
+        # No instance can have this id: answer without asking the database.
+        raise exc.WorkflowNotFound(repr(instance_id)[:300]) from None
     store = _store()
     try:
         text = store.codec.encode(payload, "signal payload")
@@ -384,6 +397,17 @@ def list_activity_tasks(instance_id: str) -> list[ActivityTaskInfo]:
     ]
 
 
+def _filter_text(value: object, what: str) -> str:
+    """A text filter the database can take: a string of UTF-8 without NUL."""
+    if not isinstance(value, str) or "\x00" in value:
+        raise ValueError(f"{what} must be a string without NUL characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{what} must be valid UTF-8 (no lone surrogates)") from None
+    return value
+
+
 def _encode_token(started_at: datetime, instance_id: str) -> str:
     raw = json.dumps([started_at.isoformat(), instance_id]).encode()
     return base64.urlsafe_b64encode(raw).decode()
@@ -392,9 +416,12 @@ def _encode_token(started_at: datetime, instance_id: str) -> str:
 def _decode_token(token: str) -> tuple[datetime, str]:
     try:
         started, instance_id = json.loads(base64.urlsafe_b64decode(token.encode()))
-        return datetime.fromisoformat(started), str(instance_id)
-    except (ValueError, TypeError) as error:
-        raise ValueError(f"invalid page_token {token!r}") from error
+        when = datetime.fromisoformat(started)
+        if when.tzinfo is None or not isinstance(instance_id, str):
+            raise ValueError("not a token find_instances issued")
+        return when, validate_instance_id(instance_id)
+    except (ValueError, TypeError, AttributeError, exc.WorkflowStartRejected) as error:
+        raise ValueError(f"invalid page_token {token!r}"[:300]) from error
 
 
 def find_instances(
@@ -424,9 +451,9 @@ def find_instances(
             raise ValueError(f"unknown status {status!r}")
         qs = qs.filter(status=status)
     if workflow_name:
-        qs = qs.filter(workflow_name__icontains=workflow_name)
+        qs = qs.filter(workflow_name__icontains=_filter_text(workflow_name, "workflow_name"))
     if instance_id:
-        qs = qs.filter(instance_id__icontains=instance_id)
+        qs = qs.filter(instance_id__icontains=_filter_text(instance_id, "instance_id"))
     if started_after is not None:
         qs = qs.filter(started_at__gt=started_after)
     if started_before is not None:
@@ -442,9 +469,11 @@ def find_instances(
                     f"invalid input filter path {path!r}: use letters, digits, _ and ."
                 )
             try:
-                store.codec.encode(value, "input filter value")
+                encoded = store.codec.encode(value, "input filter value")
             except (TypeError, ValueError) as error:
                 raise ValueError(f"input filter value for {path!r} is not JSON") from error
+            if contains_nul(encoded):
+                raise ValueError(f"input filter value for {path!r} contains a NUL character")
             expr: Any = F("input")
             for part in path.split("."):
                 expr = KeyTransform(part, expr)

@@ -230,6 +230,8 @@ class WorkerRuntime:
         """Encode an attempt's return value; one that is not JSON fails the attempt."""
         try:
             return self.codec.encode(value, f"result of activity {name!r}")
+        except exc.PayloadTooLarge:
+            raise
         except (TypeError, ValueError) as error:
             raise TypeError(
                 f"activity {name!r} returned a value that is not JSON: {error}"
@@ -269,6 +271,8 @@ class WorkerRuntime:
         final = (
             (isinstance(error, exc.ApplicationError) and error.non_retryable)
             or (bool(non_retryable) and isinstance(error, non_retryable))
+            # A retry cannot make an oversized result fit MAX_PAYLOAD_BYTES.
+            or isinstance(error, exc.PayloadTooLarge)
             or not isinstance(error, Exception)
         )
         if not isinstance(error, Exception):

@@ -13,6 +13,7 @@ an :class:`~selvedge_django.exceptions.ApplicationError`.
 from __future__ import annotations
 
 import json
+import re
 import traceback as tb
 from typing import Any
 
@@ -50,6 +51,15 @@ class Codec:
         return json.loads(text)
 
 
+# A JSON \u0000 escape (not an escaped backslash followed by "u0000").
+_ESCAPED_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def contains_nul(text: str) -> bool:
+    """Whether encoded JSON holds a NUL character, which PostgreSQL's jsonb cannot store."""
+    return "\\u0000" in text and _ESCAPED_NUL.search(text) is not None
+
+
 def qualified_name(cls: type) -> str:
     """Return ``module.QualName``, or the bare name for builtins."""
     if cls.__module__ in ("builtins", "__main__"):
@@ -79,13 +89,26 @@ _ENGINE_ERRORS: dict[str, type[BaseException]] = {
 }
 
 
+# Error messages and unencodable details are cut to this many characters, so that an
+# error never stores more than MAX_PAYLOAD_BYTES allows a value (tracebacks: the last 8000).
+MAX_ERROR_TEXT = 8000
+
+
+def _bounded(text: str) -> str:
+    if len(text) <= MAX_ERROR_TEXT:
+        return text
+    return f"{text[:MAX_ERROR_TEXT]}... [{len(text) - MAX_ERROR_TEXT} more characters cut]"
+
+
 def _safe_details(details: Any, codec: Codec | None) -> Any:
     if details is None:
         return None
     try:
         text = (codec or Codec()).encode(details, "error details")
+    except exc.PayloadTooLarge as error:
+        return str(error)
     except (TypeError, ValueError):
-        return repr(details)
+        return _bounded(repr(details))
     return json.loads(text)
 
 
@@ -97,6 +120,7 @@ def error_to_envelope(
     if with_traceback and error.__traceback__ is not None:
         trace = "".join(tb.format_exception(type(error), error, error.__traceback__))[-8000:]
     message = error.message if isinstance(error, exc.SelvedgeError | exc.Cancelled) else str(error)
+    message = _bounded(message)
     env: dict[str, Any] = {
         "kind": "application",
         "type": qualified_name(type(error)),

@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from .. import exceptions as exc
-from .codec import error_to_envelope
+from .codec import contains_nul, error_to_envelope
 from .durations import to_seconds
 from .handles import ChildHandle, Future, Timer, decode_outcome
 from .store import (
@@ -66,7 +66,13 @@ def envelope(error: BaseException) -> str:
 
 
 def valid_channel(channel: object) -> bool:
-    return isinstance(channel, str) and 1 <= len(channel.encode("utf-8")) <= 255
+    """1 to 255 bytes of UTF-8 (no lone surrogates) without NUL, which PostgreSQL refuses."""
+    if not isinstance(channel, str) or "\x00" in channel:
+        return False
+    try:
+        return 1 <= len(channel.encode("utf-8")) <= 255
+    except UnicodeEncodeError:
+        return False
 
 
 def _check_channel(channel: object) -> str:
@@ -108,14 +114,14 @@ def issue_activity(
     resolved = activity.options.merged(options)
     if activity_id is not None:
         execution.validate_user_key(activity_id, "activity_id")
-    input_text: str | None = None
-    if execution.live:
-        try:
-            input_text = execution.runtime.codec.encode(
-                input, f"input of activity {activity.name!r}"
-            )
-        except (TypeError, ValueError) as error:
-            raise TypeError(f"activity {activity.name!r} input is not JSON: {error}") from error
+    # Encoded in read-only replays too: workflow code that handles the error must see it
+    # there as it did live, or the replay diverges.
+    try:
+        input_text = execution.runtime.codec.encode(input, f"input of activity {activity.name!r}")
+    except exc.PayloadTooLarge:
+        raise
+    except (TypeError, ValueError) as error:
+        raise TypeError(f"activity {activity.name!r} input is not JSON: {error}") from error
     seq, key = execution.next_position(activity_id, CMD_ACTIVITY, activity.name)
     scope.commands.append((key, CMD_ACTIVITY, ""))
     future = Future(execution, scope, key, activity.name)
@@ -518,14 +524,16 @@ def start_child(
         raise exc.WorkflowStartRejected("start_child needs a workflow definition or name")
     if child_id is not None:
         _check_instance_id(child_id)
-    input_value: Any = None
-    if execution.live:
-        try:
-            input_value = json.loads(execution.runtime.codec.encode(input, "child input"))
-        except (TypeError, ValueError) as error:
-            raise exc.WorkflowStartRejected(
-                f"child input is not JSON-encodable: {error}"
-            ) from error
+    # Encoded in read-only replays too (see issue_activity).
+    try:
+        input_text = execution.runtime.codec.encode(input, "child input")
+    except exc.PayloadTooLarge as error:
+        raise exc.WorkflowStartRejected(str(error)) from error
+    except (TypeError, ValueError) as error:
+        raise exc.WorkflowStartRejected(f"child input is not JSON-encodable: {error}") from error
+    if contains_nul(input_text):
+        raise exc.WorkflowStartRejected("child input contains a NUL character (\\u0000)")
+    input_value: Any = json.loads(input_text)
     seq, key = execution.next_position(None, CMD_CHILD, f"child:{name}")
     instance = child_id or f"{execution.instance_id}/{key}"
     _check_instance_id(instance)

@@ -290,6 +290,44 @@ def fault_stall(ctx: sv.WorkflowContext, data: dict[str, Any]) -> list[str]:
     return [held, fault_step.execute(ctx, {"tag": f"{data['tag']}:after"})]
 
 
+@sv.activity(name="fault.sized", retry_policy=_FAULT_RETRY)
+def fault_sized(data: dict[str, Any]) -> str:
+    """Return ``size`` characters, or fail with a message and details that large."""
+    Ledger.objects.create(entry=f"fault.sized:{data.get('tag', '')}")
+    if data.get("fail"):
+        raise sv.ApplicationError(
+            "m" * data["size"],
+            type="Huge",
+            details={"blob": "d" * data["size"]},
+            non_retryable=True,
+        )
+    return "x" * data["size"]
+
+
+@sv.workflow(name="fault.limits")
+def fault_limits(ctx: sv.WorkflowContext, data: dict[str, Any]) -> Any:
+    """Exercise MAX_PAYLOAD_BYTES on one path (``mode``) with a value of ``size``."""
+    mode, size = data["mode"], data["size"]
+    if mode == "output":
+        return "o" * size
+    if mode == "signal":
+        return len(ctx.receive("big"))
+    try:
+        if mode == "activity_result":
+            return len(fault_sized.execute(ctx, {"size": size, "tag": ctx.instance_id}))
+        if mode == "activity_error":
+            return fault_sized.execute(ctx, {"size": size, "fail": True, "tag": ctx.instance_id})
+        if mode == "activity_input":
+            return fault_sized.execute(ctx, {"size": 1, "pad": "i" * size})
+        if mode == "child_input":
+            return ctx.start_child("fault.child", {"tag": "c" * size}).get(ctx)
+    except (sv.PayloadTooLarge, sv.WorkflowStartRejected, sv.ApplicationError) as error:
+        # What workflow code sees, then one more step: the workflow goes on.
+        after = fault_step.execute(ctx, {"tag": f"{ctx.instance_id}:after"})
+        return {"error": type(error).__name__, "message": str(error)[:300], "after": after}
+    raise ValueError(f"unknown mode {mode!r}")
+
+
 # -- cancellation tests (tests/test_cancellation.py) -------------------------------------
 
 UNSERVED = sv.ActivityOptions(queue="cancel.unserved")  # workers in these tests serve "" only

@@ -1,0 +1,188 @@
+"""Limits: MAX_PAYLOAD_BYTES on every path a value takes, and the history length warning.
+
+Each path is checked end to end with a real worker: the start input, a signal
+payload, the workflow output, an activity's input and result, a child's input
+and an activity's error. An oversized value is refused with an error that names
+the limit, before anything about it is written; the workflow (where one runs)
+sees a typed error it can handle and goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.test import override_settings
+
+import selvedge_django as sv
+from selvedge_django.conf import get_settings
+from selvedge_django.models import (
+    ActivityTask,
+    HistoryEvent,
+    SignalMessage,
+    WorkflowInstance,
+)
+from selvedge_django.worker import Worker
+from tests.testapp.models import Ledger
+
+LIMIT = 4096
+
+
+@pytest.fixture
+def small_limit(tdb: None) -> Iterator[Worker]:
+    """MAX_PAYLOAD_BYTES = 4096 for the client and a started worker."""
+    with override_settings(SELVEDGE={**settings.SELVEDGE, "MAX_PAYLOAD_BYTES": LIMIT}):
+        worker = Worker()
+        worker.start()
+        try:
+            yield worker
+        finally:
+            worker.stop(timeout=10)
+
+
+def encoded(value: Any) -> int:
+    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
+
+
+def run(mode: str, size: int) -> sv.WorkflowResult:
+    iid = sv.start_workflow("fault.limits", {"mode": mode, "size": size})
+    return sv.wait_workflow(iid, timeout=30)
+
+
+def test_the_default_limit_is_2_mib_and_a_value_of_exactly_that_size_is_accepted(
+    tdb: None,
+) -> None:
+    limit = get_settings().max_payload_bytes
+    assert limit == 2 * 1024 * 1024
+    at_limit = "x" * (limit - 2)  # a JSON string: two quotes around it
+    assert encoded(at_limit) == limit
+    sv.start_workflow("fault.limits", at_limit, instance_id="at-limit")
+    with pytest.raises(sv.WorkflowStartRejected, match="MAX_PAYLOAD_BYTES"):
+        sv.start_workflow("fault.limits", at_limit + "x", instance_id="over-limit")
+    assert list(WorkflowInstance.objects.values_list("instance_id", flat=True)) == ["at-limit"]
+
+
+def test_an_oversized_start_input_is_rejected_naming_the_limit(small_limit: Worker) -> None:
+    with pytest.raises(sv.WorkflowStartRejected) as caught:
+        sv.start_workflow("fault.limits", {"pad": "x" * LIMIT}, instance_id="big-input")
+    message = str(caught.value)
+    assert f"limit (MAX_PAYLOAD_BYTES) is {LIMIT}" in message
+    assert "not JSON" not in message
+    assert isinstance(caught.value.__cause__, sv.PayloadTooLarge)
+    assert not WorkflowInstance.objects.exists()
+
+
+def test_an_oversized_signal_payload_is_refused_and_one_at_the_limit_arrives(
+    small_limit: Worker,
+) -> None:
+    iid = sv.start_workflow("fault.limits", {"mode": "signal", "size": 0})
+    with pytest.raises(sv.PayloadTooLarge, match=f"is {LIMIT + 1} bytes encoded"):
+        sv.signal(iid, "big", "s" * (LIMIT - 1))
+    assert not SignalMessage.objects.exists()
+    sv.signal(iid, "big", "s" * (LIMIT - 2))
+    result = sv.wait_workflow(iid, timeout=30)
+    assert (result.status, result.output) == ("completed", LIMIT - 2)
+
+
+def test_an_oversized_workflow_output_fails_the_workflow_with_nothing_stored(
+    small_limit: Worker,
+) -> None:
+    result = run("output", LIMIT)
+    assert result.status == "failed"
+    assert isinstance(result.error, sv.ApplicationError)
+    assert result.error.type == "PayloadTooLarge"
+    assert f"limit (MAX_PAYLOAD_BYTES) is {LIMIT}" in result.error.message
+    inst = WorkflowInstance.objects.get(instance_id=result.instance_id)
+    assert inst.output is None and len(inst.error or "") < LIMIT
+
+
+def test_an_oversized_activity_result_is_a_final_failure_the_workflow_handles(
+    small_limit: Worker,
+) -> None:
+    result = run("activity_result", LIMIT)
+    assert result.status == "completed", result.error
+    assert result.output["error"] == "PayloadTooLarge"
+    assert f"limit (MAX_PAYLOAD_BYTES) is {LIMIT}" in result.output["message"]
+    assert result.output["after"] == f"{result.instance_id}:after"
+    # Retrying cannot make the result fit: one attempt, recorded as the final failure.
+    task = ActivityTask.objects.get(instance_id=result.instance_id, name="fault.sized")
+    assert (task.status, task.attempts) == ("failed", 1)
+    assert Ledger.objects.filter(entry=f"fault.sized:{result.instance_id}").count() == 1
+    row = HistoryEvent.objects.get(instance_id=result.instance_id, key=task.key)
+    assert row.event_type == "ActivityFailed" and len(row.data or "") < LIMIT
+    sv.replay_instance(result.instance_id)
+
+
+def test_an_oversized_activity_input_is_refused_before_anything_is_reserved(
+    small_limit: Worker,
+) -> None:
+    result = run("activity_input", LIMIT)
+    assert result.status == "completed", result.error
+    assert result.output["error"] == "PayloadTooLarge"
+    assert "input of activity 'fault.sized'" in result.output["message"]
+    assert list(
+        ActivityTask.objects.filter(instance_id=result.instance_id).values_list("name", flat=True)
+    ) == ["fault.step"]
+    assert not HistoryEvent.objects.filter(
+        instance_id=result.instance_id, key__contains="fault.sized"
+    ).exists()
+    sv.replay_instance(result.instance_id)
+
+
+def test_an_oversized_child_input_refuses_the_child_start(small_limit: Worker) -> None:
+    result = run("child_input", LIMIT)
+    assert result.status == "completed", result.error
+    assert result.output["error"] == "WorkflowStartRejected"
+    assert "MAX_PAYLOAD_BYTES" in result.output["message"]
+    assert "not JSON" not in result.output["message"]
+    assert not WorkflowInstance.objects.filter(parent_instance_id=result.instance_id).exists()
+    sv.replay_instance(result.instance_id)
+
+
+def test_an_activity_error_stays_bounded_whatever_its_message_and_details(
+    small_limit: Worker,
+) -> None:
+    result = run("activity_error", 10 * LIMIT)
+    assert result.status == "completed", result.error
+    assert result.output["error"] == "ApplicationError"
+    for row in HistoryEvent.objects.filter(instance_id=result.instance_id):
+        assert len(row.data or "") < 4 * LIMIT, row.key
+    task = ActivityTask.objects.get(instance_id=result.instance_id, name="fault.sized")
+    assert len(task.last_error or "") < 4 * LIMIT
+    last = sv.list_activity_tasks(result.instance_id)[0].last_error
+    assert isinstance(last, sv.ApplicationError) and last.type == "Huge"
+
+
+# -- history length ---------------------------------------------------------------------
+
+
+def test_an_execution_loading_more_events_than_the_threshold_logs_a_warning(
+    tdb: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="selvedge_django")
+
+    def run_flow(threshold: int) -> str:
+        with Worker(history_warning_threshold=threshold, activity_queues=[""]):
+            iid = sv.start_workflow("fault.flow", {"tag": f"h{threshold}"})
+            sv.signal(iid, "go", 1)
+            sv.signal(iid, "go", 2)
+            assert sv.wait_workflow(iid, timeout=30).status == "completed"
+        return iid
+
+    quiet = run_flow(1000)
+    assert not [r for r in caplog.records if "history events" in r.getMessage()]
+    loud = run_flow(5)
+    warnings = [r for r in caplog.records if "history events" in r.getMessage()]
+    assert warnings
+    events = HistoryEvent.objects.filter(instance_id=loud).count()
+    for record in warnings:
+        assert record.levelno == logging.WARNING
+        assert record.instance_id == loud  # type: ignore[attr-defined]
+        loaded = int(record.getMessage().split(" has ")[1].split()[0])
+        assert 5 < loaded <= events
+    assert "(threshold 5)" in warnings[0].getMessage()
+    assert quiet != loud
