@@ -16,7 +16,9 @@ from typing import Any
 
 import pytest
 from django.db import connection
+from django.test import Client
 from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -455,3 +457,49 @@ def test_a_hostile_path_is_refused_and_a_hostile_value_is_just_a_value(
     hostile = "x' OR '1'='1"
     assert sv.find_instances(input_filters={"a": hostile}).instances == []
     assert WorkflowInstance.objects.count() == len(some_instances)
+
+
+# -- the admin's forms -------------------------------------------------------------------------
+
+form_text = st.text(st.characters(codec="utf-8"), max_size=300)  # what a browser can send
+form_json = json_values.map(lambda v: json.dumps(v))  # valid JSON text, escapes and all
+
+
+@FUZZ
+@given(channel=form_text, payload=form_text | form_json, reason=form_text)
+def test_the_admin_signal_and_cancel_forms(
+    running: str, channel: str, payload: str, reason: str
+) -> None:
+    """What the admin's views do with a POST: form errors or one write, never another error."""
+    from selvedge_django.admin_support import CancelForm, SignalForm
+
+    before = SignalMessage.objects.count()
+    form = SignalForm({"channel": channel, "payload": payload})
+    sent = False
+    if form.is_valid():
+        try:  # as signal_view does: a SelvedgeError becomes a form error
+            sv.signal(running, form.cleaned_data["channel"], form.cleaned_data["payload"])
+            sent = True
+        except sv.SelvedgeError:
+            pass
+    assert SignalMessage.objects.count() == before + sent
+    if sent:
+        latest = SignalMessage.objects.order_by("-id").first()
+        assert latest is not None and latest.channel == channel
+    cancel = CancelForm({"reason": reason})
+    assert cancel.is_valid() == ("\x00" not in reason)
+
+
+@pytest.mark.django_db
+def test_the_admin_signal_view_shows_refused_input_as_form_errors(
+    running: str, django_user_model: Any
+) -> None:
+    user = django_user_model.objects.create_superuser(username="fuzz", email="", password=None)
+    client = Client()
+    client.force_login(user)
+    signal_url = reverse("admin:selvedge_django_workflowinstance_signal", args=(running,))
+    for payload in ('"\\ud800"', "1e999", "[" * 5000, '{"a": NaN}'):
+        response = client.post(signal_url, {"channel": "go", "payload": payload})
+        assert response.status_code == 200, payload
+    assert not SignalMessage.objects.exists()
+    assert client.post(signal_url, {"channel": "go", "payload": "[1]"}).status_code == 302
