@@ -6,11 +6,11 @@
 
 The same three cases on both, one after the other:
 
-* throughput: N workflows of three trivial steps, started one by one by a client
-  while 1, 2 and 4 worker processes run them (selvedge: ``runselvedge worker``
-  processes; DBOS: processes serving a DBOS queue, DBOS's way to spread work
-  over processes); from the first start to the last completion in the
-  database's own records;
+* throughput: N workflows of three trivial steps, started by a client in one
+  transaction while 1, 2 and 4 worker processes wait (selvedge: ``runselvedge
+  worker`` processes; DBOS: processes serving a DBOS queue, DBOS's way to spread
+  work over processes, filled with ``DBOSClient.enqueue_in_transaction``); from
+  the commit to the last completion in the database's own records;
 * start-to-result latency of one-step workflows, one at a time, with the
   workflow running in the client's process and in another process;
 * signal-to-wake: a workflow blocked waiting for a message (selvedge
