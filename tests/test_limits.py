@@ -143,6 +143,17 @@ def test_an_oversized_child_input_refuses_the_child_start(small_limit: Worker) -
     sv.replay_instance(result.instance_id)
 
 
+def test_a_child_input_holding_nul_is_refused_on_every_database(small_limit: Worker) -> None:
+    # PostgreSQL's jsonb cannot store NUL: the child start must be refused before the
+    # insert, or the parent's fenced transaction fails and the parent retries forever.
+    result = run("child_nul", 0)
+    assert result.status == "completed", result.error
+    assert result.output["error"] == "WorkflowStartRejected"
+    assert "NUL" in result.output["message"]
+    assert not WorkflowInstance.objects.filter(parent_instance_id=result.instance_id).exists()
+    sv.replay_instance(result.instance_id)
+
+
 def test_an_activity_error_stays_bounded_whatever_its_message_and_details(
     small_limit: Worker,
 ) -> None:

@@ -321,6 +321,8 @@ def fault_limits(ctx: sv.WorkflowContext, data: dict[str, Any]) -> Any:
             return fault_sized.execute(ctx, {"size": 1, "pad": "i" * size})
         if mode == "child_input":
             return ctx.start_child("fault.child", {"tag": "c" * size}).get(ctx)
+        if mode == "child_nul":
+            return ctx.start_child("fault.child", {"tag": "nul\x00"}).get(ctx)
     except (sv.PayloadTooLarge, sv.WorkflowStartRejected, sv.ApplicationError) as error:
         # What workflow code sees, then one more step: the workflow goes on.
         after = fault_step.execute(ctx, {"tag": f"{ctx.instance_id}:after"})
