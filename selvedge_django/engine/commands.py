@@ -324,13 +324,17 @@ def receive(execution: Execution, scope: Scope, channel: str) -> Any:
             deliver_all=True,
         )
     )
+    _signal_received(execution, key)
+    return json.loads(message.payload)
+
+
+def _signal_received(execution: Execution, key: str) -> None:
     execution.runtime.fire(
         "on_signal_received",
         instance_id=execution.instance_id,
         workflow_name=execution.workflow_name,
         key=key,
     )
-    return json.loads(message.payload)
 
 
 def receive_with_timeout(
@@ -385,6 +389,8 @@ def receive_with_timeout(
             )
         )
         assert result.stored is not None
+        if result.stored.event_type == EV_SIGNAL_RECEIVED:
+            _signal_received(execution, key)
         return _signal_outcome(execution, result.stored)
     if execution.guarded(lambda: store.timer_fired(execution.instance_id, key)):
         stored_row = _fill(execution, seq, key, EV_SIGNAL_TIMEOUT, json.dumps(None))
@@ -434,6 +440,7 @@ def receive_async(execution: Execution, channel: str) -> tuple[Any, bool]:
             consume=position.id,
         )
     )
+    _signal_received(execution, key)
     return (json.loads(payload) if payload is not None else None), True
 
 
