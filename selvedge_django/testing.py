@@ -186,7 +186,9 @@ class Fault:
     store operation running it, e.g. ``"complete_task"``), ``instance_id`` (the
     instance that operation acts on), ``pattern`` (a regular expression searched
     in the SQL text) and ``step`` (its position, from 1, within one call of the
-    operation). The ``nth`` matching statement, and the ``times - 1`` after it,
+    operation); for ``exit_after_commit`` also ``min_rows`` (the statement
+    changed or returned at least that many rows, such as a poll that found
+    work). The ``nth`` matching statement, and the ``times - 1`` after it,
     trigger the action.
     """
 
@@ -197,6 +199,7 @@ class Fault:
     instance_id: str | None = None
     step: int | None = None
     times: int = 1
+    min_rows: int | None = None
     error: BaseException | type[BaseException] | None = None
     hits: int = 0
     fired: int = 0
@@ -206,6 +209,8 @@ class Fault:
             raise ValueError(f"unknown fault action {self.action!r}")
         if self.nth < 1 or self.times < 1:
             raise ValueError("nth and times count from 1")
+        if self.min_rows is not None and self.action != "exit_after_commit":
+            raise ValueError("min_rows is known only after the statement ran (exit_after_commit)")
         self._regex = re.compile(self.pattern, re.IGNORECASE | re.DOTALL) if self.pattern else None
 
     def matches(self, statement: Statement) -> bool:
@@ -228,6 +233,7 @@ class Fault:
             "instance_id": self.instance_id,
             "step": self.step,
             "times": self.times,
+            "min_rows": self.min_rows,
         }
 
 
@@ -376,20 +382,19 @@ class FaultInjector:
         if not self._installed:
             return execute(sql, params, many, context)
         statement = self._statement(sql, params)
-        action: Fault | None = None
         with self._lock:
             if self.trace:
                 self.statements.append(statement)
-            for fault in self.faults:
-                if not fault.matches(statement):
-                    continue
-                fault.hits += 1
-                if fault.nth <= fault.hits < fault.nth + fault.times:
-                    fault.fired += 1
-                    action = fault
-                    break
+            action = self._strike(statement, before=True)
         if action is None:
-            return execute(sql, params, many, context)
+            result = execute(sql, params, many, context)
+            rows = getattr(context["cursor"], "rowcount", -1)
+            with self._lock:
+                action = self._strike(statement, before=False, rows=rows)
+            if action is None:
+                return result
+            self._exit_after_commit(context["connection"], statement)
+            return result
         if action.action == "fail":
             error = action.error
             if error is None:
@@ -400,10 +405,24 @@ class FaultInjector:
             elif isinstance(error, type):
                 error = error(f"injected fault: {sql[:200]}")
             raise error
-        if action.action == "exit":
-            _exit_now(f"before {statement.operation} step {statement.step}")
-        result = execute(sql, params, many, context)
-        conn = context["connection"]
+        _exit_now(f"before {statement.operation} step {statement.step}")
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _strike(self, statement: Statement, *, before: bool, rows: int = -1) -> Fault | None:
+        """Count the statement against the faults acting at this moment; return one to fire."""
+        for fault in self.faults:
+            if (fault.action != "exit_after_commit") != before or not fault.matches(statement):
+                continue
+            if fault.min_rows is not None and rows < fault.min_rows:
+                continue
+            fault.hits += 1
+            if fault.nth <= fault.hits < fault.nth + fault.times:
+                fault.fired += 1
+                return fault
+        return None
+
+    @staticmethod
+    def _exit_after_commit(conn: Any, statement: Statement) -> None:
         if conn.in_atomic_block:
             from django.db import transaction
 
@@ -411,7 +430,6 @@ class FaultInjector:
             transaction.on_commit(lambda: _exit_now(where), using=conn.alias)
         else:
             _exit_now(f"after {statement.operation} step {statement.step} (autocommit)")
-        return result
 
 
 def _store_operation(frame: Any) -> tuple[str | None, str | None, Any]:
