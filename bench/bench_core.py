@@ -55,6 +55,7 @@ FUTURES_PER_WORKFLOW = 10
 PHASES: dict[str, str] = {
     "create_instance": "start",
     "acquire_batch": "dispatch",
+    "lease_batch": "dispatch",
     "acquire": "dispatch",
     "load_snapshot": "dispatch",
     "reserve_activity": "step",

@@ -116,7 +116,7 @@ def explain_all() -> None:
     store = DjangoStore("default", Codec())
     names = [f"plans.wf{i}" for i in range(20)]
     operations = [
-        ("dispatch: acquire_batch", lambda: store.acquire_batch("w1", 30, 100, names)),
+        ("dispatch: lease_batch", lambda: store.lease_batch("w1", 30, 100, names)),
         ("claims: claim_tasks", lambda: store.claim_tasks("w1", 10, ["plans.act"])),
         ("claims: next_task_due_ms", lambda: store.next_task_due_ms(["plans.act"])),
         (

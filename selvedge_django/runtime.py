@@ -25,9 +25,16 @@ from .engine.activity import ActivityInfo, AttemptState, attempt_scope
 from .engine.codec import Codec, error_to_envelope
 from .engine.execution import Execution, ExecutionOutcome, current_execution
 from .engine.options import RetryPolicy
-from .engine.store import EV_ACTIVITY_COMPLETED, EV_ACTIVITY_FAILED, ClaimedTask, Fence, TaskClaim
+from .engine.store import (
+    EV_ACTIVITY_COMPLETED,
+    EV_ACTIVITY_FAILED,
+    ClaimedTask,
+    ExecutionSnapshot,
+    Fence,
+    TaskClaim,
+)
 from .registry import get_activity, get_workflow, registered_activity_names
-from .store import DjangoStore
+from .store import DjangoStore, InstanceHead
 
 __all__ = ["WorkerRuntime", "check_vendor", "client_codec"]
 
@@ -300,20 +307,37 @@ class WorkerRuntime:
 
     # -- executions ---------------------------------------------------------------------
 
-    def execute(self, fence: Fence, renewal_started: float) -> ExecutionOutcome | None:
-        """Run one execution of a leased instance to suspension, close or abandonment."""
-        self.hold(fence, renewal_started)
+    def execute(
+        self,
+        fence: Fence,
+        renewal_started: float,
+        snapshot: ExecutionSnapshot | None = None,
+        head: InstanceHead | None = None,
+    ) -> ExecutionOutcome | None:
+        """Run one execution of a leased instance to suspension, close or abandonment.
+
+        ``snapshot`` is given for an instance this process just started (nothing to
+        read); otherwise the snapshot is loaded under the lease, reading only the
+        history when the lease brought the instance row (``head``). A lease already
+        held (handed over before the execution got a thread) keeps its belief.
+        """
+        with self._lock:
+            if fence not in self._beliefs:
+                self._beliefs[fence] = renewal_started + self.settings.lease.belief
         try:
-            return self._execute(fence)
+            return self._execute(fence, snapshot, head)
         finally:
             self.drop(fence)
 
-    def _execute(self, fence: Fence) -> ExecutionOutcome | None:
+    def _execute(
+        self, fence: Fence, snapshot: ExecutionSnapshot | None, head: InstanceHead | None
+    ) -> ExecutionOutcome | None:
         store = self.store
-        try:
-            snapshot = store.load_snapshot(fence.instance_id)
-        except exc.WorkflowNotFound:
-            return None
+        if snapshot is None:
+            try:
+                snapshot = store.load_snapshot(fence.instance_id, head)
+            except exc.WorkflowNotFound:
+                return None
         definition = get_workflow(snapshot.workflow_name)
         if definition is None or snapshot.status != "running":
             # Another worker that registers the workflow will take it.

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -43,12 +44,8 @@ from .engine.store import (
 from .models import (
     ActivityTask,
     ActivityTaskStatus,
-    HistoryEvent,
     WorkflowInstance,
     WorkflowStatus,
-)
-from .models import (
-    SignalMessage as SignalRow,
 )
 from .store_base import (
     NOTIFY_CHANNEL,
@@ -72,6 +69,24 @@ __all__ = [
 
 logger = logging.getLogger("selvedge_django.store")
 
+# The instance columns an execution reads, in the order InstanceHead takes them.
+HEAD_COLUMNS = (
+    "workflow_name, input, status, cancel_requested, cancel_reason, parent_instance_id, parent_key"
+)
+
+
+@dataclass(frozen=True)
+class InstanceHead:
+    """The instance row as an execution reads it (everything but the history)."""
+
+    workflow_name: str
+    input: Any
+    status: str
+    cancel_requested: bool
+    cancel_reason: str
+    parent_instance_id: str
+    parent_key: str
+
 
 class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
     """Durable operations over the Django ORM for one database alias."""
@@ -88,26 +103,67 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
         parent_instance_id: str = "",
         parent_key: str = "",
         started_at: datetime | None = None,
-    ) -> None:
-        """Insert a runnable instance; a taken id raises WorkflowAlreadyStarted."""
-        now = started_at or timezone.now()
+        lease_owner: str | None = None,
+        lease_ttl: float | None = None,
+    ) -> Fence | None:
+        """Insert a runnable instance; a taken id raises WorkflowAlreadyStarted.
+
+        With ``lease_owner`` the instance is inserted already leased to that owner
+        (epoch 1, expiring ``lease_ttl`` seconds from now on the database clock) and not
+        runnable, and the fence is returned: the owner runs it without a dispatch,
+        and no dispatcher can take it before the owner does. Nobody is woken then.
+        """
+        now = self._now_param(started_at or timezone.now())
+        conn = self.connection
+        stored_input = self._input_field.get_db_prep_save(input_value, conn)
+        # One statement text whether leased or not (no owner: no expiry), so that
+        # statement-level tools (the fault injector, pg_stat_statements) see one start.
+        now_sql, now_params = DbNowMs(clock_offset_ms()).as_sql(None, conn)
+        lease_sql = f"%s, %s, (CASE WHEN %s THEN {now_sql} + %s END), %s"
+        ttl = self.lease_ttl if lease_ttl is None else lease_ttl
+        leased = lease_owner is not None
+        lease_params = [
+            lease_owner or "",
+            1 if leased else 0,
+            leased,
+            *now_params,
+            round(ttl * 1000),
+            not leased,
+        ]
         try:
             with self.atomic():
-                WorkflowInstance.objects.using(self.alias).create(
-                    instance_id=instance_id,
-                    workflow_name=workflow_name,
-                    input=input_value,
-                    status=WorkflowStatus.RUNNING,
-                    runnable=True,
-                    service_name=service_name,
-                    parent_instance_id=parent_instance_id,
-                    parent_key=parent_key,
-                    started_at=now,
-                    updated_at=now,
+                self._execute(
+                    "INSERT INTO {instance} (instance_id, workflow_name, status, input, output,"
+                    " error, lease_owner, lease_epoch, lease_expires_ms, runnable,"
+                    " cancel_requested, cancel_reason, parent_instance_id, parent_key,"
+                    " service_name, current_step, started_at, updated_at, closed_at)"
+                    f" VALUES (%s, %s, %s, %s, NULL, NULL, {lease_sql}, %s, %s, %s, %s, %s, %s,"
+                    " %s, %s, NULL)",
+                    [
+                        instance_id,
+                        workflow_name,
+                        str(WorkflowStatus.RUNNING),
+                        stored_input,
+                        *lease_params,
+                        False,
+                        "",
+                        parent_instance_id,
+                        parent_key,
+                        service_name,
+                        "",
+                        now,
+                        now,
+                    ],
                 )
-                self.after_commit("runnable")
+                if lease_owner is None:
+                    self.after_commit("runnable")
         except IntegrityError as error:
             raise exc.WorkflowAlreadyStarted(instance_id) from error
+        return None if lease_owner is None else Fence(instance_id, lease_owner, 1)
+
+    @property
+    def _input_field(self) -> Any:
+        return WorkflowInstance._meta.get_field("input")
 
     def get_instance(self, instance_id: str) -> WorkflowInstance:
         try:
@@ -115,66 +171,101 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
         except WorkflowInstance.DoesNotExist:
             raise exc.WorkflowNotFound(instance_id) from None
 
+    def get_result_row(self, instance_id: str) -> tuple[str, str | None, str | None]:
+        """An instance's (status, output, error), in one hand-written read."""
+        conn = self.connection
+        table = conn.ops.quote_name(WorkflowInstance._meta.db_table)
+        with conn.cursor() as cursor:
+            cursor.execute(
+                f"SELECT status, output, error FROM {table} WHERE instance_id = %s",
+                [instance_id],
+            )
+            row = cursor.fetchone()
+        if row is None:
+            raise exc.WorkflowNotFound(instance_id)
+        return str(row[0]), row[1], row[2]
+
     # -- leases -------------------------------------------------------------------------
 
     def acquire_batch(
         self, owner: str, ttl: float, limit: int, names: Sequence[str] | None
     ) -> list[Fence]:
         """Lease up to ``limit`` dispatchable instances (runnable or expired) for ``owner``."""
+        return [fence for fence, _ in self.lease_batch(owner, ttl, limit, names)]
+
+    def lease_batch(
+        self, owner: str, ttl: float, limit: int, names: Sequence[str] | None
+    ) -> list[tuple[Fence, InstanceHead]]:
+        """Lease up to ``limit`` dispatchable instances and read their rows, in one statement.
+
+        Dispatchable: running, and either runnable and unowned or owned under an
+        expired lease. On PostgreSQL the candidates are locked with ``FOR UPDATE SKIP
+        LOCKED``, so concurrent dispatchers take different rows; on SQLite the write
+        transaction (``BEGIN IMMEDIATE``) serialises them. The instance columns an
+        execution needs come back with the lease, so loading its snapshot then reads
+        only the history.
+        """
         if limit <= 0 or (names is not None and not names):
             return []
-        now = self.now_expr()
-        candidates = WorkflowInstance.objects.using(self.alias).filter(
-            Q(status=WorkflowStatus.RUNNING)
-            & (
-                Q(runnable=True, lease_owner="")
-                | (Q(lease_expires_ms__lt=now) & ~Q(lease_owner=""))
-            )
+        now = self.now_sql()
+        assert now is not None
+        where = (
+            "status = %s AND ((lease_owner = '' AND runnable)"
+            f" OR (lease_expires_ms < {now.sql} AND NOT (lease_owner = '')))"
         )
+        params: list[Any] = [str(WorkflowStatus.RUNNING), *now.params]
         if names is not None:
-            candidates = candidates.filter(workflow_name__in=list(names))
+            where += f" AND workflow_name IN ({', '.join(['%s'] * len(names))})"
+            params += list(names)
+        sql = (
+            "UPDATE {instance} SET lease_owner = %s, lease_epoch = lease_epoch + 1,"
+            f" lease_expires_ms = {now.sql} + %s, runnable = %s"
+            " WHERE instance_id IN (SELECT instance_id FROM {instance}"
+            f" WHERE {where} LIMIT %s FOR UPDATE SKIP LOCKED)"
+            f" RETURNING instance_id, lease_epoch, {HEAD_COLUMNS}"
+        )
+        args = [owner, *now.params, round(ttl * 1000), False, *params, limit]
         if self.vendor == "postgresql":
-            return self._acquire_returning(candidates, owner, ttl, limit)
-        with self.atomic():
-            ids = list(
-                candidates.order_by()
-                .select_for_update(skip_locked=True)
-                .values_list("instance_id", flat=True)[:limit]
-            )
-            if not ids:
-                return []
-            WorkflowInstance.objects.using(self.alias).filter(instance_id__in=ids).update(
-                lease_owner=owner,
-                lease_epoch=F("lease_epoch") + 1,
-                lease_expires_ms=self.now_expr(ttl),
-                runnable=False,
-            )
-            rows = (
-                WorkflowInstance.objects.using(self.alias)
-                .filter(instance_id__in=ids, lease_owner=owner)
-                .values_list("instance_id", "lease_epoch")
-            )
-            return [Fence(instance_id, owner, epoch) for instance_id, epoch in rows]
+            rows = self._fetch(sql, args)  # one statement: atomic in autocommit
+        else:
+            # SQLite: pick, lease, read back, in one write transaction. (Its UPDATE ...
+            # RETURNING reports no row count until the rows are read, which statement
+            # wrappers such as the fault injector's need.)
+            with self.atomic():
+                ids = [
+                    r[0]
+                    for r in self._fetch(
+                        f"SELECT instance_id FROM {{instance}} WHERE {where} LIMIT %s",
+                        [*params, limit],
+                    )
+                ]
+                if not ids:
+                    return []
+                marks = ", ".join(["%s"] * len(ids))
+                self._execute(
+                    "UPDATE {instance} SET lease_owner = %s, lease_epoch = lease_epoch + 1,"
+                    f" lease_expires_ms = {now.sql} + %s, runnable = %s"
+                    f" WHERE instance_id IN ({marks})",
+                    [owner, *now.params, round(ttl * 1000), False, *ids],
+                )
+                rows = self._fetch(
+                    f"SELECT instance_id, lease_epoch, {HEAD_COLUMNS} FROM {{instance}}"
+                    f" WHERE lease_owner = %s AND instance_id IN ({marks})",
+                    [owner, *ids],
+                )
+        return [(Fence(row[0], owner, row[1]), self._head(row[2:])) for row in rows]
 
-    def _acquire_returning(
-        self, candidates: Any, owner: str, ttl: float, limit: int
-    ) -> list[Fence]:
-        """PostgreSQL: pick, lease and read back the epochs in one statement (one round trip)."""
-        conn = self.connection
-        pick_query = candidates.order_by().values("instance_id")[:limit].query
-        pick, pick_params = pick_query.get_compiler(using=self.alias).as_sql()
-        now_sql, now_params = DbNowMs(clock_offset_ms()).as_sql(None, conn)
-        table = conn.ops.quote_name(WorkflowInstance._meta.db_table)
-        with conn.cursor() as cursor:
-            cursor.execute(
-                f"UPDATE {table} SET lease_owner = %s, lease_epoch = lease_epoch + 1,"
-                f" lease_expires_ms = {now_sql} + %s, runnable = false"
-                f" WHERE instance_id IN ({pick} FOR UPDATE SKIP LOCKED)"
-                " RETURNING instance_id, lease_epoch",
-                [owner, *now_params, round(ttl * 1000), *pick_params],
-            )
-            rows = cursor.fetchall()
-        return [Fence(instance_id, owner, epoch) for instance_id, epoch in rows]
+    def _head(self, row: Sequence[Any]) -> InstanceHead:
+        name, input_value, status, cancel_requested, reason, parent, parent_key = row
+        return InstanceHead(
+            workflow_name=name,
+            input=self._input_field.from_db_value(input_value, None, self.connection),
+            status=status,
+            cancel_requested=bool(cancel_requested),
+            cancel_reason=reason,
+            parent_instance_id=parent,
+            parent_key=parent_key,
+        )
 
     def acquire(self, instance_id: str, owner: str, ttl: float) -> Fence | None:
         """Lease one instance if it is dispatchable."""
@@ -250,34 +341,44 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
             # An arrival during the execution may have left it runnable: dispatch again.
             self.after_commit("runnable")
 
-    def load_snapshot(self, instance_id: str) -> ExecutionSnapshot:
-        """Read the instance and its whole history for one execution."""
-        inst = self.get_instance(instance_id)
-        rows = (
-            HistoryEvent.objects.using(self.alias)
-            .filter(instance_id=instance_id)
-            .order_by("id")
-            .values_list(
-                "key", "seq", "command", "event_type", "data", "reservation", "delivered_seq"
+    def load_snapshot(
+        self, instance_id: str, head: InstanceHead | None = None
+    ) -> ExecutionSnapshot:
+        """Read the instance (unless its ``head`` came with the lease) and its whole history.
+
+        The history and the delivered signals come back in one statement.
+        """
+        if head is None:
+            rows = self._fetch(
+                f"SELECT {HEAD_COLUMNS} FROM {{instance}} WHERE instance_id = %s", [instance_id]
             )
+            if not rows:
+                raise exc.WorkflowNotFound(instance_id)
+            head = self._head(rows[0])
+        history: list[HistoryRow] = []
+        signals: list[SignalPosition] = []
+        rows = self._fetch(
+            "SELECT 0, id, key, seq, command, event_type, data, reservation, delivered_seq"
+            " FROM {history} WHERE instance_id = %s"
+            " UNION ALL SELECT 1, id, channel, delivered_seq, NULL, NULL, NULL, NULL, consumed_seq"
+            " FROM {signal} WHERE instance_id = %s AND delivered_seq IS NOT NULL"
+            " ORDER BY 1, 2",
+            [instance_id, instance_id],
         )
-        history = [HistoryRow(*row) for row in rows]
-        signals = [
-            SignalPosition(*row)
-            for row in SignalRow.objects.using(self.alias)
-            .filter(instance_id=instance_id, delivered_seq__isnull=False)
-            .order_by("id")
-            .values_list("id", "channel", "delivered_seq", "consumed_seq")
-        ]
+        for kind, row_id, key, seq, command, event_type, data, reserved, delivered in rows:
+            if kind == 0:
+                history.append(HistoryRow(key, seq, command, event_type, data, reserved, delivered))
+            else:
+                signals.append(SignalPosition(row_id, key, seq, delivered))
         return ExecutionSnapshot(
-            instance_id=inst.instance_id,
-            workflow_name=inst.workflow_name,
-            input=inst.input,
-            status=inst.status,
-            cancel_requested=inst.cancel_requested,
-            cancel_reason=inst.cancel_reason,
-            parent_instance_id=inst.parent_instance_id,
-            parent_key=inst.parent_key,
+            instance_id=instance_id,
+            workflow_name=head.workflow_name,
+            input=head.input,
+            status=head.status,
+            cancel_requested=head.cancel_requested,
+            cancel_reason=head.cancel_reason,
+            parent_instance_id=head.parent_instance_id,
+            parent_key=head.parent_key,
             history=history,
             signals=signals,
         )
@@ -330,25 +431,21 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
                     attempts=1,
                     claim_owner=claim_owner,
                     claim_epoch=1,
-                    claim_expires_ms=self.now_expr(ttl),
-                    claim_started_ms=self.now_expr(),
-                    attempt_deadline_ms=self.now_expr(task.start_to_close_timeout)
-                    if task.start_to_close_timeout is not None
-                    else None,
+                    claim_expires_ms=self.now_sql(ttl),
+                    claim_started_ms=self.now_sql(),
+                    attempt_deadline_ms=self.now_sql(task.start_to_close_timeout),
                 )
             else:
                 fields.update(
                     status=ActivityTaskStatus.QUEUED,
-                    schedule_deadline_ms=self.now_expr(task.schedule_to_start_timeout)
-                    if task.schedule_to_start_timeout is not None
-                    else None,
+                    schedule_deadline_ms=self.now_sql(task.schedule_to_start_timeout),
                 )
-            created = ActivityTask.objects.using(self.alias).create(**fields)
+            task_id = self._insert(ActivityTask, fields, returning_id=True)
             if claim_owner is None:
                 self.after_commit("task")
                 return stored, None
             claimed = ClaimedTask(
-                claim=TaskClaim(created.id, fence.instance_id, row.key, claim_owner, 1),
+                claim=TaskClaim(task_id, fence.instance_id, row.key, claim_owner, 1),
                 name=task.name,
                 workflow_name=task.workflow_name,
                 input=task.input,
@@ -631,26 +728,25 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
                 )
                 if not requested:
                     status = WorkflowStatus.FAILED
-            now = timezone.now()
+            now = self._now_param()
             # The fence check and the close are one conditional update.
-            closed = (
-                WorkflowInstance.objects.using(self.alias)
-                .filter(
-                    instance_id=fence.instance_id,
-                    lease_owner=fence.owner,
-                    lease_epoch=fence.epoch,
-                    status=WorkflowStatus.RUNNING,
-                )
-                .update(
-                    status=status,
-                    output=request.output,
-                    error=request.error,
-                    lease_owner="",
-                    lease_expires_ms=None,
-                    runnable=False,
-                    closed_at=now,
-                    updated_at=now,
-                )
+            closed = self._execute(
+                "UPDATE {instance} SET status = %s, output = %s, error = %s, lease_owner = '',"
+                " lease_expires_ms = NULL, runnable = %s, closed_at = %s, updated_at = %s"
+                " WHERE instance_id = %s AND lease_owner = %s AND lease_epoch = %s"
+                " AND status = %s",
+                [
+                    str(status),
+                    request.output,
+                    request.error,
+                    False,
+                    now,
+                    now,
+                    fence.instance_id,
+                    fence.owner,
+                    fence.epoch,
+                    str(WorkflowStatus.RUNNING),
+                ],
             )
             if closed != 1:
                 raise exc.Fenced(

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -16,7 +18,7 @@ from django.utils import timezone
 from . import exceptions as exc
 from .engine.codec import Codec
 from .engine.store import Fence, HistoryRow
-from .models import ActivityTask, HistoryEvent, WorkflowInstance, WorkflowStatus
+from .models import ActivityTask, HistoryEvent, SignalMessage, WorkflowInstance, WorkflowStatus
 from .notify import Bus, bus_for
 
 __all__ = ["DbNowMs", "StoreBase", "clock_offset_ms", "set_clock_offset_ms"]
@@ -24,6 +26,31 @@ __all__ = ["DbNowMs", "StoreBase", "clock_offset_ms", "set_clock_offset_ms"]
 logger = logging.getLogger("selvedge_django.store")
 
 NOTIFY_CHANNEL = "selvedge_wake"
+
+_origin: tuple[int, str] | None = None
+
+
+def notify_origin() -> str:
+    """This process's mark on its NOTIFY payloads (renewed in a forked child).
+
+    A payload is ``@<origin> <topic>``. The process's own listener skips payloads
+    with its own mark: the in-process bus already delivered them at commit, and a
+    second wake-up would only make a loop poll again for nothing.
+    """
+    global _origin
+    pid = os.getpid()
+    if _origin is None or _origin[0] != pid:
+        _origin = (pid, f"{pid}.{uuid.uuid4().hex[:8]}")
+    return _origin[1]
+
+
+def notify_topic(payload: str) -> str | None:
+    """The bus topic of a NOTIFY payload; None for this process's own."""
+    if not payload.startswith("@"):
+        return payload  # sent by hand (psql, tests): the payload is the topic
+    origin, _, topic = payload[1:].partition(" ")
+    return None if origin == notify_origin() else topic
+
 
 # Added to the database clock by every store in this process. Only
 # selvedge_django.testing changes it, to move lease, claim and task deadlines
@@ -63,6 +90,16 @@ class DbNowMs(Func):
         else:  # pragma: no cover - rejected at start by the system checks
             raise exc.SelvedgeError(f"unsupported database vendor {vendor!r}")
         return sql, [self.offset_ms]
+
+
+class Sql:
+    """A SQL expression with its parameters, for :meth:`StoreBase._insert` values."""
+
+    __slots__ = ("params", "sql")
+
+    def __init__(self, sql: str, params: Sequence[Any] = ()) -> None:
+        self.sql = sql
+        self.params = list(params)
 
 
 def _ms(seconds: float | None) -> int | None:
@@ -181,8 +218,9 @@ class StoreBase:
         ordered = sorted(topics)
         sql = "SELECT " + ", ".join(["pg_notify(%s, %s)"] * len(ordered))
         params: list[str] = []
+        origin = notify_origin()
         for topic in ordered:
-            params += [NOTIFY_CHANNEL, topic]
+            params += [NOTIFY_CHANNEL, f"@{origin} {topic}"]
         try:
             with self.connection.cursor() as cursor:
                 cursor.execute(sql, params)
@@ -198,22 +236,80 @@ class StoreBase:
         ORM's query building, which costs ten times the statement itself on a
         local database. ``{instance}``, ``{history}`` and ``{task}`` name the tables.
         """
-        conn = self.connection
-        quote = conn.ops.quote_name
-        with conn.cursor() as cursor:
-            cursor.execute(
-                sql.format(
-                    instance=quote(WorkflowInstance._meta.db_table),
-                    history=quote(HistoryEvent._meta.db_table),
-                    task=quote(ActivityTask._meta.db_table),
-                ),
-                params,
-            )
+        with self.connection.cursor() as cursor:
+            cursor.execute(self._tables(sql), params)
             return int(cursor.rowcount)
 
-    def _now_param(self) -> Any:
-        """``timezone.now()`` as the database driver takes it."""
-        return self.connection.ops.adapt_datetimefield_value(timezone.now())
+    def _fetch(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        """Run one hand-written statement that returns rows (tables named as in _execute)."""
+        with self.connection.cursor() as cursor:
+            cursor.execute(self._tables(sql), params)
+            return list(cursor.fetchall())
+
+    def _tables(self, sql: str) -> str:
+        quote = self.connection.ops.quote_name
+        return sql.format(
+            instance=quote(WorkflowInstance._meta.db_table),
+            history=quote(HistoryEvent._meta.db_table),
+            task=quote(ActivityTask._meta.db_table),
+            signal=quote(SignalMessage._meta.db_table),
+        )
+
+    def now_sql(self, plus_seconds: float | None = 0.0) -> Sql | None:
+        """The database clock in milliseconds (plus ``plus_seconds``) as a SQL value."""
+        if plus_seconds is None:
+            return None
+        sql, params = DbNowMs(_clock_offset_ms).as_sql(None, self.connection)
+        if plus_seconds:
+            return Sql(f"({sql} + %s)", [*params, round(plus_seconds * 1000)])
+        return Sql(sql, params)
+
+    def _insert(self, model: Any, values: dict[str, Any], *, returning_id: bool = False) -> Any:
+        """Insert one row without the ORM's query building; return its id if asked.
+
+        Columns not in ``values`` take the model field's default (``auto_now`` and
+        ``auto_now_add`` fields the current time); :class:`Sql` values are inlined.
+        """
+        conn = self.connection
+        columns: list[str] = []
+        marks: list[str] = []
+        params: list[Any] = []
+        for f in model._meta.concrete_fields:
+            if f.primary_key and f.name not in values and returning_id:
+                continue
+            if f.attname in values:
+                value = values[f.attname]
+            elif f.name in values:
+                value = values[f.name]
+            elif getattr(f, "auto_now", False) or getattr(f, "auto_now_add", False):
+                value = timezone.now()
+            else:
+                value = f.get_default()
+            columns.append(conn.ops.quote_name(f.column))
+            if isinstance(value, Sql):
+                marks.append(value.sql)
+                params += value.params
+            else:
+                marks.append("%s")
+                params.append(f.get_db_prep_save(value, conn))
+        sql = (
+            f"INSERT INTO {conn.ops.quote_name(model._meta.db_table)} ({', '.join(columns)})"
+            f" VALUES ({', '.join(marks)})"
+        )
+        returning = returning_id and conn.features.can_return_columns_from_insert
+        if returning:
+            sql += " RETURNING " + conn.ops.quote_name(model._meta.pk.column)
+        with conn.cursor() as cursor:
+            cursor.execute(sql, params)
+            if returning:
+                return cursor.fetchone()[0]
+            if returning_id:
+                return cursor.lastrowid
+        return None
+
+    def _now_param(self, now: Any = None) -> Any:
+        """``timezone.now()`` (or ``now``) as the database driver takes it."""
+        return self.connection.ops.adapt_datetimefield_value(timezone.now() if now is None else now)
 
     def _fence(self, fence: Fence, current_step: str | None = None) -> None:
         """The fence check: the first statement of every fenced transaction.

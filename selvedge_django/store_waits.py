@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
+from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -153,37 +154,37 @@ class WaitStoreMixin(StoreBase):
     # -- signals ------------------------------------------------------------------------
 
     def append_signal(self, instance_id: str, channel: str, payload: str) -> int:
-        """Append a signal while the instance runs, and wake it."""
+        """Append a signal while the instance runs, and wake it.
+
+        Marking the instance runnable comes first: that update also locks the row,
+        so a close committing meanwhile is seen (no signal lands on a closed instance).
+        """
         with self.atomic():
-            status = (
-                WorkflowInstance.objects.using(self.alias)
-                .filter(instance_id=instance_id)
-                .select_for_update()
-                .values_list("status", flat=True)
-                .first()
-            )
-            if status is None:
-                raise exc.WorkflowNotFound(instance_id)
-            if status != WorkflowStatus.RUNNING:
-                raise exc.InstanceClosed.for_status(instance_id, status)
-            signal = SignalRow.objects.using(self.alias).create(
-                instance_id=instance_id, channel=channel, payload=payload
-            )
-            WorkflowInstance.objects.using(self.alias).filter(instance_id=instance_id).update(
-                runnable=True
+            if not self._execute(
+                "UPDATE {instance} SET runnable = %s WHERE instance_id = %s AND status = %s",
+                [True, instance_id, str(WorkflowStatus.RUNNING)],
+            ):
+                rows = self._fetch(
+                    "SELECT status FROM {instance} WHERE instance_id = %s", [instance_id]
+                )
+                if not rows:
+                    raise exc.WorkflowNotFound(instance_id)
+                raise exc.InstanceClosed.for_status(instance_id, rows[0][0])
+            signal_id = self._insert(
+                SignalRow,
+                {"instance_id": instance_id, "channel": channel, "payload": payload},
+                returning_id=True,
             )
             self.after_commit("runnable")
-            return int(signal.id)
+            return int(signal_id)
 
     def next_signal(self, instance_id: str, channel: str) -> SignalMessage | None:
-        found = (
-            SignalRow.objects.using(self.alias)
-            .filter(instance_id=instance_id, channel=channel, consumed_seq__isnull=True)
-            .order_by("id")
-            .values_list("id", "channel", "payload")
-            .first()
+        rows = self._fetch(
+            "SELECT id, channel, payload FROM {signal} WHERE instance_id = %s AND channel = %s"
+            " AND consumed_seq IS NULL ORDER BY id LIMIT 1",
+            [instance_id, channel],
         )
-        return SignalMessage(*found) if found is not None else None
+        return SignalMessage(*rows[0]) if rows else None
 
     def signal_payload(self, signal_id: int) -> str | None:
         return (
@@ -221,15 +222,13 @@ class WaitStoreMixin(StoreBase):
             return str(status)
 
     def cancel_state(self, instance_id: str) -> tuple[bool, str]:
-        found = (
-            WorkflowInstance.objects.using(self.alias)
-            .filter(instance_id=instance_id)
-            .values_list("cancel_requested", "cancel_reason")
-            .first()
+        rows = self._fetch(
+            "SELECT cancel_requested, cancel_reason FROM {instance} WHERE instance_id = %s",
+            [instance_id],
         )
-        if found is None:
+        if not rows:
             return False, ""
-        return bool(found[0]), str(found[1])
+        return bool(rows[0][0]), str(rows[0][1])
 
     def _request_child_cancel(self, child_ids: list[str], reason: str) -> None:
         if not child_ids:
@@ -266,13 +265,17 @@ class WaitStoreMixin(StoreBase):
             consumed = True
             if observation.consume is not None:
                 consumed = bool(
-                    SignalRow.objects.using(self.alias)
-                    .filter(id=observation.consume, instance_id=iid, consumed_seq__isnull=True)
-                    .update(
-                        consumed_seq=seq,
-                        consumed_key=(
-                            observation.record or observation.fill or HistoryRow("", None, "")
-                        ).key,
+                    self._execute(
+                        "UPDATE {signal} SET consumed_seq = %s, consumed_key = %s"
+                        " WHERE id = %s AND instance_id = %s AND consumed_seq IS NULL",
+                        [
+                            seq,
+                            (
+                                observation.record or observation.fill or HistoryRow("", None, "")
+                            ).key,
+                            observation.consume,
+                            iid,
+                        ],
                     )
                 )
                 if not consumed:
@@ -314,6 +317,52 @@ class WaitStoreMixin(StoreBase):
         return ObservationResult(stored, delivered, consumed)
 
     def _deliver(self, iid: str, seq: int, observation: Observation) -> Arrivals:
+        """Mark a delivery batch (everything arrived, or exactly what a predicate saw)."""
+        key_filter: str | None
+        signal_filter: str | None
+        key_params: list[Any]
+        signal_params: list[Any]
+        if observation.deliver_all:
+            key_filter, key_params = "", []
+            signal_filter, signal_params = "", []
+        elif observation.deliver is not None:
+            wanted = observation.deliver
+            if not wanted.keys and not wanted.signals:
+                return Arrivals()
+            key_filter, key_params = self._in("key", list(wanted.keys))
+            signal_filter, signal_params = self._in("id", [sid for sid, _ in wanted.signals])
+        else:
+            return Arrivals()
+        if not self.connection.features.can_return_columns_from_insert:
+            return self._deliver_read_first(iid, seq, observation)
+        keys: tuple[str, ...] = ()
+        sigs: tuple[tuple[int, str], ...] = ()
+        if key_filter is not None:
+            rows = self._fetch(
+                "UPDATE {history} SET delivered_seq = %s WHERE instance_id = %s"
+                " AND delivered_seq IS NULL AND data IS NOT NULL AND seq IS NOT NULL"
+                f"{key_filter} RETURNING id, key",
+                [seq, iid, *key_params],
+            )
+            keys = tuple(key for _, key in sorted(rows))
+        if signal_filter is not None:
+            rows = self._fetch(
+                "UPDATE {signal} SET delivered_seq = %s WHERE instance_id = %s"
+                f" AND delivered_seq IS NULL{signal_filter} RETURNING id, channel",
+                [seq, iid, *signal_params],
+            )
+            sigs = tuple(sorted(rows))
+        return Arrivals(keys=keys, signals=sigs)
+
+    @staticmethod
+    def _in(column: str, values: list[Any]) -> tuple[str | None, list[Any]]:
+        """`` AND column IN (...)`` for a delivery batch; None when nothing is wanted."""
+        if not values:
+            return None, []
+        return f" AND {column} IN ({', '.join(['%s'] * len(values))})", values
+
+    def _deliver_read_first(self, iid: str, seq: int, observation: Observation) -> Arrivals:
+        """_deliver for databases without UPDATE ... RETURNING (SQLite before 3.35)."""
         events = HistoryEvent.objects.using(self.alias).filter(
             instance_id=iid, delivered_seq__isnull=True, data__isnull=False, seq__isnull=False
         )
@@ -321,18 +370,21 @@ class WaitStoreMixin(StoreBase):
             instance_id=iid, delivered_seq__isnull=True
         )
         if observation.deliver_all:
-            keys = tuple(events.values_list("key", flat=True))
+            keys = tuple(events.order_by("id").values_list("key", flat=True))
             sigs = tuple(signals.order_by("id").values_list("id", "channel"))
-        elif observation.deliver is not None:
+        else:
+            assert observation.deliver is not None
             wanted = observation.deliver
-            keys = tuple(events.filter(key__in=list(wanted.keys)).values_list("key", flat=True))
+            keys = tuple(
+                events.filter(key__in=list(wanted.keys))
+                .order_by("id")
+                .values_list("key", flat=True)
+            )
             sigs = tuple(
                 signals.filter(id__in=[sid for sid, _ in wanted.signals])
                 .order_by("id")
                 .values_list("id", "channel")
             )
-        else:
-            return Arrivals()
         if keys:
             events.filter(key__in=list(keys)).update(delivered_seq=seq)
         if sigs:

@@ -61,7 +61,14 @@ from .conftest import ROOT, WorkerProcess
 SHORT_LEASE = {"TTL": 1.0, "RENEW_INTERVAL": 0.25, "MARGIN": 0.25, "MAX_SKEW": 0.1}
 WORKER_LEASE = {"TTL": 3.0, "RENEW_INTERVAL": 0.5, "MARGIN": 0.5, "MAX_SKEW": 0.25}
 # The default queue only: the cancelled scope's task (fault.parked) is never served.
-WORKER_OPTIONS: dict[str, Any] = {"activity_queues": [""], "lease": WORKER_LEASE}
+# Starts go through dispatch (not handed to the in-process worker, whose free slots
+# vary between runs), so that every run issues the same statements as the baseline;
+# tests/test_local_starts.py crashes the handed-over start on its own.
+WORKER_OPTIONS: dict[str, Any] = {
+    "activity_queues": [""],
+    "lease": WORKER_LEASE,
+    "run_local_starts": False,
+}
 SUBPROCESS_OVERRIDES = {
     "LEASE": SHORT_LEASE,
     "ACTIVITY_QUEUES": [""],
@@ -121,7 +128,7 @@ class Target:
 TARGETS = [
     Target("start", "create_instance", "parent", client=True),
     Target("signal", "append_signal", "parent", client=True),
-    Target("dispatch", "acquire_batch", None),
+    Target("dispatch", "lease_batch", None),
     Target(
         "reserve",
         "reserve_activity",

@@ -38,13 +38,16 @@ class Dispatcher(Loop):
         if free <= 0:
             return 0
         started = time.monotonic()
-        fences = self.runtime.store.acquire_batch(
+        leased = self.runtime.store.lease_batch(
             self.runtime.worker_id, settings.lease.ttl, free, registered_workflow_names()
         )
-        self.saturated = len(fences) >= free
-        for fence in fences:
-            self.pool.submit(self.runtime.execute, fence, started)
-        return len(fences)
+        self.saturated = len(leased) >= free
+        for fence, head in leased:
+            # Held (and renewed) from now on, even if a start handed over in this process
+            # took the slot meanwhile and the execution waits for a thread.
+            self.runtime.hold(fence, started)
+            self.pool.submit(self.runtime.execute, fence, started, None, head)
+        return len(leased)
 
     def more_waiting(self, done: int) -> bool:
         return self.saturated

@@ -2,9 +2,10 @@
 
 One listener per process and database holds its own connection (outside
 Django's pool, in autocommit mode), listens on ``selvedge_wake`` and republishes
-each payload (a bus topic such as ``runnable`` or ``closed:<id>``) on the
-in-process bus. A lost connection is retried with backoff; meanwhile the
-pollers keep working, and nothing is lost because notifications are only hints.
+each payload's topic (such as ``runnable`` or ``closed:<id>``) on the in-process
+bus, skipping those this process sent itself (its bus already had them). A lost
+connection is retried with backoff; meanwhile the pollers keep working, and
+nothing is lost because notifications are only hints.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 from django.db import connections
 
 from ..notify import Bus
-from ..store_base import NOTIFY_CHANNEL
+from ..store_base import NOTIFY_CHANNEL, notify_topic
 
 __all__ = ["Listener", "ensure_listener"]
 
@@ -94,7 +95,9 @@ class Listener:
             try:
                 while not self._stop.is_set():
                     for note in self._conn.notifies(timeout=1.0):
-                        self.bus.publish(note.payload)
+                        wake = notify_topic(note.payload)
+                        if wake is not None:
+                            self.bus.publish(wake)
             except Exception as error:
                 if not self._stop.is_set():
                     logger.warning("LISTEN connection lost (%s); reconnecting", error)
