@@ -31,11 +31,13 @@ from . import signals
 from .conf import get_settings
 from .engine.codec import Codec, contains_nul, error_from_envelope
 from .engine.commands import valid_channel
+from .engine.store import ExecutionSnapshot
 from .models import ActivityTask, WorkflowInstance, WorkflowStatus
 from .notify import Waker
-from .registry import WorkflowDefinition
+from .registry import WorkflowDefinition, get_workflow
 from .runtime import check_vendor, client_codec
 from .store import DjangoStore
+from .worker.local import local_worker
 
 __all__ = [
     "ActivityTaskInfo",
@@ -166,14 +168,16 @@ def _describe(inst: WorkflowInstance) -> WorkflowDescription:
     )
 
 
-def _result(inst: WorkflowInstance) -> WorkflowResult:
+def _result(
+    instance_id: str, status: str, output_text: str | None, error_text: str | None
+) -> WorkflowResult:
     output = None
     error: BaseException | None = None
-    if inst.status == WorkflowStatus.COMPLETED and inst.output is not None:
-        output = json.loads(inst.output)
-    elif inst.error:
-        error = error_from_envelope(json.loads(inst.error))
-    return WorkflowResult(inst.instance_id, inst.status, output, error)
+    if status == WorkflowStatus.COMPLETED and output_text is not None:
+        output = json.loads(output_text)
+    elif error_text:
+        error = error_from_envelope(json.loads(error_text))
+    return WorkflowResult(instance_id, status, output, error)
 
 
 # -- validation -------------------------------------------------------------------------
@@ -231,7 +235,17 @@ def start_workflow(
     if contains_nul(text):
         raise exc.WorkflowStartRejected("workflow input contains a NUL character (\\u0000)")
     settings = get_settings()
-    store.create_instance(instance_id, name, json.loads(text), service_name=settings.service_name)
+    # A worker running in this process takes the instance straight from the start.
+    worker = local_worker(store.identity) if get_workflow(name) is not None else None
+    leased_at = time.monotonic()
+    fence = store.create_instance(
+        instance_id,
+        name,
+        json.loads(text),
+        service_name=settings.service_name,
+        lease_owner=None if worker is None else worker.worker_id,
+        lease_ttl=None if worker is None else worker.settings.lease.ttl,
+    )
     hooks = settings.hooks
 
     def started() -> None:
@@ -239,6 +253,11 @@ def start_workflow(
         signals.send("on_workflow_started", instance_id=instance_id, workflow_name=name)
 
     transaction.on_commit(started, using=store.alias)
+    if worker is not None and fence is not None:
+        snapshot = ExecutionSnapshot(instance_id, name, json.loads(text), WorkflowStatus.RUNNING)
+        transaction.on_commit(
+            lambda: worker.run_local_start(fence, snapshot, leased_at), using=store.alias
+        )
     return instance_id
 
 
@@ -333,7 +352,7 @@ def prune(
 
 def get_workflow_result(instance_id: str) -> WorkflowResult:
     """Read an instance's current status and result without waiting."""
-    return _result(_store().get_instance(instance_id))
+    return _result(instance_id, *_store().get_result_row(instance_id))
 
 
 def wait_workflow(instance_id: str, timeout: float | None = None) -> WorkflowResult:

@@ -7,7 +7,9 @@ import threading
 from typing import Any
 
 from ..conf import default_worker_id, get_settings
+from ..engine.store import ExecutionSnapshot, Fence
 from ..runtime import WorkerRuntime
+from . import local
 from .activities import ActivityPoller
 from .base import Loop
 from .dispatcher import Dispatcher
@@ -86,8 +88,35 @@ class Worker:
             )
             thread.start()
             self._threads.append(thread)
+        if self.settings.run_local_starts:
+            local.register(self)
         logger.info("worker %s started", self.worker_id, extra={"worker_id": self.worker_id})
         return self
+
+    def accepts_local_starts(self) -> bool:
+        """Whether a start in this process may be handed to this worker now."""
+        return (
+            self._started
+            and not self.runtime.stopping.is_set()
+            and self.resumptions.free_slots() > 0
+        )
+
+    def run_local_start(self, fence: Fence, snapshot: ExecutionSnapshot, leased_at: float) -> None:
+        """Run an instance whose start (committed) leased it to this worker.
+
+        ``leased_at`` is the monotonic time before the start's insert, where the
+        lease belief begins. Without a free slot the lease is released and the
+        instance left runnable for any dispatcher.
+        """
+        if not self.runtime.stopping.is_set() and self.resumptions.free_slots() > 0:
+            self.runtime.hold(fence, leased_at)
+            self.resumptions.submit(self.runtime.execute, fence, leased_at, snapshot)
+            return
+        try:
+            self.store.release_lease(fence, runnable=True)
+        except Exception:
+            # The lease expires by itself; a dispatcher takes the instance then.
+            logger.warning("could not release the lease on %s", fence.instance_id, exc_info=True)
 
     def stop(self, timeout: float | None = None) -> None:
         """Stop claiming, let in-flight work finish, then release what is still held.
@@ -99,6 +128,7 @@ class Worker:
         if not self._started:
             return
         timeout = self.settings.shutdown_timeout if timeout is None else timeout
+        local.unregister(self)
         self.runtime.stopping.set()
         self._stop.set()
         for loop in self.loops:
