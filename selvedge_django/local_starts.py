@@ -21,14 +21,16 @@ import threading
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .supervisor import Worker
+    from .worker.supervisor import Worker
 
-__all__ = ["local_worker", "register", "unregister"]
+__all__ = ["finished", "local_worker", "register", "running_here", "started_here", "unregister"]
 
 logger = logging.getLogger("selvedge_django.worker")
 
 _lock = threading.Lock()
 _workers: dict[str, list[Worker]] = {}
+# Instances whose handed-over execution has not finished yet.
+_running: set[str] = set()
 
 
 def register(worker: Worker) -> None:
@@ -54,3 +56,25 @@ def local_worker(identity: str) -> Worker | None:
         if worker.accepts_local_starts():
             return worker
     return None
+
+
+def started_here(instance_id: str) -> None:
+    """An execution of ``instance_id`` was handed to a worker of this process."""
+    with _lock:
+        _running.add(instance_id)
+
+
+def finished(instance_id: str) -> None:
+    """That execution ended (after its close, if it closed, committed and was published)."""
+    with _lock:
+        _running.discard(instance_id)
+
+
+def running_here(instance_id: str) -> bool:
+    """Whether a handed-over execution of ``instance_id`` is still under way here.
+
+    ``wait_workflow`` skips its first read then: the instance is running, and its
+    close (if this execution closes it) wakes the waiter through the bus.
+    """
+    with _lock:
+        return instance_id in _running

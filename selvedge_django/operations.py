@@ -32,12 +32,12 @@ from .conf import get_settings
 from .engine.codec import Codec, contains_nul, error_from_envelope
 from .engine.commands import valid_channel
 from .engine.store import ExecutionSnapshot
+from .local_starts import local_worker, running_here
 from .models import ActivityTask, WorkflowInstance, WorkflowStatus
 from .notify import Waker
 from .registry import WorkflowDefinition, get_workflow
 from .runtime import check_vendor, client_codec
 from .store import DjangoStore
-from .worker.local import local_worker
 
 __all__ = [
     "ActivityTaskInfo",
@@ -372,11 +372,16 @@ def wait_workflow(instance_id: str, timeout: float | None = None) -> WorkflowRes
         from .worker.notify import ensure_listener
 
         ensure_listener(store.alias, store.bus)
+    # An execution handed to a worker of this process is running: no need to read
+    # the row first (its close wakes this waiter; subscribed above, so none is missed).
+    read = not running_here(instance_id)
     try:
         while True:
-            result = get_workflow_result(instance_id)
-            if result.status != WorkflowStatus.RUNNING:
-                return result
+            if read:
+                result = get_workflow_result(instance_id)
+                if result.status != WorkflowStatus.RUNNING:
+                    return result
+            read = True
             wait = poll
             if deadline is not None:
                 remaining = deadline - time.monotonic()

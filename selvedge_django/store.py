@@ -14,17 +14,19 @@ threads never see "database is locked".
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import IntegrityError
+from django.db import IntegrityError, transaction
 from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
 from . import exceptions as exc
+from . import local_starts
 from .engine.codec import Codec
 from .engine.store import (
     CLOSE_EVENT_BY_STATUS,
@@ -130,33 +132,37 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
             round(ttl * 1000),
             not leased,
         ]
+        insert = (
+            "INSERT INTO {instance} (instance_id, workflow_name, status, input, output,"
+            " error, lease_owner, lease_epoch, lease_expires_ms, runnable,"
+            " cancel_requested, cancel_reason, parent_instance_id, parent_key,"
+            " service_name, current_step, started_at, updated_at, closed_at)"
+            f" VALUES (%s, %s, %s, %s, NULL, NULL, {lease_sql}, %s, %s, %s, %s, %s, %s,"
+            " %s, %s, NULL)"
+        )
+        params = [
+            instance_id,
+            workflow_name,
+            str(WorkflowStatus.RUNNING),
+            stored_input,
+            *lease_params,
+            False,
+            "",
+            parent_instance_id,
+            parent_key,
+            service_name,
+            "",
+            now,
+            now,
+        ]
         try:
-            with self.atomic():
-                self._execute(
-                    "INSERT INTO {instance} (instance_id, workflow_name, status, input, output,"
-                    " error, lease_owner, lease_epoch, lease_expires_ms, runnable,"
-                    " cancel_requested, cancel_reason, parent_instance_id, parent_key,"
-                    " service_name, current_step, started_at, updated_at, closed_at)"
-                    f" VALUES (%s, %s, %s, %s, NULL, NULL, {lease_sql}, %s, %s, %s, %s, %s, %s,"
-                    " %s, %s, NULL)",
-                    [
-                        instance_id,
-                        workflow_name,
-                        str(WorkflowStatus.RUNNING),
-                        stored_input,
-                        *lease_params,
-                        False,
-                        "",
-                        parent_instance_id,
-                        parent_key,
-                        service_name,
-                        "",
-                        now,
-                        now,
-                    ],
-                )
-                if lease_owner is None:
-                    self.after_commit("runnable")
+            if leased and self.one_statement:
+                self._execute(insert, params)  # nobody to wake: one statement, no transaction
+            else:
+                with self.atomic():
+                    self._execute(insert, params)
+                    if not leased:
+                        self.after_commit("runnable")
         except IntegrityError as error:
             raise exc.WorkflowAlreadyStarted(instance_id) from error
         return None if lease_owner is None else Fence(instance_id, lease_owner, 1)
@@ -404,60 +410,91 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
         self, fence: Fence, row: HistoryRow, task: TaskSpec, claim_owner: str | None
     ) -> tuple[HistoryRow, ClaimedTask | None]:
         """Reserve the command and create its task (claimed inline when asked) atomically."""
-        with self.atomic():
-            self._fence(fence, current_step=f"activity {task.name}")
-            stored = self._insert_row(fence.instance_id, row)
-            if stored is not row:
-                return stored, None
-            ttl = self._claim_ttl(task.start_to_close_timeout, task.heartbeat_timeout)
-            fields: dict[str, Any] = dict(
-                instance_id=fence.instance_id,
-                workflow_name=task.workflow_name,
-                key=row.key,
-                seq=row.seq or 0,
-                name=task.name,
-                input=task.input,
-                queue=task.queue,
-                options=task.options,
-                max_attempts=task.max_attempts,
-                schedule_to_start_ms=_ms(task.schedule_to_start_timeout),
-                start_to_close_ms=_ms(task.start_to_close_timeout),
-                heartbeat_timeout_ms=_ms(task.heartbeat_timeout),
-                not_before_ms=0,
+        ttl = self._claim_ttl(task.start_to_close_timeout, task.heartbeat_timeout)
+        fields: dict[str, Any] = dict(
+            instance_id=fence.instance_id,
+            workflow_name=task.workflow_name,
+            key=row.key,
+            seq=row.seq or 0,
+            name=task.name,
+            input=task.input,
+            queue=task.queue,
+            options=task.options,
+            max_attempts=task.max_attempts,
+            schedule_to_start_ms=_ms(task.schedule_to_start_timeout),
+            start_to_close_ms=_ms(task.start_to_close_timeout),
+            heartbeat_timeout_ms=_ms(task.heartbeat_timeout),
+            not_before_ms=0,
+        )
+        if claim_owner is not None:
+            fields.update(
+                status=ActivityTaskStatus.RUNNING,
+                attempts=1,
+                claim_owner=claim_owner,
+                claim_epoch=1,
+                claim_expires_ms=self.now_sql(ttl),
+                claim_started_ms=self.now_sql(),
+                attempt_deadline_ms=self.now_sql(task.start_to_close_timeout),
             )
-            if claim_owner is not None:
-                fields.update(
-                    status=ActivityTaskStatus.RUNNING,
-                    attempts=1,
-                    claim_owner=claim_owner,
-                    claim_epoch=1,
-                    claim_expires_ms=self.now_sql(ttl),
-                    claim_started_ms=self.now_sql(),
-                    attempt_deadline_ms=self.now_sql(task.start_to_close_timeout),
-                )
-            else:
-                fields.update(
-                    status=ActivityTaskStatus.QUEUED,
-                    schedule_deadline_ms=self.now_sql(task.schedule_to_start_timeout),
-                )
-            task_id = self._insert(ActivityTask, fields, returning_id=True)
-            if claim_owner is None:
-                self.after_commit("task")
-                return stored, None
-            claimed = ClaimedTask(
-                claim=TaskClaim(task_id, fence.instance_id, row.key, claim_owner, 1),
-                name=task.name,
-                workflow_name=task.workflow_name,
-                input=task.input,
-                options=task.options,
-                attempt=1,
-                failures=0,
-                max_attempts=task.max_attempts,
-                claim_ttl=ttl,
-                start_to_close_timeout=task.start_to_close_timeout,
-                heartbeat_timeout=task.heartbeat_timeout,
+        else:
+            fields.update(
+                status=ActivityTaskStatus.QUEUED,
+                schedule_deadline_ms=self.now_sql(task.schedule_to_start_timeout),
             )
-            return stored, claimed
+        current_step = f"activity {task.name}"
+        if self.one_statement:
+            task_id = self._reserve_one_statement(fence, row, fields, current_step, claim_owner)
+        else:
+            with self.atomic():
+                self._fence(fence, current_step=current_step)
+                self._insert_row(fence.instance_id, row)
+                task_id = self._insert(ActivityTask, fields, returning_id=True)
+                if claim_owner is None:
+                    self.after_commit("task")
+        if claim_owner is None:
+            return row, None
+        claimed = ClaimedTask(
+            claim=TaskClaim(task_id, fence.instance_id, row.key, claim_owner, 1),
+            name=task.name,
+            workflow_name=task.workflow_name,
+            input=task.input,
+            options=task.options,
+            attempt=1,
+            failures=0,
+            max_attempts=task.max_attempts,
+            claim_ttl=ttl,
+            start_to_close_timeout=task.start_to_close_timeout,
+            heartbeat_timeout=task.heartbeat_timeout,
+        )
+        return row, claimed
+
+    def _reserve_one_statement(
+        self,
+        fence: Fence,
+        row: HistoryRow,
+        fields: dict[str, Any],
+        current_step: str,
+        claim_owner: str | None,
+    ) -> int:
+        """reserve_activity on PostgreSQL: fence, history row and task in one statement."""
+        fence_sql, fence_params = self._fence_sql(fence, current_step)
+        history_sql, history_params = self._history_insert_sql(fence.instance_id, row, "f")
+        columns, marks, task_params = self._insert_parts(ActivityTask, fields, skip_pk=True)
+        notify, notify_params = self._notify_from("t", [] if claim_owner else ["task"])
+        try:
+            fenced, task_id, _ = self._fetch(
+                f"WITH f AS ({fence_sql}), h AS ({history_sql} RETURNING id),"
+                f" t AS (INSERT INTO {{task}} ({columns}) SELECT {marks} FROM h RETURNING id)"
+                f" SELECT (SELECT count(*) FROM f), (SELECT id FROM t), {notify}",
+                [*fence_params, *history_params, *task_params, *notify_params],
+            )[0]
+        except IntegrityError as error:
+            raise self._key_conflict(fence.instance_id, row.key) from error
+        if fenced != 1:
+            raise self._fenced_error(fence)
+        if claim_owner is None:
+            self._publish_now("task")
+        return int(task_id)
 
     def _claimable(self) -> Any:
         now = self.now_expr()
@@ -561,10 +598,11 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
             qs = qs.filter(claim_expires_ms__gte=self.now_expr())
         return qs
 
-    def _arrive(
+    def _arrive_sql(
         self, claim: TaskClaim, event_type: str, data: str, inline_fence: Fence | None
-    ) -> None:
-        self._execute(
+    ) -> tuple[tuple[str, list[Any]], tuple[str, list[Any]]]:
+        """The two updates of an arrival: the history value, and the wake of the instance."""
+        record = (
             "UPDATE {history} SET data = %s, event_type = %s, arrived_at = %s"
             " WHERE instance_id = %s AND key = %s AND data IS NULL",
             [data, event_type, self._now_param(), claim.instance_id, claim.key],
@@ -576,7 +614,16 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
             # other holder (or none) must be woken.
             wake += " AND NOT (lease_owner = %s AND lease_epoch = %s)"
             params += [inline_fence.owner, inline_fence.epoch]
-        if self._execute(wake, params):
+        return record, (wake, params)
+
+    def _arrive(
+        self, claim: TaskClaim, event_type: str, data: str, inline_fence: Fence | None
+    ) -> None:
+        (record, record_params), (wake, wake_params) = self._arrive_sql(
+            claim, event_type, data, inline_fence
+        )
+        self._execute(record, record_params)
+        if self._execute(wake, wake_params):
             self.after_commit("runnable")
 
     def complete_task(
@@ -588,20 +635,37 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
     ) -> bool:
         """Record a successful attempt; False when the claim was lost (late result)."""
         now_sql, now_params = DbNowMs(clock_offset_ms()).as_sql(None, self.connection)
+        complete = (
+            "UPDATE {task} SET status = %s, claim_expires_ms = NULL WHERE id = %s"
+            " AND claim_owner = %s AND claim_epoch = %s AND status = %s"
+            f" AND claim_expires_ms >= {now_sql}"
+        )
+        params = [
+            str(ActivityTaskStatus.COMPLETED),
+            claim.task_id,
+            claim.owner,
+            claim.epoch,
+            str(ActivityTaskStatus.RUNNING),
+            *now_params,
+        ]
+        if self.one_statement:
+            # The claim check, the value and the wake-up, as one statement.
+            (record, record_params), (wake, wake_params) = self._arrive_sql(
+                claim, EV_ACTIVITY_COMPLETED, output, inline_fence
+            )
+            notify, notify_params = self._notify_from("w", ["runnable"])
+            claimed, woken, _ = self._fetch(
+                f"WITH t AS ({complete} RETURNING id),"
+                f" h AS ({record} AND EXISTS (SELECT 1 FROM t) RETURNING id),"
+                f" w AS ({wake} AND EXISTS (SELECT 1 FROM t) RETURNING instance_id)"
+                f" SELECT (SELECT count(*) FROM t), (SELECT count(*) FROM w), {notify}",
+                [*params, *record_params, *wake_params, *notify_params],
+            )[0]
+            if woken:
+                self._publish_now("runnable")
+            return bool(claimed)
         with self.atomic():
-            if not self._execute(
-                "UPDATE {task} SET status = %s, claim_expires_ms = NULL WHERE id = %s"
-                " AND claim_owner = %s AND claim_epoch = %s AND status = %s"
-                f" AND claim_expires_ms >= {now_sql}",
-                [
-                    str(ActivityTaskStatus.COMPLETED),
-                    claim.task_id,
-                    claim.owner,
-                    claim.epoch,
-                    str(ActivityTaskStatus.RUNNING),
-                    *now_params,
-                ],
-            ):
+            if not self._execute(complete, params):
                 return False
             self._arrive(claim, EV_ACTIVITY_COMPLETED, output, inline_fence)
         return True
@@ -716,6 +780,15 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
         Returns the status written (a cancellation without a durable request closes
         as failed).
         """
+        if (
+            self.one_statement
+            and request.status != WorkflowStatus.CANCELLED
+            and not request.unfinished
+            and not request.children
+            and request.parent is not None
+            and not request.parent[0]
+        ):
+            return self._close_one_statement(fence, request)
         with self.atomic():
             status = request.status
             if status == WorkflowStatus.CANCELLED:
@@ -728,42 +801,12 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
                 )
                 if not requested:
                     status = WorkflowStatus.FAILED
-            now = self._now_param()
+            sql, params = self._close_sql(fence, status, request)
             # The fence check and the close are one conditional update.
-            closed = self._execute(
-                "UPDATE {instance} SET status = %s, output = %s, error = %s, lease_owner = '',"
-                " lease_expires_ms = NULL, runnable = %s, closed_at = %s, updated_at = %s"
-                " WHERE instance_id = %s AND lease_owner = %s AND lease_epoch = %s"
-                " AND status = %s",
-                [
-                    str(status),
-                    request.output,
-                    request.error,
-                    False,
-                    now,
-                    now,
-                    fence.instance_id,
-                    fence.owner,
-                    fence.epoch,
-                    str(WorkflowStatus.RUNNING),
-                ],
-            )
-            if closed != 1:
-                raise exc.Fenced(
-                    f"execution of {fence.instance_id!r} (epoch {fence.epoch}) "
-                    "no longer holds the lease"
-                )
+            if self._execute(sql, params) != 1:
+                raise self._fenced_error(fence)
             data = request.output if status == WorkflowStatus.COMPLETED else request.error
-            self._insert_row(
-                fence.instance_id,
-                HistoryRow(
-                    key=CLOSE_KEY,
-                    seq=None,
-                    command=CMD_CLOSE,
-                    event_type=CLOSE_EVENT_BY_STATUS[status],
-                    data=data,
-                ),
-            )
+            self._insert_row(fence.instance_id, self._close_row(status, data))
             if request.unfinished:
                 self._close_cleanup(fence.instance_id)
             self._close_cascade(
@@ -773,7 +816,69 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
                 children=request.children,
                 parent=request.parent,
             )
+            # A waiter in this process reads the row again once the handed-over execution
+            # is no longer marked running: unmark it before the wake-up goes out.
+            transaction.on_commit(
+                functools.partial(local_starts.finished, fence.instance_id), using=self.alias
+            )
             self.after_commit(f"closed:{fence.instance_id}")
+        return str(status)
+
+    def _close_sql(self, fence: Fence, status: str, request: CloseRequest) -> tuple[str, list[Any]]:
+        now = self._now_param()
+        return (
+            "UPDATE {instance} SET status = %s, output = %s, error = %s, lease_owner = '',"
+            " lease_expires_ms = NULL, runnable = %s, closed_at = %s, updated_at = %s"
+            " WHERE instance_id = %s AND lease_owner = %s AND lease_epoch = %s"
+            " AND status = %s",
+            [
+                str(status),
+                request.output,
+                request.error,
+                False,
+                now,
+                now,
+                fence.instance_id,
+                fence.owner,
+                fence.epoch,
+                str(WorkflowStatus.RUNNING),
+            ],
+        )
+
+    @staticmethod
+    def _close_row(status: str, data: str | None) -> HistoryRow:
+        return HistoryRow(
+            key=CLOSE_KEY,
+            seq=None,
+            command=CMD_CLOSE,
+            event_type=CLOSE_EVENT_BY_STATUS[status],
+            data=data,
+        )
+
+    def _close_one_statement(self, fence: Fence, request: CloseRequest) -> str:
+        """close on PostgreSQL for the common case (nothing left to clean up, no parent,
+        no children, not a cancellation): the fenced update, the close record and the
+        NOTIFY in one statement."""
+        status = request.status
+        data = request.output if status == WorkflowStatus.COMPLETED else request.error
+        close_sql, close_params = self._close_sql(fence, status, request)
+        row_sql, row_params = self._history_insert_sql(
+            fence.instance_id, self._close_row(status, data), "c"
+        )
+        topic = f"closed:{fence.instance_id}"
+        notify, notify_params = self._notify_from("c", [topic])
+        try:
+            closed, _ = self._fetch(
+                f"WITH c AS ({close_sql} RETURNING instance_id), h AS ({row_sql} RETURNING id)"
+                f" SELECT (SELECT count(*) FROM c), {notify}",
+                [*close_params, *row_params, *notify_params],
+            )[0]
+        except IntegrityError as error:
+            raise self._key_conflict(fence.instance_id, CLOSE_KEY) from error
+        if closed != 1:
+            raise self._fenced_error(fence)
+        local_starts.finished(fence.instance_id)
+        self._publish_now(topic)
         return str(status)
 
     # -- client reads -------------------------------------------------------------------

@@ -271,11 +271,31 @@ class StoreBase:
         ``auto_now_add`` fields the current time); :class:`Sql` values are inlined.
         """
         conn = self.connection
+        columns, marks, params = self._insert_parts(model, values, skip_pk=returning_id)
+        sql = (
+            f"INSERT INTO {conn.ops.quote_name(model._meta.db_table)} ({columns}) VALUES ({marks})"
+        )
+        returning = returning_id and conn.features.can_return_columns_from_insert
+        if returning:
+            sql += " RETURNING " + conn.ops.quote_name(model._meta.pk.column)
+        with conn.cursor() as cursor:
+            cursor.execute(sql, params)
+            if returning:
+                return cursor.fetchone()[0]
+            if returning_id:
+                return cursor.lastrowid
+        return None
+
+    def _insert_parts(
+        self, model: Any, values: dict[str, Any], *, skip_pk: bool
+    ) -> tuple[str, str, list[Any]]:
+        """The column list, the value expressions and their parameters of one row."""
+        conn = self.connection
         columns: list[str] = []
         marks: list[str] = []
         params: list[Any] = []
         for f in model._meta.concrete_fields:
-            if f.primary_key and f.name not in values and returning_id:
+            if f.primary_key and skip_pk and f.name not in values:
                 continue
             if f.attname in values:
                 value = values[f.attname]
@@ -292,20 +312,81 @@ class StoreBase:
             else:
                 marks.append("%s")
                 params.append(f.get_db_prep_save(value, conn))
-        sql = (
-            f"INSERT INTO {conn.ops.quote_name(model._meta.db_table)} ({', '.join(columns)})"
-            f" VALUES ({', '.join(marks)})"
+        return ", ".join(columns), ", ".join(marks), params
+
+    # -- one-statement writes (PostgreSQL) ---------------------------------------------
+
+    @property
+    def one_statement(self) -> bool:
+        """Whether a fenced write may run as one statement instead of a transaction.
+
+        On PostgreSQL, outside any transaction, the statements of a durable step
+        chain as data-modifying ``WITH`` queries into one statement, which is a
+        transaction by itself: the same all-or-nothing and the same fence, in one
+        round trip instead of a BEGIN, each statement and a COMMIT.
+        """
+        return self.vendor == "postgresql" and not self.connection.in_atomic_block
+
+    def _notify_from(self, source: str, topics: Sequence[str]) -> tuple[str, list[Any]]:
+        """A scalar subquery sending ``topics`` once if the CTE ``source`` has a row."""
+        if not (self.notify_enabled and topics):
+            return "0", []
+        origin = notify_origin()
+        calls = ", ".join(["pg_notify(%s, %s)"] * len(topics))
+        params: list[Any] = []
+        for topic in topics:
+            params += [NOTIFY_CHANNEL, f"@{origin} {topic}"]
+        return f"(SELECT count(*) FROM (SELECT {calls} FROM {source} LIMIT 1) n)", params
+
+    def _publish_now(self, *topics: str) -> None:
+        """Wake local loops after a one-statement write (already committed)."""
+        for topic in topics:
+            self.bus.publish(topic)
+
+    def _fence_sql(self, fence: Fence, current_step: str | None = None) -> tuple[str, list[Any]]:
+        """The fence check as an UPDATE ... RETURNING (a CTE of a one-statement write)."""
+        sets, params = "updated_at = %s", [self._now_param()]
+        if current_step is not None:
+            sets += ", current_step = %s"
+            params.append(current_step[:255])
+        return (
+            "UPDATE {instance} SET " + sets + " WHERE instance_id = %s AND lease_owner = %s"
+            " AND lease_epoch = %s AND status = %s RETURNING instance_id",
+            [*params, fence.instance_id, fence.owner, fence.epoch, str(WorkflowStatus.RUNNING)],
         )
-        returning = returning_id and conn.features.can_return_columns_from_insert
-        if returning:
-            sql += " RETURNING " + conn.ops.quote_name(model._meta.pk.column)
-        with conn.cursor() as cursor:
-            cursor.execute(sql, params)
-            if returning:
-                return cursor.fetchone()[0]
-            if returning_id:
-                return cursor.lastrowid
-        return None
+
+    def _history_insert_sql(
+        self, instance_id: str, row: HistoryRow, source: str | None = None
+    ) -> tuple[str, list[Any]]:
+        """INSERT of one history row; ``source`` (a CTE) makes it conditional on that row."""
+        values = [
+            instance_id,
+            row.key,
+            row.seq,
+            row.command,
+            row.event_type,
+            row.data,
+            row.reservation,
+            row.delivered_seq,
+            self._now_param(),
+        ]
+        marks = "%s, %s, %s, %s, %s, %s, %s, %s, %s, NULL"
+        body = f"SELECT {marks} FROM {source}" if source else f"VALUES ({marks})"
+        return (
+            "INSERT INTO {history} (instance_id, key, seq, command, event_type, data,"
+            f" reservation, delivered_seq, created_at, arrived_at) {body}",
+            values,
+        )
+
+    @staticmethod
+    def _fenced_error(fence: Fence) -> exc.Fenced:
+        return exc.Fenced(
+            f"execution of {fence.instance_id!r} (epoch {fence.epoch}) no longer holds the lease"
+        )
+
+    @staticmethod
+    def _key_conflict(instance_id: str, key: str) -> exc.HistoryKeyConflict:
+        return exc.HistoryKeyConflict(f"history key {key!r} of {instance_id!r} is already recorded")
 
     def _now_param(self, now: Any = None) -> Any:
         """``timezone.now()`` (or ``now``) as the database driver takes it."""
@@ -317,20 +398,9 @@ class StoreBase:
         ``current_step`` (the command being issued) is recorded in the same update,
         so operators see where an instance is at no extra cost.
         """
-        sets, params = "updated_at = %s", [self._now_param()]
-        if current_step is not None:
-            sets += ", current_step = %s"
-            params.append(current_step[:255])
-        updated = self._execute(
-            "UPDATE {instance} SET " + sets + " WHERE instance_id = %s AND lease_owner = %s"
-            " AND lease_epoch = %s AND status = %s",
-            [*params, fence.instance_id, fence.owner, fence.epoch, str(WorkflowStatus.RUNNING)],
-        )
-        if updated != 1:
-            raise exc.Fenced(
-                f"execution of {fence.instance_id!r} (epoch {fence.epoch}) "
-                "no longer holds the lease"
-            )
+        sql, params = self._fence_sql(fence, current_step)
+        if self._execute(sql.removesuffix(" RETURNING instance_id"), params) != 1:
+            raise self._fenced_error(fence)
 
     def _insert_row(self, instance_id: str, row: HistoryRow) -> HistoryRow:
         """Insert a history row inside the caller's fenced transaction.
@@ -338,27 +408,11 @@ class StoreBase:
         Under the fence no other writer can add a key this execution has not seen,
         so a conflict is a bug: it aborts the whole transaction (no savepoint).
         """
+        sql, params = self._history_insert_sql(instance_id, row)
         try:
-            self._execute(
-                "INSERT INTO {history} (instance_id, key, seq, command, event_type, data,"
-                " reservation, delivered_seq, created_at, arrived_at)"
-                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, NULL)",
-                [
-                    instance_id,
-                    row.key,
-                    row.seq,
-                    row.command,
-                    row.event_type,
-                    row.data,
-                    row.reservation,
-                    row.delivered_seq,
-                    self._now_param(),
-                ],
-            )
+            self._execute(sql, params)
         except IntegrityError as error:
-            raise exc.HistoryKeyConflict(
-                f"history key {row.key!r} of {instance_id!r} is already recorded"
-            ) from error
+            raise self._key_conflict(instance_id, row.key) from error
         return row
 
     def get_row(self, instance_id: str, key: str) -> HistoryRow | None:

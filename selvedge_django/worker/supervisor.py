@@ -6,10 +6,10 @@ import logging
 import threading
 from typing import Any
 
+from .. import local_starts as local
 from ..conf import default_worker_id, get_settings
 from ..engine.store import ExecutionSnapshot, Fence
 from ..runtime import WorkerRuntime
-from . import local
 from .activities import ActivityPoller
 from .base import Loop
 from .dispatcher import Dispatcher
@@ -110,7 +110,8 @@ class Worker:
         """
         if not self.runtime.stopping.is_set() and self.resumptions.free_slots() > 0:
             self.runtime.hold(fence, leased_at)
-            self.resumptions.submit(self.runtime.execute, fence, leased_at, snapshot)
+            local.started_here(fence.instance_id)
+            self.resumptions.submit(self._run_local, fence, leased_at, snapshot)
             return
         try:
             self.store.release_lease(fence, runnable=True)
@@ -147,6 +148,12 @@ class Worker:
         self.activities.shutdown(1.0)
         self._started = False
         logger.info("worker %s stopped", self.worker_id, extra={"worker_id": self.worker_id})
+
+    def _run_local(self, fence: Fence, leased_at: float, snapshot: ExecutionSnapshot) -> None:
+        try:
+            self.runtime.execute(fence, leased_at, snapshot)
+        finally:
+            local.finished(fence.instance_id)
 
     def wait(self, stop: threading.Event) -> None:
         """Block until ``stop`` is set (used by ``runselvedge worker``)."""
