@@ -11,7 +11,8 @@ turned off all fall back to the normal runnable start.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import pytest
@@ -87,29 +88,40 @@ def test_a_start_inside_atomic_runs_only_after_commit(make_worker: Callable[...,
     assert sv.wait_workflow(instance_id, timeout=20).output == ["local:in-atomic"]
 
 
+@contextmanager
+def all_threads_busy(worker: Any) -> Iterator[None]:
+    """Keep every execution thread of ``worker`` busy until the block ends."""
+    release = threading.Event()
+    busy = threading.Semaphore(0)
+
+    def occupy() -> None:
+        busy.release()
+        release.wait(20)
+
+    try:
+        for _ in range(worker.resumptions.size):
+            worker.resumptions.submit(occupy)
+        for _ in range(worker.resumptions.size):
+            assert busy.acquire(timeout=10)
+        assert worker.resumptions.free_slots() == 0
+        yield
+    finally:
+        release.set()
+
+
 def test_a_worker_without_a_free_slot_at_commit_hands_the_start_to_the_dispatchers(
     make_worker: Callable[..., Any],
 ) -> None:
     worker = make_worker(max_concurrent_resumptions=1)
-    busy = threading.Event()
-    release = threading.Event()
-
-    def occupy() -> None:
-        busy.set()
-        release.wait(20)
-
-    try:
+    with ExitStack() as busy:
         with transaction.atomic():
             # The worker has its one slot free now: the start is leased to it ...
             late = sv.start_workflow("test.sum3", {"a": 5, "b": 5, "c": 5})
             # ... but before the commit its only execution thread becomes busy.
-            worker.resumptions.submit(occupy)
-            assert busy.wait(10) and worker.resumptions.free_slots() == 0
+            busy.enter_context(all_threads_busy(worker))
         # At commit the worker had no slot: the lease was released and the instance
         # left runnable for any dispatcher (here the same worker's, once it is free).
         assert leased_rows()[late] == ("", 1, True)
-    finally:
-        release.set()
     result = sv.wait_workflow(late, timeout=20)
     assert result.status == "completed" and result.output == 15
     assert WorkflowInstance.objects.get(instance_id=late).lease_epoch == 2  # one dispatch
@@ -117,20 +129,9 @@ def test_a_worker_without_a_free_slot_at_commit_hands_the_start_to_the_dispatche
 
 def test_a_full_worker_is_not_offered_the_start(make_worker: Callable[..., Any]) -> None:
     worker = make_worker(max_concurrent_resumptions=1)
-    busy = threading.Event()
-    release = threading.Event()
-
-    def occupy() -> None:
-        busy.set()
-        release.wait(20)
-
-    try:
-        worker.resumptions.submit(occupy)
-        assert busy.wait(10)
+    with all_threads_busy(worker):
         queued = sv.start_workflow("test.sum3", {"a": 1, "b": 2, "c": 0})
         assert leased_rows()[queued] == ("", 0, True)  # an ordinary runnable start
-    finally:
-        release.set()
     assert sv.wait_workflow(queued, timeout=20).output == 3
 
 
