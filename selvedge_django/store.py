@@ -237,6 +237,9 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
             # SQLite: pick, lease, read back, in one write transaction. (Its UPDATE ...
             # RETURNING reports no row count until the rows are read, which statement
             # wrappers such as the fault injector's need.)
+            probe = self._fetch(f"SELECT 1 FROM {{instance}} WHERE {where} LIMIT 1", [*params])
+            if not probe:
+                return []
             with self.atomic():
                 ids = [
                     r[0]
@@ -576,6 +579,8 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
     def claim_tasks(self, owner: str, limit: int, names: Sequence[str]) -> list[ClaimedTask]:
         """Claim up to ``limit`` due tasks of registered activities, oldest first."""
         if limit <= 0 or not names:
+            return []
+        if not self.worth_locking(self._claimable().filter(name__in=list(names))):
             return []
         with self.atomic():
             ids = list(

@@ -171,6 +171,19 @@ class StoreBase:
             if depth == 0:
                 tx.pending = set()
 
+    def worth_locking(self, queryset: Any) -> bool:
+        """Whether a poll should take the write lock: on SQLite, only if it will find work.
+
+        A SQLite write transaction locks the whole database, so an idle poll first
+        looks without locking (a read in WAL mode blocks nobody). That keeps idle
+        workers from taking the lock several times a second, and a worker stalled
+        mid-poll (paused, swapped out) from holding it. On PostgreSQL the locking
+        read skips locked rows and blocks nobody: no probe.
+        """
+        if self.vendor != "sqlite" or self.connection.in_atomic_block:
+            return True
+        return bool(queryset.exists())
+
     @contextlib.contextmanager
     def read_snapshot(self) -> Iterator[None]:
         """One consistent read: REPEATABLE READ on PostgreSQL, a deferred read on SQLite."""

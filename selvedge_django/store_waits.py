@@ -86,6 +86,11 @@ class WaitStoreMixin(StoreBase):
         ``fired`` collects (instance id, key) of the timers that woke a running
         instance (the discarded ones of closed instances are not listed).
         """
+        pending = TimerSubscription.objects.using(self.alias).filter(
+            fired=False, expires_at__lte=now
+        )
+        if not self.worth_locking(pending):
+            return 0
         with self.atomic():
             due = list(
                 TimerSubscription.objects.using(self.alias)
