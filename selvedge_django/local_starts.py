@@ -16,7 +16,6 @@ as for any held lease.
 
 from __future__ import annotations
 
-import logging
 import threading
 from typing import TYPE_CHECKING
 
@@ -24,8 +23,6 @@ if TYPE_CHECKING:
     from .worker.supervisor import Worker
 
 __all__ = ["finished", "local_worker", "register", "running_here", "started_here", "unregister"]
-
-logger = logging.getLogger("selvedge_django.worker")
 
 _lock = threading.Lock()
 _workers: dict[str, list[Worker]] = {}

@@ -120,15 +120,15 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
         stored_input = self._input_field.get_db_prep_save(input_value, conn)
         # One statement text whether leased or not (no owner: no expiry), so that
         # statement-level tools (the fault injector, pg_stat_statements) see one start.
-        now_sql, now_params = DbNowMs(clock_offset_ms()).as_sql(None, conn)
-        lease_sql = f"%s, %s, (CASE WHEN %s THEN {now_sql} + %s END), %s"
+        db_now = self.now_sql()
+        lease_sql = f"%s, %s, (CASE WHEN %s THEN {db_now.sql} + %s END), %s"
         ttl = self.lease_ttl if lease_ttl is None else lease_ttl
         leased = lease_owner is not None
         lease_params = [
             lease_owner or "",
             1 if leased else 0,
             leased,
-            *now_params,
+            *db_now.params,
             round(ttl * 1000),
             not leased,
         ]
@@ -214,7 +214,6 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
         if limit <= 0 or (names is not None and not names):
             return []
         now = self.now_sql()
-        assert now is not None
         where = (
             "status = %s AND ((lease_owner = '' AND runnable)"
             f" OR (lease_expires_ms < {now.sql} AND NOT (lease_owner = '')))"
@@ -437,12 +436,16 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
                 claim_epoch=1,
                 claim_expires_ms=self.now_sql(ttl),
                 claim_started_ms=self.now_sql(),
-                attempt_deadline_ms=self.now_sql(task.start_to_close_timeout),
+                attempt_deadline_ms=None
+                if task.start_to_close_timeout is None
+                else self.now_sql(task.start_to_close_timeout),
             )
         else:
             fields.update(
                 status=ActivityTaskStatus.QUEUED,
-                schedule_deadline_ms=self.now_sql(task.schedule_to_start_timeout),
+                schedule_deadline_ms=None
+                if task.schedule_to_start_timeout is None
+                else self.now_sql(task.schedule_to_start_timeout),
             )
         current_step = f"activity {task.name}"
         if self.one_statement:
@@ -486,7 +489,7 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
         notify, notify_params = self._notify_from("t", [] if claim_owner else ["task"])
         try:
             fenced, task_id, _ = self._fetch(
-                f"WITH f AS ({fence_sql}), h AS ({history_sql} RETURNING id),"
+                f"WITH f AS ({fence_sql} RETURNING instance_id), h AS ({history_sql} RETURNING id),"
                 f" t AS (INSERT INTO {{task}} ({columns}) SELECT {marks} FROM h RETURNING id)"
                 f" SELECT (SELECT count(*) FROM f), (SELECT id FROM t), {notify}",
                 [*fence_params, *history_params, *task_params, *notify_params],
@@ -639,11 +642,11 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
         inline_fence: Fence | None = None,
     ) -> bool:
         """Record a successful attempt; False when the claim was lost (late result)."""
-        now_sql, now_params = DbNowMs(clock_offset_ms()).as_sql(None, self.connection)
+        db_now = self.now_sql()
         complete = (
             "UPDATE {task} SET status = %s, claim_expires_ms = NULL WHERE id = %s"
             " AND claim_owner = %s AND claim_epoch = %s AND status = %s"
-            f" AND claim_expires_ms >= {now_sql}"
+            f" AND claim_expires_ms >= {db_now.sql}"
         )
         params = [
             str(ActivityTaskStatus.COMPLETED),
@@ -651,7 +654,7 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
             claim.owner,
             claim.epoch,
             str(ActivityTaskStatus.RUNNING),
-            *now_params,
+            *db_now.params,
         ]
         if self.one_statement:
             # The claim check, the value and the wake-up, as one statement.

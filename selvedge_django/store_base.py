@@ -268,10 +268,8 @@ class StoreBase:
             signal=quote(SignalMessage._meta.db_table),
         )
 
-    def now_sql(self, plus_seconds: float | None = 0.0) -> Sql | None:
+    def now_sql(self, plus_seconds: float = 0.0) -> Sql:
         """The database clock in milliseconds (plus ``plus_seconds``) as a SQL value."""
-        if plus_seconds is None:
-            return None
         sql, params = DbNowMs(_clock_offset_ms).as_sql(None, self.connection)
         if plus_seconds:
             return Sql(f"({sql} + %s)", [*params, round(plus_seconds * 1000)])
@@ -357,14 +355,14 @@ class StoreBase:
             self.bus.publish(topic)
 
     def _fence_sql(self, fence: Fence, current_step: str | None = None) -> tuple[str, list[Any]]:
-        """The fence check as an UPDATE ... RETURNING (a CTE of a one-statement write)."""
+        """The fence check: an UPDATE that must touch exactly the writer's instance row."""
         sets, params = "updated_at = %s", [self._now_param()]
         if current_step is not None:
             sets += ", current_step = %s"
             params.append(current_step[:255])
         return (
             "UPDATE {instance} SET " + sets + " WHERE instance_id = %s AND lease_owner = %s"
-            " AND lease_epoch = %s AND status = %s RETURNING instance_id",
+            " AND lease_epoch = %s AND status = %s",
             [*params, fence.instance_id, fence.owner, fence.epoch, str(WorkflowStatus.RUNNING)],
         )
 
@@ -412,7 +410,7 @@ class StoreBase:
         so operators see where an instance is at no extra cost.
         """
         sql, params = self._fence_sql(fence, current_step)
-        if self._execute(sql.removesuffix(" RETURNING instance_id"), params) != 1:
+        if self._execute(sql, params) != 1:
             raise self._fenced_error(fence)
 
     def _insert_row(self, instance_id: str, row: HistoryRow) -> HistoryRow:

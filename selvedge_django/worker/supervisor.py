@@ -113,11 +113,8 @@ class Worker:
             local.started_here(fence.instance_id)
             self.resumptions.submit(self._run_local, fence, leased_at, snapshot)
             return
-        try:
-            self.store.release_lease(fence, runnable=True)
-        except Exception:
-            # The lease expires by itself; a dispatcher takes the instance then.
-            logger.warning("could not release the lease on %s", fence.instance_id, exc_info=True)
+        # If even that fails, the lease expires by itself and a dispatcher takes it then.
+        self.runtime._release_quietly(fence, runnable=True)
 
     def stop(self, timeout: float | None = None) -> None:
         """Stop claiming, let in-flight work finish, then release what is still held.
