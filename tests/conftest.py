@@ -81,6 +81,9 @@ class WorkerProcess:
             "DJANGO_SETTINGS_MODULE": "tests.settings",
             "SELVEDGE_TEST_SUBPROCESS": "1",
             "PYTHONPATH": str(ROOT),
+            # A worker that does not exit in time is aborted: faulthandler then prints
+            # every thread's stack into the output that the failure reports.
+            "PYTHONFAULTHANDLER": "1",
             **(env or {}),
         }
         if connection.vendor == "postgresql":
@@ -104,9 +107,24 @@ class WorkerProcess:
         self.proc.wait(10)
 
     def terminate(self, timeout: float = 30) -> int:
-        """SIGTERM and wait for the graceful exit; return the exit status."""
+        """SIGTERM and wait for the graceful exit; return the exit status.
+
+        A process still running after ``timeout`` is aborted and the test fails
+        with its output, which ends with the stack of every thread.
+        """
         self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGABRT)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+            raise AssertionError(
+                f"worker did not exit within {timeout} s of SIGTERM; its output:\n{self.output()}"
+            ) from None
 
     def output(self) -> str:
         return self.proc.stdout.read() if self.proc.stdout else ""

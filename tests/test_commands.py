@@ -13,8 +13,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from io import StringIO
@@ -30,7 +32,7 @@ from django.utils import timezone
 
 import selvedge_django as sv
 from selvedge_django import registry
-from selvedge_django.management.commands.runselvedge import parse_duration
+from selvedge_django.management.commands.runselvedge import StopSignals, parse_duration
 from selvedge_django.models import (
     ActivityTask,
     HistoryEvent,
@@ -565,3 +567,17 @@ def test_prune_through_the_operations_layer_validates_its_arguments(tdb: None) -
     with pytest.raises(ValueError, match="batch_size"):
         prune(timedelta(days=1), batch_size=0)
     assert prune(timedelta(0)) == 0
+
+
+def test_the_worker_commands_stop_signals_wake_its_main_thread_and_are_restored() -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    with StopSignals() as signals:
+        # From another thread while the main thread waits...
+        threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        assert signals.wait() == signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) is before
+    with StopSignals() as signals:
+        # ...and before it starts to wait: the signal is not lost.
+        os.kill(os.getpid(), signal.SIGINT)
+        assert signals.wait() == signal.SIGINT
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

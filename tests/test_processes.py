@@ -198,6 +198,25 @@ def test_sigterm_finishes_in_flight_work_releases_leases_and_exits_0(
     assert nothing_held()
 
 
+def test_a_second_signal_exits_at_once_without_waiting_for_work_in_flight(
+    workers: Callable[..., WorkerProcess], marker: Path
+) -> None:
+    proc = workers("--worker-id", "proc-twice")
+    instance_id = sv.start_workflow(
+        "test.hold_then_record", {"entry": "twice", "hold_while": str(marker)}
+    )
+    wait_until(lambda: ledger_count("started:twice") == 1)
+
+    proc.proc.send_signal(signal.SIGINT)
+    read_until(proc, "stopping")
+    proc.proc.send_signal(signal.SIGTERM)
+    assert proc.proc.wait(30) == 1
+    # The attempt never finished: the lease and the claim stay with the dead
+    # worker until they expire, like after a crash.
+    assert ledger_count("done:twice") == 0
+    assert WorkflowInstance.objects.get(instance_id=instance_id).status == "running"
+
+
 def test_sigterm_on_an_idle_worker_exits_0(workers: Callable[..., WorkerProcess]) -> None:
     proc = workers()
     assert proc.terminate(timeout=20) == 0

@@ -11,9 +11,10 @@ import argparse
 import json
 import logging
 import os
+import select
 import signal
+import socket
 import sys
-import threading
 from datetime import timedelta
 from typing import Any
 
@@ -131,27 +132,17 @@ class Command(BaseCommand):
                     raise CommandError(f"--{flag.replace('_', '-')} must be at least 1")
                 overrides[key] = options[flag]
         worker = Worker(**overrides)
-        stop = threading.Event()
-        received: list[int] = []
+        with StopSignals() as signals:
+            worker.start()
+            self.stdout.write(f"selvedge worker {worker.worker_id} started")
+            self.stdout.flush()
+            signals.wait()
+            self.stdout.write(f"selvedge worker {worker.worker_id} stopping")
+            self.stdout.flush()
+            worker.stop()
+            from ...worker.notify import stop_listeners
 
-        def on_signal(signum: int, frame: Any) -> None:
-            received.append(signum)
-            if len(received) > 1:
-                os._exit(1)
-            stop.set()
-
-        signal.signal(signal.SIGINT, on_signal)
-        signal.signal(signal.SIGTERM, on_signal)
-        worker.start()
-        self.stdout.write(f"selvedge worker {worker.worker_id} started")
-        self.stdout.flush()
-        stop.wait()
-        self.stdout.write(f"selvedge worker {worker.worker_id} stopping")
-        self.stdout.flush()
-        worker.stop()
-        from ...worker.notify import stop_listeners
-
-        stop_listeners()
+            stop_listeners()
         self.stdout.write(f"selvedge worker {worker.worker_id} stopped")
 
     def handle_start(self, **options: Any) -> None:
@@ -297,6 +288,56 @@ class Command(BaseCommand):
             progress=progress,
         )
         self.stdout.write(f"pruned {total} instances")
+
+
+class StopSignals:
+    """SIGINT and SIGTERM for ``runselvedge worker``: the first asks for a graceful
+    stop, a second exits at once (status 1).
+
+    The Python handler only records the signal. It must not take a lock: setting a
+    ``threading.Event`` there deadlocks when the signal lands while the main thread
+    holds that Event's lock on its way into ``wait()``, which happens under GIL
+    contention right after the worker's threads start. The main thread instead
+    waits on a socket that the interpreter writes to when a signal arrives
+    (``signal.set_wakeup_fd``).
+    """
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self._reader, self._writer = socket.socketpair()
+        self._saved: list[tuple[int, Any]] = []
+        self._saved_fd = -1
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self.received.append(signum)
+        if len(self.received) > 1:
+            os._exit(1)
+
+    def __enter__(self) -> StopSignals:
+        for sock in (self._reader, self._writer):
+            sock.setblocking(False)
+        self._saved_fd = signal.set_wakeup_fd(self._writer.fileno(), warn_on_full_buffer=False)
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            self._saved.append((signum, signal.signal(signum, self._on_signal)))
+        return self
+
+    def wait(self) -> int:
+        """Block until a stop signal has arrived; return it."""
+        while not self.received:
+            select.select([self._reader], [], [], 1.0)
+            try:
+                while self._reader.recv(512):
+                    pass
+            except BlockingIOError:
+                pass
+        return self.received[0]
+
+    def __exit__(self, *exc_info: Any) -> None:
+        for signum, handler in self._saved:
+            signal.signal(signum, handler)
+        signal.set_wakeup_fd(self._saved_fd)
+        self._reader.close()
+        self._writer.close()
 
 
 def parse_duration(text: str) -> timedelta:
