@@ -75,7 +75,14 @@ def make_worker(tdb: None) -> Iterator[Callable[..., Any]]:
 class WorkerProcess:
     """A real ``manage.py runselvedge worker`` process on the test database."""
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, *args: str, env: dict[str, str] | None = None, wait_started: bool = True
+    ) -> None:
+        """Start the process; unless ``wait_started`` is false, wait for its "started" line.
+
+        A worker expected to die at a crash point may do so before it prints that
+        line: its loops start first, and work may already be waiting for them.
+        """
         full_env = {
             **os.environ,
             "DJANGO_SETTINGS_MODULE": "tests.settings",
@@ -96,6 +103,8 @@ class WorkerProcess:
             stderr=subprocess.STDOUT,
             text=True,
         )
+        if not wait_started:
+            return
         line = self.proc.stdout.readline() if self.proc.stdout else ""
         if "started" not in line:
             rest = self.proc.stdout.read() if self.proc.stdout else ""
@@ -135,8 +144,10 @@ def worker_process(tdb: None) -> Iterator[Callable[..., WorkerProcess]]:
     """Start real worker processes; any still running are killed after the test."""
     procs: list[WorkerProcess] = []
 
-    def start(*args: str, env: dict[str, str] | None = None) -> WorkerProcess:
-        p = WorkerProcess(*args, env=env)
+    def start(
+        *args: str, env: dict[str, str] | None = None, wait_started: bool = True
+    ) -> WorkerProcess:
+        p = WorkerProcess(*args, env=env, wait_started=wait_started)
         procs.append(p)
         return p
 

@@ -54,7 +54,14 @@ def crash_worker(
     started: list[WorkerProcess] = []
 
     def start(point: str) -> WorkerProcess:
-        proc = worker_process("--worker-id", f"crash-{point}", env={"SELVEDGE_WAIT_CRASH": point})
+        # The instance already waits: the worker may reach its crash point before
+        # its main thread prints "started".
+        proc = worker_process(
+            "--worker-id",
+            f"crash-{point}",
+            env={"SELVEDGE_WAIT_CRASH": point},
+            wait_started=False,
+        )
         started.append(proc)
         assert proc.proc.wait(30) == -signal.SIGKILL
         return proc
