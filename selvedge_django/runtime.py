@@ -381,7 +381,8 @@ class WorkerRuntime:
         fence = execution.fence
         assert fence is not None
         if outcome.kind == "suspended":
-            self.store.release_lease(fence)
+            if not execution.released:
+                self.store.release_lease(fence)
             return
         if outcome.kind == "abandoned":
             if not isinstance(outcome.error, exc.Fenced):

@@ -409,9 +409,18 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
         return ttl
 
     def reserve_activity(
-        self, fence: Fence, row: HistoryRow, task: TaskSpec, claim_owner: str | None
+        self,
+        fence: Fence,
+        row: HistoryRow,
+        task: TaskSpec,
+        claim_owner: str | None,
+        *,
+        release: bool = False,
     ) -> tuple[HistoryRow, ClaimedTask | None]:
-        """Reserve the command and create its task (claimed inline when asked) atomically."""
+        """Reserve the command and create its task (claimed inline when asked) atomically.
+
+        ``release`` also releases the lease in the same write.
+        """
         ttl = self._claim_ttl(task.start_to_close_timeout, task.heartbeat_timeout)
         fields: dict[str, Any] = dict(
             instance_id=fence.instance_id,
@@ -449,10 +458,12 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
             )
         current_step = f"activity {task.name}"
         if self.one_statement:
-            task_id = self._reserve_one_statement(fence, row, fields, current_step, claim_owner)
+            task_id = self._reserve_one_statement(
+                fence, row, fields, current_step, claim_owner, release
+            )
         else:
             with self.atomic():
-                self._fence(fence, current_step=current_step)
+                self._fence(fence, current_step=current_step, release=release)
                 self._insert_row(fence.instance_id, row)
                 task_id = self._insert(ActivityTask, fields, returning_id=True)
                 if claim_owner is None:
@@ -481,18 +492,27 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
         fields: dict[str, Any],
         current_step: str,
         claim_owner: str | None,
+        release: bool,
     ) -> int:
-        """reserve_activity on PostgreSQL: fence, history row and task in one statement."""
-        fence_sql, fence_params = self._fence_sql(fence, current_step)
+        """reserve_activity on PostgreSQL: fence, history row and task in one statement.
+
+        With ``release`` the fence update also releases the lease; dispatchers are
+        woken when the instance is still runnable (input arrived meanwhile).
+        """
+        fence_sql, fence_params = self._fence_sql(fence, current_step, release=release)
         history_sql, history_params = self._history_insert_sql(fence.instance_id, row, "f")
         columns, marks, task_params = self._insert_parts(ActivityTask, fields, skip_pk=True)
         notify, notify_params = self._notify_from("t", [] if claim_owner else ["task"])
+        wake, wake_params = self._notify_from("r", ["runnable"] if release else [])
         try:
-            fenced, task_id, _ = self._fetch(
-                f"WITH f AS ({fence_sql} RETURNING instance_id), h AS ({history_sql} RETURNING id),"
-                f" t AS (INSERT INTO {{task}} ({columns}) SELECT {marks} FROM h RETURNING id)"
-                f" SELECT (SELECT count(*) FROM f), (SELECT id FROM t), {notify}",
-                [*fence_params, *history_params, *task_params, *notify_params],
+            fenced, runnable, task_id, _, _ = self._fetch(
+                f"WITH f AS ({fence_sql} RETURNING instance_id, runnable),"
+                f" h AS ({history_sql} RETURNING id),"
+                f" t AS (INSERT INTO {{task}} ({columns}) SELECT {marks} FROM h RETURNING id),"
+                " r AS (SELECT 1 FROM f WHERE runnable)"
+                f" SELECT (SELECT count(*) FROM f), (SELECT count(*) FROM r), (SELECT id FROM t),"
+                f" {notify}, {wake}",
+                [*fence_params, *history_params, *task_params, *notify_params, *wake_params],
             )[0]
         except IntegrityError as error:
             raise self._key_conflict(fence.instance_id, row.key) from error
@@ -500,6 +520,8 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
             raise self._fenced_error(fence)
         if claim_owner is None:
             self._publish_now("task")
+        if release and runnable:
+            self._publish_now("runnable")
         return int(task_id)
 
     def _claimable(self) -> Any:

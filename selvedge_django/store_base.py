@@ -354,12 +354,20 @@ class StoreBase:
         for topic in topics:
             self.bus.publish(topic)
 
-    def _fence_sql(self, fence: Fence, current_step: str | None = None) -> tuple[str, list[Any]]:
-        """The fence check: an UPDATE that must touch exactly the writer's instance row."""
+    def _fence_sql(
+        self, fence: Fence, current_step: str | None = None, *, release: bool = False
+    ) -> tuple[str, list[Any]]:
+        """The fence check: an UPDATE that must touch exactly the writer's instance row.
+
+        ``release`` also gives the lease up in the same update (the last write of an
+        execution that suspends after it); ``runnable`` is left as it is.
+        """
         sets, params = "updated_at = %s", [self._now_param()]
         if current_step is not None:
             sets += ", current_step = %s"
             params.append(current_step[:255])
+        if release:
+            sets += ", lease_owner = '', lease_expires_ms = NULL"
         return (
             "UPDATE {instance} SET " + sets + " WHERE instance_id = %s AND lease_owner = %s"
             " AND lease_epoch = %s AND status = %s",
@@ -403,15 +411,31 @@ class StoreBase:
         """``timezone.now()`` (or ``now``) as the database driver takes it."""
         return self.connection.ops.adapt_datetimefield_value(timezone.now() if now is None else now)
 
-    def _fence(self, fence: Fence, current_step: str | None = None) -> None:
+    def _fence(
+        self, fence: Fence, current_step: str | None = None, *, release: bool = False
+    ) -> None:
         """The fence check: the first statement of every fenced transaction.
 
         ``current_step`` (the command being issued) is recorded in the same update,
-        so operators see where an instance is at no extra cost.
+        so operators see where an instance is at no extra cost. With ``release`` the
+        update also releases the lease, and dispatchers are woken after commit when
+        input arrived during the execution (the instance is still runnable).
         """
-        sql, params = self._fence_sql(fence, current_step)
+        sql, params = self._fence_sql(fence, current_step, release=release)
+        if not release:
+            if self._execute(sql, params) != 1:
+                raise self._fenced_error(fence)
+            return
+        if self.connection.features.can_return_columns_from_insert:
+            rows = self._fetch(sql + " RETURNING runnable", params)
+            if not rows:
+                raise self._fenced_error(fence)
+            if rows[0][0]:
+                self.after_commit("runnable")
+            return
         if self._execute(sql, params) != 1:
             raise self._fenced_error(fence)
+        self.after_commit("runnable")
 
     def _insert_row(self, instance_id: str, row: HistoryRow) -> HistoryRow:
         """Insert a history row inside the caller's fenced transaction.

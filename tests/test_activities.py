@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 from django.db import OperationalError, connection
+from django.test.utils import CaptureQueriesContext
 
 import selvedge_django as sv
 from selvedge_django import registry
@@ -258,6 +259,48 @@ def test_get_suspends_while_another_worker_holds_the_task(clock: ControllableClo
     assert (result.status, result.output) == ("completed", "from the other worker")
     assert ledger("step:held") == []  # the body never ran here
     assert task_of(instance_id).attempts == 1
+
+
+def test_execute_of_a_task_for_another_worker_releases_the_lease_in_its_reservation(
+    clock: ControllableClock,
+) -> None:
+    instance_id = start("act.step", {"tag": "away"})
+    worker = Worker(clock=clock, activity_queues=[])
+    worker.resumptions.inline = True
+    with CaptureQueriesContext(connection) as captured:
+        assert worker.dispatcher.run_once() == 1
+
+    # The reservation was the execution's last statement: it also gave the lease up,
+    # with no release at suspension and no read of the new row or the cancel request.
+    sqls = [q["sql"] for q in captured.captured_queries]
+    reservation = max(i for i, sql in enumerate(sqls) if "INSERT INTO" in sql and "task" in sql)
+    assert [sql for sql in sqls[reservation + 1 :] if sql != "COMMIT"] == []
+    inst = instance(instance_id)
+    assert (inst.lease_owner, inst.lease_expires_ms, inst.runnable) == ("", None, False)
+    assert (inst.lease_epoch, task_of(instance_id).status) == (1, "queued")
+
+    drive(clock)  # runs the task; its completion wakes the instance
+    result = sv.get_workflow_result(instance_id)
+    assert (result.status, result.output["attempt"]) == ("completed", 1)
+
+
+def test_input_arriving_during_an_execution_that_released_in_its_reservation_wakes_it(
+    clock: ControllableClock,
+) -> None:
+    instance_id = sv.start_workflow("act.poked_then_away", {"tag": "poked"})
+    worker = Worker(clock=clock, activity_queues=[""])
+    worker.resumptions.inline = True
+    worker.activities.inline = True
+    assert worker.dispatcher.run_once() == 1
+
+    # The signal arrived while the lease was held: released by the reservation, the
+    # instance stays runnable, and the next dispatch takes it again.
+    inst = instance(instance_id)
+    assert (inst.lease_owner, inst.runnable, inst.lease_epoch) == ("", True, 1)
+    away = ActivityTask.objects.get(instance_id=instance_id, name="act.step")
+    assert away.status == "queued"
+    assert worker.dispatcher.run_once() == 1
+    assert instance(instance_id).lease_epoch == 2
 
 
 def test_completing_without_awaiting_a_future_cancels_its_task(

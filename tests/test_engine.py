@@ -47,6 +47,8 @@ class MemoryStore:
     tasks: dict[str, TaskSpec] = field(default_factory=dict)
     calls: list[str] = field(default_factory=list)
     fail_with: BaseException | None = None
+    # Keys whose reservation also released the lease (execute() of a background task).
+    released_by: list[str] = field(default_factory=list)
 
     def _write(self, name: str) -> None:
         self.calls.append(name)
@@ -58,9 +60,17 @@ class MemoryStore:
         return self.rows.setdefault(row.key, HistoryRow(**row.__dict__))
 
     def reserve_activity(
-        self, fence: Fence, row: HistoryRow, task: TaskSpec, claim_owner: str | None
+        self,
+        fence: Fence,
+        row: HistoryRow,
+        task: TaskSpec,
+        claim_owner: str | None,
+        *,
+        release: bool = False,
     ) -> tuple[HistoryRow, ClaimedTask | None]:
         self._write("reserve_activity")
+        if release:
+            self.released_by.append(row.key)
         stored = self.rows.setdefault(row.key, HistoryRow(**row.__dict__))
         self.tasks.setdefault(row.key, task)
         return stored, None
@@ -328,6 +338,9 @@ def test_live_activity_is_reserved_with_resolved_options_then_suspends() -> None
     outcome, runtime = run(wf)
     assert outcome.kind == "suspended"
     assert runtime.store.writes == ["reserve_activity"]
+    # execute() suspends at once: the reservation released the lease, no read came after.
+    assert runtime.store.released_by == ["#1:engine_test.double"]
+    assert "get_row" not in runtime.store.calls
     row = runtime.store.rows["#1:engine_test.double"]
     assert (row.seq, row.command, row.has_value) == (1, "activity", False)
     task = runtime.store.tasks["#1:engine_test.double"]

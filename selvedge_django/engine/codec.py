@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import re
 import traceback as tb
+from datetime import UTC, datetime
 from typing import Any
 
 from .. import exceptions as exc
@@ -53,6 +54,27 @@ class Codec:
 
 # A JSON \u0000 escape (not an escaped backslash followed by "u0000").
 _ESCAPED_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def parse_time(value: str) -> datetime:
+    """An ISO 8601 datetime as an aware UTC datetime (naive values are taken as UTC)."""
+    parsed = datetime.fromisoformat(value)
+    if parsed.tzinfo is UTC:
+        return parsed
+    if parsed.tzinfo is None:
+        return parsed.replace(tzinfo=UTC)
+    return parsed.astimezone(UTC)
+
+
+def decode_time(data: str) -> datetime:
+    """A recorded workflow time: the JSON string of an ISO 8601 datetime.
+
+    Replay decodes one per ``ctx.now()`` of the history, so a string without
+    escapes (every time this engine records) skips the JSON parser.
+    """
+    if len(data) > 1 and data[0] == '"' and data[-1] == '"' and "\\" not in data:
+        return parse_time(data[1:-1])
+    return parse_time(json.loads(data))
 
 
 def contains_nul(text: str) -> bool:

@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from .. import exceptions as exc
-from .codec import contains_nul, error_to_envelope
+from .codec import contains_nul, decode_time, error_to_envelope
 from .durations import to_seconds
 from .handles import ChildHandle, Future, Timer, decode_outcome
 from .store import (
@@ -176,12 +176,19 @@ def issue_activity(
     )
     fence = execution.fence
     assert fence is not None
+    # execute() of an activity this worker cannot run: get() follows at once and
+    # suspends (see Future._suspends_unread), so the reservation also releases the
+    # lease, saving the release statement at suspension.
+    release = inline and claim_owner is None and not execution.snapshot.cancel_requested
     stored, claimed = execution.guarded(
-        lambda: runtime.store.reserve_activity(fence, row, spec, claim_owner)
+        lambda: runtime.store.reserve_activity(fence, row, spec, claim_owner, release=release)
     )
+    if release:
+        execution.released = True
     execution.check_stored(key, stored, CMD_ACTIVITY)
     if claimed is None:
         runtime.tasks_reserved()
+        future._just_reserved = inline and claim_owner is None
     future._claimed = claimed
     return future
 
@@ -195,8 +202,6 @@ def _float(value: object) -> float | None:
 
 def now(execution: Execution) -> datetime:
     """Record (live) or return (replay) one workflow-time observation."""
-    from .execution import parse_time
-
     if execution.suspension is not None and execution.fatal is None and not execution.in_query:
         # Unwinding: no writes; the floor is the best answer. (A query handler runs after
         # replay stopped, and is refused like any other command.)
@@ -205,7 +210,7 @@ def now(execution: Execution) -> datetime:
     seq, key = execution.next_position(None, CMD_NOW, "now")
     recorded = execution.history.get(key)
     if recorded is not None and recorded.data is not None:
-        value = parse_time(json.loads(recorded.data))
+        value = decode_time(recorded.data)
         execution.advance_floor(value)
         return value
     if execution.readonly:
@@ -214,7 +219,7 @@ def now(execution: Execution) -> datetime:
     stored = execution.record(
         HistoryRow(key, seq, CMD_NOW, EV_NOW_RECORDED, json.dumps(live.isoformat()))
     )
-    value = parse_time(json.loads(stored.data or json.dumps(live.isoformat())))
+    value = decode_time(stored.data or json.dumps(live.isoformat()))
     execution.advance_floor(value)
     return value
 

@@ -140,6 +140,8 @@ class Execution:
         self.fatal: BaseException | None = None
         self.fatal_abandons = False
         self.suspension: Suspend | None = None
+        # The lease was released by the write that made this execution suspend.
+        self.released = False
         self.in_activity = False
         self.in_predicate = False
         self.in_query = False
@@ -451,13 +453,6 @@ class Execution:
         assert outcome.error is not None
         envelope = json.dumps(error_to_envelope(outcome.error, codec=codec))
         return CloseRequest(outcome.kind, None, envelope, **extra)  # type: ignore[arg-type]
-
-
-def parse_time(value: str) -> datetime:
-    parsed = datetime.fromisoformat(value)
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=UTC)
-    return parsed.astimezone(UTC)
 
 
 def reservation_of(row: HistoryRow | None) -> dict[str, Any]:

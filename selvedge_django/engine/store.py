@@ -249,9 +249,19 @@ class EngineStore(Protocol):
         ...
 
     def reserve_activity(
-        self, fence: Fence, row: HistoryRow, task: TaskSpec, claim_owner: str | None
+        self,
+        fence: Fence,
+        row: HistoryRow,
+        task: TaskSpec,
+        claim_owner: str | None,
+        *,
+        release: bool = False,
     ) -> tuple[HistoryRow, ClaimedTask | None]:
-        """Reserve the command and create its task; claim it for ``claim_owner`` if given."""
+        """Reserve the command and create its task; claim it for ``claim_owner`` if given.
+
+        ``release`` also releases the lease in the same write (the execution is about
+        to suspend on this task), keeping the instance runnable if input arrived.
+        """
         ...
 
     def claim_task(self, instance_id: str, key: str, owner: str) -> ClaimedTask | None:

@@ -1073,6 +1073,19 @@ def act_run(ctx: sv.WorkflowContext, data: dict[str, Any]) -> Any:
     return value
 
 
+@sv.activity(name="act.signal_self")
+def signal_self(channel: str) -> None:
+    """Signal this activity's own workflow: input arriving during its execution."""
+    sv.signal(_attempt().instance_id, channel)
+
+
+@sv.workflow(name="act.poked_then_away")
+def act_poked_then_away(ctx: sv.WorkflowContext, data: dict[str, Any]) -> Any:
+    """Signal itself (inline), then execute act.step on a queue the worker does not serve."""
+    signal_self.execute(ctx, "poke")
+    return step.execute(ctx, data, options=sv.ActivityOptions(queue="elsewhere"))
+
+
 @sv.workflow(name="act.fan_out")
 def act_fan_out(ctx: sv.WorkflowContext, data: dict[str, Any]) -> Any:
     """Issue ``n`` futures serially, then return each outcome; ``keys`` reports their keys."""
