@@ -15,7 +15,12 @@ import pytest
 
 import selvedge_django as sv
 from selvedge_django import exceptions as exc
-from selvedge_django.engine.codec import Codec, error_from_envelope, error_to_envelope
+from selvedge_django.engine.codec import (
+    Codec,
+    decode_time,
+    error_from_envelope,
+    error_to_envelope,
+)
 from selvedge_django.engine.execution import Execution, ExecutionOutcome
 from selvedge_django.engine.store import (
     Arrivals,
@@ -315,6 +320,21 @@ def test_live_now_uses_the_injected_clock_and_is_recorded() -> None:
     row = runtime.store.rows["#1:now"]
     assert (row.seq, row.command) == (1, "now")
     assert json.loads(row.data or "null") == (T0 + timedelta(hours=5)).isoformat()
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        '"2026-11-30T09:00:00.123456+00:00"',
+        '"2026-11-30T10:00:00.123456+01:00"',  # another offset: converted to UTC
+        '"2026-11-30T09:00:00.123456"',  # naive: taken as UTC
+        '"2026-11-30T09:00:00.123456\\u002b00:00"',  # escaped: through the JSON parser
+    ],
+)
+def test_recorded_times_decode_to_aware_utc(data: str) -> None:
+    value = decode_time(data)
+    assert value == datetime(2026, 11, 30, 9, 0, 0, 123456, tzinfo=UTC)
+    assert value.utcoffset() == timedelta(0)
 
 
 def test_now_never_goes_below_the_recorded_floor() -> None:
