@@ -19,6 +19,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from operator import attrgetter
 from typing import Any
 
 from django.db import IntegrityError, transaction
@@ -354,7 +355,9 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
     ) -> ExecutionSnapshot:
         """Read the instance (unless its ``head`` came with the lease) and its whole history.
 
-        The history and the delivered signals come back in one statement.
+        The history and the delivered signals come back in one statement, in no
+        particular order: the engine indexes rows by key and position, and signals
+        by id (sorting 10,000 rows in the database was a tenth of loading them).
         """
         if head is None:
             rows = self._fetch(
@@ -369,8 +372,7 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
             "SELECT 0, id, key, seq, command, event_type, data, reservation, delivered_seq"
             " FROM {history} WHERE instance_id = %s"
             " UNION ALL SELECT 1, id, channel, delivered_seq, NULL, NULL, NULL, NULL, consumed_seq"
-            " FROM {signal} WHERE instance_id = %s AND delivered_seq IS NOT NULL"
-            " ORDER BY 1, 2",
+            " FROM {signal} WHERE instance_id = %s AND delivered_seq IS NOT NULL",
             [instance_id, instance_id],
         )
         for kind, row_id, key, seq, command, event_type, data, reserved, delivered in rows:
@@ -378,6 +380,7 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
                 history.append(HistoryRow(key, seq, command, event_type, data, reserved, delivered))
             else:
                 signals.append(SignalPosition(row_id, key, seq, delivered))
+        signals.sort(key=attrgetter("id"))
         return ExecutionSnapshot(
             instance_id=instance_id,
             workflow_name=head.workflow_name,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -62,7 +63,7 @@ class MemoryStore:
 
     def record_command(self, fence: Fence, row: HistoryRow) -> HistoryRow:
         self._write("record_command")
-        return self.rows.setdefault(row.key, HistoryRow(**row.__dict__))
+        return self.rows.setdefault(row.key, dataclasses.replace(row))
 
     def reserve_activity(
         self,
@@ -76,7 +77,7 @@ class MemoryStore:
         self._write("reserve_activity")
         if release:
             self.released_by.append(row.key)
-        stored = self.rows.setdefault(row.key, HistoryRow(**row.__dict__))
+        stored = self.rows.setdefault(row.key, dataclasses.replace(row))
         self.tasks.setdefault(row.key, task)
         return stored, None
 
@@ -87,7 +88,7 @@ class MemoryStore:
     def get_row(self, instance_id: str, key: str) -> HistoryRow | None:
         self.calls.append("get_row")
         row = self.rows.get(key)
-        return None if row is None else HistoryRow(**row.__dict__)
+        return None if row is None else dataclasses.replace(row)
 
     def close(self, fence: Fence, request: CloseRequest) -> None:
         self._write("close")
@@ -100,12 +101,12 @@ class MemoryStore:
 
     def reserve_timer(self, fence: Fence, row: HistoryRow, expires_at: Any) -> HistoryRow:
         self._write("reserve_timer")
-        return self.rows.setdefault(row.key, HistoryRow(**row.__dict__))
+        return self.rows.setdefault(row.key, dataclasses.replace(row))
 
     def observe(self, fence: Fence, observation: Observation) -> ObservationResult:
         self._write("observe")
         row = observation.record or observation.fill
-        stored = None if row is None else self.rows.setdefault(row.key, HistoryRow(**row.__dict__))
+        stored = None if row is None else self.rows.setdefault(row.key, dataclasses.replace(row))
         return ObservationResult(stored, Arrivals())
 
     def next_signal(self, instance_id: str, channel: str) -> SignalMessage | None:
@@ -130,7 +131,7 @@ class MemoryStore:
 
     def start_child(self, fence: Fence, row: HistoryRow, child: ChildSpec) -> HistoryRow:
         self._write("start_child")
-        return self.rows.setdefault(row.key, HistoryRow(**row.__dict__))
+        return self.rows.setdefault(row.key, dataclasses.replace(row))
 
     @property
     def writes(self) -> list[str]:

@@ -8,6 +8,7 @@ request (for cleanup). Neither issues a command.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -120,10 +121,8 @@ class WorkflowContext:
 
     def history_event(self, key: str) -> HistoryRow | None:
         """Return a copy of the recorded history row at ``key`` (read-only diagnostics)."""
-        from .store import HistoryRow
-
         row = self._execution.history.get(key)
-        return None if row is None else HistoryRow(**row.__dict__)
+        return None if row is None else dataclasses.replace(row)
 
     # -- time ---------------------------------------------------------------------------
 

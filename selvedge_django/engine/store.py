@@ -76,7 +76,7 @@ class Fence:
     epoch: int
 
 
-@dataclass
+@dataclass(slots=True)
 class HistoryRow:
     """One command (or the close record) of an instance's history."""
 
@@ -109,7 +109,7 @@ class ExecutionSnapshot:
     signals: list[SignalPosition] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(slots=True)
 class SignalPosition:
     """Where a signal became visible and where it was consumed (command positions)."""
 
