@@ -6,9 +6,7 @@ database clock (no test offset), so the backoff here is real time.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-
-import pytest
+from collections.abc import Callable
 
 import selvedge_django as sv
 from selvedge_django.engine.codec import Codec
@@ -21,26 +19,6 @@ from .conftest import WorkerProcess, wait_until
 BACKOFF = 5.0  # long enough for a new worker process to start within it
 
 
-@pytest.fixture
-def workers(
-    worker_process: Callable[..., WorkerProcess],
-) -> Iterator[Callable[..., WorkerProcess]]:
-    """``worker_process``, plus closing each process's output pipe after the test."""
-    started: list[WorkerProcess] = []
-
-    def start(*args: str) -> WorkerProcess:
-        proc = worker_process(*args)
-        started.append(proc)
-        return proc
-
-    yield start
-    for proc in started:
-        if proc.proc.poll() is None:
-            proc.kill()
-        if proc.proc.stdout is not None:
-            proc.proc.stdout.close()
-
-
 def db_now_ms() -> int:
     return DjangoStore("default", Codec()).now_ms()
 
@@ -50,9 +28,9 @@ def entries(prefix: str) -> list[str]:
 
 
 def test_sigkill_during_backoff_resumes_the_retry_at_its_recorded_time(
-    workers: Callable[..., WorkerProcess],
+    worker_process: Callable[..., WorkerProcess],
 ) -> None:
-    first = workers("--worker-id", "backoff-a")
+    first = worker_process("--worker-id", "backoff-a")
     policy = {"max_attempts": 3, "initial_interval": BACKOFF, "max_interval": BACKOFF}
     instance_id = sv.start_workflow(
         "act.run",
@@ -75,7 +53,7 @@ def test_sigkill_during_backoff_resumes_the_retry_at_its_recorded_time(
     assert due_ms - db_now_ms() > 1000  # still inside the backoff
     first.kill()  # SIGKILL: no cleanup at all
 
-    second = workers("--worker-id", "backoff-b")
+    second = worker_process("--worker-id", "backoff-b")
     assert db_now_ms() < due_ms, "the second worker started after the due time"
     result = sv.wait_workflow(instance_id, timeout=40)
 
@@ -95,9 +73,9 @@ def test_sigkill_during_backoff_resumes_the_retry_at_its_recorded_time(
 
 
 def test_queues_option_restricts_a_worker_process(
-    workers: Callable[..., WorkerProcess],
+    worker_process: Callable[..., WorkerProcess],
 ) -> None:
-    proc = workers("--worker-id", "queues-a", "--queues", "proc-q, proc-r")
+    proc = worker_process("--worker-id", "queues-a", "--queues", "proc-q, proc-r")
     elsewhere = sv.start_workflow(
         "act.run",
         {"activity": "act.step", "input": {"tag": "pq-no"}, "options": {"queue": "proc-s"}},

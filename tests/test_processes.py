@@ -56,26 +56,6 @@ def nothing_held() -> bool:
 
 
 @pytest.fixture
-def workers(
-    worker_process: Callable[..., WorkerProcess],
-) -> Iterator[Callable[..., WorkerProcess]]:
-    """``worker_process``, plus closing each process's output pipe after the test."""
-    started: list[WorkerProcess] = []
-
-    def start(*args: str) -> WorkerProcess:
-        proc = worker_process(*args)
-        started.append(proc)
-        return proc
-
-    yield start
-    for proc in started:
-        if proc.proc.poll() is None:
-            proc.kill()
-        if proc.proc.stdout is not None:
-            proc.proc.stdout.close()
-
-
-@pytest.fixture
 def marker(tmp_path: Path) -> Iterator[Path]:
     path = tmp_path / "hold"
     path.touch()
@@ -84,9 +64,9 @@ def marker(tmp_path: Path) -> Iterator[Path]:
 
 
 def test_sigkill_during_an_activity_then_another_process_finishes_the_workflow(
-    workers: Callable[..., WorkerProcess], marker: Path
+    worker_process: Callable[..., WorkerProcess], marker: Path
 ) -> None:
-    first = workers("--worker-id", "proc-a")
+    first = worker_process("--worker-id", "proc-a")
     instance_id = sv.start_workflow("test.crashable", {"entry": "crash", "hold_while": str(marker)})
     wait_until(lambda: ledger_count("started:crash") == 1)
     first.kill()
@@ -99,7 +79,7 @@ def test_sigkill_during_an_activity_then_another_process_finishes_the_workflow(
     assert (slow.status, slow.claim_owner, slow.attempts) == ("running", "proc-a", 1)
     assert HistoryEvent.objects.get(instance_id=instance_id, key=slow.key).data is None
 
-    second = workers("--worker-id", "proc-b")
+    second = worker_process("--worker-id", "proc-b")
     result = sv.wait_workflow(instance_id, timeout=40)
 
     assert result.status == "completed", result.error
@@ -125,9 +105,9 @@ def test_sigkill_during_an_activity_then_another_process_finishes_the_workflow(
 
 
 def test_two_processes_racing_complete_every_workflow_exactly_once(
-    workers: Callable[..., WorkerProcess],
+    worker_process: Callable[..., WorkerProcess],
 ) -> None:
-    procs = [workers("--worker-id", f"racer-{n}") for n in range(2)]
+    procs = [worker_process("--worker-id", f"racer-{n}") for n in range(2)]
     inputs = {
         sv.start_workflow("test.sum3", {"a": i, "b": 2 * i, "c": 1}): 3 * i + 1 for i in range(100)
     }
@@ -165,9 +145,9 @@ def test_two_processes_racing_complete_every_workflow_exactly_once(
 
 
 def test_sigterm_finishes_in_flight_work_releases_leases_and_exits_0(
-    workers: Callable[..., WorkerProcess], marker: Path
+    worker_process: Callable[..., WorkerProcess], marker: Path
 ) -> None:
-    proc = workers("--worker-id", "proc-term")
+    proc = worker_process("--worker-id", "proc-term")
     instance_id = sv.start_workflow(
         "test.hold_then_record", {"entry": "term", "hold_while": str(marker)}
     )
@@ -189,7 +169,7 @@ def test_sigterm_finishes_in_flight_work_releases_leases_and_exits_0(
     assert (hold_task.name, hold_task.status) == ("test.hold", "completed")
     assert (after_task.name, after_task.status, after_task.attempts) == ("test.record", "queued", 0)
 
-    successor = workers("--worker-id", "proc-next")
+    successor = worker_process("--worker-id", "proc-next")
     result = sv.wait_workflow(instance_id, timeout=30)
     assert result.status == "completed", result.error
     assert result.output == "term+after:term"
@@ -199,9 +179,9 @@ def test_sigterm_finishes_in_flight_work_releases_leases_and_exits_0(
 
 
 def test_a_second_signal_exits_at_once_without_waiting_for_work_in_flight(
-    workers: Callable[..., WorkerProcess], marker: Path
+    worker_process: Callable[..., WorkerProcess], marker: Path
 ) -> None:
-    proc = workers("--worker-id", "proc-twice")
+    proc = worker_process("--worker-id", "proc-twice")
     instance_id = sv.start_workflow(
         "test.hold_then_record", {"entry": "twice", "hold_while": str(marker)}
     )
@@ -217,7 +197,7 @@ def test_a_second_signal_exits_at_once_without_waiting_for_work_in_flight(
     assert WorkflowInstance.objects.get(instance_id=instance_id).status == "running"
 
 
-def test_sigterm_on_an_idle_worker_exits_0(workers: Callable[..., WorkerProcess]) -> None:
-    proc = workers()
+def test_sigterm_on_an_idle_worker_exits_0(worker_process: Callable[..., WorkerProcess]) -> None:
+    proc = worker_process()
     assert proc.terminate(timeout=20) == 0
     assert "stopped" in proc.output()

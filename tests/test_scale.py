@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -32,26 +32,6 @@ pytestmark = pytest.mark.skipif(
     reason="PostgreSQL only: SKIP LOCKED dispatch across processes, the leader lock and "
     "LISTEN/NOTIFY are what these tests exercise (SQLite processes share work by polling)",
 )
-
-
-@pytest.fixture
-def workers(
-    worker_process: Callable[..., WorkerProcess],
-) -> Iterator[Callable[..., WorkerProcess]]:
-    """``worker_process``, plus closing each process's output pipe after the test."""
-    started: list[WorkerProcess] = []
-
-    def start(*args: str, env: dict[str, str] | None = None) -> WorkerProcess:
-        proc = worker_process(*args, env=env)
-        started.append(proc)
-        return proc
-
-    yield start
-    for proc in started:
-        if proc.proc.poll() is None:
-            proc.kill()
-        if proc.proc.stdout is not None:
-            proc.proc.stdout.close()
 
 
 def leader_row() -> tuple[str, int, int] | None:
@@ -84,13 +64,13 @@ def listen_backends() -> set[int]:
 
 @pytest.mark.slow
 def test_four_processes_complete_500_workflows_with_no_step_twice_and_none_lost(
-    workers: Callable[..., WorkerProcess],
+    worker_process: Callable[..., WorkerProcess],
 ) -> None:
     names = [f"scale-{n}" for n in range(4)]
     # Five execution threads each (the activities run inline on them): 20 executions
     # race for the same rows while the four processes stay within ~50 connections.
     limits = ("--max-resumptions", "5", "--max-activities", "2")
-    procs = [workers("--worker-id", name, *limits) for name in names]
+    procs = [worker_process("--worker-id", name, *limits) for name in names]
     tags = [f"w{i}" for i in range(500)]
     ids = {sv.start_workflow("scale.three", tag): tag for tag in tags}
 
@@ -138,14 +118,14 @@ LEADER_LEASE = 3.0  # seconds; the heartbeat is a sixth of it (tests/settings.py
 
 @pytest.mark.slow
 def test_killing_the_leader_hands_leadership_over_within_the_leader_lease(
-    workers: Callable[..., WorkerProcess],
+    worker_process: Callable[..., WorkerProcess],
 ) -> None:
     env = {"SELVEDGE_TEST_LEADER_LEASE": str(LEADER_LEASE)}
-    first = workers("--worker-id", "lead-a", env=env)
+    first = worker_process("--worker-id", "lead-a", env=env)
     held = wait_until(leader_row, timeout=10)
     assert held[0] == "lead-a"
-    second = workers("--worker-id", "lead-b", env=env)
-    third = workers("--worker-id", "lead-c", env=env)
+    second = worker_process("--worker-id", "lead-b", env=env)
+    third = worker_process("--worker-id", "lead-c", env=env)
 
     # The followers contend every tick but never take a live lock.
     deadline = time.monotonic() + LEADER_LEASE * 1.5
@@ -194,9 +174,11 @@ def timed_run(instance_id: str, timeout: float) -> float:
 
 @pytest.mark.slow
 def test_a_terminated_listener_reconnects_and_wake_ups_resume(
-    workers: Callable[..., WorkerProcess],
+    worker_process: Callable[..., WorkerProcess],
 ) -> None:
-    proc = workers("--worker-id", "listening", env={"SELVEDGE_TEST_POLL_INTERVAL": str(SLOW_POLL)})
+    proc = worker_process(
+        "--worker-id", "listening", env={"SELVEDGE_TEST_POLL_INTERVAL": str(SLOW_POLL)}
+    )
     (listener_pid,) = wait_until(listen_backends, timeout=10)
     time.sleep(0.5)  # past the loops' first poll: from now on they sleep for SLOW_POLL
 
@@ -250,9 +232,9 @@ def test_an_in_process_listener_reconnects_after_pg_terminate_backend(tdb: None)
 
 @pytest.mark.slow
 def test_a_worker_serving_queue_a_never_runs_a_task_of_queue_b(
-    workers: Callable[..., WorkerProcess],
+    worker_process: Callable[..., WorkerProcess],
 ) -> None:
-    serving_a = workers("--worker-id", "queue-a", "--queues", "a")
+    serving_a = worker_process("--worker-id", "queue-a", "--queues", "a")
     a_ids = [sv.start_workflow("scale.queued", {"queue": "a", "tag": f"a{i}"}) for i in range(10)]
     b_ids = [sv.start_workflow("scale.queued", {"queue": "b", "tag": f"b{i}"}) for i in range(10)]
     pid_a = serving_a.proc.pid
@@ -271,7 +253,7 @@ def test_a_worker_serving_queue_a_never_runs_a_task_of_queue_b(
     assert not Ledger.objects.filter(entry__startswith="scale.queue:b:").exists()
     assert WorkflowInstance.objects.filter(instance_id__in=b_ids, status="running").count() == 10
 
-    serving_b = workers("--worker-id", "queue-b", "--queues", "b")
+    serving_b = worker_process("--worker-id", "queue-b", "--queues", "b")
     pid_b = serving_b.proc.pid
     for instance_id in b_ids:
         result = sv.wait_workflow(instance_id, timeout=30)
