@@ -384,6 +384,19 @@ class WorkerRuntime:
             if not execution.released:
                 self.store.release_lease(fence)
             return
+        if execution.released:
+            # Only code that swallowed the suspension of a background execute() gets here:
+            # the lease went with the reservation, so nothing can be closed now.
+            logger.warning(
+                "execution of %s ended (%s) after its lease was released with an activity's"
+                " reservation: workflow code swallowed the suspension; the instance runs"
+                " again when the activity completes",
+                fence.instance_id,
+                outcome.kind,
+                extra={"instance_id": fence.instance_id},
+            )
+            outcome.kind = "abandoned"  # nothing was closed: no close hooks
+            return
         if outcome.kind == "abandoned":
             if not isinstance(outcome.error, exc.Fenced):
                 logger.warning("execution of %s abandoned: %r", fence.instance_id, outcome.error)

@@ -303,6 +303,25 @@ def test_input_arriving_during_an_execution_that_released_in_its_reservation_wak
     assert instance(instance_id).lease_epoch == 2
 
 
+def test_swallowing_the_suspension_of_a_background_execute_abandons_the_execution(
+    clock: ControllableClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    instance_id = sv.start_workflow("act.swallow_away", {"tag": "swallow"})
+    worker = Worker(clock=clock, activity_queues=[])
+    worker.resumptions.inline = True
+    with caplog.at_level("WARNING", logger="selvedge_django"):
+        assert worker.dispatcher.run_once() == 1
+
+    # The lease went with the reservation: nothing was closed, nothing is held.
+    assert "swallowed the suspension" in caplog.text
+    inst = instance(instance_id)
+    assert (inst.status, inst.lease_owner, inst.runnable) == ("running", "", False)
+    assert task_of(instance_id).status == "queued"
+    drive(clock)  # the activity completes; the replay finds its value and goes on
+    result = sv.get_workflow_result(instance_id)
+    assert (result.status, result.output) == ("completed", "swallowed")
+
+
 def test_completing_without_awaiting_a_future_cancels_its_task(
     make_worker: Callable[..., Any],
 ) -> None:

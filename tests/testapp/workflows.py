@@ -1086,6 +1086,16 @@ def act_poked_then_away(ctx: sv.WorkflowContext, data: dict[str, Any]) -> Any:
     return step.execute(ctx, data, options=sv.ActivityOptions(queue="elsewhere"))
 
 
+@sv.workflow(name="act.swallow_away")
+def act_swallow_away(ctx: sv.WorkflowContext, data: dict[str, Any]) -> str:
+    """Wrongly swallow the suspension of a background execute()."""
+    try:
+        step.execute(ctx, data, options=sv.ActivityOptions(queue="elsewhere"))
+    except BaseException:  # the misuse under test
+        pass
+    return "swallowed"
+
+
 @sv.workflow(name="act.fan_out")
 def act_fan_out(ctx: sv.WorkflowContext, data: dict[str, Any]) -> Any:
     """Issue ``n`` futures serially, then return each outcome; ``keys`` reports their keys."""
