@@ -3,6 +3,7 @@
     python bench/soak.py --minutes 30 --kill-every 20              # PostgreSQL
     python bench/soak.py --db sqlite --minutes 5 --kill-every 10
     python bench/soak.py --minutes 2 --workers 3 --in-flight 40 --keep
+    python bench/soak.py --minutes 5 --workers 3 --workflow-only 1
 
 Not part of CI. It runs from the repository root with the project's virtualenv
 and the test settings (``tests/settings.py``, which register the ``fault.*``
@@ -17,6 +18,10 @@ with a timeout), a child workflow and a cancelled scope. The driver keeps
 its start, and every ``--kill-every`` seconds (give or take half) kills one
 worker with SIGKILL at a random moment and starts a replacement. Workers hold
 leases and claims for ``--lease`` seconds, so the survivors take over soon.
+``--workflow-only N`` makes the last N workers serve no activity queue: the
+activities of the workflows they run become background steps (the reservation
+releases the lease; another worker claims the task, completes it and wakes the
+workflow).
 
 After ``--minutes`` it stops starting and killing, waits (up to ``--drain``
 seconds) for every started workflow to close, stops the workers and audits each
@@ -63,11 +68,13 @@ def _pg_admin(sql: str) -> None:
 class WorkerProc:
     """One ``runselvedge worker`` process, its output in a log file."""
 
-    def __init__(self, name: str, log_dir: Path, threads: int) -> None:
+    def __init__(self, name: str, log_dir: Path, threads: int, *, serves: bool = True) -> None:
         self.name = name
         self.log = open(log_dir / f"{name}.log", "a")  # noqa: SIM115 - closed in stop()
         command = ["runselvedge", "worker", "--worker-id", name]
         command += ["--max-activities", str(threads), "--max-resumptions", str(threads)]
+        if not serves:
+            command += ["--queues", ""]  # workflows only: its steps go to the other workers
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "django", *command],
             cwd=str(ROOT),
@@ -140,7 +147,14 @@ def drive(args: argparse.Namespace, log_dir: Path) -> tuple[list[str], dict[str,
     from selvedge_django.models import SignalMessage, WorkflowInstance
 
     rng = random.Random(args.seed)
-    workers = [WorkerProc(f"soak-{n}-0", log_dir, args.threads) for n in range(args.workers)]
+
+    def serves(n: int) -> bool:
+        return n < args.workers - args.workflow_only
+
+    workers = [
+        WorkerProc(f"soak-{n}-0", log_dir, args.threads, serves=serves(n))
+        for n in range(args.workers)
+    ]
     generation = [0] * args.workers
     started: list[str] = []
     running: set[str] = set()
@@ -214,7 +228,7 @@ def drive(args: argparse.Namespace, log_dir: Path) -> tuple[list[str], dict[str,
                 kills += 1
                 generation[victim] += 1
                 name = f"soak-{victim}-{generation[victim]}"
-                workers[victim] = WorkerProc(name, log_dir, args.threads)
+                workers[victim] = WorkerProc(name, log_dir, args.threads, serves=serves(victim))
                 next_kill = now + args.kill_every * rng.uniform(0.5, 1.5)
             if now >= next_report:
                 print(
@@ -245,6 +259,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--threads", type=int, default=4, help="execution and activity threads per worker"
     )
+    parser.add_argument(
+        "--workflow-only",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the last N workers serve no activity queue: their workflows' steps run as"
+        " background steps on the others",
+    )
     parser.add_argument("--lease", type=float, default=4.0, help="lease and claim TTL, seconds")
     parser.add_argument("--drain", type=float, default=180.0, help="seconds to let work finish")
     parser.add_argument("--seed", type=int, default=None)
@@ -252,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if min(args.workers, args.in_flight, args.threads) < 1:
         parser.error("--workers, --in-flight and --threads must be at least 1")
+    if not 0 <= args.workflow_only < args.workers:
+        parser.error("--workflow-only must leave at least one worker serving activities")
 
     work_dir = Path(tempfile.mkdtemp(prefix="selvedge-soak-"))
     name = configure(args, work_dir)
