@@ -41,7 +41,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path[:1]:
     sys.path.insert(0, str(REPO_ROOT))
 
-from bench.harness import bench_database  # noqa: E402 - the repository root goes first
+from bench.bench_scale import wait_for  # noqa: E402 - the repository root goes first
+from bench.harness import bench_database  # noqa: E402
 
 Event = tuple[float, float, str, str]
 
@@ -101,11 +102,7 @@ def one_signal(x: int) -> float:
     suspended = WorkflowInstance.objects.filter(
         instance_id=instance_id, lease_epoch__gte=1, lease_owner="", runnable=False
     )
-    deadline = time.monotonic() + 60
-    while not suspended.exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{instance_id} never suspended")
-        time.sleep(0.002)
+    wait_for(suspended.exists, timeout=60, interval=0.002)
     time.sleep(0.02)  # the worker's threads are idle again
     started = time.perf_counter()
     sv.signal(instance_id, "go", x)

@@ -176,9 +176,12 @@ def issue_activity(
     )
     fence = execution.fence
     assert fence is not None
-    # execute() of an activity this worker cannot run: get() follows at once and
-    # suspends (see Future._suspends_unread), so the reservation also releases the
-    # lease, saving the release statement at suspension.
+    # execute() of an activity this worker cannot run: get() follows at once and can only
+    # suspend, so the reservation also releases the lease and get() reads nothing. No
+    # outcome can be stored yet but by a completion racing this line, and a completion or
+    # cancel request arriving from now on marks the instance runnable (kept so by the
+    # release): the next execution sees either. A cancellation already known at lease
+    # time takes the usual path (a locally cancelled scope returned above).
     release = inline and claim_owner is None and not execution.snapshot.cancel_requested
     stored, claimed = execution.guarded(
         lambda: runtime.store.reserve_activity(fence, row, spec, claim_owner, release=release)
@@ -188,7 +191,6 @@ def issue_activity(
     execution.check_stored(key, stored, CMD_ACTIVITY)
     if claimed is None:
         runtime.tasks_reserved()
-        future._just_reserved = inline and claim_owner is None
     future._claimed = claimed
     return future
 

@@ -115,7 +115,6 @@ class Future(_Handle):
         super().__init__(execution, scope, key)
         self._activity_name = activity_name
         self._claimed: ClaimedTask | None = None
-        self._just_reserved = False
 
     def get(self, ctx: WorkflowContext | None = None) -> Any:
         """Return the activity's result, raise its error, or suspend until it exists."""
@@ -139,9 +138,8 @@ class Future(_Handle):
     def _lookup(self) -> HistoryRow | None:
         execution = self._execution
         task, self._claimed = self._claimed, None
-        just_reserved, self._just_reserved = self._just_reserved, False
-        if task is None and just_reserved and self._suspends_unread():
-            return None
+        if task is None and execution.released:
+            return None  # nothing may be read or written under the released lease
         if task is None:
             stored = self._stored()
             if stored is not None or execution.readonly:
@@ -181,28 +179,6 @@ class Future(_Handle):
         )
         execution.history[self._key] = row
         return row
-
-    def _suspends_unread(self) -> bool:
-        """Whether get() right after this future's reservation may suspend without reads.
-
-        The task was just reserved for another worker, so no outcome can be stored
-        yet except by a completion racing this very line; a completion or a cancel
-        request arriving from now on marks the instance runnable, and the release at
-        suspension keeps it so: the next execution sees either. Reading the row and
-        the cancel request first would only save that rare resumption, at two reads
-        for every background step. A cancellation already known (requested before
-        this lease, or of the scope) takes the usual path.
-        """
-        execution = self._execution
-        if execution.released:
-            return True  # nothing more may be read or written under the released lease
-        row = execution.history.get(self._key)
-        return (
-            not execution.readonly
-            and not execution.snapshot.cancel_requested
-            and not self._scope.locally_cancelled()
-            and (row is None or not row.has_value)
-        )
 
     def _record_cancelled(self, error: BaseException) -> HistoryRow:
         execution = self._execution
