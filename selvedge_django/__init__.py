@@ -2,7 +2,7 @@
 
 Workflows are plain functions whose every step is recorded in the project's own
 database; a workflow resumes after a crash, deploy or restart by replaying its
-recorded history. See the README for a tour.
+recorded history. See the README and docs/ for a tour.
 
 The names below are the public API. Those that touch the database are loaded on
 first use, so importing this package never imports models.

@@ -1,4 +1,4 @@
-"""Waits across real processes: SIGKILL at exact crash points, and the README's testing example.
+"""Waits across real processes: SIGKILL at exact crash points, and the testing page's example.
 
 A ``runselvedge worker`` process started with ``SELVEDGE_WAIT_CRASH=<point>``
 kills itself with SIGKILL at that point of a ``wait.crash_*`` workflow (see
@@ -144,17 +144,16 @@ def test_a_receive_killed_in_or_after_its_commit_neither_loses_nor_double_consum
     ]
 
 
-def _readme_example() -> str:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = text.split("## Testing your workflows", 1)[1].split("\n## ", 1)[0]
-    match = re.search(r"```python\n(.*?)```", section, re.DOTALL)
-    assert match is not None, "the README's testing section has no python example"
+def _testing_page_example() -> str:
+    text = (ROOT / "docs" / "testing.md").read_text(encoding="utf-8")
+    match = re.search(r"```python\n(.*?)```", text, re.DOTALL)
+    assert match is not None, "docs/testing.md has no python example"
     return match.group(1)
 
 
-def test_the_readmes_testing_example_runs_under_pytest(tdb: None, tmp_path: Path) -> None:
+def test_the_testing_pages_example_runs_under_pytest(tdb: None, tmp_path: Path) -> None:
     module = tmp_path / "test_readme_example.py"
-    module.write_text(_readme_example(), encoding="utf-8")
+    module.write_text(_testing_page_example(), encoding="utf-8")
     run_id = f"{os.getpid()}_readme"
     env = {
         key: value
