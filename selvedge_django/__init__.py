@@ -77,6 +77,7 @@ if TYPE_CHECKING:
         WorkflowResult,
         acancel_workflow,
         adescribe,
+        aexport_history,
         afind_instances,
         aget_workflow_result,
         alist_activity_tasks,

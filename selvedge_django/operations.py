@@ -17,7 +17,7 @@ import unicodedata
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from asgiref.sync import sync_to_async
 from django.db import transaction
@@ -38,6 +38,9 @@ from .notify import Waker
 from .registry import WorkflowDefinition, get_workflow
 from .runtime import check_vendor, client_codec
 from .store import DjangoStore
+
+if TYPE_CHECKING:
+    from .history import RecordedHistory
 
 __all__ = [
     "ActivityTaskInfo",
@@ -64,6 +67,8 @@ __all__ = [
     "start_workflow",
     "wait_workflow",
 ]
+
+In = TypeVar("In")
 
 _PATH_RE = re.compile(r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*$")
 
@@ -199,8 +204,35 @@ def validate_instance_id(instance_id: object) -> str:
 # -- writes -----------------------------------------------------------------------------
 
 
+@overload
 def start_workflow(
-    workflow_or_name: WorkflowDefinition[Any] | str,
+    workflow_or_name: WorkflowDefinition[In, Any],
+    input: In,
+    *,
+    instance_id: str | None = None,
+) -> str: ...
+
+
+@overload
+def start_workflow(
+    workflow_or_name: WorkflowDefinition[None, Any],
+    input: None = None,
+    *,
+    instance_id: str | None = None,
+) -> str: ...
+
+
+@overload
+def start_workflow(
+    workflow_or_name: str,
+    input: Any = None,
+    *,
+    instance_id: str | None = None,
+) -> str: ...
+
+
+def start_workflow(
+    workflow_or_name: WorkflowDefinition[Any, Any] | str,
     input: Any = None,
     *,
     instance_id: str | None = None,
@@ -531,7 +563,7 @@ def _query(instance_id: str, name: str) -> Any:
     return query(instance_id, name)
 
 
-def _export(instance_id: str) -> Any:
+def _export(instance_id: str) -> RecordedHistory:
     from .history import export_history
 
     return export_history(instance_id)

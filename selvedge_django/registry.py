@@ -10,9 +10,9 @@ taken name raises a conflict error.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from datetime import timedelta
-from typing import Any, Generic, TypeVar, overload
+from typing import Any, Generic, Protocol, TypeVar, overload
 
 from .engine import commands
 from .engine.context import WorkflowContext as _WorkflowContext
@@ -33,11 +33,16 @@ __all__ = [
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
-R = TypeVar("R")
+# A definition's input and output types: ActivityDefinition[InT, OutT] wraps a function
+# of an InT returning an OutT (awaited first for ``async def``); so does a workflow.
+InT = TypeVar("InT", contravariant=True)
+OutT = TypeVar("OutT", covariant=True)
+In = TypeVar("In")
+Out = TypeVar("Out")
 
 _lock = threading.Lock()
-_activities: dict[str, ActivityDefinition[Any]] = {}
-_workflows: dict[str, WorkflowDefinition[Any]] = {}
+_activities: dict[str, ActivityDefinition[Any, Any]] = {}
+_workflows: dict[str, WorkflowDefinition[Any, Any]] = {}
 
 
 def _same_function(a: Callable[..., Any], b: Callable[..., Any]) -> bool:
@@ -58,12 +63,12 @@ def _validate_name(name: object, what: str) -> str:
     return name
 
 
-class ActivityDefinition(Generic[R]):
-    """A registered activity: a function of one JSON input, run with retries."""
+class ActivityDefinition(Generic[InT, OutT]):
+    """A registered activity: a function of one JSON input (an ``InT``), run with retries."""
 
     def __init__(
         self,
-        fn: Callable[[Any], R],
+        fn: Callable[[InT], Any],
         name: str,
         options: ActivityOptions,
         transactional: bool = False,
@@ -78,7 +83,13 @@ class ActivityDefinition(Generic[R]):
     def __repr__(self) -> str:
         return f"<activity {self.name!r}>"
 
-    def __call__(self, input: Any = None) -> R:
+    @overload
+    def __call__(self: ActivityDefinition[None, Out], input: None = None) -> Out: ...
+
+    @overload
+    def __call__(self, input: InT) -> OutT: ...
+
+    def __call__(self, input: Any = None) -> Any:
         """Call the function directly, outside any workflow (for unit tests)."""
         return self.fn(input)
 
@@ -86,17 +97,52 @@ class ActivityDefinition(Generic[R]):
     def non_retryable_errors(self) -> tuple[type[BaseException], ...]:
         return self.options.effective_retry_policy().non_retryable_errors
 
+    @overload
+    def execute(
+        self: ActivityDefinition[None, Out],
+        ctx: _WorkflowContext,
+        input: None = None,
+        options: ActivityOptions | None = None,
+        activity_id: str | None = None,
+    ) -> Out: ...
+
+    @overload
+    def execute(
+        self,
+        ctx: _WorkflowContext,
+        input: InT,
+        options: ActivityOptions | None = None,
+        activity_id: str | None = None,
+    ) -> OutT: ...
+
     def execute(
         self,
         ctx: _WorkflowContext,
         input: Any = None,
         options: ActivityOptions | None = None,
         activity_id: str | None = None,
-    ) -> R:
+    ) -> Any:
         """Issue the activity and wait for its durable outcome (runs inline when it can)."""
         future = self._issue(ctx, input, options, activity_id, inline=True)
-        result: R = future.get(ctx)
-        return result
+        return future.get(ctx)
+
+    @overload
+    def execute_async(
+        self: ActivityDefinition[None, Out],
+        ctx: _WorkflowContext,
+        input: None = None,
+        options: ActivityOptions | None = None,
+        activity_id: str | None = None,
+    ) -> Future[Out]: ...
+
+    @overload
+    def execute_async(
+        self,
+        ctx: _WorkflowContext,
+        input: InT,
+        options: ActivityOptions | None = None,
+        activity_id: str | None = None,
+    ) -> Future[OutT]: ...
 
     def execute_async(
         self,
@@ -104,7 +150,7 @@ class ActivityDefinition(Generic[R]):
         input: Any = None,
         options: ActivityOptions | None = None,
         activity_id: str | None = None,
-    ) -> Future:
+    ) -> Future[Any]:
         """Reserve the activity in issue order and return a Future without waiting."""
         return self._issue(ctx, input, options, activity_id, inline=False)
 
@@ -116,7 +162,7 @@ class ActivityDefinition(Generic[R]):
         activity_id: str | None,
         *,
         inline: bool,
-    ) -> Future:
+    ) -> Future[Any]:
         if not isinstance(ctx, _WorkflowContext):
             raise TypeError("the first argument of execute() is the workflow's ctx")
         if options is not None and not isinstance(options, ActivityOptions):
@@ -127,10 +173,10 @@ class ActivityDefinition(Generic[R]):
         )
 
 
-class WorkflowDefinition(Generic[R]):
-    """A registered workflow: a function of (ctx, input) replayed from its history."""
+class WorkflowDefinition(Generic[InT, OutT]):
+    """A registered workflow: a function of (ctx, an ``InT``) replayed from its history."""
 
-    def __init__(self, fn: Callable[[_WorkflowContext, Any], R], name: str) -> None:
+    def __init__(self, fn: Callable[[_WorkflowContext, InT], OutT], name: str) -> None:
         self.fn = fn
         self.name = name
         self.__doc__ = fn.__doc__
@@ -139,7 +185,13 @@ class WorkflowDefinition(Generic[R]):
     def __repr__(self) -> str:
         return f"<workflow {self.name!r}>"
 
-    def __call__(self, ctx: _WorkflowContext, input: Any = None) -> R:
+    @overload
+    def __call__(self: WorkflowDefinition[None, Out], ctx: _WorkflowContext) -> Out: ...
+
+    @overload
+    def __call__(self, ctx: _WorkflowContext, input: InT) -> OutT: ...
+
+    def __call__(self, ctx: _WorkflowContext, input: Any = None) -> Any:
         if current_execution() is None:
             raise RuntimeError(
                 "a workflow runs under a worker: use selvedge_django.start_workflow()"
@@ -147,7 +199,7 @@ class WorkflowDefinition(Generic[R]):
         return self.fn(ctx, input)
 
 
-def register_activity(definition: ActivityDefinition[Any]) -> None:
+def register_activity(definition: ActivityDefinition[Any, Any]) -> None:
     """Register an activity definition, refusing another function under its name."""
     with _lock:
         existing = _activities.get(definition.name)
@@ -163,7 +215,7 @@ def register_activity(definition: ActivityDefinition[Any]) -> None:
         _activities[definition.name] = definition
 
 
-def register_workflow(definition: WorkflowDefinition[Any]) -> None:
+def register_workflow(definition: WorkflowDefinition[Any, Any]) -> None:
     """Register a workflow definition, refusing another function under its name."""
     with _lock:
         existing = _workflows.get(definition.name)
@@ -185,11 +237,11 @@ def unregister(name: str, *, kind: str) -> None:
         (_activities if kind == "activity" else _workflows).pop(name, None)
 
 
-def get_activity(name: str) -> ActivityDefinition[Any] | None:
+def get_activity(name: str) -> ActivityDefinition[Any, Any] | None:
     return _activities.get(name)
 
 
-def get_workflow(name: str) -> WorkflowDefinition[Any] | None:
+def get_workflow(name: str) -> WorkflowDefinition[Any, Any] | None:
     return _workflows.get(name)
 
 
@@ -201,8 +253,20 @@ def registered_workflow_names() -> list[str]:
     return sorted(_workflows)
 
 
+class _ActivityDecorator(Protocol):
+    """What ``@activity(name=...)`` returns: ``async def`` outputs are the awaited value."""
+
+    @overload
+    def __call__(
+        self, func: Callable[[In], Coroutine[Any, Any, Out]], /
+    ) -> ActivityDefinition[In, Out]: ...
+
+    @overload
+    def __call__(self, func: Callable[[In], Out], /) -> ActivityDefinition[In, Out]: ...
+
+
 @overload
-def activity(fn: F, /) -> ActivityDefinition[Any]: ...
+def activity(fn: F, /) -> ActivityDefinition[Any, Any]: ...
 
 
 @overload
@@ -215,7 +279,7 @@ def activity(
     heartbeat_timeout: float | timedelta | None = None,
     retry_policy: RetryPolicy | None = None,
     transactional: bool = False,
-) -> Callable[[Callable[[Any], R]], ActivityDefinition[R]]: ...
+) -> _ActivityDecorator: ...
 
 
 def activity(
@@ -250,10 +314,12 @@ def activity(
         retry_policy=retry_policy,
     )
 
-    def decorate(func: Callable[[Any], R]) -> ActivityDefinition[R]:
+    def decorate(func: Callable[[Any], Any]) -> ActivityDefinition[Any, Any]:
         if not callable(func):
             raise TypeError("@activity decorates a function")
-        definition = ActivityDefinition(func, name, options, transactional=bool(transactional))
+        definition: ActivityDefinition[Any, Any] = ActivityDefinition(
+            func, name, options, transactional=bool(transactional)
+        )
         register_activity(definition)
         return definition
 
@@ -262,13 +328,13 @@ def activity(
 
 def workflow(
     fn: Callable[..., Any] | None = None, /, *, name: str | None = None
-) -> Callable[[Callable[[_WorkflowContext, Any], R]], WorkflowDefinition[R]]:
+) -> Callable[[Callable[[_WorkflowContext, In], Out]], WorkflowDefinition[In, Out]]:
     """Define a workflow: ``@workflow(name="order")`` on a function of ``(ctx, input)``."""
     if fn is not None or name is None:
         raise TypeError("@workflow needs a durable name: use @workflow(name='...')")
     _validate_name(name, "workflow")
 
-    def decorate(func: Callable[[_WorkflowContext, Any], R]) -> WorkflowDefinition[R]:
+    def decorate(func: Callable[[_WorkflowContext, In], Out]) -> WorkflowDefinition[In, Out]:
         if not callable(func):
             raise TypeError("@workflow decorates a function")
         definition = WorkflowDefinition(func, name)

@@ -124,7 +124,7 @@ def issue_activity(
         raise TypeError(f"activity {activity.name!r} input is not JSON: {error}") from error
     seq, key = execution.next_position(activity_id, CMD_ACTIVITY, activity.name)
     scope.commands.append((key, CMD_ACTIVITY, ""))
-    future = Future(execution, scope, key, activity.name)
+    future: Future[Any] = Future(execution, scope, key, activity.name)
     recorded = execution.history.get(key)
     if recorded is not None:
         from .execution import reservation_of
@@ -552,7 +552,7 @@ def start_child(
     instance = child_id or f"{execution.instance_id}/{key}"
     _check_instance_id(instance)
     scope.commands.append((key, CMD_CHILD, instance))
-    handle = ChildHandle(execution, scope, key, instance)
+    handle: ChildHandle[Any] = ChildHandle(execution, scope, key, instance)
     from .execution import reservation_of
 
     recorded = execution.history.get(key)

@@ -12,17 +12,20 @@ import dataclasses
 import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from .. import exceptions as exc
 from . import commands
 
 if TYPE_CHECKING:
     from .execution import Execution
-    from .handles import ChildHandle, Timer
+    from .handles import ChildHandle, ChildWorkflow, Timer
     from .store import HistoryRow
 
 __all__ = ["Scope", "WorkflowContext"]
+
+InT = TypeVar("InT")
+OutT = TypeVar("OutT")
 
 
 class Scope:
@@ -173,9 +176,27 @@ class WorkflowContext:
 
     # -- children -------------------------------------------------------------------------
 
+    @overload
+    def start_child(
+        self, workflow_or_name: ChildWorkflow[InT, OutT], input: InT, child_id: str | None = None
+    ) -> ChildHandle[OutT]: ...
+
+    @overload
+    def start_child(
+        self,
+        workflow_or_name: ChildWorkflow[None, OutT],
+        input: None = None,
+        child_id: str | None = None,
+    ) -> ChildHandle[OutT]: ...
+
+    @overload
+    def start_child(
+        self, workflow_or_name: str, input: Any = None, child_id: str | None = None
+    ) -> ChildHandle[Any]: ...
+
     def start_child(
         self, workflow_or_name: Any, input: Any = None, child_id: str | None = None
-    ) -> ChildHandle:
+    ) -> ChildHandle[Any]:
         """Start a child workflow (by definition or name) with this instance as parent."""
         return commands.start_child(self._execution, self._scope, workflow_or_name, input, child_id)
 

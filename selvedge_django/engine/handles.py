@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from .. import exceptions as exc
 from .codec import decode_time, error_from_envelope, error_to_envelope
@@ -35,7 +35,19 @@ if TYPE_CHECKING:
     from .execution import Execution
     from .store import ClaimedTask
 
-__all__ = ["ChildHandle", "Future", "Timer", "decode_outcome"]
+__all__ = ["ChildHandle", "ChildWorkflow", "Future", "Timer", "decode_outcome"]
+
+OutT_co = TypeVar("OutT_co", covariant=True)
+InT_contra = TypeVar("InT_contra", contravariant=True)
+
+
+class ChildWorkflow(Protocol[InT_contra, OutT_co]):
+    """What ``ctx.start_child()`` accepts besides a name: a workflow definition."""
+
+    @property
+    def name(self) -> str: ...
+
+    def __call__(self, ctx: WorkflowContext, input: InT_contra, /) -> OutT_co: ...
 
 
 def _envelope(error: BaseException) -> str:
@@ -106,8 +118,8 @@ class _Handle:
         raise NotImplementedError
 
 
-class Future(_Handle):
-    """An activity outcome tied to the execution that issued it."""
+class Future(_Handle, Generic[OutT_co]):
+    """An activity outcome tied to the execution that issued it (``get()`` returns it)."""
 
     command = CMD_ACTIVITY
 
@@ -116,7 +128,7 @@ class Future(_Handle):
         self._activity_name = activity_name
         self._claimed: ClaimedTask | None = None
 
-    def get(self, ctx: WorkflowContext | None = None) -> Any:
+    def get(self, ctx: WorkflowContext | None = None) -> OutT_co:
         """Return the activity's result, raise its error, or suspend until it exists."""
         if self._resolved is None:
             self._execution.check_command("Future.get()")
@@ -242,8 +254,8 @@ class Timer(_Handle):
         return result.stored
 
 
-class ChildHandle(_Handle):
-    """A child workflow's outcome, tied to the parent's execution."""
+class ChildHandle(_Handle, Generic[OutT_co]):
+    """A child workflow's outcome, tied to the parent's execution (``get()`` returns it)."""
 
     command = CMD_CHILD
 
@@ -257,7 +269,7 @@ class ChildHandle(_Handle):
         """The child's instance id (set even when a cancelled scope prevented its start)."""
         return self._child_id
 
-    def get(self, ctx: WorkflowContext | None = None) -> Any:
+    def get(self, ctx: WorkflowContext | None = None) -> OutT_co:
         """Return the child's result, raise its error, or suspend until it closes."""
         execution = self._execution
         if self._resolved is None:

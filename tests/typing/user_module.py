@@ -1,0 +1,93 @@
+"""A user's workflows module, checked by ``mypy --strict`` (tests/typing/check.py).
+
+It must type-check cleanly: definitions carry their input and output types through
+``execute``, futures, child handles and ``start_workflow``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, assert_type
+
+import selvedge_django as sv
+
+
+@dataclass
+class Order:
+    order_id: int
+    amount: str
+
+
+@sv.activity(name="typing.greet", start_to_close_timeout=30)
+def greet(name: str) -> str:
+    return f"Hello, {name}"
+
+
+@sv.activity(name="typing.count")
+def count(items: list[str]) -> int:
+    return len(items)
+
+
+@sv.activity(name="typing.ping")
+def ping(_: None) -> bool:
+    return True
+
+
+@sv.activity(name="typing.fetch")
+async def fetch(url: str) -> bytes:
+    return url.encode()
+
+
+@sv.workflow(name="typing.child")
+def child(ctx: sv.WorkflowContext, order: dict[str, Any]) -> float:
+    return 1.5
+
+
+@sv.workflow(name="typing.no_input")
+def no_input(ctx: sv.WorkflowContext, _: None) -> str:
+    return "done"
+
+
+@sv.workflow(name="typing.parent")
+def parent(ctx: sv.WorkflowContext, name: str) -> list[str]:
+    assert_type(greet, sv.ActivityDefinition[str, str])
+    assert_type(fetch, sv.ActivityDefinition[str, bytes])
+    assert_type(greet.execute(ctx, name), str)
+    assert_type(count.execute(ctx, [name]), int)
+    assert_type(ping.execute(ctx), bool)
+    assert_type(fetch.execute(ctx, "https://example.com/"), bytes)
+
+    future = greet.execute_async(ctx, name, options=sv.ActivityOptions(queue="mail"))
+    assert_type(future, sv.Future[str])
+    assert_type(future.get(ctx), str)
+    assert_type([f.get(ctx) for f in [count.execute_async(ctx, ["a"])]], list[int])
+
+    handle = ctx.start_child(child, {"id": 1}, child_id="c-1")
+    assert_type(handle, sv.ChildHandle[float])
+    assert_type(handle.get(ctx), float)
+    assert_type(ctx.start_child(no_input), sv.ChildHandle[str])
+    assert_type(ctx.start_child("typing.child", 3), sv.ChildHandle[Any])
+    assert_type(greet("direct"), str)
+    assert_type(ping(), bool)
+    return [greet.execute(ctx, name)]
+
+
+def start_from_a_view(order: Order) -> str:
+    assert_type(parent, sv.WorkflowDefinition[str, list[str]])
+    instance_id = sv.start_workflow(parent, "Ada", instance_id=f"order-{order.order_id}")
+    assert_type(instance_id, str)
+    sv.start_workflow(no_input)
+    sv.start_workflow("typing.parent", {"any": "json"})
+    result = sv.wait_workflow(instance_id, timeout=10)
+    assert_type(result, sv.WorkflowResult)
+    return instance_id
+
+
+async def start_from_an_async_view() -> str:
+    instance_id = await sv.astart_workflow(parent, "Ada")
+    assert_type(instance_id, str)
+    result = await sv.await_workflow(instance_id, timeout=10)
+    assert_type(result.status, str)
+    history = await sv.aexport_history(instance_id)
+    assert_type(history, sv.RecordedHistory)
+    return instance_id

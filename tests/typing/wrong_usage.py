@@ -1,0 +1,39 @@
+"""Calls that ``mypy --strict`` must reject (tests/typing/check.py).
+
+Every line marked ``# error: CODE`` must draw that error, and no other line any.
+"""
+
+from __future__ import annotations
+
+import selvedge_django as sv
+
+
+@sv.activity(name="typing.wrong.greet")
+def greet(name: str) -> str:
+    return f"Hello, {name}"
+
+
+@sv.workflow(name="typing.wrong.child")
+def child(ctx: sv.WorkflowContext, order_id: int) -> int:
+    return order_id
+
+
+@sv.workflow(name="typing.wrong.parent")
+def parent(ctx: sv.WorkflowContext, name: str) -> str:
+    greet.execute(ctx, 123)  # error: arg-type
+    greet.execute(ctx)  # error: call-arg
+    number: int = greet.execute(ctx, name)  # error: assignment
+    later: int = greet.execute_async(ctx, name).get(ctx)  # error: assignment
+    ctx.start_child(child, "not an int")  # error: misc
+    total: str = ctx.start_child(child, 1).get(ctx)  # error: assignment
+    greet(42)  # error: arg-type
+    return f"{number} {later} {total}"
+
+
+def start() -> None:
+    sv.start_workflow(parent, 42)  # error: misc
+    sv.start_workflow(parent)  # error: arg-type
+
+
+async def astart() -> None:
+    await sv.astart_workflow(parent, 42)  # error: misc
