@@ -9,8 +9,23 @@ from django.db.backends.signals import connection_created
 
 
 def _configure_sqlite(sender: Any, connection: Any, **kwargs: Any) -> None:
-    """Put SQLite connections in WAL mode with a generous busy timeout."""
+    """Give the engine's SQLite connections WAL, a generous busy timeout and durable commits.
+
+    Only connections of the alias the engine uses (``SELVEDGE["DATABASE"]``) are
+    touched: other SQLite databases of the project keep their own settings.
+    ``PRAGMA synchronous`` is ``SELVEDGE["SQLITE_SYNCHRONOUS"]`` (FULL by default).
+    """
     if connection.vendor != "sqlite":
+        return
+    from django.core.exceptions import ImproperlyConfigured
+
+    from .conf import get_settings
+
+    try:
+        settings = get_settings()
+    except ImproperlyConfigured:
+        return  # the system checks report it; never break a connection over it
+    if connection.alias != settings.database:
         return
     name = str(connection.settings_dict.get("NAME") or "")
     options = connection.settings_dict.get("OPTIONS") or {}
@@ -19,7 +34,8 @@ def _configure_sqlite(sender: Any, connection: Any, **kwargs: Any) -> None:
             cursor.execute("PRAGMA busy_timeout = 30000")
         if name and ":memory:" not in name and "mode=memory" not in name:
             cursor.execute("PRAGMA journal_mode = WAL")
-            cursor.execute("PRAGMA synchronous = NORMAL")
+            # A value from a fixed list (validated in conf), never user text.
+            cursor.execute(f"PRAGMA synchronous = {settings.sqlite_synchronous}")
 
 
 class SelvedgeConfig(AppConfig):

@@ -52,7 +52,14 @@ DEFAULTS: dict[str, Any] = {
     "MODULES": (),
     "MAX_PAYLOAD_BYTES": 2 * 1024 * 1024,
     "HISTORY_WARNING_THRESHOLD": 10_000,
+    "SQLITE_SYNCHRONOUS": "FULL",
 }
+
+# PRAGMA synchronous values offered for the engine's SQLite database: FULL syncs the
+# write-ahead log at every commit (an acknowledged commit survives a power loss);
+# NORMAL syncs only at checkpoints (faster; the last commits can be lost on power loss,
+# never on a process crash).
+SQLITE_SYNCHRONOUS_MODES = ("FULL", "NORMAL")
 
 _DURATIONS = (
     "ACTIVITY_POLL_INTERVAL",
@@ -126,6 +133,7 @@ class SelvedgeSettings:
     modules: tuple[str, ...] = ()
     max_payload_bytes: int = 2 * 1024 * 1024
     history_warning_threshold: int = 10_000
+    sqlite_synchronous: str = "FULL"
 
     def with_overrides(self, **overrides: Any) -> SelvedgeSettings:
         """Return a copy with lower-case ``SELVEDGE`` keys overridden and revalidated."""
@@ -168,6 +176,7 @@ class SelvedgeSettings:
             "MODULES": self.modules,
             "MAX_PAYLOAD_BYTES": self.max_payload_bytes,
             "HISTORY_WARNING_THRESHOLD": self.history_warning_threshold,
+            "SQLITE_SYNCHRONOUS": self.sqlite_synchronous,
         }
 
 
@@ -267,6 +276,12 @@ def resolve_settings(raw_in: Mapping[str, Any] | None) -> SelvedgeSettings:
     database = raw["DATABASE"]
     if not isinstance(database, str) or database not in django_settings.DATABASES:
         raise ImproperlyConfigured(f"SELVEDGE['DATABASE'] {database!r} is not in DATABASES")
+    synchronous = raw["SQLITE_SYNCHRONOUS"]
+    if synchronous not in SQLITE_SYNCHRONOUS_MODES:
+        raise ImproperlyConfigured(
+            f"SELVEDGE['SQLITE_SYNCHRONOUS'] must be one of {list(SQLITE_SYNCHRONOUS_MODES)},"
+            f" not {synchronous!r}"
+        )
     modules = raw["MODULES"] or ()
     if isinstance(modules, str):
         raise ImproperlyConfigured("SELVEDGE['MODULES'] must be a list of module paths")
@@ -295,6 +310,7 @@ def resolve_settings(raw_in: Mapping[str, Any] | None) -> SelvedgeSettings:
         modules=tuple(modules),
         max_payload_bytes=ints["MAX_PAYLOAD_BYTES"],
         history_warning_threshold=ints["HISTORY_WARNING_THRESHOLD"],
+        sqlite_synchronous=synchronous,
     )
 
 

@@ -359,3 +359,64 @@ def test_unsupported_database_is_error_e001(tmp_path: Path) -> None:
     output = result.stdout + result.stderr
     assert result.returncode != 0
     assert "selvedge.E001" in output
+
+
+# -- SQLite connection set-up ------------------------------------------------------------
+
+
+only_sqlite = pytest.mark.skipif(
+    settings.DATABASES["default"]["ENGINE"] != "django.db.backends.sqlite3",
+    reason="SQLite connection set-up",
+)
+
+
+def _sqlite_pragmas(tmp_path: Path, alias: str) -> dict[str, Any]:
+    """Open a new SQLite connection under ``alias`` and read the pragmas it was given."""
+    from django.db.backends.sqlite3.base import DatabaseWrapper
+
+    wrapper = DatabaseWrapper(
+        {**connection_settings(), "NAME": str(tmp_path / f"{alias}.sqlite3")}, alias=alias
+    )
+    try:
+        with wrapper.cursor() as cursor:
+            pragmas = {}
+            for name in ("synchronous", "journal_mode", "busy_timeout"):
+                cursor.execute(f"PRAGMA {name}")
+                pragmas[name] = cursor.fetchone()[0]
+            return pragmas
+    finally:
+        wrapper.close()
+
+
+def connection_settings() -> dict[str, Any]:
+    from django.db import connections
+
+    return {**connections["default"].settings_dict, "OPTIONS": {}}
+
+
+@only_sqlite
+@pytest.mark.django_db
+def test_sqlite_engine_alias_syncs_every_commit_by_default(tmp_path: Path) -> None:
+    pragmas = _sqlite_pragmas(tmp_path, "default")
+    assert pragmas == {"synchronous": 2, "journal_mode": "wal", "busy_timeout": 30000}
+
+
+@only_sqlite
+@pytest.mark.django_db
+def test_sqlite_synchronous_normal_is_a_setting(tmp_path: Path) -> None:
+    with override_settings(SELVEDGE=selvedge(SQLITE_SYNCHRONOUS="NORMAL")):
+        assert _sqlite_pragmas(tmp_path, "default")["synchronous"] == 1
+
+
+@only_sqlite
+@pytest.mark.django_db
+def test_sqlite_aliases_the_engine_does_not_use_are_left_alone(tmp_path: Path) -> None:
+    # SQLite's own defaults (a rollback journal, FULL) and Python's 5 s busy timeout.
+    pragmas = _sqlite_pragmas(tmp_path, "reports")
+    assert pragmas == {"synchronous": 2, "journal_mode": "delete", "busy_timeout": 5000}
+
+
+@pytest.mark.parametrize("value", ["OFF", "normal ", 1, None])
+def test_sqlite_synchronous_must_be_full_or_normal(value: Any) -> None:
+    with pytest.raises(ImproperlyConfigured, match="SQLITE_SYNCHRONOUS"):
+        conf.resolve_settings({"SQLITE_SYNCHRONOUS": value})
