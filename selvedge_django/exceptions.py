@@ -120,6 +120,10 @@ class PayloadTooLarge(SelvedgeError, ValueError):
     """The encoded value is larger than MAX_PAYLOAD_BYTES."""
 
 
+class PayloadTooDeep(SelvedgeError, ValueError):
+    """The value nests lists and objects deeper than the engine stores."""
+
+
 # -- execution errors -------------------------------------------------------------------
 
 

@@ -70,7 +70,11 @@ __all__ = [
 
 In = TypeVar("In")
 
-_PATH_RE = re.compile(r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*$")
+_PATH_RE = re.compile(r"[A-Za-z0-9_]+(?:\.[A-Za-z0-9_]+)*")
+# An input filter path has at most this many segments and characters (each segment is
+# one nested JSON lookup in the query, compiled recursively).
+MAX_FILTER_PATH_SEGMENTS = 32
+MAX_FILTER_PATH_CHARS = 255
 
 _client: tuple[Any, DjangoStore] | None = None
 _stores_lock = threading.Lock()
@@ -260,7 +264,7 @@ def start_workflow(
     store = _store()
     try:
         text = store.codec.encode(input, "workflow input")
-    except exc.PayloadTooLarge as error:
+    except (exc.PayloadTooLarge, exc.PayloadTooDeep) as error:
         raise exc.WorkflowStartRejected(str(error)) from error
     except (TypeError, ValueError) as error:
         raise exc.WorkflowStartRejected(f"workflow input is not JSON-encodable: {error}") from error
@@ -315,6 +319,8 @@ def signal(instance_id: str, channel: str, payload: Any = None) -> None:
         text = store.codec.encode(payload, "signal payload")
     except exc.PayloadTooLarge:
         raise
+    except exc.PayloadTooDeep as error:
+        raise exc.InvalidSignalPayload(str(error)) from error
     except (TypeError, ValueError) as error:
         raise exc.InvalidSignalPayload(f"signal payload is not JSON-encodable: {error}") from error
     store.append_signal(instance_id, channel, text)
@@ -520,9 +526,16 @@ def find_instances(
         aliases: dict[str, Any] = {}
         conditions: dict[str, Any] = {}
         for index, (path, value) in enumerate(input_filters.items()):
-            if not isinstance(path, str) or not _PATH_RE.match(path):
+            if (
+                not isinstance(path, str)
+                or len(path) > MAX_FILTER_PATH_CHARS
+                or path.count(".") >= MAX_FILTER_PATH_SEGMENTS
+                or not _PATH_RE.fullmatch(path)
+            ):
                 raise ValueError(
-                    f"invalid input filter path {path!r}: use letters, digits, _ and ."
+                    f"invalid input filter path {path!r}: use letters, digits, _ and ., "
+                    f"at most {MAX_FILTER_PATH_SEGMENTS} segments and "
+                    f"{MAX_FILTER_PATH_CHARS} characters"[:400]
                 )
             try:
                 encoded = store.codec.encode(value, "input filter value")

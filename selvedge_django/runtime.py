@@ -237,7 +237,7 @@ class WorkerRuntime:
         """Encode an attempt's return value; one that is not JSON fails the attempt."""
         try:
             return self.codec.encode(value, f"result of activity {name!r}")
-        except exc.PayloadTooLarge:
+        except (exc.PayloadTooLarge, exc.PayloadTooDeep):
             raise
         except (TypeError, ValueError) as error:
             raise TypeError(
@@ -278,8 +278,8 @@ class WorkerRuntime:
         final = (
             (isinstance(error, exc.ApplicationError) and error.non_retryable)
             or (bool(non_retryable) and isinstance(error, non_retryable))
-            # A retry cannot make an oversized result fit MAX_PAYLOAD_BYTES.
-            or isinstance(error, exc.PayloadTooLarge)
+            # A retry cannot make an oversized or too deep result fit.
+            or isinstance(error, exc.PayloadTooLarge | exc.PayloadTooDeep)
             or not isinstance(error, Exception)
         )
         if not isinstance(error, Exception):

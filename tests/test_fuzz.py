@@ -503,3 +503,51 @@ def test_the_admin_signal_view_shows_refused_input_as_form_errors(
         assert response.status_code == 200, payload
     assert not SignalMessage.objects.exists()
     assert client.post(signal_url, {"channel": "go", "payload": "[1]"}).status_code == 302
+
+
+# -- the nesting cap ---------------------------------------------------------------------
+
+
+def _reference_depth(text: str) -> int:
+    """The nesting depth of JSON text, character by character."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
+_BRACKETY_TEXT = st.text(alphabet='[]{}"\\é\u2028ab', max_size=8)
+_NESTED_JSON = st.recursive(
+    st.none() | st.integers() | _BRACKETY_TEXT,
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(_BRACKETY_TEXT, children, max_size=3)
+    ),
+    max_leaves=40,
+)
+
+
+@FUZZ
+@given(value=_NESTED_JSON, ascii_only=st.booleans())
+def test_the_nesting_check_agrees_with_a_character_by_character_count(
+    value: Any, ascii_only: bool
+) -> None:
+    from selvedge_django.engine.codec import nested_deeper_than
+
+    text = json.dumps(value, ensure_ascii=ascii_only)
+    depth = _reference_depth(text)
+    for limit in {max(depth - 1, 0), depth, depth + 1}:
+        assert nested_deeper_than(text, limit) == (depth > limit)

@@ -197,3 +197,90 @@ def test_an_execution_loading_more_events_than_the_threshold_logs_a_warning(
         assert 5 < loaded <= events
     assert "(threshold 5)" in warnings[0].getMessage()
     assert quiet != loud
+
+
+# -- nesting depth and malformed values --------------------------------------------------
+
+
+def nested(depth: int) -> Any:
+    """A list nested ``depth`` levels deep: ``[[...[0]...]]``."""
+    value: Any = 0
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("depth", [101, 5000], ids=["over-the-cap", "past-the-recursion-limit"])
+def test_a_deeply_nested_start_input_is_rejected_with_nothing_written(
+    tdb: None, depth: int
+) -> None:
+    with pytest.raises(sv.WorkflowStartRejected, match="nested"):
+        sv.start_workflow("fault.limits", nested(depth), instance_id="deep")
+    assert not WorkflowInstance.objects.exists()
+
+
+@pytest.mark.parametrize("depth", [101, 5000], ids=["over-the-cap", "past-the-recursion-limit"])
+def test_a_deeply_nested_signal_payload_is_invalid_with_nothing_written(
+    tdb: None, depth: int
+) -> None:
+    iid = sv.start_workflow("fault.limits", {"mode": "signal", "size": 0})
+    with pytest.raises(sv.InvalidSignalPayload, match="nested"):
+        sv.signal(iid, "big", nested(depth))
+    assert not SignalMessage.objects.exists()
+
+
+def test_a_value_nested_exactly_to_the_cap_is_accepted_and_round_trips(tdb: None) -> None:
+    from selvedge_django.engine.codec import MAX_NESTING_DEPTH
+
+    value = {"k": nested(MAX_NESTING_DEPTH - 1), "s": "[[[[" * 200}  # brackets in text count not
+    iid = sv.start_workflow("fault.limits", value, instance_id="at-cap")
+    assert WorkflowInstance.objects.get(instance_id=iid).input == value
+
+
+def test_a_deeply_nested_activity_result_is_a_final_failure_the_workflow_handles(
+    worker: Worker,
+) -> None:
+    iid = sv.start_workflow("fault.deep_result", 5000)
+    result = sv.wait_workflow(iid, timeout=30)
+    assert result.status == "completed", result.error
+    assert result.output["error"] == "PayloadTooDeep"
+    task = ActivityTask.objects.get(instance_id=iid)
+    assert (task.status, task.attempts) == ("failed", 1)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [".".join(["a"] * 600), "customer\n", "customer.\n", "a" * 300],
+    ids=["600-segments", "trailing-newline", "dot-newline", "300-characters"],
+)
+def test_a_hostile_input_filter_path_is_a_value_error(tdb: None, path: str) -> None:
+    with pytest.raises(ValueError, match="input filter path"):
+        sv.find_instances(input_filters={path: 1})
+
+
+@pytest.mark.parametrize(
+    "envelope",
+    [
+        {"kind": "engine", "type": "RetryExhaustedError", "fields": "corrupt"},
+        {"kind": "engine", "type": "ActivityTimeoutError", "fields": {"attempt": "x"}},
+        {"kind": "engine", "type": "RetryExhaustedError", "fields": {"last_error": [1]}},
+        {"kind": "application", "type": ["not", "text"], "message": "m"},
+    ],
+    ids=["fields-not-an-object", "attempt-not-a-number", "last-error-not-an-object", "type"],
+)
+def test_a_corrupt_error_envelope_raises_replay_decode_error(envelope: dict[str, Any]) -> None:
+    from selvedge_django.engine.handles import decode_outcome
+    from selvedge_django.engine.store import HistoryRow
+
+    row = HistoryRow("k", 1, "activity", "ActivityFailed", json.dumps(envelope))
+    with pytest.raises(sv.ReplayDecodeError, match="error envelope"):
+        decode_outcome(row)
+
+
+def test_a_recorded_value_that_is_not_json_raises_replay_decode_error() -> None:
+    from selvedge_django.engine.handles import decode_outcome
+    from selvedge_django.engine.store import HistoryRow
+
+    row = HistoryRow("k", 1, "activity", "ActivityCompleted", "{not json")
+    with pytest.raises(sv.ReplayDecodeError):
+        decode_outcome(row)

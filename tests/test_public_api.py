@@ -33,6 +33,7 @@ EXPECTED_ALL = [
     "LeaseLost",
     "NondeterminismError",
     "NotActivityContext",
+    "PayloadTooDeep",
     "PayloadTooLarge",
     "QueryCommandError",
     "QueryFailed",

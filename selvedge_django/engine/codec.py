@@ -20,7 +20,46 @@ from typing import Any
 
 from .. import exceptions as exc
 
-__all__ = ["Codec", "error_from_envelope", "error_to_envelope", "qualified_name"]
+__all__ = [
+    "MAX_NESTING_DEPTH",
+    "Codec",
+    "error_from_envelope",
+    "error_to_envelope",
+    "nested_deeper_than",
+    "qualified_name",
+]
+
+# Lists and objects nest at most this deep in any stored value. Python's JSON encoder
+# and decoder recurse once per level, so a deeper value would fail with RecursionError
+# wherever it is read (in workflow code, with its own frames on the stack, sooner).
+MAX_NESTING_DEPTH = 100
+
+# Every byte but quotes and brackets (JSON's structure outside strings is ASCII) goes;
+# braces become brackets, so that one replace() below removes exactly one level.
+_UNSTRUCTURAL = bytes(b for b in range(256) if b not in b'"[]{}')
+_BRACKETS_ONLY = bytes.maketrans(b"{}", b"[]")
+_STRING = re.compile(rb'"[^"]*"')
+
+
+def nested_deeper_than(text: str, limit: int = MAX_NESTING_DEPTH) -> bool:
+    """Whether the JSON text nests lists and objects more than ``limit`` levels deep.
+
+    Every step runs at C speed on the UTF-8: escaped backslashes and quotes are
+    dropped, then every byte but quotes and brackets, then strings; each
+    ``replace`` then removes every innermost ``[]`` pair, which is one level.
+    """
+    # Depth never exceeds the number of opening brackets: most values stop here.
+    if text.count("[") + text.count("{") <= limit:
+        return False
+    raw = text.encode("utf-8")
+    if b"\\" in raw:
+        raw = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
+    brackets = _STRING.sub(b"", raw.translate(_BRACKETS_ONLY, _UNSTRUCTURAL))
+    for _ in range(limit):
+        if not brackets:
+            break
+        brackets = brackets.replace(b"[]", b"")
+    return bool(brackets)
 
 
 class Codec:
@@ -33,14 +72,32 @@ class Codec:
         self.max_bytes = max_bytes
 
     def encode(self, value: Any, what: str = "value") -> str:
-        """Return compact JSON text, or raise TypeError/ValueError/PayloadTooLarge."""
-        text = json.dumps(
-            value, cls=self.encoder_cls, separators=(",", ":"), allow_nan=False, ensure_ascii=False
-        )
-        if self.max_bytes is not None and len(text.encode("utf-8")) > self.max_bytes:
-            raise exc.PayloadTooLarge(
-                f"{what} is {len(text.encode('utf-8'))} bytes encoded; "
-                f"the limit (MAX_PAYLOAD_BYTES) is {self.max_bytes}"
+        """Return compact JSON text, or raise TypeError/ValueError/PayloadTooLarge/PayloadTooDeep.
+
+        Every stored value passes here, so this is where the nesting cap
+        (:data:`MAX_NESTING_DEPTH`) and the size cap (``max_bytes``) hold.
+        """
+        try:
+            text = json.dumps(
+                value,
+                cls=self.encoder_cls,
+                separators=(",", ":"),
+                allow_nan=False,
+                ensure_ascii=False,
+            )
+        except RecursionError:
+            text = None  # raised below, outside the except block (no chained RecursionError)
+        if text is not None and self.max_bytes is not None:
+            size = len(text.encode("utf-8"))
+            if size > self.max_bytes:
+                raise exc.PayloadTooLarge(
+                    f"{what} is {size} bytes encoded; "
+                    f"the limit (MAX_PAYLOAD_BYTES) is {self.max_bytes}"
+                )
+        if text is None or nested_deeper_than(text):
+            raise exc.PayloadTooDeep(
+                f"{what} is nested more than {MAX_NESTING_DEPTH} levels deep "
+                "(lists and objects inside each other)"
             )
         return text
 
@@ -106,6 +163,7 @@ _ENGINE_ERRORS: dict[str, type[BaseException]] = {
         exc.WorkflowNotRegistered,
         exc.HistoryKeyConflict,
         exc.PayloadTooLarge,
+        exc.PayloadTooDeep,
         exc.ActivityCancelled,
     )
 }
@@ -127,7 +185,7 @@ def _safe_details(details: Any, codec: Codec | None) -> Any:
         return None
     try:
         text = (codec or Codec()).encode(details, "error details")
-    except exc.PayloadTooLarge as error:
+    except (exc.PayloadTooLarge, exc.PayloadTooDeep) as error:
         return str(error)
     except (TypeError, ValueError):
         return _bounded(repr(details))
@@ -187,13 +245,38 @@ def error_to_envelope(
 
 
 def error_from_envelope(env: dict[str, Any]) -> BaseException:
-    """Rebuild an exception from an envelope written by :func:`error_to_envelope`."""
+    """Rebuild an exception from an envelope written by :func:`error_to_envelope`.
+
+    An envelope that this engine cannot have written (wrong types, a field of the
+    wrong shape) raises :class:`ReplayDecodeError`: stored data is corrupt, and
+    that must not surface as an ``AttributeError`` inside workflow code.
+    """
     if not isinstance(env, dict):
         return exc.ApplicationError(str(env), type="UnknownError")
+    try:
+        return _rebuild(env)
+    except (AttributeError, TypeError, ValueError, KeyError, RecursionError) as error:
+        raise exc.ReplayDecodeError(
+            f"corrupt error envelope ({type(error).__name__}: {error})"[:500]
+        ) from None
+
+
+def _text_field(env: dict[str, Any], name: str) -> str:
+    value = env.get(name)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be text, not {type(value).__name__}")
+    return value
+
+
+def _rebuild(env: dict[str, Any]) -> BaseException:
     kind = env.get("kind")
-    etype = str(env.get("type") or "")
-    message = str(env.get("message") or "")
+    etype = _text_field(env, "type")
+    message = _text_field(env, "message")
     fields = env.get("fields") or {}
+    if not isinstance(fields, dict):
+        raise TypeError(f"fields must be an object, not {type(fields).__name__}")
     error: BaseException
     if kind == "engine" and etype in _ENGINE_ERRORS:
         cls = _ENGINE_ERRORS[etype]
@@ -203,6 +286,8 @@ def error_from_envelope(env: dict[str, Any]) -> BaseException:
             )
         elif cls is exc.RetryExhaustedError:
             last = fields.get("last_error")
+            if last and not isinstance(last, dict):
+                raise TypeError(f"last_error must be an object, not {type(last).__name__}")
             error = exc.RetryExhaustedError(
                 fields.get("activity", ""),
                 int(fields.get("attempts", 0)),

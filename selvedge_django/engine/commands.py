@@ -118,7 +118,7 @@ def issue_activity(
     # there as it did live, or the replay diverges.
     try:
         input_text = execution.runtime.codec.encode(input, f"input of activity {activity.name!r}")
-    except exc.PayloadTooLarge:
+    except (exc.PayloadTooLarge, exc.PayloadTooDeep):
         raise
     except (TypeError, ValueError) as error:
         raise TypeError(f"activity {activity.name!r} input is not JSON: {error}") from error
@@ -541,7 +541,7 @@ def start_child(
     # Encoded in read-only replays too (see issue_activity).
     try:
         input_text = execution.runtime.codec.encode(input, "child input")
-    except exc.PayloadTooLarge as error:
+    except (exc.PayloadTooLarge, exc.PayloadTooDeep) as error:
         raise exc.WorkflowStartRejected(str(error)) from error
     except (TypeError, ValueError) as error:
         raise exc.WorkflowStartRejected(f"child input is not JSON-encodable: {error}") from error

@@ -440,9 +440,9 @@ class Execution:
         if outcome.kind == "completed":
             try:
                 text = codec.encode(outcome.output, "workflow output")
-            except exc.PayloadTooLarge as error:
+            except (exc.PayloadTooLarge, exc.PayloadTooDeep) as error:
                 outcome.kind = "failed"
-                outcome.error = exc.ApplicationError(str(error), type="PayloadTooLarge")
+                outcome.error = exc.ApplicationError(str(error), type=type(error).__name__)
             except (TypeError, ValueError) as error:
                 outcome.kind = "failed"
                 outcome.error = exc.ApplicationError(

@@ -55,8 +55,16 @@ def _envelope(error: BaseException) -> str:
 
 
 def decode_outcome(row: HistoryRow, *, raise_it: bool = True) -> Any:
-    """Return a stored success value, or raise (or return) the stored error."""
-    value = json.loads(row.data) if row.data is not None else None
+    """Return a stored success value, or raise (or return) the stored error.
+
+    A recorded value that is not JSON raises :class:`ReplayDecodeError`.
+    """
+    try:
+        value = json.loads(row.data) if row.data is not None else None
+    except (ValueError, RecursionError) as bad:
+        raise exc.ReplayDecodeError(
+            f"recorded value of {row.key!r} is not JSON: {bad}"[:500]
+        ) from None
     if row.event_type in (EV_ACTIVITY_COMPLETED, EV_CHILD_COMPLETED):
         return value
     if isinstance(value, dict):

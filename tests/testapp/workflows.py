@@ -330,6 +330,26 @@ def fault_limits(ctx: sv.WorkflowContext, data: dict[str, Any]) -> Any:
     raise ValueError(f"unknown mode {mode!r}")
 
 
+@sv.activity(name="fault.deep", retry_policy=_FAULT_RETRY)
+def fault_deep(depth: int) -> Any:
+    """Return a list nested ``depth`` levels deep."""
+    value: Any = 0
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@sv.workflow(name="fault.deep_result")
+def fault_deep_result(ctx: sv.WorkflowContext, depth: int) -> Any:
+    """Call fault.deep and report the error the workflow sees."""
+    try:
+        return fault_deep.execute(ctx, depth)
+    except sv.ApplicationError as error:
+        return {"error": error.type, "message": error.message[:300]}
+    except sv.SelvedgeError as error:
+        return {"error": type(error).__name__, "message": str(error)[:300]}
+
+
 # -- cancellation tests (tests/test_cancellation.py) -------------------------------------
 
 UNSERVED = sv.ActivityOptions(queue="cancel.unserved")  # workers in these tests serve "" only

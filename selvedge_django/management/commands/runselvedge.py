@@ -152,7 +152,7 @@ class Command(BaseCommand):
         if options["input"] is not None:
             try:
                 value = json.loads(options["input"])
-            except ValueError as error:
+            except (ValueError, RecursionError) as error:
                 raise CommandError(f"input is not JSON: {error}") from error
         instance_id = operations.start_workflow(
             options["name"], value, instance_id=options["instance_id"]
@@ -206,7 +206,7 @@ class Command(BaseCommand):
 
         try:
             payload = json.loads(options["payload"])
-        except ValueError as error:
+        except (ValueError, RecursionError) as error:
             raise CommandError(f"payload is not JSON: {error}") from error
         operations.signal(options["instance_id"], options["channel"], payload)
         self.stdout.write(f"signalled {options['instance_id']} on {options['channel']!r}")
