@@ -52,6 +52,9 @@ DEFAULTS: dict[str, Any] = {
     "MODULES": (),
     "MAX_PAYLOAD_BYTES": 2 * 1024 * 1024,
     "HISTORY_WARNING_THRESHOLD": 10_000,
+    "MAX_HISTORY_EVENTS": 100_000,
+    "MAX_HISTORY_BYTES": 64 * 1024 * 1024,
+    "MAX_PENDING_SIGNALS": 10_000,
     "SQLITE_SYNCHRONOUS": "FULL",
 }
 
@@ -78,6 +81,9 @@ _POSITIVE_INTS = (
     "MAX_TIMERS_PER_BATCH",
     "MAX_PAYLOAD_BYTES",
     "HISTORY_WARNING_THRESHOLD",
+    "MAX_HISTORY_EVENTS",
+    "MAX_HISTORY_BYTES",
+    "MAX_PENDING_SIGNALS",
 )
 
 
@@ -133,6 +139,9 @@ class SelvedgeSettings:
     modules: tuple[str, ...] = ()
     max_payload_bytes: int = 2 * 1024 * 1024
     history_warning_threshold: int = 10_000
+    max_history_events: int = 100_000
+    max_history_bytes: int = 64 * 1024 * 1024
+    max_pending_signals: int = 10_000
     sqlite_synchronous: str = "FULL"
 
     def with_overrides(self, **overrides: Any) -> SelvedgeSettings:
@@ -176,6 +185,9 @@ class SelvedgeSettings:
             "MODULES": self.modules,
             "MAX_PAYLOAD_BYTES": self.max_payload_bytes,
             "HISTORY_WARNING_THRESHOLD": self.history_warning_threshold,
+            "MAX_HISTORY_EVENTS": self.max_history_events,
+            "MAX_HISTORY_BYTES": self.max_history_bytes,
+            "MAX_PENDING_SIGNALS": self.max_pending_signals,
             "SQLITE_SYNCHRONOUS": self.sqlite_synchronous,
         }
 
@@ -310,6 +322,9 @@ def resolve_settings(raw_in: Mapping[str, Any] | None) -> SelvedgeSettings:
         modules=tuple(modules),
         max_payload_bytes=ints["MAX_PAYLOAD_BYTES"],
         history_warning_threshold=ints["HISTORY_WARNING_THRESHOLD"],
+        max_history_events=ints["MAX_HISTORY_EVENTS"],
+        max_history_bytes=ints["MAX_HISTORY_BYTES"],
+        max_pending_signals=ints["MAX_PENDING_SIGNALS"],
         sqlite_synchronous=synchronous,
     )
 

@@ -124,6 +124,37 @@ class PayloadTooDeep(SelvedgeError, ValueError):
     """The value nests lists and objects deeper than the engine stores."""
 
 
+class InboxFull(SelvedgeError):
+    """The instance already holds MAX_PENDING_SIGNALS unconsumed signals."""
+
+    def __init__(self, instance_id: str, limit: int) -> None:
+        self.instance_id = instance_id
+        self.limit = limit
+        super().__init__(
+            f"workflow instance {instance_id!r} already holds {limit} unconsumed signals"
+            " (MAX_PENDING_SIGNALS); the signal was refused"
+        )
+
+
+class HistoryLimitExceeded(SelvedgeError):
+    """The instance's history reached MAX_HISTORY_EVENTS or MAX_HISTORY_BYTES.
+
+    As a workflow outcome it means the instance was failed instead of recording
+    more; from ``export_history`` or ``query``, that the history is larger than
+    the limit allows a read to load.
+    """
+
+    def __init__(
+        self, instance_id: str, limit: str, value: int, message: str | None = None
+    ) -> None:
+        self.instance_id = instance_id
+        self.limit = limit
+        self.value = value
+        super().__init__(
+            message or f"the history of workflow instance {instance_id!r} reached {limit} ({value})"
+        )
+
+
 # -- execution errors -------------------------------------------------------------------
 
 

@@ -184,11 +184,21 @@ class RecordedHistory:
 
 
 def export_history(instance_id: str) -> RecordedHistory:
-    """Read one consistent snapshot of an instance as a portable history."""
+    """Read one consistent snapshot of an instance as a portable history.
+
+    What it reads is bounded: a history of more than ``MAX_HISTORY_EVENTS``
+    commands (and its close), or more signals than its commands and
+    ``MAX_PENDING_SIGNALS`` can account for, raises :class:`HistoryLimitExceeded`
+    after reading one row past the limit.
+    """
+    from .conf import get_settings
     from .models import HistoryEvent, SignalMessage
     from .operations import _store
 
     store = _store()
+    settings = get_settings()
+    max_events = settings.max_history_events + 1  # the commands and the close
+    max_signals = max_events + settings.max_pending_signals
     with store.read_snapshot():
         inst = store.get_instance(instance_id)
         rows = list(
@@ -197,13 +207,22 @@ def export_history(instance_id: str) -> RecordedHistory:
             .order_by("id")
             .values_list(
                 "seq", "key", "command", "event_type", "data", "reservation", "delivered_seq"
-            )
+            )[: max_events + 1]
         )
         signals = list(
             SignalMessage.objects.using(store.alias)
             .filter(instance_id=instance_id)
             .order_by("id")
-            .values_list("id", "channel", "delivered_seq", "consumed_seq")
+            .values_list("id", "channel", "delivered_seq", "consumed_seq")[: max_signals + 1]
+        )
+    if len(rows) > max_events or len(signals) > max_signals:
+        raise exc.HistoryLimitExceeded(
+            instance_id,
+            "MAX_HISTORY_EVENTS",
+            settings.max_history_events,
+            f"the history of workflow instance {instance_id!r} is larger than "
+            f"MAX_HISTORY_EVENTS ({settings.max_history_events}) and MAX_PENDING_SIGNALS "
+            f"({settings.max_pending_signals}) allow a read to load",
         )
     output: Any = ABSENT
     if inst.status == "completed" and inst.output is not None:

@@ -303,7 +303,9 @@ def signal(instance_id: str, channel: str, payload: Any = None) -> None:
     Accepted from creation until close, also while an execution holds the lease.
     Inside ``transaction.atomic()`` it commits with the caller. The channel must
     be 1 to 255 UTF-8 bytes (:class:`InvalidSignalChannel`) and the payload JSON
-    (:class:`InvalidSignalPayload`); nothing is written otherwise.
+    (:class:`InvalidSignalPayload`); an instance that already holds
+    ``MAX_PENDING_SIGNALS`` unconsumed signals refuses it (:class:`InboxFull`).
+    Nothing is written otherwise.
     """
     if not valid_channel(channel):
         raise exc.InvalidSignalChannel(
@@ -323,7 +325,7 @@ def signal(instance_id: str, channel: str, payload: Any = None) -> None:
         raise exc.InvalidSignalPayload(str(error)) from error
     except (TypeError, ValueError) as error:
         raise exc.InvalidSignalPayload(f"signal payload is not JSON-encodable: {error}") from error
-    store.append_signal(instance_id, channel, text)
+    store.append_signal(instance_id, channel, text, max_pending=get_settings().max_pending_signals)
 
 
 def cancel_workflow(instance_id: str, reason: str = "") -> None:

@@ -23,12 +23,13 @@ from . import signals
 from .conf import SelvedgeSettings
 from .engine.activity import ActivityInfo, AttemptState, attempt_scope
 from .engine.codec import Codec, error_to_envelope
-from .engine.execution import Execution, ExecutionOutcome, current_execution
+from .engine.execution import Execution, ExecutionOutcome, HistoryLimits, current_execution
 from .engine.options import RetryPolicy
 from .engine.store import (
     EV_ACTIVITY_COMPLETED,
     EV_ACTIVITY_FAILED,
     ClaimedTask,
+    CloseRequest,
     ExecutionSnapshot,
     Fence,
     TaskClaim,
@@ -83,6 +84,10 @@ class WorkerRuntime:
         self._attempts: dict[TaskClaim, tuple[ClaimedTask, AttemptState]] = {}
 
     # -- engine Runtime protocol --------------------------------------------------------
+
+    @property
+    def history_limits(self) -> HistoryLimits:
+        return HistoryLimits(self.settings.max_history_events, self.settings.max_history_bytes)
 
     def clock(self) -> Any:
         return self.settings.clock()
@@ -335,7 +340,9 @@ class WorkerRuntime:
         store = self.store
         if snapshot is None:
             try:
-                snapshot = store.load_snapshot(fence.instance_id, head)
+                snapshot = store.load_snapshot(
+                    fence.instance_id, head, max_events=self.settings.max_history_events
+                )
             except exc.WorkflowNotFound:
                 return None
         definition = get_workflow(snapshot.workflow_name)
@@ -343,6 +350,8 @@ class WorkerRuntime:
             # Another worker that registers the workflow will take it.
             store.release_lease(fence, runnable=definition is None)
             return None
+        if len(snapshot.history) > self.settings.max_history_events:
+            return self._fail_oversized(fence, snapshot)
         if len(snapshot.history) > self.settings.history_warning_threshold:
             logger.warning(
                 "instance %s has %d history events (threshold %d)",
@@ -375,6 +384,53 @@ class WorkerRuntime:
             )
         elif outcome.kind == "suspended":
             self.fire("on_workflow_suspended", **base)
+        return outcome
+
+    def _fail_oversized(self, fence: Fence, snapshot: ExecutionSnapshot) -> ExecutionOutcome:
+        """Fail an instance whose history is already over MAX_HISTORY_EVENTS, without replay.
+
+        Only ``MAX_HISTORY_EVENTS + 1`` rows were loaded, so the workflow code cannot
+        run; the close cancels whatever tasks, timers and children it may still have.
+        """
+        limit = self.settings.max_history_events
+        error = exc.HistoryLimitExceeded(
+            fence.instance_id,
+            "MAX_HISTORY_EVENTS",
+            limit,
+            f"the history of workflow instance {fence.instance_id!r} holds more than "
+            f"{limit} events (MAX_HISTORY_EVENTS); the instance is failed without replaying",
+        )
+        request = CloseRequest(
+            "failed",
+            None,
+            json.dumps(error_to_envelope(error, codec=self.codec, with_traceback=False)),
+            unfinished=True,
+            children=True,
+            parent=(snapshot.parent_instance_id, snapshot.parent_key),
+        )
+        outcome = ExecutionOutcome("failed", error=error)
+        if not self.lease_valid(fence):
+            self._release_quietly(fence, runnable=True)
+            outcome.kind = "abandoned"
+            return outcome
+        try:
+            outcome.kind = self.store.close(fence, request)
+        except exc.Fenced:
+            outcome.kind = "abandoned"
+            return outcome
+        logger.warning(
+            "workflow %s failed: history over MAX_HISTORY_EVENTS (%d)",
+            fence.instance_id,
+            limit,
+            extra={"instance_id": fence.instance_id},
+        )
+        self.fire(
+            "on_workflow_failed",
+            error=error,
+            duration=0.0,
+            instance_id=fence.instance_id,
+            workflow_name=snapshot.workflow_name,
+        )
         return outcome
 
     def _finish(self, execution: Execution, outcome: ExecutionOutcome) -> None:

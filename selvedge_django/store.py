@@ -351,13 +351,20 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
             self.after_commit("runnable")
 
     def load_snapshot(
-        self, instance_id: str, head: InstanceHead | None = None
+        self,
+        instance_id: str,
+        head: InstanceHead | None = None,
+        *,
+        max_events: int | None = None,
     ) -> ExecutionSnapshot:
         """Read the instance (unless its ``head`` came with the lease) and its whole history.
 
         The history and the delivered signals come back in one statement, in no
         particular order: the engine indexes rows by key and position, and signals
         by id (sorting 10,000 rows in the database was a tenth of loading them).
+        With ``max_events`` at most that many history rows plus one are read: more
+        than ``max_events`` means the history is over the limit (which rows came
+        back is then unspecified).
         """
         if head is None:
             rows = self._fetch(
@@ -368,12 +375,18 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
             head = self._head(rows[0])
         history: list[HistoryRow] = []
         signals: list[SignalPosition] = []
-        rows = self._fetch(
+        history_sql = (
             "SELECT 0, id, key, seq, command, event_type, data, reservation, delivered_seq"
             " FROM {history} WHERE instance_id = %s"
-            " UNION ALL SELECT 1, id, channel, delivered_seq, NULL, NULL, NULL, NULL, consumed_seq"
-            " FROM {signal} WHERE instance_id = %s AND delivered_seq IS NOT NULL",
-            [instance_id, instance_id],
+        )
+        params: list[Any] = [instance_id]
+        if max_events is not None:
+            history_sql = f"SELECT * FROM ({history_sql} LIMIT %s) bounded"
+            params.append(max_events + 1)
+        rows = self._fetch(
+            history_sql + " UNION ALL SELECT 1, id, channel, delivered_seq, NULL, NULL, NULL, NULL,"
+            " consumed_seq FROM {signal} WHERE instance_id = %s AND delivered_seq IS NOT NULL",
+            [*params, instance_id],
         )
         for kind, row_id, key, seq, command, event_type, data, reserved, delivered in rows:
             if kind == 0:

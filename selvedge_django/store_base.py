@@ -275,26 +275,39 @@ class StoreBase:
             return Sql(f"({sql} + %s)", [*params, round(plus_seconds * 1000)])
         return Sql(sql, params)
 
-    def _insert(self, model: Any, values: dict[str, Any], *, returning_id: bool = False) -> Any:
+    def _insert(
+        self,
+        model: Any,
+        values: dict[str, Any],
+        *,
+        returning_id: bool = False,
+        where: Sql | None = None,
+    ) -> Any:
         """Insert one row without the ORM's query building; return its id if asked.
 
         Columns not in ``values`` take the model field's default (``auto_now`` and
         ``auto_now_add`` fields the current time); :class:`Sql` values are inlined.
+        With ``where`` the row is inserted only if that condition holds (evaluated
+        by the same statement); the id is then None when nothing was inserted.
         """
         conn = self.connection
         columns, marks, params = self._insert_parts(model, values, skip_pk=returning_id)
-        sql = (
-            f"INSERT INTO {conn.ops.quote_name(model._meta.db_table)} ({columns}) VALUES ({marks})"
-        )
+        table = conn.ops.quote_name(model._meta.db_table)
+        if where is None:
+            sql = f"INSERT INTO {table} ({columns}) VALUES ({marks})"
+        else:
+            sql = f"INSERT INTO {table} ({columns}) SELECT {marks} WHERE {where.sql}"
+            params = [*params, *where.params]
         returning = returning_id and conn.features.can_return_columns_from_insert
         if returning:
             sql += " RETURNING " + conn.ops.quote_name(model._meta.pk.column)
         with conn.cursor() as cursor:
             cursor.execute(sql, params)
             if returning:
-                return cursor.fetchone()[0]
+                row = cursor.fetchone()
+                return None if row is None else row[0]
             if returning_id:
-                return cursor.lastrowid
+                return cursor.lastrowid if cursor.rowcount else None
         return None
 
     def _insert_parts(

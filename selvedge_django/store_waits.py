@@ -46,7 +46,7 @@ from .models import (
 from .models import (
     SignalMessage as SignalRow,
 )
-from .store_base import StoreBase
+from .store_base import Sql, StoreBase
 
 __all__ = ["WaitStoreMixin", "cancelled_envelope"]
 
@@ -158,12 +158,26 @@ class WaitStoreMixin(StoreBase):
 
     # -- signals ------------------------------------------------------------------------
 
-    def append_signal(self, instance_id: str, channel: str, payload: str) -> int:
+    def append_signal(
+        self, instance_id: str, channel: str, payload: str, *, max_pending: int | None = None
+    ) -> int:
         """Append a signal while the instance runs, and wake it.
 
         Marking the instance runnable comes first: that update also locks the row,
         so a close committing meanwhile is seen (no signal lands on a closed instance).
+        With ``max_pending`` the insert is conditional on the instance holding fewer
+        unconsumed signals (counted by the insert itself, after the lock, so
+        concurrent signals cannot overshoot); otherwise :class:`InboxFull` is raised
+        and nothing is written.
         """
+        where = None
+        if max_pending is not None:
+            # The partial index of pending signals answers the count; LIMIT bounds it.
+            where = Sql(
+                "(SELECT COUNT(*) FROM (SELECT 1 FROM {signal} WHERE instance_id = %s"
+                " AND consumed_seq IS NULL LIMIT %s) pending) < %s",
+                [instance_id, max_pending, max_pending],
+            )
         with self.atomic():
             if not self._execute(
                 "UPDATE {instance} SET runnable = %s WHERE instance_id = %s AND status = %s",
@@ -179,7 +193,11 @@ class WaitStoreMixin(StoreBase):
                 SignalRow,
                 {"instance_id": instance_id, "channel": channel, "payload": payload},
                 returning_id=True,
+                where=None if where is None else Sql(self._tables(where.sql), where.params),
             )
+            if signal_id is None:
+                assert max_pending is not None
+                raise exc.InboxFull(instance_id, max_pending)
             self.after_commit("runnable")
             return int(signal_id)
 
@@ -323,48 +341,56 @@ class WaitStoreMixin(StoreBase):
 
     def _deliver(self, iid: str, seq: int, observation: Observation) -> Arrivals:
         """Mark a delivery batch (everything arrived, or exactly what a predicate saw)."""
-        key_filter: str | None
-        signal_filter: str | None
-        key_params: list[Any]
-        signal_params: list[Any]
+        key_lists: list[list[Any]]
+        signal_lists: list[list[Any]]
         if observation.deliver_all:
-            key_filter, key_params = "", []
-            signal_filter, signal_params = "", []
+            key_lists, signal_lists = [[]], [[]]
         elif observation.deliver is not None:
             wanted = observation.deliver
             if not wanted.keys and not wanted.signals:
                 return Arrivals()
-            key_filter, key_params = self._in("key", list(wanted.keys))
-            signal_filter, signal_params = self._in("id", [sid for sid, _ in wanted.signals])
+            key_lists = self._chunks(list(wanted.keys))
+            signal_lists = self._chunks([sid for sid, _ in wanted.signals])
         else:
             return Arrivals()
         if not self.connection.features.can_return_columns_from_insert:
             return self._deliver_read_first(iid, seq, observation)
-        keys: tuple[str, ...] = ()
-        sigs: tuple[tuple[int, str], ...] = ()
-        if key_filter is not None:
-            rows = self._fetch(
+        key_rows: list[tuple[Any, ...]] = []
+        signal_rows: list[tuple[Any, ...]] = []
+        for keys in key_lists:
+            key_rows += self._fetch(
                 "UPDATE {history} SET delivered_seq = %s WHERE instance_id = %s"
                 " AND delivered_seq IS NULL AND data IS NOT NULL AND seq IS NOT NULL"
-                f"{key_filter} RETURNING id, key",
-                [seq, iid, *key_params],
+                f"{self._in('key', keys)} RETURNING id, key",
+                [seq, iid, *keys],
             )
-            keys = tuple(key for _, key in sorted(rows))
-        if signal_filter is not None:
-            rows = self._fetch(
+        for ids in signal_lists:
+            signal_rows += self._fetch(
                 "UPDATE {signal} SET delivered_seq = %s WHERE instance_id = %s"
-                f" AND delivered_seq IS NULL{signal_filter} RETURNING id, channel",
-                [seq, iid, *signal_params],
+                f" AND delivered_seq IS NULL{self._in('id', ids)} RETURNING id, channel",
+                [seq, iid, *ids],
             )
-            sigs = tuple(sorted(rows))
-        return Arrivals(keys=keys, signals=sigs)
+        return Arrivals(
+            keys=tuple(key for _, key in sorted(key_rows)),
+            signals=tuple((int(sid), str(channel)) for sid, channel in sorted(signal_rows)),
+        )
+
+    # A delivery batch binds at most this many values per statement (PostgreSQL takes
+    # 65,535 parameters with server-side binding, SQLite 32,766 by default).
+    DELIVERY_CHUNK = 5000
+
+    @classmethod
+    def _chunks(cls, values: list[Any]) -> list[list[Any]]:
+        """A wanted list in statement-sized parts; no part at all when nothing is wanted."""
+        size = cls.DELIVERY_CHUNK
+        return [values[i : i + size] for i in range(0, len(values), size)]
 
     @staticmethod
-    def _in(column: str, values: list[Any]) -> tuple[str | None, list[Any]]:
-        """`` AND column IN (...)`` for a delivery batch; None when nothing is wanted."""
+    def _in(column: str, values: list[Any]) -> str:
+        """`` AND column IN (...)`` for one part of a delivery batch; empty means every row."""
         if not values:
-            return None, []
-        return f" AND {column} IN ({', '.join(['%s'] * len(values))})", values
+            return ""
+        return f" AND {column} IN ({', '.join(['%s'] * len(values))})"
 
     def _deliver_read_first(self, iid: str, seq: int, observation: Observation) -> Arrivals:
         """_deliver for databases without UPDATE ... RETURNING (SQLite before 3.35)."""

@@ -284,3 +284,153 @@ def test_a_recorded_value_that_is_not_json_raises_replay_decode_error() -> None:
     row = HistoryRow("k", 1, "activity", "ActivityCompleted", "{not json")
     with pytest.raises(sv.ReplayDecodeError):
         decode_outcome(row)
+
+
+# -- history and inbox limits ------------------------------------------------------------
+
+
+def limited(**changes: Any) -> Any:
+    return override_settings(SELVEDGE={**settings.SELVEDGE, **changes})
+
+
+def test_a_signal_over_the_pending_limit_is_refused_with_nothing_written(tdb: None) -> None:
+    with limited(MAX_PENDING_SIGNALS=3):
+        iid = sv.start_workflow("limits.inbox", 4)
+        for n in range(3):
+            sv.signal(iid, "go", n)
+        with pytest.raises(sv.InboxFull, match="MAX_PENDING_SIGNALS") as caught:
+            sv.signal(iid, "go", 3)
+        assert caught.value.instance_id == iid
+        assert SignalMessage.objects.filter(instance_id=iid).count() == 3
+        # The refusal rolls back only the signal, not the caller's own transaction.
+        from django.db import transaction
+
+        with transaction.atomic():
+            Ledger.objects.create(entry="caller")
+            with pytest.raises(sv.InboxFull):
+                sv.signal(iid, "go", 3)
+        assert Ledger.objects.filter(entry="caller").exists()
+        assert SignalMessage.objects.filter(instance_id=iid).count() == 3
+        # Consumed signals leave the inbox: there is room again.
+        with Worker():
+            wait_until_consumed = 3
+            from tests.conftest import wait_until
+
+            wait_until(
+                lambda: (
+                    SignalMessage.objects.filter(
+                        instance_id=iid, consumed_seq__isnull=False
+                    ).count()
+                    == wait_until_consumed
+                )
+            )
+            sv.signal(iid, "go", 3)
+            assert sv.wait_workflow(iid, timeout=30).output == [0, 1, 2, 3]
+
+
+def test_an_instance_over_the_event_limit_fails_once_with_a_typed_error(tdb: None) -> None:
+    with limited(MAX_HISTORY_EVENTS=20), Worker():
+        iid = sv.start_workflow("limits.grow", {"steps": 1000})
+        result = sv.wait_workflow(iid, timeout=30)
+    assert result.status == "failed"
+    assert isinstance(result.error, sv.HistoryLimitExceeded)
+    assert (result.error.instance_id, result.error.limit) == (iid, "MAX_HISTORY_EVENTS")
+    assert "MAX_HISTORY_EVENTS" in str(result.error)
+    # 20 commands and the close: nothing past the limit was recorded.
+    assert HistoryEvent.objects.filter(instance_id=iid).count() == 21
+    inst = WorkflowInstance.objects.get(instance_id=iid)
+    assert (inst.status, inst.runnable) == ("failed", False)
+
+
+def test_an_instance_over_the_byte_limit_fails_with_a_typed_error(tdb: None) -> None:
+    with limited(MAX_HISTORY_BYTES=10_000), Worker():
+        iid = sv.start_workflow("limits.grow", {"steps": 100, "size": 1000})
+        result = sv.wait_workflow(iid, timeout=30)
+    assert result.status == "failed"
+    assert isinstance(result.error, sv.HistoryLimitExceeded)
+    assert result.error.limit == "MAX_HISTORY_BYTES"
+    rows = HistoryEvent.objects.filter(instance_id=iid)
+    assert 10 <= rows.count() <= 12
+    assert sum(len((r.data or "").encode()) for r in rows) < 10_000 + 2 * 1100
+    assert ActivityTask.objects.filter(instance_id=iid).count() == rows.count() - 1
+
+
+def test_a_resumption_loads_at_most_the_event_limit_and_fails_an_oversized_instance(
+    tdb: None,
+) -> None:
+    with Worker():
+        iid = sv.start_workflow("limits.inbox", 100)
+        for n in range(30):
+            sv.signal(iid, "go", n)
+        from tests.conftest import wait_until
+
+        wait_until(lambda: HistoryEvent.objects.filter(instance_id=iid).count() == 30)
+    from selvedge_django.operations import _store
+
+    assert len(_store().load_snapshot(iid, max_events=10).history) == 11
+    # The limit is lowered below what the instance holds: its next resumption fails it.
+    with limited(MAX_HISTORY_EVENTS=10), Worker():
+        try:
+            sv.signal(iid, "go", 30)
+        except sv.WorkflowAlreadyFailed:
+            pass  # the instance was still runnable: the new worker got to it first
+        result = sv.wait_workflow(iid, timeout=30)
+    assert result.status == "failed"
+    assert isinstance(result.error, sv.HistoryLimitExceeded)
+    assert HistoryEvent.objects.filter(instance_id=iid).count() == 31  # 30 receives, the close
+
+
+def test_an_export_over_the_event_limit_is_refused(tdb: None) -> None:
+    with Worker():
+        iid = sv.start_workflow("limits.grow", {"steps": 30})
+        assert sv.wait_workflow(iid, timeout=30).status == "completed"
+    assert len(sv.export_history(iid).events) == 31
+    with limited(MAX_HISTORY_EVENTS=10), pytest.raises(sv.HistoryLimitExceeded):
+        sv.export_history(iid)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("MAX_HISTORY_EVENTS", 0), ("MAX_PENDING_SIGNALS", -1), ("MAX_HISTORY_BYTES", 1.5)],
+)
+def test_the_limits_are_positive_integers(key: str, value: Any) -> None:
+    from django.core.exceptions import ImproperlyConfigured
+
+    from selvedge_django.conf import resolve_settings
+
+    with pytest.raises(ImproperlyConfigured, match=key):
+        resolve_settings({key: value})
+
+
+@pytest.mark.slow
+def test_wait_condition_delivers_more_arrivals_than_a_statement_takes_parameters(
+    tdb: None,
+) -> None:
+    # 100,000 signals arrive before the instance first runs; one predicate sees them all,
+    # so one delivery batch marks them all. PostgreSQL binds at most 65,535 parameters
+    # per statement (with server-side binding) and SQLite 250,000 (Debian's build):
+    # the batch must never bind them all in one statement.
+    from django.db import connection
+
+    from selvedge_django.testing import run_until_idle
+
+    count = 100_000
+    with limited(MAX_PENDING_SIGNALS=count):
+        iid = sv.start_workflow("limits.wait_many", count)
+        SignalMessage.objects.bulk_create(
+            [SignalMessage(instance_id=iid, channel="many", payload="0") for _ in range(count)],
+            batch_size=5000,
+        )
+        widest = 0
+
+        def spy(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+            nonlocal widest
+            widest = max(widest, len(params or ()))
+            return execute(sql, params, many, context)
+
+        with connection.execute_wrapper(spy):
+            run_until_idle(Worker())
+    result = sv.get_workflow_result(iid)
+    assert (result.status, result.output) == ("completed", count), result.error
+    assert not SignalMessage.objects.filter(instance_id=iid, delivered_seq__isnull=True).exists()
+    assert widest <= 10_000

@@ -26,6 +26,8 @@ EXPECTED_ALL = [
     "Fenced",
     "Future",
     "HistoryKeyConflict",
+    "HistoryLimitExceeded",
+    "InboxFull",
     "InstanceClosed",
     "InstancePage",
     "InvalidSignalChannel",

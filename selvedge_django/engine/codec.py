@@ -165,6 +165,7 @@ _ENGINE_ERRORS: dict[str, type[BaseException]] = {
         exc.PayloadTooLarge,
         exc.PayloadTooDeep,
         exc.ActivityCancelled,
+        exc.HistoryLimitExceeded,
     )
 }
 
@@ -240,6 +241,8 @@ def error_to_envelope(
             fields = {"instance_id": error.instance_id}
         elif isinstance(error, exc.WorkflowNotRegistered):
             fields = {"workflow_name": error.workflow_name}
+        elif isinstance(error, exc.HistoryLimitExceeded):
+            fields = {"instance_id": error.instance_id, "limit": error.limit, "value": error.value}
         env["fields"] = fields
     return env
 
@@ -306,6 +309,13 @@ def _rebuild(env: dict[str, Any]) -> BaseException:
             error = exc.WorkflowAlreadyStarted(fields.get("instance_id", ""))
         elif cls is exc.WorkflowNotRegistered:
             error = exc.WorkflowNotRegistered(fields.get("workflow_name", ""))
+        elif cls is exc.HistoryLimitExceeded:
+            error = exc.HistoryLimitExceeded(
+                str(fields.get("instance_id", "")),
+                str(fields.get("limit", "")),
+                int(fields.get("value", 0)),
+                message or None,
+            )
         else:
             error = cls(message)
     else:

@@ -46,6 +46,7 @@ __all__ = [
     "Execution",
     "ExecutionOutcome",
     "Frontier",
+    "HistoryLimits",
     "Runtime",
     "Suspend",
     "current_execution",
@@ -97,6 +98,26 @@ def current_execution() -> Execution | None:
     return getattr(_local, "execution", None)
 
 
+@dataclass(frozen=True)
+class HistoryLimits:
+    """The most an instance's history may hold: command rows, and bytes of stored values.
+
+    A runtime that has limits exposes them as ``history_limits``; an execution
+    then fails with :class:`HistoryLimitExceeded` instead of issuing a command
+    once its history has reached either one.
+    """
+
+    events: int
+    bytes: int
+
+
+def _row_size(row: HistoryRow, exact: bool) -> int:
+    data, reservation = row.data or "", row.reservation or ""
+    if exact:
+        return len(data.encode("utf-8")) + len(reservation.encode("utf-8"))
+    return len(data) + len(reservation)
+
+
 @dataclass
 class ExecutionOutcome:
     """How an execution ended: closed, suspended or abandoned."""
@@ -133,6 +154,15 @@ class Execution:
                 self.by_seq[row.seq] = row
         self.signals: dict[int, SignalPosition] = {s.id: s for s in snapshot.signals}
         self.max_recorded_seq = max(self.by_seq, default=0)
+        self.limits: HistoryLimits | None = (
+            None if self.readonly else getattr(runtime, "history_limits", None)
+        )
+        # The size of the stored values, in characters until it could matter (a
+        # character is 1 to 4 bytes of UTF-8), then in bytes.
+        self._size_exact = False
+        self._size = (
+            0 if self.limits is None else sum(_row_size(r, False) for r in snapshot.history)
+        )
         self.seq = 0
         self.used_keys: set[str] = set()
         self.observed: set[str] = set()
@@ -196,6 +226,8 @@ class Execution:
         """Take the next command position and validate its key against history."""
         self.seq += 1
         seq = self.seq
+        if self.limits is not None and seq > self.max_recorded_seq:
+            self._check_limits()
         if key is None:
             key = f"#{seq}:{label}"[:255]
         at_seq = self.by_seq.get(seq)
@@ -224,6 +256,46 @@ class Execution:
             )
         self.used_keys.add(key)
         return seq, key
+
+    def _check_limits(self) -> None:
+        """Fail the run (sticky) before a new command once the history is at a limit."""
+        limits = self.limits
+        assert limits is not None
+        if len(self.history) >= limits.events:
+            raise self.fail(
+                exc.HistoryLimitExceeded(
+                    self.instance_id,
+                    "MAX_HISTORY_EVENTS",
+                    limits.events,
+                    f"the history of workflow instance {self.instance_id!r} holds "
+                    f"{len(self.history)} events, the limit (MAX_HISTORY_EVENTS); "
+                    "the instance is failed instead of recording more",
+                )
+            )
+        if not self._size_exact and self._size * 4 > limits.bytes:
+            self._size = sum(_row_size(r, True) for r in self.history.values())
+            self._size_exact = True
+        if self._size > limits.bytes:
+            raise self.fail(
+                exc.HistoryLimitExceeded(
+                    self.instance_id,
+                    "MAX_HISTORY_BYTES",
+                    limits.bytes,
+                    f"the values recorded in the history of workflow instance "
+                    f"{self.instance_id!r} reached {self._size} bytes, over the limit "
+                    f"(MAX_HISTORY_BYTES) of {limits.bytes}; the instance is failed "
+                    "instead of recording more",
+                )
+            )
+
+    def keep_row(self, key: str, row: HistoryRow) -> None:
+        """Store a row in the local view, counting the size of its values."""
+        if self.limits is not None:
+            old = self.history.get(key)
+            self._size += _row_size(row, self._size_exact) - (
+                0 if old is None else _row_size(old, self._size_exact)
+            )
+        self.history[key] = row
 
     def validate_user_key(self, key: object, what: str) -> str:
         if not isinstance(key, str) or not key or len(key) > 255:
@@ -261,7 +333,7 @@ class Execution:
                 expected=stored.command,
                 actual=command,
             )
-        self.history[key] = stored
+        self.keep_row(key, stored)
         return stored
 
     def record(self, row: HistoryRow) -> HistoryRow:
@@ -319,7 +391,7 @@ class Execution:
         store = self.runtime.store
         fresh: HistoryRow | None = self.guarded(lambda: store.get_row(self.instance_id, key))
         if fresh is not None:
-            self.history[key] = fresh
+            self.keep_row(key, fresh)
         return fresh
 
     # -- the delivered view -------------------------------------------------------------

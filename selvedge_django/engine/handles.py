@@ -197,7 +197,7 @@ class Future(_Handle, Generic[OutT_co]):
             written[1],
             reserved.reservation if reserved is not None else None,
         )
-        execution.history[self._key] = row
+        execution.keep_row(self._key, row)
         return row
 
     def _record_cancelled(self, error: BaseException) -> HistoryRow:

@@ -350,6 +350,39 @@ def fault_deep_result(ctx: sv.WorkflowContext, depth: int) -> Any:
         return {"error": type(error).__name__, "message": str(error)[:300]}
 
 
+# -- history and inbox limits (tests/test_limits.py) --------------------------------------
+
+
+@sv.activity(name="limits.text")
+def limits_text(size: int) -> str:
+    """Return ``size`` characters."""
+    return "t" * size
+
+
+@sv.workflow(name="limits.grow")
+def limits_grow(ctx: sv.WorkflowContext, data: dict[str, Any]) -> int:
+    """Record ``steps`` commands (now(), or activities returning ``size`` characters)."""
+    for _ in range(data["steps"]):
+        if data.get("size"):
+            limits_text.execute(ctx, data["size"])
+        else:
+            ctx.now()
+    return data["steps"]
+
+
+@sv.workflow(name="limits.inbox")
+def limits_inbox(ctx: sv.WorkflowContext, count: int) -> list[Any]:
+    """Receive ``count`` signals from "go", one at a time."""
+    return [ctx.receive("go") for _ in range(count)]
+
+
+@sv.workflow(name="limits.wait_many")
+def limits_wait_many(ctx: sv.WorkflowContext, count: int) -> int:
+    """Wait until ``count`` signals of "many" are delivered, in one predicate."""
+    ctx.wait_condition(lambda: ctx.pending("many") >= count)
+    return ctx.pending("many")
+
+
 # -- cancellation tests (tests/test_cancellation.py) -------------------------------------
 
 UNSERVED = sv.ActivityOptions(queue="cancel.unserved")  # workers in these tests serve "" only
