@@ -548,7 +548,8 @@ def replay_history(history: RecordedHistory) -> None:
             outcome.output if outcome.kind == "completed" else repr(outcome.error),
         )
     if divergence is not None:
-        raise exc.ReplayError(inst.instance_id, divergence, outcome.error)
+        workflow_error = outcome.workflow_error or outcome.error
+        raise exc.ReplayError(inst.instance_id, divergence, workflow_error)
 
 
 def replay_instance(instance_id: str) -> None:

@@ -42,6 +42,30 @@ def tdb(transactional_db: None) -> None:
 
 
 @pytest.fixture
+def redefine() -> Iterator[Callable[[str, Callable[..., Any]], None]]:
+    """Register another function under a workflow name for one test (a code change).
+
+    The original registration comes back after the test.
+    """
+    import selvedge_django as sv
+    from selvedge_django import registry
+
+    saved: dict[str, Any] = {}
+
+    def define(name: str, fn: Callable[..., Any]) -> None:
+        if name not in saved:
+            saved[name] = registry.get_workflow(name)
+        registry.unregister(name, kind="workflow")
+        sv.workflow(name=name)(fn)
+
+    yield define
+    for name, original in saved.items():
+        registry.unregister(name, kind="workflow")
+        if original is not None:
+            sv.workflow(name=name)(original.fn)
+
+
+@pytest.fixture
 def worker(tdb: None) -> Iterator[Any]:
     """A started in-process Worker, stopped after the test."""
     from selvedge_django.worker import Worker

@@ -471,6 +471,90 @@ def test_returning_before_recorded_commands_fails_the_run() -> None:
     assert runtime.store.writes == []
 
 
+def test_raising_before_recorded_commands_fails_the_run() -> None:
+    def wf(ctx: sv.WorkflowContext, _: Any) -> int:
+        double.execute(ctx, 1)
+        raise sv.ApplicationError("changed code gives up", type="GaveUp")
+
+    history = [completed(1, "engine_test.double", 2), now_row(2, T0)]
+    outcome, runtime = run(wf, history)
+    error = _assert_nondeterministic(outcome)
+    assert (error.key, error.expected, error.actual) == ("#2:now", "now", "raise")
+    assert str(error) == (
+        "workflow raised ApplicationError (changed code gives up) after command 1,"
+        " before recorded command 2 (now '#2:now')"
+    )
+    assert isinstance(outcome.workflow_error, sv.ApplicationError)
+    assert runtime.store.writes == []
+
+
+def test_a_cancellation_before_recorded_commands_fails_the_run() -> None:
+    def wf(ctx: sv.WorkflowContext, _: Any) -> int:
+        raise sv.ScopeCancelled()
+
+    outcome, _ = run(wf, [completed(1, "engine_test.double", 2)])
+    assert _assert_nondeterministic(outcome).actual == "cancel"
+
+
+def test_failing_where_history_ends_is_the_codes_own_failure() -> None:
+    def wf(ctx: sv.WorkflowContext, _: Any) -> int:
+        double.execute(ctx, 1)  # recorded as failed: raises at position 1
+        return 0
+
+    outcome, _ = run(wf, [failed(1, "engine_test.double", ValueError("declined"))])
+    assert outcome.kind == "failed"
+    assert isinstance(outcome.error, sv.ApplicationError)
+    assert outcome.error.message == "declined"
+
+
+def test_a_sticky_failure_before_recorded_commands_is_a_divergence() -> None:
+    def wf(ctx: sv.WorkflowContext, _: Any) -> None:
+        ctx.wait_condition(lambda: 1 / 0 > 0)  # a predicate that raises fails the run
+
+    outcome, _ = run(wf, [completed(1, "engine_test.double", 2)])
+    error = _assert_nondeterministic(outcome)
+    assert error.actual == "raise" and "ZeroDivisionError" in str(error)
+    assert isinstance(outcome.workflow_error, ZeroDivisionError)
+
+
+def test_an_abandoned_run_is_no_divergence() -> None:
+    def wf(ctx: sv.WorkflowContext, _: Any) -> str:
+        ctx.now()
+        return ctx.now().isoformat()  # unrecorded: needs the lease, which is lost
+
+    history = [now_row(1, T0), now_row(3, T0)]
+    outcome, _ = run(wf, history, runtime=FakeRuntime(lease_ok=False))
+    assert outcome.kind == "abandoned"
+    assert isinstance(outcome.error, sv.LeaseLost)
+
+
+def test_waiting_before_recorded_observations_fails_the_run() -> None:
+    def wf(ctx: sv.WorkflowContext, _: Any) -> Any:
+        future = double.execute_async(ctx, 1)
+        return future.get(ctx)  # no outcome: waits where the recorded run went on
+
+    reserved = dataclasses.replace(
+        completed(1, "engine_test.double", None), event_type="Reserved", data=None
+    )
+    outcome, runtime = run(wf, [reserved, now_row(2, T0)])
+    error = _assert_nondeterministic(outcome)
+    assert (error.key, error.actual) == ("#2:now", "wait")
+    assert runtime.store.writes == []
+
+
+def test_waiting_before_futures_not_yet_awaited_is_a_suspension() -> None:
+    def wf(ctx: sv.WorkflowContext, _: Any) -> Any:
+        future = double.execute_async(ctx, 1)
+        return future.get(ctx)  # the recorded run issued a second future first
+
+    def reserved(seq: int) -> HistoryRow:
+        row = completed(seq, "engine_test.double", None)
+        return dataclasses.replace(row, event_type="Reserved", data=None, delivered_seq=None)
+
+    outcome, _ = run(wf, [reserved(1), reserved(2)])
+    assert outcome.kind == "suspended", outcome.error
+
+
 def test_catching_the_nondeterminism_error_does_not_save_the_run() -> None:
     def wf(ctx: sv.WorkflowContext, _: Any) -> str:
         try:

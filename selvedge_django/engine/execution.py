@@ -30,6 +30,9 @@ from typing import Any, Protocol
 from .. import exceptions as exc
 from .codec import Codec, error_to_envelope
 from .store import (
+    CMD_ACTIVITY,
+    CMD_CHILD,
+    CMD_SLEEP,
     Arrivals,
     ClaimedTask,
     CloseRequest,
@@ -120,11 +123,16 @@ def _row_size(row: HistoryRow, exact: bool) -> int:
 
 @dataclass
 class ExecutionOutcome:
-    """How an execution ended: closed, suspended or abandoned."""
+    """How an execution ended: closed, suspended or abandoned.
+
+    ``workflow_error`` is what the workflow code itself raised when ``error`` is
+    a divergence found after it (recorded commands the code stopped before).
+    """
 
     kind: str  # "completed" | "failed" | "cancelled" | "suspended" | "abandoned"
     output: Any = None
     error: BaseException | None = None
+    workflow_error: BaseException | None = None
 
 
 class Execution:
@@ -170,6 +178,8 @@ class Execution:
         self.fatal: BaseException | None = None
         self.fatal_abandons = False
         self.suspension: Suspend | None = None
+        # What the workflow code raised when a divergence was found after it.
+        self.workflow_error: BaseException | None = None
         # The lease was released by the write that made this execution suspend.
         self.released = False
         self.in_activity = False
@@ -467,16 +477,7 @@ class Execution:
                 self.nondeterminism("workflow code swallowed a suspension (except BaseException?)")
             if self.fatal is not None:
                 return self._fatal_outcome()
-            leftover = [row for seq, row in self.by_seq.items() if seq > self.seq]
-            if leftover:
-                first = min(leftover, key=lambda r: r.seq or 0)
-                self.nondeterminism(
-                    f"workflow returned before recorded command {first.seq} "
-                    f"({first.command} {first.key!r})",
-                    key=first.key,
-                    expected=first.command,
-                    actual="return",
-                )
+            if self._diverged_by_leftovers("return", None):
                 return self._fatal_outcome()
             return ExecutionOutcome("completed", output=output)
         finally:
@@ -485,20 +486,75 @@ class Execution:
     def _after_suspension(self) -> ExecutionOutcome:
         if self.fatal is not None:
             return self._fatal_outcome()
+        if self._diverged_by_leftovers("wait", None):
+            return self._fatal_outcome()
         return ExecutionOutcome("suspended")
 
     def _classify_error(self, error: BaseException) -> ExecutionOutcome:
         if self.fatal is not None:
             return self._fatal_outcome()
-        if isinstance(error, exc.Cancelled):
-            return ExecutionOutcome("cancelled", error=error)
-        return ExecutionOutcome("failed", error=error)
+        cancelled = isinstance(error, exc.Cancelled)
+        if self._diverged_by_leftovers("cancel" if cancelled else "raise", error):
+            return self._fatal_outcome()
+        return ExecutionOutcome("cancelled" if cancelled else "failed", error=error)
 
     def _fatal_outcome(self) -> ExecutionOutcome:
         assert self.fatal is not None
         if self.fatal_abandons:
             return ExecutionOutcome("abandoned", error=self.fatal)
-        return ExecutionOutcome("failed", error=self.fatal)
+        if not isinstance(self.fatal, exc.NondeterminismError):
+            # A sticky failure of the code (a predicate that raised, a key conflict)
+            # stops it too: history recorded past that point is still a divergence.
+            self._diverged_by_leftovers("raise", self.fatal)
+        return ExecutionOutcome("failed", error=self.fatal, workflow_error=self.workflow_error)
+
+    def _diverged_by_leftovers(self, ending: str, error: BaseException | None) -> bool:
+        """Fail the run when history records commands past the position where it stopped.
+
+        ``ending`` says how the code stopped: ``return``, ``raise``, ``cancel`` or
+        ``wait``. Only rows with a command position count (the close record has
+        none). Code that returned, raised or was cancelled issues nothing more, so
+        every recorded command after its last position is a leftover: the
+        recorded run went on where this code no longer does. Code that waits may
+        still issue commands once the wait completes, so the reservations the
+        recorded run issued but had no outcome for yet (futures it had not
+        awaited) are not leftovers of a wait; anything else recorded after the
+        wait (an observation, an outcome) is something this code could not have
+        recorded before its wait completes.
+        """
+        leftover = [
+            row
+            for seq, row in self.by_seq.items()
+            if seq > self.seq
+            and not (
+                ending == "wait"
+                and row.command in (CMD_ACTIVITY, CMD_SLEEP, CMD_CHILD)
+                and not row.has_value
+            )
+        ]
+        if not leftover:
+            return False
+        first = min(leftover, key=lambda r: r.seq or 0)
+        verb = {
+            "return": "returned",
+            "raise": "raised",
+            "cancel": "was cancelled",
+            "wait": "waited",
+        }[ending]
+        raised = f" {type(error).__name__} ({error})" if error is not None else ""
+        at = f"after command {self.seq}" if self.seq else "before its first command"
+        divergence = exc.NondeterminismError(
+            f"workflow {verb}{raised} {at}, before recorded command "
+            f"{first.seq} ({first.command} {first.key!r})",
+            instance_id=self.instance_id,
+            key=first.key,
+            expected=first.command,
+            actual=ending,
+        )
+        self.workflow_error = error
+        self.fatal = divergence
+        self.fatal_abandons = False
+        return True
 
     def close_request(self, outcome: ExecutionOutcome) -> CloseRequest:
         """Encode a closing outcome; an unencodable output fails the workflow instead."""
