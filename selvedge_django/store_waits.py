@@ -253,15 +253,25 @@ class WaitStoreMixin(StoreBase):
             return False, ""
         return bool(rows[0][0]), str(rows[0][1])
 
-    def _request_child_cancel(self, child_ids: list[str], reason: str) -> None:
-        if not child_ids:
+    def _request_child_cancel(
+        self, parent_id: str, children: list[tuple[str, str]], reason: str
+    ) -> None:
+        """Ask running children of ``parent_id`` to cancel; each is (child id, parent key).
+
+        The parent and key conditions make sure that only an instance this parent
+        created from that command is reached: an id the parent named but never
+        created (a cancelled scope, a failed duplicate start) may belong to anyone.
+        """
+        if not children:
             return
-        WorkflowInstance.objects.using(self.alias).filter(
-            instance_id__in=child_ids, status=WorkflowStatus.RUNNING, cancel_requested=False
-        ).update(cancel_requested=True, cancel_reason=reason)
-        WorkflowInstance.objects.using(self.alias).filter(
-            instance_id__in=child_ids, status=WorkflowStatus.RUNNING
-        ).update(runnable=True)
+        mine = WorkflowInstance.objects.using(self.alias).filter(
+            instance_id__in=[child_id for child_id, _ in children],
+            parent_instance_id=parent_id,
+            parent_key__in=[key for _, key in children],
+            status=WorkflowStatus.RUNNING,
+        )
+        mine.filter(cancel_requested=False).update(cancel_requested=True, cancel_reason=reason)
+        mine.update(runnable=True)
         self.after_commit("runnable")
 
     # -- observations -------------------------------------------------------------------
@@ -333,6 +343,7 @@ class WaitStoreMixin(StoreBase):
                 ).delete()
             if observation.cancel_children:
                 self._request_child_cancel(
+                    iid,
                     list(observation.cancel_children),
                     observation.cancel_reason or "cancelled by parent",
                 )
@@ -480,15 +491,15 @@ class WaitStoreMixin(StoreBase):
             # The partial index's own condition, repeated, and the status checked here:
             # otherwise SQLite scans every running instance through the status index.
             running = [
-                child_id
-                for child_id, child_status in WorkflowInstance.objects.using(self.alias)
+                (child_id, key)
+                for child_id, key, child_status in WorkflowInstance.objects.using(self.alias)
                 .filter(parent_instance_id=iid)
                 .exclude(parent_instance_id="")
                 .order_by()
-                .values_list("instance_id", "status")
+                .values_list("instance_id", "parent_key", "status")
                 if child_status == WorkflowStatus.RUNNING
             ]
-            self._request_child_cancel(running, f"parent {iid} closed")
+            self._request_child_cancel(iid, running, f"parent {iid} closed")
         if parent is None:
             parent = (
                 WorkflowInstance.objects.using(self.alias)

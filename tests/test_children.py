@@ -396,3 +396,148 @@ def test_a_child_started_by_name_runs_on_the_only_worker_that_registers_it(
             remote.kill()
         if remote.proc.stdout is not None:
             remote.proc.stdout.close()
+
+
+# -- 4. what a child cancellation may reach -------------------------------------------------
+
+
+@pytest.fixture
+def stepper(tdb: None) -> Any:
+    from selvedge_django.worker import Worker
+
+    return Worker()
+
+
+@sv.workflow(name="child.target.cancel_first")
+def cancel_first(ctx: sv.WorkflowContext, _: Any) -> Any:
+    """Start two waiting children, cancel the first, then wait for "done"."""
+    first = ctx.start_child("child.waiter")
+    ctx.start_child("child.waiter")
+    first.cancel(ctx)
+    return ctx.receive("done")
+
+
+def cancel_second(ctx: sv.WorkflowContext, _: Any) -> Any:
+    ctx.start_child("child.waiter")
+    second = ctx.start_child("child.waiter")
+    second.cancel(ctx)
+    return ctx.receive("done")
+
+
+def test_replay_checks_which_child_a_recorded_cancel_targets(
+    stepper: Any, redefine: Callable[[str, Callable[..., Any]], None]
+) -> None:
+    from selvedge_django.testing import run_until_idle
+
+    parent = sv.start_workflow(cancel_first, instance_id="target-parent")
+    run_until_idle(stepper)
+    first, second = rows(parent, "child")
+    assert sv.describe(child_of(parent, first.key)).status == "cancelled"
+    sv.replay_instance(parent)
+
+    redefine("child.target.cancel_first", cancel_second)
+    with pytest.raises(sv.ReplayError) as caught:
+        sv.replay_instance(parent)
+    divergence = caught.value.divergence
+    assert isinstance(divergence, sv.NondeterminismError)
+    assert divergence.key == rows(parent, "child_cancel")[0].key
+    assert second.key in divergence.actual and first.key in divergence.expected
+
+    sv.signal(parent, "done", 1)
+    run_until_idle(stepper)
+    result = sv.get_workflow_result(parent)
+    assert result.status == "failed"
+    assert isinstance(result.error, sv.NondeterminismError)
+    # The second child is cancelled by the failed parent's close, not by a replayed cancel.
+    assert sv.describe(child_of(parent, second.key)).cancel_reason == f"parent {parent} closed"
+
+
+@sv.workflow(name="child.target.never_created")
+def never_created(ctx: sv.WorkflowContext, child_id: str) -> Any:
+    """Issue a child with ``child_id`` in a cancelled scope (never created), cancel it."""
+    scoped, cancel = ctx.with_cancel()
+    cancel()
+    handle = scoped.start_child("child.waiter", child_id=child_id)
+    handle.cancel(ctx)
+    try:
+        handle.get(ctx)
+    except sv.Cancelled as error:
+        outcome = type(error).__name__
+    return [handle.id, outcome, ctx.receive("done")]
+
+
+@pytest.mark.parametrize("whose", ["unrelated", "parent"])
+def test_cancelling_a_child_that_was_never_created_cancels_nothing(
+    stepper: Any, whose: str
+) -> None:
+    from selvedge_django.testing import run_until_idle
+
+    sv.start_workflow("child.waiter", instance_id="bystander")
+    parent = "never-created-parent"
+    target = "bystander" if whose == "unrelated" else parent
+    sv.start_workflow(never_created, target, instance_id=parent)
+    run_until_idle(stepper)
+    assert sv.describe("bystander").cancel_requested is False
+    assert sv.describe(parent).cancel_requested is False
+    assert sv.describe(parent).status == "running"
+    (cancel_row,) = rows(parent, "child_cancel")
+    assert json.loads(cancel_row.reservation or "{}")["child_id"] == target
+
+    sv.signal(parent, "done", "yes")
+    run_until_idle(stepper)
+    result = sv.get_workflow_result(parent)
+    assert result.status == "completed", result.error
+    assert result.output == [target, "ScopeCancelled", "yes"]
+    assert sv.describe("bystander").status == "running"
+    sv.replay_instance(parent)
+
+
+@sv.workflow(name="child.target.same_id_twice")
+def same_id_twice(ctx: sv.WorkflowContext, _: Any) -> Any:
+    """A real child, then a handle for the same id that a cancelled scope never created."""
+    real = ctx.start_child("child.waiter", child_id="shared-child-id")
+    scoped, cancel = ctx.with_cancel()
+    cancel()
+    ghost = scoped.start_child("child.waiter", child_id="shared-child-id")
+    ghost.cancel(ctx)
+    return [real.id, ctx.receive("done")]
+
+
+def test_a_handle_that_never_created_its_child_spares_a_real_child_with_that_id(
+    stepper: Any,
+) -> None:
+    from selvedge_django.testing import run_until_idle
+
+    parent = sv.start_workflow(same_id_twice, instance_id="same-id-parent")
+    run_until_idle(stepper)
+    real = sv.describe("shared-child-id")
+    assert real.parent_instance_id == parent and real.status == "running"
+    assert real.cancel_requested is False
+
+
+@sv.workflow(name="child.target.scope_and_close")
+def scope_and_close(ctx: sv.WorkflowContext, child_id: str) -> Any:
+    """A failed duplicate start and a never-created child in scopes that are then cancelled."""
+    scoped, cancel = ctx.with_cancel()
+    try:
+        scoped.start_child("child.waiter", child_id=child_id)
+    except sv.WorkflowAlreadyStarted:
+        pass
+    cancel()
+    dead, kill = ctx.with_cancel()
+    kill()
+    dead.start_child("child.waiter", child_id=child_id)
+    return "closed"
+
+
+def test_scope_cancellation_and_the_close_spare_instances_the_parent_never_created(
+    stepper: Any,
+) -> None:
+    from selvedge_django.testing import run_until_idle
+
+    sv.start_workflow("child.waiter", instance_id="bystander-2")
+    parent = sv.start_workflow(scope_and_close, "bystander-2", instance_id="scope-close-parent")
+    run_until_idle(stepper)
+    assert sv.get_workflow_result(parent).status == "completed"
+    assert sv.describe("bystander-2").cancel_requested is False
+    assert sv.describe("bystander-2").status == "running"

@@ -568,6 +568,48 @@ def test_catching_the_nondeterminism_error_does_not_save_the_run() -> None:
     assert runtime.store.writes == []
 
 
+def _child_rows(cancel_reservation: dict[str, str] | None) -> list[HistoryRow]:
+    def child(seq: int) -> HistoryRow:
+        key = f"#{seq}:child:engine.kid"
+        reservation = {"child_id": f"inst-1/{key}", "workflow": "engine.kid"}
+        return HistoryRow(key, seq, "child", reservation=json.dumps(reservation))
+
+    cancel = HistoryRow(
+        "#3:child_cancel",
+        3,
+        "child_cancel",
+        "ChildCancelRequested",
+        "null",
+        None if cancel_reservation is None else json.dumps(cancel_reservation),
+        3,
+    )
+    return [child(1), child(2), cancel]
+
+
+def _cancels_the_second(ctx: sv.WorkflowContext, _: Any) -> None:
+    ctx.start_child("engine.kid")
+    ctx.start_child("engine.kid").cancel(ctx)
+
+
+def test_a_recorded_child_cancel_must_name_the_same_child() -> None:
+    first = {"child_key": "#1:child:engine.kid", "child_id": "inst-1/#1:child:engine.kid"}
+    outcome, runtime = run(_cancels_the_second, _child_rows(first))
+    error = _assert_nondeterministic(outcome)
+    assert error.key == "#3:child_cancel"
+    assert json.loads(error.expected) == first
+    assert json.loads(error.actual)["child_key"] == "#2:child:engine.kid"
+    assert runtime.store.writes == []
+
+    second = {"child_key": "#2:child:engine.kid", "child_id": "inst-1/#2:child:engine.kid"}
+    outcome, _ = run(_cancels_the_second, _child_rows(second))
+    assert outcome.kind == "completed", outcome.error
+
+
+def test_an_older_child_cancel_record_without_its_target_stays_readable() -> None:
+    outcome, _ = run(_cancels_the_second, _child_rows(None))
+    assert outcome.kind == "completed", outcome.error
+
+
 # -- suspension -------------------------------------------------------------------------
 
 

@@ -664,7 +664,9 @@ def cancel_scope(execution: Execution, scope: Scope) -> None:
             ),
             fill_cancelled=tuple((t["key"], _CANCELLED_EVENT[t["command"]], data) for t in targets),
             cancel_tasks=tuple(t["key"] for t in targets if t["command"] != CMD_CHILD),
-            cancel_children=tuple(t["child_id"] for t in targets if t["command"] == CMD_CHILD),
+            cancel_children=tuple(
+                (t["child_id"], t["key"]) for t in targets if t["command"] == CMD_CHILD
+            ),
             cancel_reason="scope cancelled by parent",
         )
     )

@@ -297,7 +297,7 @@ class ChildHandle(_Handle, Generic[OutT_co]):
             Observation(
                 execution.seq,
                 fill=HistoryRow(self._key, None, CMD_CHILD, EV_CHILD_CANCELLED, _envelope(error)),
-                cancel_children=(self._child_id,),
+                cancel_children=((self._child_id, self._key),),
                 cancel_reason=f"parent {execution.instance_id} cancelled",
             )
         )
@@ -312,12 +312,30 @@ class ChildHandle(_Handle, Generic[OutT_co]):
         execution.check_command("ChildHandle.cancel()")
         self._cancel_issued = True
         seq, key = execution.next_position(None, CMD_CHILD_CANCEL, "child_cancel")
-        if key in execution.history:
+        target = {"child_key": self._key, "child_id": self._child_id}
+        recorded = execution.history.get(key)
+        if recorded is not None:
+            from .execution import reservation_of
+
+            # Older records carry no target: they stay readable, unchecked.
+            reserved = reservation_of(recorded)
+            if reserved and reserved != target:
+                raise execution.nondeterminism(
+                    f"child_cancel {key!r} recorded the cancel of {reserved}, code cancelled "
+                    f"{target}",
+                    key=key,
+                    expected=json.dumps(reserved),
+                    actual=json.dumps(target),
+                )
             self._refresh_resolution()
             return
         if execution.readonly:
             raise execution.suspend(f"child_cancel {key!r} is not recorded")
         error = exc.Cancelled(f"child {self._child_id} cancelled by its parent")
+        row = execution.history.get(self._key)
+        # A handle whose row holds an outcome has nothing to cancel: its child closed, was
+        # never created (a cancelled scope, a failed start) or was already asked to cancel.
+        never_or_done = row is not None and row.has_value
         execution.observe(
             Observation(
                 seq,
@@ -327,11 +345,11 @@ class ChildHandle(_Handle, Generic[OutT_co]):
                     CMD_CHILD_CANCEL,
                     EV_CHILD_CANCEL_REQUESTED,
                     json.dumps(None),
-                    json.dumps({"child_key": self._key, "child_id": self._child_id}),
+                    json.dumps(target),
                     seq,
                 ),
                 fill_cancelled=((self._key, EV_CHILD_CANCELLED, _envelope(error)),),
-                cancel_children=(self._child_id,),
+                cancel_children=() if never_or_done else ((self._child_id, self._key),),
                 cancel_reason=f"cancelled by parent {execution.instance_id}",
             )
         )

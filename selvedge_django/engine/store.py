@@ -146,7 +146,9 @@ class Observation:
     names exactly the arrivals to deliver. ``consume`` consumes one signal,
     ``retire_timer`` deletes a timer subscription, ``cancel_tasks`` cancels
     unfinished tasks, ``fill_cancelled`` fills the given reserved rows with a
-    cancellation outcome, ``cancel_children`` requests cancellation of children.
+    cancellation outcome, ``cancel_children`` requests cancellation of children,
+    each named by (child id, the parent's key that started it): only an instance
+    this parent started at that key is asked, never another one with that id.
     """
 
     seq: int
@@ -158,7 +160,7 @@ class Observation:
     retire_timer: str | None = None
     cancel_tasks: tuple[str, ...] = ()
     fill_cancelled: tuple[tuple[str, str, str], ...] = ()  # (key, event_type, data)
-    cancel_children: tuple[str, ...] = ()
+    cancel_children: tuple[tuple[str, str], ...] = ()  # (child id, parent key)
     cancel_reason: str = ""
 
 
