@@ -33,6 +33,7 @@ from .engine.store import (
     CLOSE_EVENT_BY_STATUS,
     CLOSE_KEY,
     CMD_CLOSE,
+    EV_ACTIVITY_CANCELLED,
     EV_ACTIVITY_COMPLETED,
     EV_ACTIVITY_FAILED,
     ClaimedTask,
@@ -59,7 +60,7 @@ from .store_base import (
     set_clock_offset_ms,
 )
 from .store_tasks import TaskSweepMixin
-from .store_waits import WaitStoreMixin
+from .store_waits import WaitStoreMixin, cancelled_envelope
 
 __all__ = [
     "NOTIFY_CHANNEL",
@@ -432,10 +433,14 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
         claim_owner: str | None,
         *,
         release: bool = False,
+        observe_cancel: bool = False,
     ) -> tuple[HistoryRow, ClaimedTask | None]:
         """Reserve the command and create its task (claimed inline when asked) atomically.
 
-        ``release`` also releases the lease in the same write.
+        ``release`` also releases the lease in the same write. With ``observe_cancel``
+        an inline claim is taken only while no cancel request is recorded, checked by
+        the fence itself; after a request the reservation records the cancellation
+        that ``Future.get()`` would record, with a cancelled task, and claims nothing.
         """
         ttl = self._claim_ttl(task.start_to_close_timeout, task.heartbeat_timeout)
         fields: dict[str, Any] = dict(
@@ -473,17 +478,14 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
                 else self.now_sql(task.schedule_to_start_timeout),
             )
         current_step = f"activity {task.name}"
-        if self.one_statement:
-            task_id = self._reserve_one_statement(
-                fence, row, fields, current_step, claim_owner, release
-            )
-        else:
-            with self.atomic():
-                self._fence(fence, current_step=current_step, release=release)
-                self._insert_row(fence.instance_id, row)
-                task_id = self._insert(ActivityTask, fields, returning_id=True)
-                if claim_owner is None:
-                    self.after_commit("task")
+        guarded = observe_cancel and claim_owner is not None
+        try:
+            task_id = self._reserve(fence, row, fields, current_step, release, guarded)
+        except exc.Fenced:
+            reason = self._cancel_reason_under(fence) if guarded else None
+            if reason is None:
+                raise
+            return self._reserve_cancelled(fence, row, task, current_step, reason), None
         if claim_owner is None:
             return row, None
         claimed = ClaimedTask(
@@ -501,24 +503,87 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
         )
         return row, claimed
 
+    def _reserve(
+        self,
+        fence: Fence,
+        row: HistoryRow,
+        fields: dict[str, Any],
+        current_step: str,
+        release: bool,
+        uncancelled: bool = False,
+    ) -> int:
+        """Write the fence, the history row and the task; return the task's id."""
+        queued = fields["status"] == ActivityTaskStatus.QUEUED
+        if self.one_statement:
+            return self._reserve_one_statement(
+                fence, row, fields, current_step, queued, release, uncancelled
+            )
+        with self.atomic():
+            self._fence(fence, current_step=current_step, release=release, uncancelled=uncancelled)
+            self._insert_row(fence.instance_id, row)
+            task_id = int(self._insert(ActivityTask, fields, returning_id=True))
+            if queued:
+                self.after_commit("task")
+        return task_id
+
+    def _reserve_cancelled(
+        self, fence: Fence, row: HistoryRow, task: TaskSpec, current_step: str, reason: str
+    ) -> HistoryRow:
+        """Reserve an activity issued after a cancel request: recorded as cancelled.
+
+        The same end state as a reservation followed by ``Future.get()`` observing
+        the request (the task cancelled before any attempt, the row filled with the
+        ``WorkflowCancelled`` and left for a delivery batch), in one write, so no
+        activity worker can claim the task in between.
+        """
+        cancelled = HistoryRow(
+            row.key,
+            row.seq,
+            row.command,
+            EV_ACTIVITY_CANCELLED,
+            cancelled_envelope(exc.WorkflowCancelled(fence.instance_id, reason)),
+            row.reservation,
+        )
+        fields: dict[str, Any] = dict(
+            instance_id=fence.instance_id,
+            workflow_name=task.workflow_name,
+            key=row.key,
+            seq=row.seq or 0,
+            name=task.name,
+            input=task.input,
+            queue=task.queue,
+            options=task.options,
+            max_attempts=task.max_attempts,
+            schedule_to_start_ms=_ms(task.schedule_to_start_timeout),
+            start_to_close_ms=_ms(task.start_to_close_timeout),
+            heartbeat_timeout_ms=_ms(task.heartbeat_timeout),
+            not_before_ms=0,
+            status=ActivityTaskStatus.CANCELLED,
+        )
+        self._reserve(fence, cancelled, fields, current_step, release=False)
+        return cancelled
+
     def _reserve_one_statement(
         self,
         fence: Fence,
         row: HistoryRow,
         fields: dict[str, Any],
         current_step: str,
-        claim_owner: str | None,
+        queued: bool,
         release: bool,
+        uncancelled: bool,
     ) -> int:
         """reserve_activity on PostgreSQL: fence, history row and task in one statement.
 
         With ``release`` the fence update also releases the lease; dispatchers are
         woken when the instance is still runnable (input arrived meanwhile).
         """
-        fence_sql, fence_params = self._fence_sql(fence, current_step, release=release)
+        fence_sql, fence_params = self._fence_sql(
+            fence, current_step, release=release, uncancelled=uncancelled
+        )
         history_sql, history_params = self._history_insert_sql(fence.instance_id, row, "f")
         columns, marks, task_params = self._insert_parts(ActivityTask, fields, skip_pk=True)
-        notify, notify_params = self._notify_from("t", [] if claim_owner else ["task"])
+        notify, notify_params = self._notify_from("t", ["task"] if queued else [])
         wake, wake_params = self._notify_from("r", ["runnable"] if release else [])
         try:
             fenced, runnable, task_id, _, _ = self._fetch(
@@ -534,7 +599,7 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
             raise self._key_conflict(fence.instance_id, row.key) from error
         if fenced != 1:
             raise self._fenced_error(fence)
-        if claim_owner is None:
+        if queued:
             self._publish_now("task")
         if release and runnable:
             self._publish_now("runnable")

@@ -368,12 +368,19 @@ class StoreBase:
             self.bus.publish(topic)
 
     def _fence_sql(
-        self, fence: Fence, current_step: str | None = None, *, release: bool = False
+        self,
+        fence: Fence,
+        current_step: str | None = None,
+        *,
+        release: bool = False,
+        uncancelled: bool = False,
     ) -> tuple[str, list[Any]]:
         """The fence check: an UPDATE that must touch exactly the writer's instance row.
 
         ``release`` also gives the lease up in the same update (the last write of an
         execution that suspends after it); ``runnable`` is left as it is.
+        ``uncancelled`` also requires that no cancel request is recorded (a write that
+        must not happen after one, such as an inline claim).
         """
         sets, params = "updated_at = %s", [self._now_param()]
         if current_step is not None:
@@ -381,11 +388,34 @@ class StoreBase:
             params.append(current_step[:255])
         if release:
             sets += ", lease_owner = '', lease_expires_ms = NULL"
+        where = " AND cancel_requested = %s" if uncancelled else ""
         return (
             "UPDATE {instance} SET " + sets + " WHERE instance_id = %s AND lease_owner = %s"
-            " AND lease_epoch = %s AND status = %s",
-            [*params, fence.instance_id, fence.owner, fence.epoch, str(WorkflowStatus.RUNNING)],
+            " AND lease_epoch = %s AND status = %s" + where,
+            [
+                *params,
+                fence.instance_id,
+                fence.owner,
+                fence.epoch,
+                str(WorkflowStatus.RUNNING),
+                *([False] if uncancelled else []),
+            ],
         )
+
+    def _cancel_reason_under(self, fence: Fence) -> str | None:
+        """The reason of a cancel request on an instance ``fence`` still holds, else None.
+
+        Tells a fence check that also required no cancel request (``uncancelled``) and
+        matched nothing apart from a lost lease.
+        """
+        rows = self._fetch(
+            "SELECT cancel_requested, cancel_reason FROM {instance} WHERE instance_id = %s"
+            " AND lease_owner = %s AND lease_epoch = %s AND status = %s",
+            [fence.instance_id, fence.owner, fence.epoch, str(WorkflowStatus.RUNNING)],
+        )
+        if not rows or not rows[0][0]:
+            return None
+        return str(rows[0][1])
 
     def _history_insert_sql(
         self, instance_id: str, row: HistoryRow, source: str | None = None
@@ -425,7 +455,12 @@ class StoreBase:
         return self.connection.ops.adapt_datetimefield_value(timezone.now() if now is None else now)
 
     def _fence(
-        self, fence: Fence, current_step: str | None = None, *, release: bool = False
+        self,
+        fence: Fence,
+        current_step: str | None = None,
+        *,
+        release: bool = False,
+        uncancelled: bool = False,
     ) -> None:
         """The fence check: the first statement of every fenced transaction.
 
@@ -434,7 +469,7 @@ class StoreBase:
         update also releases the lease, and dispatchers are woken after commit when
         input arrived during the execution (the instance is still runnable).
         """
-        sql, params = self._fence_sql(fence, current_step, release=release)
+        sql, params = self._fence_sql(fence, current_step, release=release, uncancelled=uncancelled)
         if not release:
             if self._execute(sql, params) != 1:
                 raise self._fenced_error(fence)

@@ -567,3 +567,69 @@ def test_cancel_workflow_rejects_closed_instances_and_unknown_ids(cworker: Any) 
     described = sv.describe(cancelled)
     assert (described.status, described.cancel_requested) == ("cancelled", True)
     assert described.cancel_reason == "first reason"
+
+
+# -- 7. execute() observes the request like execute_async().get() --------------------------
+
+
+@sv.activity(name="cancel.inline.record")
+def inline_record(entry: str) -> str:
+    Ledger.objects.create(entry=entry)
+    return entry
+
+
+@sv.activity(name="cancel.inline.cancel_me")
+def cancel_me(instance_id: str) -> str:
+    """Request the cancellation of the calling instance while it holds its lease."""
+    sv.cancel_workflow(instance_id, "asked from inside")
+    return "asked"
+
+
+@sv.workflow(name="cancel.inline.execute")
+def execute_after_request(ctx: sv.WorkflowContext, how: str) -> Any:
+    """Run ``cancel.inline.record`` one way or another after a cancel request exists."""
+    if how == "during":
+        cancel_me.execute(ctx, ctx.instance_id)  # the request commits under this lease
+    if how == "detached":
+        return inline_record.execute(ctx.detached(), f"{how}:{ctx.instance_id}")
+    if how == "async":
+        return inline_record.execute_async(ctx, f"{how}:{ctx.instance_id}").get(ctx)
+    return inline_record.execute(ctx, f"{how}:{ctx.instance_id}")
+
+
+@pytest.fixture
+def stepper(tdb: None) -> Any:
+    from selvedge_django.worker import Worker
+
+    return Worker(activity_queues=[""])
+
+
+@pytest.mark.parametrize("how", ["before", "during", "async"])
+def test_execute_observes_a_durable_request_before_running_inline(stepper: Any, how: str) -> None:
+    from selvedge_django.testing import run_until_idle
+
+    iid = sv.start_workflow(execute_after_request, how, instance_id=f"inline-{how}")
+    if how != "during":
+        sv.cancel_workflow(iid, "asked before it ran")
+    run_until_idle(stepper)
+    result = sv.get_workflow_result(iid)
+    assert result.status == "cancelled", (result.output, result.error)
+    assert isinstance(result.error, sv.WorkflowCancelled)
+    assert not in_ledger(f"{how}:{iid}")  # the activity never ran
+    (recorded,) = [r for r in rows(iid, "activity") if "record" in r.key]
+    assert (recorded.event_type, error_type(recorded)) == ("ActivityCancelled", "WorkflowCancelled")
+    assert task(iid, recorded.key).status == "cancelled"
+    assert task(iid, recorded.key).attempts == 0
+    sv.replay_instance(iid)
+
+
+def test_execute_in_a_detached_scope_runs_after_a_request(stepper: Any) -> None:
+    from selvedge_django.testing import run_until_idle
+
+    iid = sv.start_workflow(execute_after_request, "detached", instance_id="inline-detached")
+    sv.cancel_workflow(iid, "asked before it ran")
+    run_until_idle(stepper)
+    result = sv.get_workflow_result(iid)
+    # A detached scope ignores the request; the run then returns, so it completes.
+    assert result.status == "completed", result.error
+    assert in_ledger(f"detached:{iid}")

@@ -73,6 +73,7 @@ class MemoryStore:
         claim_owner: str | None,
         *,
         release: bool = False,
+        observe_cancel: bool = False,
     ) -> tuple[HistoryRow, ClaimedTask | None]:
         self._write("reserve_activity")
         if release:

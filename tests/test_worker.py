@@ -443,6 +443,36 @@ def test_a_stale_lease_holder_is_fenced_out_and_writes_nothing(
     ) == [("#1:test.add",), ("$close",)]
 
 
+def test_an_inline_claim_that_observes_cancellation_is_still_fenced_by_the_lease(
+    tdb: None, db_clock: Callable[[float], None]
+) -> None:
+    store = _store()
+    instance_id = sv.start_workflow("test.worker.unserved", {})
+    old = store.acquire(instance_id, "owner-a", ttl=5)
+    assert old is not None
+    db_clock(6)
+    new = store.acquire(instance_id, "owner-b", ttl=5)
+    assert new is not None
+    sv.cancel_workflow(instance_id, "stop")
+    row = HistoryRow("#1:test.add", 1, "activity")
+    with pytest.raises(sv.Fenced):  # a cancel request does not hide a lost lease
+        store.reserve_activity(old, row, _spec(), claim_owner="owner-a", observe_cancel=True)
+    assert not ActivityTask.objects.filter(instance_id=instance_id).exists()
+
+    stored, claimed = store.reserve_activity(
+        new, row, _spec(), claim_owner="owner-b", observe_cancel=True
+    )
+    assert claimed is None and stored.event_type == "ActivityCancelled"
+    task = ActivityTask.objects.get(instance_id=instance_id)
+    assert (task.status, task.attempts, task.claim_owner) == ("cancelled", 0, "")
+    event = HistoryEvent.objects.get(instance_id=instance_id, key=row.key)
+    assert (event.event_type, event.data, event.delivered_seq) == (
+        "ActivityCancelled",
+        stored.data,
+        None,
+    )
+
+
 def test_a_stale_activity_claim_cannot_complete_retry_or_renew(
     tdb: None, db_clock: Callable[[float], None]
 ) -> None:

@@ -183,8 +183,15 @@ def issue_activity(
     # release): the next execution sees either. A cancellation already known at lease
     # time takes the usual path (a locally cancelled scope returned above).
     release = inline and claim_owner is None and not execution.snapshot.cancel_requested
+    # An inline claim is the start of get(), which observes the issuing scope's
+    # cancellation first: in an attached scope the reservation claims only while no
+    # cancel request is recorded (checked in its own fenced write), and after one it
+    # records the cancellation get() would observe.
+    observe_cancel = claim_owner is not None and scope.attached()
     stored, claimed = execution.guarded(
-        lambda: runtime.store.reserve_activity(fence, row, spec, claim_owner, release=release)
+        lambda: runtime.store.reserve_activity(
+            fence, row, spec, claim_owner, release=release, observe_cancel=observe_cancel
+        )
     )
     if release:
         execution.released = True

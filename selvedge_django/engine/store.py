@@ -258,11 +258,15 @@ class EngineStore(Protocol):
         claim_owner: str | None,
         *,
         release: bool = False,
+        observe_cancel: bool = False,
     ) -> tuple[HistoryRow, ClaimedTask | None]:
         """Reserve the command and create its task; claim it for ``claim_owner`` if given.
 
         ``release`` also releases the lease in the same write (the execution is about
         to suspend on this task), keeping the instance runnable if input arrived.
+        ``observe_cancel`` takes the claim only while no cancel request is recorded;
+        after one, the row is stored with the ``WorkflowCancelled`` outcome (returned),
+        the task is cancelled and nothing is claimed.
         """
         ...
 
