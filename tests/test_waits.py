@@ -876,6 +876,41 @@ def test_workflow_time_never_goes_below_earlier_values_or_observed_timer_expirie
     assert output_of(instance_id) == [iso(100), iso(100), iso(110), iso(120)]
 
 
+UNWOUND: list[str] = []
+
+
+@sv.workflow(name="wait.time.unwinding")
+def now_while_unwinding(ctx: sv.WorkflowContext, _: Any) -> Any:
+    """Ask for the time in a ``finally`` block that runs while the execution suspends."""
+    try:
+        return ctx.receive("go")
+    finally:
+        try:
+            UNWOUND.append(ctx.now().isoformat())
+        except BaseException as error:  # the suspension, raised again
+            what = "an Exception" if isinstance(error, Exception) else "the suspension"
+            UNWOUND.append(f"rejected with {what}")
+            raise
+
+
+def test_now_while_the_execution_unwinds_is_rejected_without_a_write(
+    stepper: Worker, clock: ControllableClock
+) -> None:
+    UNWOUND.clear()
+    instance_id = sv.start_workflow(now_while_unwinding)
+    run(stepper)
+    assert inst(instance_id).status == "running"
+    assert UNWOUND[:] == ["rejected with the suspension"]
+    assert rows(instance_id, "now") == []  # nothing recorded while unwinding
+    sv.signal(instance_id, "go", "went")
+    run(stepper)
+    # The resumed run returns normally, so its finally block records the time.
+    assert output_of(instance_id) == "went"
+    assert UNWOUND[1:] == [iso(0)]
+    assert [r.seq for r in rows(instance_id, "now")] == [2]
+    sv.replay_instance(instance_id)
+
+
 # -- races ------------------------------------------------------------------------------
 
 

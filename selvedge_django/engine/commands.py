@@ -210,11 +210,14 @@ def _float(value: object) -> float | None:
 
 
 def now(execution: Execution) -> datetime:
-    """Record (live) or return (replay) one workflow-time observation."""
-    if execution.suspension is not None and execution.fatal is None and not execution.in_query:
-        # Unwinding: no writes; the floor is the best answer. (A query handler runs after
-        # replay stopped, and is refused like any other command.)
-        return execution.time_floor or execution.time_base()
+    """Record (live) or return (replay) one workflow-time observation.
+
+    While the execution unwinds (a suspension is on its way out through ``finally``
+    blocks) ``now()`` is rejected like every other command, without a write: the
+    suspension is raised again. The seeds' ``Now`` returns the floor together with an
+    error there; a Python call cannot do both, and the error is what matters: the
+    call records nothing.
+    """
     execution.check_command("now()")
     seq, key = execution.next_position(None, CMD_NOW, "now")
     recorded = execution.history.get(key)

@@ -130,7 +130,12 @@ class WorkflowContext:
     # -- time ---------------------------------------------------------------------------
 
     def now(self) -> datetime:
-        """Return workflow time (aware UTC), recorded once per live call."""
+        """Return workflow time (aware UTC), recorded once per live call.
+
+        While the execution unwinds after a suspension (in a ``finally`` block or a
+        context manager's exit) it raises that suspension again, like every other
+        command, and records nothing.
+        """
         return commands.now(self._execution)
 
     def sleep(self, duration: float | timedelta, sleep_id: str | None = None) -> None:
