@@ -581,3 +581,53 @@ def test_the_worker_commands_stop_signals_wake_its_main_thread_and_are_restored(
         os.kill(os.getpid(), signal.SIGINT)
         assert signals.wait() == signal.SIGINT
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+# -- Django's common options --------------------------------------------------------------
+
+COMMON_OPTIONS = [
+    (["--settings", "tests.settings"], "settings", "tests.settings"),
+    (["--settings=tests.settings"], "settings", "tests.settings"),
+    (["--pythonpath", "."], "pythonpath", "."),
+    (["--traceback"], "traceback", True),
+    (["--no-color"], "no_color", True),
+    (["--force-color"], "force_color", True),
+    (["-v", "2"], "verbosity", 2),
+    (["--verbosity=3"], "verbosity", 3),
+    (["--skip-checks"], "skip_checks", True),
+]
+
+
+@pytest.mark.parametrize(("option", "dest", "value"), COMMON_OPTIONS)
+@pytest.mark.parametrize(
+    "subcommand",
+    [["worker", "--queues", "a"], ["describe", "some-id"], ["start", "wf", "{}"], ["prune"]],
+)
+def test_common_options_work_before_and_after_a_subcommand(
+    option: list[str], dest: str, value: Any, subcommand: list[str]
+) -> None:
+    from selvedge_django.management.commands.runselvedge import Command
+
+    if subcommand == ["prune"]:
+        subcommand = ["prune", "--older-than", "30d"]
+    parser = Command().create_parser("manage.py", "runselvedge")
+    for argv in ([*option, *subcommand], [*subcommand, *option]):
+        namespace = parser.parse_args(argv)
+        assert getattr(namespace, dest) == value, argv
+        assert namespace.subcommand == subcommand[0]
+    # Not given: Django's defaults stay.
+    defaults = vars(parser.parse_args(subcommand))
+    assert defaults["verbosity"] == 1
+    assert defaults["settings"] is None
+    assert defaults["traceback"] is False
+    assert defaults["no_color"] is False
+
+
+def test_settings_after_a_subcommands_arguments_from_the_command_line(stepper: Worker) -> None:
+    instance_id = sv.start_workflow("ops.cmd.orphaning", instance_id="common-options")
+    done = cli("describe", instance_id, "--settings=tests.settings", "--traceback", "--no-color")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["instance_id"] == instance_id
+    done = cli("describe", "no-such-id", "--settings", "tests.settings", "-v", "0")
+    assert done.returncode == 1
+    assert "no-such-id" in done.stderr

@@ -27,6 +27,24 @@ def _csv(value: str) -> list[str]:
     return [part.strip() for part in value.split(",") if part.strip()] if value else []
 
 
+def _add_common_options(parser: argparse.ArgumentParser) -> None:
+    """Accept Django's common options after a subcommand's own arguments too.
+
+    ``manage.py`` reads ``--settings`` and ``--pythonpath`` wherever they stand, but
+    a subparser rejects what it does not know (``runselvedge worker
+    --settings=config.prod``). SUPPRESS leaves the top-level value (or Django's
+    default) in place unless the option is given after the subcommand.
+    """
+    quiet = argparse.SUPPRESS
+    parser.add_argument(
+        "-v", "--verbosity", type=int, choices=[0, 1, 2, 3], default=quiet, help="as for Django"
+    )
+    parser.add_argument("--settings", default=quiet, help="as for Django")
+    parser.add_argument("--pythonpath", default=quiet, help="as for Django")
+    for flag in ("--traceback", "--no-color", "--force-color", "--skip-checks"):
+        parser.add_argument(flag, action="store_true", default=quiet, help="as for Django")
+
+
 class Command(BaseCommand):
     help = "Run a selvedge worker, or operate on workflow instances."
 
@@ -87,12 +105,8 @@ class Command(BaseCommand):
         prune.add_argument("--workflow", default=None)
         prune.add_argument("--batch-size", type=int, default=500)
 
-        # Django's -v/--verbosity is also accepted after the subcommand
-        # (``runselvedge worker -v 2``); SUPPRESS keeps the top-level value otherwise.
         for subparser in sub.choices.values():
-            subparser.add_argument(
-                "-v", "--verbosity", type=int, choices=[0, 1, 2, 3], default=argparse.SUPPRESS
-            )
+            _add_common_options(subparser)
 
     def _configure_logging(self, verbosity: int) -> None:
         level = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO}.get(
