@@ -117,6 +117,8 @@ class SelvedgeSettings:
 
     database: str = "default"
     worker_id: str = ""
+    # False when ``worker_id`` was generated: each Worker then generates its own.
+    worker_id_configured: bool = False
     service_name: str = ""
     max_concurrent_activities: int = 10
     max_concurrent_resumptions: int = 10
@@ -157,7 +159,7 @@ class SelvedgeSettings:
     def to_raw(self) -> dict[str, Any]:
         return {
             "DATABASE": self.database,
-            "WORKER_ID": self.worker_id,
+            "WORKER_ID": self.worker_id if self.worker_id_configured else None,
             "SERVICE_NAME": self.service_name,
             "MAX_CONCURRENT_ACTIVITIES": self.max_concurrent_activities,
             "MAX_CONCURRENT_RESUMPTIONS": self.max_concurrent_resumptions,
@@ -300,6 +302,7 @@ def resolve_settings(raw_in: Mapping[str, Any] | None) -> SelvedgeSettings:
     return SelvedgeSettings(
         database=database,
         worker_id=str(raw["WORKER_ID"] or default_worker_id()),
+        worker_id_configured=bool(raw["WORKER_ID"]),
         service_name=str(raw["SERVICE_NAME"] or ""),
         max_concurrent_activities=ints["MAX_CONCURRENT_ACTIVITIES"],
         max_concurrent_resumptions=ints["MAX_CONCURRENT_RESUMPTIONS"],

@@ -97,6 +97,20 @@ def test_generated_worker_ids_differ() -> None:
     assert conf.resolve_settings({"WORKER_ID": "web-1"}).worker_id == "web-1"
 
 
+def test_the_worker_id_setting_names_every_worker_given_no_id() -> None:
+    with override_settings(SELVEDGE={**settings.SELVEDGE, "WORKER_ID": "web-1"}):
+        assert Worker().worker_id == "web-1"
+        assert Worker().runtime.worker_id == "web-1"
+        assert Worker(worker_id="web-2").worker_id == "web-2"
+        # Other overrides keep the configured id.
+        assert Worker(max_concurrent_activities=2).worker_id == "web-1"
+    unset = {k: v for k, v in settings.SELVEDGE.items() if k != "WORKER_ID"}
+    with override_settings(SELVEDGE=unset):
+        first, second = Worker(), Worker()
+        assert first.worker_id != second.worker_id
+        assert first.worker_id != conf.get_settings().worker_id
+
+
 def test_durations_accept_numbers_and_timedeltas() -> None:
     s = conf.resolve_settings(
         {

@@ -7,7 +7,7 @@ import threading
 from typing import Any
 
 from .. import local_starts as local
-from ..conf import default_worker_id, get_settings
+from ..conf import get_settings
 from ..engine.store import ExecutionSnapshot, Fence
 from ..runtime import WorkerRuntime
 from .activities import ActivityPoller
@@ -32,10 +32,9 @@ class Worker:
     """
 
     def __init__(self, **overrides: Any) -> None:
-        base = get_settings()
-        if "worker_id" not in overrides:
-            overrides["worker_id"] = default_worker_id()
-        self.settings = base.with_overrides(**overrides)
+        # A configured WORKER_ID names this worker unless overridden; otherwise
+        # with_overrides() generates an id of its own for each worker.
+        self.settings = get_settings().with_overrides(**overrides)
         self.runtime = WorkerRuntime(self.settings)
         self.store = self.runtime.store
         bus = self.store.bus
