@@ -37,7 +37,7 @@ class HookEvent:
     """What a lifecycle callback reports."""
 
     instance_id: str
-    workflow_name: str = ""
+    workflow_name: str
     key: str | None = None
     activity_name: str | None = None
     attempt: int | None = None

@@ -79,12 +79,12 @@ class WaitStoreMixin(StoreBase):
         )
 
     def fire_due_timers(
-        self, now: datetime, limit: int, fired: list[tuple[str, str]] | None = None
+        self, now: datetime, limit: int, fired: list[tuple[str, str, str]] | None = None
     ) -> int:
         """Fire up to ``limit`` due timers in one transaction; return how many.
 
-        ``fired`` collects (instance id, key) of the timers that woke a running
-        instance (the discarded ones of closed instances are not listed).
+        ``fired`` collects (instance id, key, workflow name) of the timers that woke
+        a running instance (the discarded ones of closed instances are not listed).
         """
         pending = TimerSubscription.objects.using(self.alias).filter(
             fired=False, expires_at__lte=now
@@ -102,10 +102,10 @@ class WaitStoreMixin(StoreBase):
             if not due:
                 return 0
             instance_ids = {instance_id for _, instance_id, _, _ in due}
-            running = set(
+            running = dict(
                 WorkflowInstance.objects.using(self.alias)
                 .filter(instance_id__in=instance_ids, status=WorkflowStatus.RUNNING)
-                .values_list("instance_id", flat=True)
+                .values_list("instance_id", "workflow_name")
             )
             commands = {
                 (instance_id, key): command
@@ -133,7 +133,7 @@ class WaitStoreMixin(StoreBase):
                     delete_ids.append(timer_id)
                 woken.add(instance_id)
                 if fired is not None:
-                    fired.append((instance_id, key))
+                    fired.append((instance_id, key, running[instance_id]))
             if delete_ids:
                 TimerSubscription.objects.using(self.alias).filter(id__in=delete_ids).delete()
             if mark_ids:

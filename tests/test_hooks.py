@@ -173,9 +173,9 @@ def test_each_callback_fires_once_in_lifecycle_order(
     assert received.key == "#3:receive:approve"
     ((fired, _),) = recorder.of("timer_fired")
     assert (fired.instance_id, fired.key) == ("hooked", "#4:sleep")
+    assert fired.workflow_name == "ops.golden.order"
     for name, event, _ in recorder.events:
-        if name != "on_timer_fired":
-            assert event.workflow_name in ("ops.golden.order", "ops.golden.receipt"), name
+        assert event.workflow_name in ("ops.golden.order", "ops.golden.receipt"), name
         if name != "on_workflow_started" or event.instance_id == child.instance_id:
             assert event.worker_id == "hooked-worker", name
 

@@ -39,10 +39,12 @@ class TimerPoller(Loop):
         if due is None or due > now:
             self._next_due = (due,)
             return 0
-        woke: list[tuple[str, str]] = []
+        woke: list[tuple[str, str, str]] = []
         done = runtime.store.fire_due_timers(now, runtime.settings.max_timers_per_batch, woke)
-        for instance_id, key in woke:
-            runtime.fire("on_timer_fired", instance_id=instance_id, key=key)
+        for instance_id, key, workflow_name in woke:
+            runtime.fire(
+                "on_timer_fired", instance_id=instance_id, key=key, workflow_name=workflow_name
+            )
         return done
 
     def more_waiting(self, done: int) -> bool:
