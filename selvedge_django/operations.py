@@ -31,6 +31,7 @@ from . import signals
 from .conf import get_settings
 from .engine.codec import Codec, contains_nul, error_from_envelope
 from .engine.commands import valid_channel
+from .engine.options import ActivityOptions
 from .engine.store import ExecutionSnapshot
 from .local_starts import local_worker, running_here
 from .models import ActivityTask, WorkflowInstance, WorkflowStatus
@@ -157,7 +158,7 @@ class ActivityTaskInfo:
     queue: str
     status: str
     seq: int
-    options: dict[str, Any]
+    options: ActivityOptions  # as recorded at reservation (no non-retryable error classes)
     attempts: int
     failures: int
     last_error: BaseException | None
@@ -452,7 +453,7 @@ def list_activity_tasks(instance_id: str) -> list[ActivityTaskInfo]:
             queue=t.queue,
             status=t.status,
             seq=t.seq,
-            options=dict(t.options or {}),
+            options=ActivityOptions.from_json(t.options or {}),
             attempts=t.attempts,
             failures=t.failures,
             last_error=error_from_envelope(json.loads(t.last_error)) if t.last_error else None,

@@ -24,7 +24,7 @@ from .conf import SelvedgeSettings
 from .engine.activity import ActivityInfo, AttemptState, attempt_scope
 from .engine.codec import Codec, error_to_envelope
 from .engine.execution import Execution, ExecutionOutcome, HistoryLimits, current_execution
-from .engine.options import RetryPolicy
+from .engine.options import ActivityOptions, RetryPolicy
 from .engine.store import (
     EV_ACTIVITY_COMPLETED,
     EV_ACTIVITY_FAILED,
@@ -171,7 +171,7 @@ class WorkerRuntime:
             activity_id=claim.key,
             activity_name=task.name,
             attempt=task.attempt,
-            options=dict(task.options),
+            options=ActivityOptions.from_json(task.options),
         )
         started = time.monotonic()
         state = AttemptState(

@@ -368,12 +368,23 @@ def test_definition_defaults_and_call_overrides_are_resolved_field_by_field(
     }
     assert result.output == {"attempt": 1, "options": expected}  # activity_info().options
     (info,) = sv.list_activity_tasks(instance_id)
-    assert (info.name, info.queue, info.status, info.options) == (
+    assert (info.name, info.queue, info.status, info.options.to_json()) == (
         "act.defaults",
         "act-defaults",
         "completed",
         expected,
     )
+    # Both are ActivityOptions with a RetryPolicy, as recorded (no error classes).
+    recorded = sv.ActivityOptions(
+        queue="act-defaults",
+        start_to_close_timeout=5,
+        schedule_to_start_timeout=60,
+        heartbeat_timeout=10,
+        retry_policy=sv.RetryPolicy(max_attempts=2),
+    )
+    assert info.options == recorded
+    assert info.options.retry_policy is not None
+    assert info.options.retry_policy.max_attempts == 2
     task = task_of(instance_id)
     assert (task.max_attempts, task.start_to_close_ms, task.schedule_to_start_ms) == (
         2,
@@ -778,7 +789,7 @@ def test_heartbeating_activity_keeps_one_claim_for_several_lease_ttls(
 
 def test_heartbeat_does_no_io_and_reports_cancellation() -> None:
     # No database fixture: pytest-django refuses every query here, so any I/O would fail.
-    state = AttemptState(ActivityInfo("i", "w", "#1:a", "a", 1, {}))
+    state = AttemptState(ActivityInfo("i", "w", "#1:a", "a", 1, sv.ActivityOptions()))
     with attempt_scope(state):
         for _ in range(1000):
             sv.heartbeat()
@@ -796,7 +807,7 @@ def test_heartbeat_does_no_io_and_reports_cancellation() -> None:
 
 
 def test_heartbeat_raises_once_the_attempt_deadline_passed() -> None:
-    info = ActivityInfo("i", "w", "#1:a", "a", 1, {})
+    info = ActivityInfo("i", "w", "#1:a", "a", 1, sv.ActivityOptions())
     state = AttemptState(info, deadline_monotonic=time.monotonic() + 0.05)
     with attempt_scope(state):
         sv.heartbeat()

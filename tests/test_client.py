@@ -323,7 +323,8 @@ def test_list_activity_tasks_in_issue_order(worker: Any) -> None:
         assert isinstance(task, sv.ActivityTaskInfo)
         assert (task.name, task.queue, task.status) == ("test.add", "", "completed")
         assert (task.attempts, task.failures, task.last_error) == (1, 0, None)
-        assert task.options["retry_policy"]["max_attempts"] == 5
+        assert task.options.retry_policy is not None
+        assert task.options.retry_policy.max_attempts == 5
 
 
 def test_list_activity_tasks_shows_resolved_options_and_retries(worker: Any) -> None:
@@ -335,10 +336,12 @@ def test_list_activity_tasks_shows_resolved_options_and_retries(worker: Any) -> 
     assert task.name == "test.client.flaky_step"
     assert task.queue == "client-q"
     assert task.status == "completed"
-    assert task.options["queue"] == "client-q"
-    assert task.options["start_to_close_timeout"] == 30
-    assert task.options["heartbeat_timeout"] == 20  # per-call override
-    assert task.options["retry_policy"]["max_attempts"] == 3
+    assert isinstance(task.options, sv.ActivityOptions)
+    assert task.options.queue == "client-q"
+    assert task.options.start_to_close_timeout == 30
+    assert task.options.heartbeat_timeout == 20  # per-call override
+    assert task.options.retry_policy is not None
+    assert task.options.retry_policy.max_attempts == 3
     assert (task.attempts, task.failures) == (2, 1)
     assert isinstance(task.last_error, sv.ApplicationError)
     assert task.last_error.type == f"{__name__}.OrderRejected"

@@ -236,7 +236,8 @@ def test_retryable_error_is_retried_until_it_succeeds(worker: Any) -> None:
         3,
         2,
     )
-    assert task.options["retry_policy"]["max_attempts"] == 3
+    assert task.options.retry_policy is not None
+    assert task.options.retry_policy.max_attempts == 3
     assert isinstance(task.last_error, sv.ApplicationError)
     assert task.last_error.type == "tests.testapp.workflows.FlakyError"
     assert task.last_error.message == "attempt 2 failed"
@@ -269,7 +270,8 @@ def test_per_call_retry_policy_is_recorded_and_used(worker: Any) -> None:
     assert result.error.attempts == 2
     assert ledger("flaky:o:") == ["flaky:o:1", "flaky:o:2"]
     (task,) = sv.list_activity_tasks(instance_id)
-    assert task.options["retry_policy"]["max_attempts"] == 2
+    assert task.options.retry_policy is not None
+    assert task.options.retry_policy.max_attempts == 2
     assert (task.attempts, task.failures) == (2, 2)
 
 

@@ -14,9 +14,9 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..exceptions import ActivityCancelled, NotActivityContext
+from .options import ActivityOptions
 
 __all__ = [
     "ActivityInfo",
@@ -30,14 +30,19 @@ __all__ = [
 
 @dataclass(frozen=True)
 class ActivityInfo:
-    """Immutable metadata of the current activity attempt."""
+    """Immutable metadata of the current activity attempt.
+
+    ``options`` are the options recorded on the task at reservation: timeouts in
+    seconds and the retry policy, without the definition's non-retryable error
+    classes (they are never stored).
+    """
 
     instance_id: str
     workflow_name: str
     activity_id: str
     activity_name: str
     attempt: int
-    options: dict[str, Any]
+    options: ActivityOptions
 
 
 @dataclass

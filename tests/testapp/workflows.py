@@ -1010,7 +1010,7 @@ def step(data: dict[str, Any]) -> Any:
         raise StepError(f"attempt {info.attempt} of {data['tag']} failed")
     if info.attempt in data.get("non_json_on", ()):
         return {"tag": data["tag"], "value": {1, 2}}  # a set is not JSON
-    return {"tag": data["tag"], "attempt": info.attempt, "options": info.options}
+    return {"tag": data["tag"], "attempt": info.attempt, "options": info.options.to_json()}
 
 
 @sv.activity(
@@ -1033,7 +1033,11 @@ def defaults(data: dict[str, Any]) -> Any:
     Ledger.objects.create(entry=f"defaults:{data['tag']}:{info.attempt}")
     if data.get("reject"):
         raise StepRejected(f"{data['tag']} rejected")
-    return {"attempt": info.attempt, "options": info.options}
+    options = info.options
+    assert isinstance(options, sv.ActivityOptions), type(options)
+    assert isinstance(options.retry_policy, sv.RetryPolicy), options.retry_policy
+    assert options.queue == "act-defaults"
+    return {"attempt": info.attempt, "options": options.to_json()}
 
 
 @sv.activity(name="act.wait")
