@@ -1,15 +1,18 @@
-"""Testing helpers for projects that use selvedge_django (also a pytest plugin).
+"""Testing helpers for projects that use selvedge_django.
 
 * :class:`ControllableClock` drives ``ctx.now()``, timer expiry and the database
   clock seen by leases, claims and task deadlines together: ``advance()`` moves
   them all, so a workflow that sleeps a week is tested in milliseconds.
 * :func:`run_until_idle` runs a worker's loops in the calling thread until
   nothing is runnable.
-* pytest fixtures ``selvedge_clock`` and ``selvedge_worker`` (this module is
-  registered as a pytest plugin by the package).
+* :class:`SelvedgeTestMixin` gives a Django ``TransactionTestCase`` both, for
+  ``manage.py test``; pytest users get the fixtures ``selvedge_clock`` and
+  ``selvedge_worker`` from the plugin (``selvedge_django.pytest_plugin``).
 * :class:`FaultInjector` makes chosen database statements fail, or ends the
   process just before one or right after its transaction commits, to test
   what survives a crash at any step.
+
+This module never imports pytest.
 """
 
 from __future__ import annotations
@@ -26,7 +29,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-import pytest
 from django.db import OperationalError
 
 if TYPE_CHECKING:
@@ -39,11 +41,11 @@ __all__ = [
     "Fault",
     "FaultInjector",
     "InjectedFault",
+    "SelvedgeTestMixin",
     "Statement",
     "install_faults_from_env",
+    "installed_clock",
     "run_until_idle",
-    "selvedge_clock",
-    "selvedge_worker",
 ]
 
 
@@ -107,19 +109,18 @@ def run_until_idle(worker: Worker, max_rounds: int = 1000) -> int:
     raise RuntimeError(f"still busy after {max_rounds} rounds")
 
 
-@pytest.fixture
-def selvedge_clock() -> Iterator[ControllableClock]:
-    """A ControllableClock installed as the SELVEDGE CLOCK for the test."""
+@contextlib.contextmanager
+def installed_clock(start: datetime | None = None) -> Iterator[ControllableClock]:
+    """Install a new ControllableClock as ``SELVEDGE["CLOCK"]`` for the block.
+
+    On leaving, the settings are restored and the database clock is reset.
+    """
+    from django.conf import settings
     from django.test import override_settings
 
-    from .conf import get_settings
-
-    clock = ControllableClock()
-    raw: dict[str, Any] = dict(
-        getattr(__import__("django.conf").conf.settings, "SELVEDGE", {}) or {}
-    )
+    clock = ControllableClock(start)
+    raw: dict[str, Any] = dict(getattr(settings, "SELVEDGE", None) or {})
     raw["CLOCK"] = clock
-    get_settings()
     with override_settings(SELVEDGE=raw):
         try:
             yield clock
@@ -127,26 +128,56 @@ def selvedge_clock() -> Iterator[ControllableClock]:
             clock.reset_database_clock()
 
 
-@pytest.fixture
-def selvedge_worker(transactional_db: None) -> Iterator[Worker]:
-    """A started Worker on the test database, stopped after the test."""
-    from .worker import Worker
+class SelvedgeTestMixin:
+    """For ``manage.py test``: a controllable clock and a worker run in the test's thread.
 
-    worker = Worker()
-    worker.start()
-    try:
-        yield worker
-    finally:
-        worker.stop(timeout=10)
+    Mix it into a ``django.test.TransactionTestCase`` (workers commit their own
+    transactions, which a ``TestCase`` would wrap in one that never commits)::
 
+        class ReminderTests(SelvedgeTestMixin, TransactionTestCase):
+            def test_reply(self):
+                instance_id = sv.start_workflow("reminder", "Ada")
+                self.run_until_idle()
+                self.advance(timedelta(days=7))  # moves the clock, then runs
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
-    """Close LISTEN connections before the test database is dropped."""
-    if nextitem is None:
-        from .worker.notify import stop_listeners
+    Each test gets ``self.selvedge_clock`` (a :class:`ControllableClock`
+    installed as ``SELVEDGE["CLOCK"]``) and ``self.selvedge_worker`` (an
+    unstarted ``Worker``, made on first use, that :meth:`run_until_idle` drives).
+    """
 
-        stop_listeners()
+    selvedge_clock: ControllableClock
+
+    def setUp(self) -> None:
+        from django.test import TestCase
+
+        if isinstance(self, TestCase):
+            raise TypeError(
+                f"{type(self).__name__}: SelvedgeTestMixin needs a TransactionTestCase; "
+                "a TestCase wraps each test in a transaction that never commits"
+            )
+        super().setUp()  # type: ignore[misc]
+        stack = contextlib.ExitStack()
+        self.addCleanup(stack.close)  # type: ignore[attr-defined]
+        self.selvedge_clock = stack.enter_context(installed_clock())
+        self._selvedge_worker: Worker | None = None
+
+    @property
+    def selvedge_worker(self) -> Worker:
+        """The unstarted Worker this test drives (made with the test's clock)."""
+        if self._selvedge_worker is None:
+            from .worker import Worker
+
+            self._selvedge_worker = Worker()
+        return self._selvedge_worker
+
+    def run_until_idle(self) -> int:
+        """Run workflows, activities and due timers until nothing is runnable."""
+        return run_until_idle(self.selvedge_worker)
+
+    def advance(self, delta: timedelta | float) -> int:
+        """Move the clock forward by ``delta``, then run until nothing is runnable."""
+        self.selvedge_clock.advance(delta)
+        return self.run_until_idle()
 
 
 # -- fault injection -------------------------------------------------------------------
