@@ -49,6 +49,11 @@ class Bus:
                 if not subscribers:
                     del self._subscribers[topic]
 
+    def subscribed(self, topic: str) -> int:
+        """How many wakers wait on ``topic``."""
+        with self._lock:
+            return len(self._subscribers.get(topic, ()))
+
     def publish(self, topic: str) -> None:
         with self._lock:
             wakers = list(self._subscribers.get(topic, ()))

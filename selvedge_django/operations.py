@@ -8,7 +8,9 @@ there is one, and wake workers only after commit.
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import json
 import re
 import threading
@@ -589,26 +591,61 @@ aquery = sync_to_async(_query)
 aexport_history = sync_to_async(_export)
 
 
-async def await_workflow(instance_id: str, timeout: float | None = None) -> WorkflowResult:
-    """Async twin of :func:`wait_workflow` (polls without blocking the event loop)."""
-    import asyncio
+class _LoopWaker(Waker):
+    """A bus waker that wakes a coroutine: sets an asyncio.Event from any thread."""
 
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__()
+        self.loop = loop
+        self.event = asyncio.Event()
+
+    def wake(self) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            self.loop.call_soon_threadsafe(self.event.set)
+
+
+def _subscribe_closed(instance_id: str, waker: Waker) -> tuple[DjangoStore, bool]:
+    """Subscribe ``waker`` to the instance's close; return the store and whether to read."""
+    store = _store()
+    store.bus.subscribe(f"closed:{instance_id}", waker)
+    if store.notify_enabled:
+        from .worker.notify import ensure_listener
+
+        ensure_listener(store.alias, store.bus)
+    return store, not running_here(instance_id)
+
+
+async def await_workflow(instance_id: str, timeout: float | None = None) -> WorkflowResult:
+    """Async twin of :func:`wait_workflow`, woken the same way, without blocking the loop.
+
+    The close of the instance wakes it (from workers in this process, and through
+    ``LISTEN`` on PostgreSQL); ``WAIT_POLL_INTERVAL`` is the fallback poll.
+    """
     poll = get_settings().wait_poll_interval
     deadline = None if timeout is None else time.monotonic() + timeout
-    delay = min(0.02, poll)
-    while True:
-        result = await aget_workflow_result(instance_id)
-        if result.status != WorkflowStatus.RUNNING:
-            return result
-        if deadline is not None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError(
-                    f"workflow {instance_id!r} still running after {timeout} seconds"
-                )
-            delay = min(delay, remaining)
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, poll)
+    waker = _LoopWaker(asyncio.get_running_loop())
+    # Subscribed before the first read, so a close in between is not missed.
+    store, read = await sync_to_async(_subscribe_closed)(instance_id, waker)
+    try:
+        while True:
+            if read:
+                result = await aget_workflow_result(instance_id)
+                if result.status != WorkflowStatus.RUNNING:
+                    return result
+            read = True
+            wait = poll
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(
+                        f"workflow {instance_id!r} still running after {timeout} seconds"
+                    )
+                wait = min(wait, remaining)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(waker.event.wait(), wait)
+            waker.event.clear()
+    finally:
+        store.bus.unsubscribe(f"closed:{instance_id}", waker)
 
 
 def _now() -> datetime:

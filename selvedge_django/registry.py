@@ -9,6 +9,7 @@ taken name raises a conflict error.
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections.abc import Callable, Coroutine
 from datetime import timedelta
@@ -16,6 +17,7 @@ from typing import Any, Generic, Protocol, TypeVar, overload
 
 from .engine import commands
 from .engine.context import WorkflowContext as _WorkflowContext
+from .engine.coroutines import call_activity, is_async_callable
 from .engine.execution import current_execution
 from .engine.handles import Future
 from .engine.options import ActivityOptions, RetryPolicy
@@ -90,8 +92,12 @@ class ActivityDefinition(Generic[InT, OutT]):
     def __call__(self, input: InT) -> OutT: ...
 
     def __call__(self, input: Any = None) -> Any:
-        """Call the function directly, outside any workflow (for unit tests)."""
-        return self.fn(input)
+        """Call the function directly, outside any workflow (for unit tests).
+
+        An ``async def`` activity runs to completion on an event loop of its own
+        (from async code, ``await act.fn(input)`` instead).
+        """
+        return call_activity(self.fn, input, None)
 
     @property
     def non_retryable_errors(self) -> tuple[type[BaseException], ...]:
@@ -317,6 +323,11 @@ def activity(
     def decorate(func: Callable[[Any], Any]) -> ActivityDefinition[Any, Any]:
         if not callable(func):
             raise TypeError("@activity decorates a function")
+        if transactional and is_async_callable(func):
+            raise TypeError(
+                f"activity {name!r} is an async def function and cannot be transactional: "
+                "its database calls run on other threads, outside the attempt's transaction"
+            )
         definition: ActivityDefinition[Any, Any] = ActivityDefinition(
             func, name, options, transactional=bool(transactional)
         )
@@ -337,6 +348,12 @@ def workflow(
     def decorate(func: Callable[[_WorkflowContext, In], Out]) -> WorkflowDefinition[In, Out]:
         if not callable(func):
             raise TypeError("@workflow decorates a function")
+        if is_async_callable(func) or inspect.isasyncgenfunction(func):
+            raise TypeError(
+                f"workflow {name!r} is an async def function: a workflow is a plain def "
+                "(its waits suspend it by unwinding its frames); keep it synchronous and "
+                "put the async code in an async def activity"
+            )
         definition = WorkflowDefinition(func, name)
         register_workflow(definition)
         return definition

@@ -23,6 +23,7 @@ from . import signals
 from .conf import SelvedgeSettings
 from .engine.activity import ActivityInfo, AttemptState, attempt_scope
 from .engine.codec import Codec, error_to_envelope
+from .engine.coroutines import call_activity
 from .engine.execution import Execution, ExecutionOutcome, HistoryLimits, current_execution
 from .engine.options import ActivityOptions, RetryPolicy
 from .engine.store import (
@@ -196,7 +197,9 @@ class WorkerRuntime:
                 with attempt_scope(state):
                     if definition.transactional:
                         with self.store.atomic():
-                            output = self._encode_result(task.name, definition.fn(value))
+                            output = self._encode_result(
+                                task.name, call_activity(definition.fn, value, state)
+                            )
                             if state.cancelled:
                                 raise exc.ActivityCancelled(state.cancel_reason)
                             if not self.store.complete_task(
@@ -205,7 +208,7 @@ class WorkerRuntime:
                                 raise _LateResult()
                         recorded = True
                     else:
-                        result = definition.fn(value)
+                        result = call_activity(definition.fn, value, state)
                         output = self._encode_result(task.name, result)
                         if state.cancelled and state.cancel_reason != "claim lost":
                             raise exc.ActivityCancelled(state.cancel_reason)
