@@ -27,6 +27,14 @@ logger = logging.getLogger("selvedge_django.store")
 
 NOTIFY_CHANNEL = "selvedge_wake"
 
+# NOTIFY is a hint (pollers find the work anyway), and a transaction that notifies
+# fails at COMMIT once PostgreSQL's notification queue is full (a listener that never
+# reads pins it). So every NOTIFY is skipped, in the same statement, while the queue
+# is this full: then nothing short of the other half filling between that statement
+# and the commit can make a write fail because of it. (PostgreSQL itself warns at
+# half full, naming the stalled listener's process.)
+NOTIFY_QUEUE_CEILING = 0.5
+
 _origin: tuple[int, str] | None = None
 
 
@@ -212,7 +220,9 @@ class StoreBase:
 
         On PostgreSQL the NOTIFY is issued inside the transaction (one statement for
         all topics, at the end of the outermost store transaction), so it is
-        delivered exactly when the transaction commits and dropped on rollback.
+        delivered exactly when the transaction commits and dropped on rollback;
+        it is skipped while the notification queue is half full
+        (``NOTIFY_QUEUE_CEILING``), so that a full queue cannot fail the commit.
         """
 
         def send() -> None:
@@ -229,11 +239,16 @@ class StoreBase:
 
     def _pg_notify(self, topics: Sequence[str] | set[str]) -> None:
         ordered = sorted(topics)
-        sql = "SELECT " + ", ".join(["pg_notify(%s, %s)"] * len(ordered))
-        params: list[str] = []
+        sql = (
+            "SELECT "
+            + ", ".join(["pg_notify(%s, %s)"] * len(ordered))
+            + " WHERE pg_notification_queue_usage() < %s"
+        )
+        params: list[Any] = []
         origin = notify_origin()
         for topic in ordered:
             params += [NOTIFY_CHANNEL, f"@{origin} {topic}"]
+        params.append(NOTIFY_QUEUE_CEILING)
         try:
             with self.connection.cursor() as cursor:
                 cursor.execute(sql, params)
@@ -360,7 +375,12 @@ class StoreBase:
         params: list[Any] = []
         for topic in topics:
             params += [NOTIFY_CHANNEL, f"@{origin} {topic}"]
-        return f"(SELECT count(*) FROM (SELECT {calls} FROM {source} LIMIT 1) n)", params
+        params.append(NOTIFY_QUEUE_CEILING)
+        return (
+            f"(SELECT count(*) FROM (SELECT {calls} FROM {source}"
+            " WHERE pg_notification_queue_usage() < %s LIMIT 1) n)",
+            params,
+        )
 
     def _publish_now(self, *topics: str) -> None:
         """Wake local loops after a one-statement write (already committed)."""
