@@ -2,7 +2,10 @@
 
 ``export_history`` reads one consistent snapshot of an instance: its metadata,
 its command history and its signals' delivery and consumption positions, but no
-lease, owner or signal payload. ``parse_history`` is strict. ``replay_history``
+lease or owner. The ``signals`` section holds no payloads, but a consumed
+signal's payload is the value its ``receive`` recorded, so it is in
+``events[].data`` like every other recorded value; ``redact=True`` replaces
+every value by its size and a keyed hash. ``parse_history`` is strict. ``replay_history``
 runs the registered workflow code read-only against a history and raises
 :class:`ReplayError` on divergence; ``query`` replays the same way and asks a
 query handler at the point where replay stops. None of them takes a lease,
@@ -183,8 +186,36 @@ class RecordedHistory:
 # -- export -----------------------------------------------------------------------------
 
 
-def export_history(instance_id: str) -> RecordedHistory:
+REDACTED = "$redacted"
+
+
+def redacted(text: str) -> dict[str, Any]:
+    """What a redacted export shows of a stored value: its size and a keyed hash.
+
+    The hash is an HMAC-SHA256 keyed with the project's ``SECRET_KEY``, so equal
+    values show equal hashes within one deployment, and whoever holds the export
+    cannot test guesses (a card number, an email address) against it.
+    """
+    from django.utils.crypto import salted_hmac
+
+    digest = salted_hmac("selvedge_django.history.redacted", text, algorithm="sha256")
+    return {REDACTED: {"bytes": len(text.encode("utf-8")), "hmac_sha256": digest.hexdigest()}}
+
+
+def _redacted_text(text: str) -> str:
+    marker = redacted(text)[REDACTED]
+    return f"(redacted: {marker['bytes']} bytes, hmac-sha256 {marker['hmac_sha256']})"
+
+
+def export_history(instance_id: str, *, redact: bool = False) -> RecordedHistory:
     """Read one consistent snapshot of an instance as a portable history.
+
+    Every recorded value is in it, consumed signal payloads included (in
+    ``events[].data``). With ``redact=True`` each value (input, output or error,
+    every event's ``data`` and ``reservation``) is replaced by
+    ``{"$redacted": {"bytes": N, "hmac_sha256": "..."}}`` and a cancel reason by
+    a note of the same; ids, names, keys, channels and positions stay. A redacted
+    export is for sharing and inspection: it cannot be replayed.
 
     What it reads is bounded: a history of more than ``MAX_HISTORY_EVENTS``
     commands (and its close), or more signals than its commands and
@@ -224,20 +255,27 @@ def export_history(instance_id: str) -> RecordedHistory:
             f"MAX_HISTORY_EVENTS ({settings.max_history_events}) and MAX_PENDING_SIGNALS "
             f"({settings.max_pending_signals}) allow a read to load",
         )
+    value = (lambda text: ABSENT if text is None else redacted(text)) if redact else _value
     output: Any = ABSENT
     if inst.status == "completed" and inst.output is not None:
-        output = json.loads(inst.output)
+        output = value(inst.output)
     elif inst.error is not None:
-        output = json.loads(inst.error)
+        output = value(inst.error)
+    input_value: Any = inst.input
+    if redact:
+        input_value = redacted(json.dumps(inst.input, separators=(",", ":"), ensure_ascii=False))
+    reason = inst.cancel_reason
+    if redact and reason:
+        reason = _redacted_text(reason)
     return RecordedHistory(
         instance=RecordedInstance(
             instance_id=inst.instance_id,
             workflow_name=inst.workflow_name,
             status=inst.status,
-            input=inst.input,
+            input=input_value,
             output=output,
             cancel_requested=inst.cancel_requested,
-            cancel_reason=inst.cancel_reason,
+            cancel_reason=reason,
             parent_instance_id=inst.parent_instance_id,
             parent_key=inst.parent_key,
         ),
@@ -247,8 +285,8 @@ def export_history(instance_id: str) -> RecordedHistory:
                 key=key,
                 command=command,
                 event_type=event_type,
-                data=_value(data),
-                reservation=_value(reservation),
+                data=value(data),
+                reservation=value(reservation),
                 delivered_seq=delivered or 0,
             )
             for seq, key, command, event_type, data, reservation, delivered in rows

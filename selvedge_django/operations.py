@@ -581,10 +581,10 @@ def _query(instance_id: str, name: str) -> Any:
     return query(instance_id, name)
 
 
-def _export(instance_id: str) -> RecordedHistory:
+def _export(instance_id: str, *, redact: bool = False) -> RecordedHistory:
     from .history import export_history
 
-    return export_history(instance_id)
+    return export_history(instance_id, redact=redact)
 
 
 aquery = sync_to_async(_query)

@@ -637,3 +637,57 @@ def test_the_parents_golden_history_records_the_childs_output() -> None:
     history = load("order_completed.json")
     (child_event,) = [e for e in history.events if e.command == "child"]
     assert child_event.data == receipt.fn(None, {"sku": "tee", "cents": 750})  # type: ignore[arg-type]
+
+
+# -- what exports disclose, and the redacting export -----------------------------------
+
+SECRET_CARD = "4111-1111-1111-1111"
+SECRET_PAYLOAD = "approved-by-alice@example.com"
+
+
+def _secret_instance(instance_id: str) -> str:
+    worker = Worker()
+    iid = sv.start_workflow("disclosure.order", {"card": SECRET_CARD}, instance_id=instance_id)
+    sv.signal(iid, "approve", SECRET_PAYLOAD)
+    run_until_idle(worker)
+    assert sv.get_workflow_result(iid).status == "completed"
+    return iid
+
+
+def test_a_default_export_holds_consumed_signal_payloads_in_its_events(tdb: None) -> None:
+    iid = _secret_instance("plain-export")
+    doc = json.loads(sv.export_history(iid).to_json())
+    assert all(set(s) == {"id", "channel", "delivered_seq", "consumed_seq"} for s in doc["signals"])
+    assert [e["data"] for e in doc["events"] if e["command"] == "receive"] == [SECRET_PAYLOAD]
+
+
+def test_a_redacted_export_replaces_every_value_by_its_size_and_a_keyed_hash(tdb: None) -> None:
+    iid = _secret_instance("redacted-export")
+    text = sv.export_history(iid, redact=True).to_json()
+    assert SECRET_CARD not in text and SECRET_PAYLOAD not in text
+    assert "tttt" not in text  # the activity result
+    doc = json.loads(text)
+    marker = doc["instance"]["input"]["$redacted"]
+    assert marker["bytes"] == len(json.dumps({"card": SECRET_CARD}, separators=(",", ":")))
+    assert len(marker["hmac_sha256"]) == 64
+    values = [e["data"] for e in doc["events"] if "data" in e]
+    assert values and all(set(v) == {"$redacted"} for v in values)
+    # Equal values hash equally, so a redacted export still shows what repeats.
+    again = json.loads(sv.export_history(iid, redact=True).to_json())
+    assert again == doc
+    # Still a selvedge.history/v1 document: parse_history takes it.
+    assert sv.parse_history(text).instance.instance_id == iid
+
+
+def test_runselvedge_export_history_redacts_on_request(tdb: None) -> None:
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    iid = _secret_instance("cli-export")
+    plain, redacted = StringIO(), StringIO()
+    call_command("runselvedge", "export-history", iid, stdout=plain)
+    call_command("runselvedge", "export-history", iid, "--redact", stdout=redacted)
+    assert SECRET_PAYLOAD in plain.getvalue()
+    assert SECRET_PAYLOAD not in redacted.getvalue() and SECRET_CARD not in redacted.getvalue()
+    assert '"$redacted"' in redacted.getvalue()

@@ -383,6 +383,17 @@ def limits_wait_many(ctx: sv.WorkflowContext, count: int) -> int:
     return ctx.pending("many")
 
 
+# -- disclosure (tests/test_history.py, tests/test_admin.py) --------------------------------
+
+
+@sv.workflow(name="disclosure.order")
+def disclosure_order(ctx: sv.WorkflowContext, data: dict[str, Any]) -> dict[str, Any]:
+    """Hold a secret in the input, a signal payload and an activity result."""
+    approval = ctx.receive("approve")
+    echoed = limits_text.execute(ctx, len(data["card"]))
+    return {"approval": approval, "card": data["card"], "echo": echoed}
+
+
 # -- cancellation tests (tests/test_cancellation.py) -------------------------------------
 
 UNSERVED = sv.ActivityOptions(queue="cancel.unserved")  # workers in these tests serve "" only

@@ -74,6 +74,12 @@ class Command(BaseCommand):
         export = sub.add_parser("export-history", help="print an instance's history as JSON")
         export.add_argument("instance_id")
         export.add_argument("--output", "-o", default=None, help="write to this file")
+        export.add_argument(
+            "--redact",
+            action="store_true",
+            help="replace every recorded value (inputs, outputs, signal payloads) by its size"
+            " and a keyed hash",
+        )
 
         cancel = sub.add_parser("cancel", help="request cancellation of an instance")
         cancel.add_argument("instance_id")
@@ -201,7 +207,7 @@ class Command(BaseCommand):
     def handle_export_history(self, **options: Any) -> None:
         from ...history import export_history
 
-        text = export_history(options["instance_id"]).to_json(indent=2)
+        text = export_history(options["instance_id"], redact=options["redact"]).to_json(indent=2)
         if options["output"]:
             with open(options["output"], "w", encoding="utf-8") as handle:
                 handle.write(text)
