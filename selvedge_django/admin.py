@@ -4,7 +4,9 @@ Nothing here edits a row by hand. Cancelling, signalling and exporting call the
 operations layer (the same code path as the client API and ``runselvedge``),
 need their own permission (``cancel_workflowinstance``, ``signal_workflowinstance``,
 ``export_history``) besides view access, are POSTs with CSRF protection, and are
-written to the admin log. They exist as changelist actions (cancel and signal
+written to the admin log. Recorded values (inputs, outputs, errors' messages,
+history values, signal payloads) are shown, and exported unredacted, only to
+users with the ``view_payloads`` permission. They exist as changelist actions (cancel and signal
 ask for the reason, or the channel and payload, on an intermediate page) and as
 buttons on an instance's page (extra URLs under the instance's own).
 
@@ -15,9 +17,9 @@ changelist stays cheap on large tables: no per-row queries, no unbounded
 
 from __future__ import annotations
 
-import io
+import json
 import zipfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 from typing import Any
 
@@ -27,7 +29,8 @@ from django.contrib.admin import helpers
 from django.contrib.admin.utils import quote, unquote
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
-from django.db.models import QuerySet
+from django.db.models import QuerySet, Sum, TextField, Value
+from django.db.models.functions import Cast, Coalesce, Length
 from django.http import (
     Http404,
     HttpRequest,
@@ -35,14 +38,15 @@ from django.http import (
     HttpResponseBase,
     HttpResponseNotAllowed,
     HttpResponseRedirect,
+    StreamingHttpResponse,
 )
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 from django.utils.http import content_disposition_header
 
+from . import admin_support, operations
 from . import exceptions as exc
-from . import operations
 from .admin_support import (
     CELL_CHARS,
     ID_CHARS,
@@ -62,20 +66,51 @@ from .admin_support import (
     truncate,
 )
 from .conf import get_settings
-from .models import ActivityTask, SystemLock, WorkflowInstance, WorkflowStatus
+from .models import ActivityTask, HistoryEvent, SystemLock, WorkflowInstance, WorkflowStatus
 
 APP = "selvedge_django"
 PERM_CANCEL = f"{APP}.cancel_workflowinstance"
 PERM_SIGNAL = f"{APP}.signal_workflowinstance"
 PERM_EXPORT = f"{APP}.export_history"
+PERM_PAYLOADS = f"{APP}.view_payloads"
 TEMPLATE_DIR = "admin/selvedge_django/workflowinstance"
 
 
 # -- shared admin behaviour -----------------------------------------------------------
 
 
+def hidden(size: int | None) -> str:
+    """What a user without ``view_payloads`` sees instead of a value."""
+    return format_html(
+        '<span class="selvedge-absent">(hidden: {} characters; showing values needs the'
+        " view_payloads permission)</span>",
+        size or 0,
+    )
+
+
+class _Sink:
+    """A write-only file for a streamed zip: what was written since the last take()."""
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] = []
+
+    def write(self, data: bytes) -> int:
+        self._parts.append(bytes(data))
+        return len(data)
+
+    def flush(self) -> None:
+        return None
+
+    def take(self) -> bytes:
+        data, self._parts = b"".join(self._parts), []
+        return data
+
+
 class ReadOnlyAdmin(admin.ModelAdmin):
     """Views only: nothing is added, changed or deleted by hand."""
+
+    def has_payloads_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.has_perm(PERM_PAYLOADS)
 
     show_full_result_count = False
 
@@ -155,11 +190,19 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
         ("Values", {"fields": ("input_value", "output_value", "error_value")}),
         ("Execution lease", {"fields": ("runnable", "lease_owner", "lease_epoch", "lease_expiry")}),
     )
+    hidden_values = ("hidden_input", "hidden_output", "hidden_error")
     readonly_fields = (
         *fieldsets[0][1]["fields"],
         *fieldsets[1][1]["fields"],
         *fieldsets[2][1]["fields"],
+        *hidden_values,
     )
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        if self.has_payloads_permission(request):
+            return self.fieldsets
+        description, _values, lease = self.fieldsets
+        return (description, ("Values", {"fields": self.hidden_values}), lease)
 
     # -- permissions ------------------------------------------------------------------
 
@@ -224,6 +267,21 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
             truncate(obj.error, VALUE_CHARS),
         )
 
+    @admin.display(description="input")
+    def hidden_input(self, obj: WorkflowInstance) -> str:
+        return hidden(len(json.dumps(obj.input)))
+
+    @admin.display(description="output")
+    def hidden_output(self, obj: WorkflowInstance) -> str | None:
+        return None if obj.output is None else hidden(len(obj.output))
+
+    @admin.display(description="error")
+    def hidden_error(self, obj: WorkflowInstance) -> str | None:
+        if not obj.error:
+            return None
+        kind = error_summary(obj.error, VALUE_CHARS).split(":", 1)[0]
+        return format_html("<strong>{}</strong><br>{}", kind, hidden(len(obj.error)))
+
     @admin.display(description="lease expires")
     def lease_expiry(self, obj: WorkflowInstance) -> datetime | None:
         return ms_datetime(obj.lease_expires_ms)
@@ -250,7 +308,9 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
         running = obj.status == WorkflowStatus.RUNNING
         threshold = get_settings().history_warning_threshold
 
-        sections = instance_sections(alias, iid, self.instance_url)
+        sections = instance_sections(
+            alias, iid, self.instance_url, values=self.has_payloads_permission(request)
+        )
         quoted = quote(iid)
         site = self.admin_site.name
         return {
@@ -394,11 +454,32 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
         self.log_change(request, obj, f"Sent a signal on channel {data['channel']!r}.")
 
     def perform_export(self, request: HttpRequest, obj: WorkflowInstance) -> str:
+        """Export one history: redacted unless the user may view payloads."""
         from .history import export_history
 
-        text = export_history(obj.instance_id).to_json(indent=2)
-        self.log_change(request, obj, "Exported the history.")
+        redact = not self.has_payloads_permission(request)
+        text = export_history(obj.instance_id, redact=redact).to_json(indent=2)
+        self.log_change(
+            request, obj, "Exported the history (redacted)." if redact else "Exported the history."
+        )
         return text
+
+    @staticmethod
+    def export_size(alias: str, instance_ids: list[str]) -> int:
+        """The characters of stored values an export of these instances would write."""
+
+        def total(queryset: QuerySet[Any], *columns: Any) -> int:
+            sizes = [Coalesce(Length(column), Value(0)) for column in columns]
+            expression: Any = sizes[0]
+            for size in sizes[1:]:
+                expression = expression + size
+            return int(queryset.aggregate(n=Sum(expression))["n"] or 0)
+
+        instances = WorkflowInstance.objects.using(alias).filter(instance_id__in=instance_ids)
+        history = HistoryEvent.objects.using(alias).filter(instance_id__in=instance_ids)
+        return total(
+            instances, Cast("input", TextField()), "output", "error", "cancel_reason"
+        ) + total(history, "data", "reservation")
 
     @staticmethod
     def download(content: str | bytes, filename: str, content_type: str = "") -> HttpResponse:
@@ -437,6 +518,7 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
             "signal_instances",
             SignalForm,
             self.perform_signal,
+            check=self.bulk_signal_problem,
             title="Send a signal",
             intro="Append the same signal to each of these instances' inboxes.",
             submit="Send signal",
@@ -453,23 +535,59 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
                 request, f"Export at most {MAX_EXPORT} instances at a time.", messages.ERROR
             )
             return None
-        exported: list[tuple[WorkflowInstance, str]] = []
-        for obj in targets:
-            try:
-                exported.append((obj, self.perform_export(request, obj)))
-            except exc.WorkflowNotFound:
-                continue
-        if not exported:
+        if not targets:
             self.message_user(request, "Nothing to export.", messages.WARNING)
             return None
-        if len(exported) == 1:
-            obj, text = exported[0]
+        cap = admin_support.MAX_EXPORT_BYTES
+        size = self.export_size(database_alias(), [obj.instance_id for obj in targets])
+        if size > cap:
+            self.message_user(
+                request,
+                f"These histories hold {size} bytes of values; one export writes at most {cap}"
+                " bytes. Export fewer instances at a time.",
+                messages.ERROR,
+            )
+            return None
+        if len(targets) == 1:
+            (obj,) = targets
+            try:
+                text = self.perform_export(request, obj)
+            except exc.WorkflowNotFound:
+                self.message_user(request, "Nothing to export.", messages.WARNING)
+                return None
             return self.download(text, f"selvedge-history-{safe_filename(obj.instance_id)}.json")
-        buffer = io.BytesIO()
-        with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-            for number, (obj, text) in enumerate(exported, 1):
+        response = StreamingHttpResponse(
+            self._zipped(request, targets), content_type="application/zip"
+        )
+        response["Content-Disposition"] = content_disposition_header(True, "selvedge-histories.zip")
+        response["X-Content-Type-Options"] = "nosniff"
+        return response
+
+    def _zipped(self, request: HttpRequest, targets: list[WorkflowInstance]) -> Iterator[bytes]:
+        """The zip of the targets' histories, one history in memory at a time."""
+        sink = _Sink()
+        with zipfile.ZipFile(sink, "w", zipfile.ZIP_DEFLATED) as archive:  # type: ignore[call-overload]
+            for number, obj in enumerate(targets, 1):
+                try:
+                    text = self.perform_export(request, obj)
+                except exc.WorkflowNotFound:
+                    continue  # deleted (pruned) since the selection
                 archive.writestr(f"{number:03d}-{safe_filename(obj.instance_id)}.json", text)
-        return self.download(buffer.getvalue(), "selvedge-histories.zip", "application/zip")
+                yield sink.take()
+        yield sink.take()
+
+    @staticmethod
+    def bulk_signal_problem(data: dict[str, Any], targets: list[WorkflowInstance]) -> str | None:
+        """Refuse a bulk signal whose payload times its targets passes the cap."""
+        size = len(json.dumps(data["payload"], separators=(",", ":"), ensure_ascii=False).encode())
+        cap = admin_support.MAX_BULK_SIGNAL_BYTES
+        if size * len(targets) <= cap:
+            return None
+        return (
+            f"A payload of {size} bytes sent to {len(targets)} instances writes"
+            f" {size * len(targets)} bytes; one bulk signal writes at most {cap} bytes."
+            " Select fewer instances or send a smaller payload."
+        )
 
     def bulk_action(
         self,
@@ -479,6 +597,7 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
         form_class: type[forms.Form],
         perform: Callable[[HttpRequest, WorkflowInstance, dict[str, Any]], None],
         *,
+        check: Callable[[dict[str, Any], list[WorkflowInstance]], str | None] | None = None,
         title: str,
         intro: str,
         submit: str,
@@ -492,6 +611,10 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
             )
             return None
         form = form_class(request.POST if "apply" in request.POST else None)
+        if form.is_bound and form.is_valid() and check is not None:
+            problem = check(form.cleaned_data, targets)
+            if problem:
+                form.add_error(None, problem)
         if form.is_bound and form.is_valid():
             applied = 0
             failed: list[str] = []
@@ -604,7 +727,13 @@ class ActivityTaskAdmin(ReadOnlyAdmin):
         "created_at",
         "updated_at",
     )
-    readonly_fields = fields
+    readonly_fields = (*fields, "hidden_input", "hidden_error")
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        if self.has_payloads_permission(request):
+            return self.fields
+        swap = {"input_value": "hidden_input", "error_value": "hidden_error"}
+        return tuple(swap.get(name, name) for name in self.fields or ())
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
@@ -632,6 +761,17 @@ class ActivityTaskAdmin(ReadOnlyAdmin):
     @admin.display(description="last error")
     def error_value(self, obj: ActivityTask) -> str:
         return error_summary(obj.last_error, VALUE_CHARS)
+
+    @admin.display(description="input")
+    def hidden_input(self, obj: ActivityTask) -> str:
+        return hidden(len(obj.input or ""))
+
+    @admin.display(description="last error")
+    def hidden_error(self, obj: ActivityTask) -> str:
+        if not obj.last_error:
+            return ""
+        kind = error_summary(obj.last_error, VALUE_CHARS).split(":", 1)[0]
+        return format_html("{} {}", kind, hidden(len(obj.last_error)))
 
 
 @admin.register(SystemLock)

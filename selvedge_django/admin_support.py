@@ -40,6 +40,11 @@ SECTION_ROWS = 200
 # Most instances one changelist action handles at once.
 MAX_BATCH = 1000
 MAX_EXPORT = 100
+# What one multi-instance export may hold (the stored values it would write, counted
+# before anything is sent): the zip is streamed, but a larger one is refused up front.
+MAX_EXPORT_BYTES = 256 * 1024 * 1024
+# What one bulk signal may write in all: the encoded payload times the instances.
+MAX_BULK_SIGNAL_BYTES = 16 * 1024 * 1024
 # Most workflow names the name filter lists (taken from the registry, not the table).
 MAX_FILTER_NAMES = 200
 
@@ -177,19 +182,24 @@ class InstanceChangeList(ChangeList):
 # -- the detail page's sections -----------------------------------------------------------
 
 
-def instance_sections(alias: str, iid: str, instance_url: Callable[[str], str]) -> dict[str, Any]:
+def instance_sections(
+    alias: str, iid: str, instance_url: Callable[[str], str], *, values: bool = True
+) -> dict[str, Any]:
     """Read an instance's history, tasks, timers, signals and children, in bounded queries.
 
     Every section is capped, and long values are cut in SQL, so a huge history or
-    payload never reaches Python whole.
+    payload never reaches Python whole. Without ``values`` (a user without the
+    ``view_payloads`` permission) no recorded value or payload is read at all,
+    only its size.
     """
+    cut = CELL_CHARS + 1 if values else 0
     history_count = HistoryEvent.objects.using(alias).filter(instance_id=iid).count()
     rows = (
         HistoryEvent.objects.using(alias)
         .filter(instance_id=iid)
         .order_by("id")
-        .annotate(data_head=Substr("data", 1, CELL_CHARS + 1))
-        .annotate(reservation_head=Substr("reservation", 1, CELL_CHARS + 1))
+        .annotate(data_head=Substr("data", 1, cut), data_size=Length("data"))
+        .annotate(reservation_head=Substr("reservation", 1, cut))
         .values_list(
             "seq",
             "key",
@@ -198,6 +208,7 @@ def instance_sections(alias: str, iid: str, instance_url: Callable[[str], str]) 
             "data_head",
             "reservation_head",
             "delivered_seq",
+            "data_size",
         )[:HISTORY_ROWS]
     )
     history = [
@@ -209,8 +220,9 @@ def instance_sections(alias: str, iid: str, instance_url: Callable[[str], str]) 
             "data": None if data is None else truncate(data, CELL_CHARS),
             "reservation": None if reservation is None else truncate(reservation, CELL_CHARS),
             "delivered_seq": delivered,
+            "size": size,
         }
-        for seq, key, command, event_type, data, reservation, delivered in rows
+        for seq, key, command, event_type, data, reservation, delivered, size in rows
     ]
 
     tasks = [
@@ -262,7 +274,7 @@ def instance_sections(alias: str, iid: str, instance_url: Callable[[str], str]) 
             SignalMessage.objects.using(alias)
             .filter(instance_id=iid)
             .order_by("id")
-            .annotate(head=Substr("payload", 1, CELL_CHARS + 1), size=Length("payload"))
+            .annotate(head=Substr("payload", 1, cut), size=Length("payload"))
             .values_list(
                 "id",
                 "channel",
@@ -301,4 +313,5 @@ def instance_sections(alias: str, iid: str, instance_url: Callable[[str], str]) 
         "signals": signals,
         "children": children,
         "section_rows": SECTION_ROWS,
+        "show_values": values,
     }

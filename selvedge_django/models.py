@@ -70,6 +70,7 @@ class WorkflowInstance(models.Model):
             ("cancel_workflowinstance", "Can cancel workflow instances"),
             ("signal_workflowinstance", "Can signal workflow instances"),
             ("export_history", "Can export workflow history"),
+            ("view_payloads", "Can view workflow inputs, outputs and signal payloads"),
         ]
         indexes = [
             models.Index(

@@ -152,6 +152,7 @@ VIEW = "view_workflowinstance"
 CANCEL = "cancel_workflowinstance"
 SIGNAL = "signal_workflowinstance"
 EXPORT = "export_history"
+PAYLOADS = "view_payloads"
 ALL = (VIEW, CANCEL, SIGNAL, EXPORT)
 
 
@@ -504,7 +505,7 @@ def test_export_downloads_a_parseable_history_and_is_logged(
     staff: Callable[..., Client],
 ) -> None:
     sv.start_workflow("test.sum3", {"a": 1, "b": 2, "c": 3}, instance_id="exported")
-    operator = staff(VIEW, EXPORT)
+    operator = staff(VIEW, EXPORT, PAYLOADS)
     assert operator.get(url("export", "exported")).status_code == 405
     response = operator.post(url("export", "exported"))
     assert response.status_code == 200
@@ -631,7 +632,7 @@ def test_changelist_export_downloads_one_file_or_a_zip(staff: Callable[..., Clie
         {"action": "export_instances", "_selected_action": ["exp-1", "exp/2"], "index": "0"},
     )
     assert both["Content-Type"] == "application/zip"
-    with zipfile.ZipFile(io.BytesIO(both.content)) as archive:
+    with zipfile.ZipFile(io.BytesIO(b"".join(both.streaming_content))) as archive:
         names = archive.namelist()
         ids = {sv.parse_history(archive.read(n)).instance.instance_id for n in names}
     assert ids == {"exp-1", "exp/2"}
@@ -731,3 +732,96 @@ def test_activity_task_admin_is_read_only_and_searches_exact_instance_ids(
 
     SystemLock.objects.create(name="leader", owner="<w>", epoch=2, expires_ms=1)
     assert escaped("<w>") in html(admin_client.get("/admin/selvedge_django/systemlock/"))
+
+
+# -- payload disclosure -------------------------------------------------------------------
+
+CARD = "4111-1111-1111-1111"
+APPROVER = "approved-by-alice@example.com"
+
+
+def secret_instance(instance_id: str) -> str:
+    iid = sv.start_workflow("disclosure.order", {"card": CARD}, instance_id=instance_id)
+    sv.signal(iid, "approve", APPROVER)
+    run_until_idle(Worker())
+    return iid
+
+
+@pytest.mark.django_db(transaction=True)
+def test_values_stay_hidden_on_the_detail_page_without_view_payloads(
+    staff: Callable[..., Client],
+) -> None:
+    iid = secret_instance("secret-detail")
+    page = html(staff(VIEW).get(url("change", iid)))
+    assert CARD not in page and APPROVER not in page
+    assert "view_payloads" in page  # says why and what would show them
+    shown = html(staff(VIEW, PAYLOADS).get(url("change", iid)))
+    assert CARD in shown and APPROVER in shown
+
+
+@pytest.mark.django_db(transaction=True)
+def test_activity_task_values_stay_hidden_without_view_payloads(
+    staff: Callable[..., Client],
+) -> None:
+    iid = secret_instance("secret-task")
+    task = ActivityTask.objects.get(instance_id=iid)
+    task_url = reverse("admin:selvedge_django_activitytask_change", args=(task.pk,))
+    viewer = staff(VIEW, "view_activitytask")
+    page = html(viewer.get(task_url))
+    assert "<code>19</code>" not in page  # the input of limits.text: the card's length
+    assert "<code>19</code>" in html(staff(VIEW, "view_activitytask", PAYLOADS).get(task_url))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_export_is_redacted_without_view_payloads(staff: Callable[..., Client]) -> None:
+    iid = secret_instance("secret-export")
+    redacted = staff(VIEW, EXPORT).post(url("export", iid))
+    assert redacted.status_code == 200
+    body = b"".join(redacted.streaming_content) if redacted.streaming else redacted.content
+    assert CARD.encode() not in body and APPROVER.encode() not in body
+    assert b'"$redacted"' in body
+    full = staff(VIEW, EXPORT, PAYLOADS).post(url("export", iid))
+    body = b"".join(full.streaming_content) if full.streaming else full.content
+    assert APPROVER.encode() in body
+    assert "redacted" in logs(iid)[0].change_message
+
+
+@pytest.mark.django_db
+def test_a_multi_instance_export_streams_and_refuses_past_its_byte_cap(
+    staff: Callable[..., Client], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from selvedge_django import admin_support
+
+    ids = [f"stream-{n}" for n in range(5)]
+    for iid in ids:
+        make(iid, input={"pad": "p" * 1000})
+    operator = staff(VIEW, EXPORT, PAYLOADS)
+    data = {"action": "export_instances", "_selected_action": ids, "index": "0"}
+    response = operator.post(CHANGELIST, data)
+    assert response.streaming, "the zip is built in memory"
+    with zipfile.ZipFile(io.BytesIO(b"".join(response.streaming_content))) as archive:
+        assert len(archive.namelist()) == 5
+    # Past the cap: refused up front, with a message, no download.
+    monkeypatch.setattr(admin_support, "MAX_EXPORT_BYTES", 3000)
+    refused = operator.post(CHANGELIST, data, follow=True)
+    assert "at most 3000 bytes" in html(refused)
+    assert not refused.get("Content-Disposition")
+
+
+@pytest.mark.django_db
+def test_a_bulk_signal_is_refused_when_payload_times_targets_passes_the_cap(
+    staff: Callable[..., Client], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from selvedge_django import admin_support
+
+    ids = [f"fan-{n}" for n in range(10)]
+    for iid in ids:
+        make(iid)
+    monkeypatch.setattr(admin_support, "MAX_BULK_SIGNAL_BYTES", 50_000)
+    operator = staff(VIEW, SIGNAL)
+    base = {"action": "signal_instances", "_selected_action": ids, "apply": "1", "channel": "go"}
+    page = html(operator.post(CHANGELIST, {**base, "payload": json.dumps("x" * 6000)}))
+    assert "10 instances" in page and "50000 bytes" in page
+    assert not SignalMessage.objects.exists()
+    operator.post(CHANGELIST, {**base, "payload": json.dumps("x" * 4000)})
+    assert SignalMessage.objects.count() == 10
