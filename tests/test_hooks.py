@@ -476,3 +476,51 @@ def test_the_workflow_logger_is_silent_while_replaying(
     assert sv.query(iid, "log") == "answered"
     sv.replay_instance(iid)
     assert lines() == ["before the activity", "between steps", "after the sleep"]
+
+
+def _failing_spans(hooks: OpenTelemetryHooks, exporter: InMemorySpanExporter, message: str) -> Any:
+    with override_settings(SELVEDGE={**settings.SELVEDGE, "HOOKS": hooks}):
+        iid = sv.start_workflow(
+            ops_workflows.fail, message, instance_id="order-of-alice@example.com"
+        )
+        run_until_idle(Worker())
+    return iid, exporter.get_finished_spans()
+
+
+def _exporting(**options: Any) -> tuple[OpenTelemetryHooks, InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return OpenTelemetryHooks(tracer_provider=provider, **options), exporter
+
+
+def test_opentelemetry_can_leave_exceptions_out_of_spans(clock: ControllableClock) -> None:
+    hooks, exporter = _exporting(record_exception=False)
+    _, finished = _failing_spans(hooks, exporter, "card 4111-1111-1111-1111 declined")
+    (failed,) = [s for s in finished if s.name == "selvedge.workflow.fail"]
+    assert failed.status.status_code is StatusCode.ERROR
+    assert failed.events == ()  # no exception event: no message, no traceback
+    assert "4111" not in (failed.status.description or "")
+    assert failed.status.description == "ApplicationError"
+
+
+def test_opentelemetry_scrubs_every_text_it_exports(clock: ControllableClock) -> None:
+    seen: set[str] = set()
+
+    def scrub(name: str, value: str) -> str:
+        seen.add(name)
+        return value.replace("alice@example.com", "[email]").replace("4111", "[card]")
+
+    hooks, exporter = _exporting(scrub=scrub)
+    _, finished = _failing_spans(hooks, exporter, "card 4111 of alice@example.com declined")
+    texts: list[str] = []
+    for span in finished:
+        texts += [str(v) for v in span.attributes.values()]
+        texts.append(span.status.description or "")
+        for event in span.events:
+            texts += [str(v) for v in event.attributes.values()]
+    assert not [t for t in texts if "alice@example.com" in t or "4111" in t]
+    assert "order-of-[email]" in texts
+    assert {"selvedge.instance_id", "exception.message", "exception.stacktrace"} <= seen
+    (failed,) = [s for s in finished if s.name == "selvedge.workflow.fail"]
+    assert failed.status.description == "card [card] of [email] declined"
