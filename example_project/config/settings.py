@@ -1,8 +1,12 @@
-"""Settings for the example shop, read from the environment with django-environ.
+"""Settings for the example (demo) shop, read from the environment with django-environ.
 
-``DATABASE_URL`` defaults to a SQLite file next to ``manage.py``; point it at
-PostgreSQL (``postgres://user:password@host:5432/name``) to run several worker
-processes against one database.
+``DEBUG`` is off unless the environment turns it on (``DEBUG=1``, as
+``scripts/demo`` does for a local demo), and ``SECRET_KEY`` must come from the
+environment unless ``DEBUG`` is on: a copy of this project never runs in
+production on a development key. ``DATABASE_URL`` defaults to a SQLite file
+next to ``manage.py``; point it at PostgreSQL
+(``postgres://user:password@host:5432/name``) to run several worker processes
+against one database.
 """
 
 from __future__ import annotations
@@ -10,19 +14,30 @@ from __future__ import annotations
 from pathlib import Path
 
 import environ
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 env = environ.Env(
-    DEBUG=(bool, True),
+    DEBUG=(bool, False),
     ALLOWED_HOSTS=(list, ["localhost", "127.0.0.1"]),
 )
 if (BASE_DIR / ".env").is_file():
     environ.Env.read_env(BASE_DIR / ".env")
 
-SECRET_KEY = env("SECRET_KEY", default="django-insecure-example-project-only")
 DEBUG = env("DEBUG")
+# Only a local demo (DEBUG on) may run on this published, insecure key.
+SECRET_KEY = env("SECRET_KEY", default="django-insecure-demo-only-never-deploy" if DEBUG else "")
+if not SECRET_KEY:
+    raise ImproperlyConfigured(
+        "Set SECRET_KEY in the environment (or DEBUG=1 for a local demo on a development key)."
+    )
 ALLOWED_HOSTS: list[str] = env("ALLOWED_HOSTS")
+
+# The shop's pages need a login (orders belong to users); Django's own login views.
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "shop:index"
+LOGOUT_REDIRECT_URL = "login"
 
 INSTALLED_APPS = [
     "django.contrib.admin",

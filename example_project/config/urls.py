@@ -1,9 +1,10 @@
-"""URLs of the example shop: the shop's pages and the admin."""
+"""URLs of the example shop: the shop's pages, the login pages and the admin."""
 
 from django.contrib import admin
 from django.urls import include, path
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("accounts/", include("django.contrib.auth.urls")),
     path("", include("shop.urls")),
 ]

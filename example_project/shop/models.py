@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 
+from django.conf import settings
 from django.db import models
 
 
@@ -36,6 +37,14 @@ class Order(models.Model):
         CANCELLED = "cancelled", "Cancelled"
 
     product = models.ForeignKey(Product, on_delete=models.PROTECT, related_name="orders")
+    # Who placed it: only they (and shop staff) see or cancel it.
+    customer = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="orders",
+    )
     quantity = models.PositiveIntegerField(default=1)
     customer_email = models.EmailField()
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)

@@ -5,6 +5,10 @@
 - the order page shows the workflow's live progress (a query answered by
   replaying its history), its recorded history and its activity tasks;
 - "Cancel order" requests cancellation; the workflow cleans up and closes.
+
+Every page needs a login. An order belongs to the user who placed it: only
+they and shop staff see it or cancel it (anyone else gets a 404), and only
+staff approve a payment.
 """
 
 from __future__ import annotations
@@ -16,8 +20,10 @@ from typing import Any
 from django import forms
 from django.conf import settings
 from django.contrib import messages
+from django.contrib.auth.decorators import login_required
 from django.db import transaction
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseForbidden, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
@@ -109,8 +115,16 @@ def order_history(order: Order) -> list[dict[str, Any]]:
     return rows
 
 
+def visible_orders(request: HttpRequest) -> QuerySet[Order]:
+    """The orders this user may see: their own, or every order for shop staff."""
+    orders = Order.objects.select_related("product", "customer")
+    if request.user.is_staff:
+        return orders
+    return orders.filter(customer_id=request.user.pk)
+
+
 def _index(request: HttpRequest, form: OrderForm, status: int = 200) -> HttpResponse:
-    orders = list(Order.objects.select_related("product")[:RECENT_ORDERS])
+    orders = list(visible_orders(request)[:RECENT_ORDERS])
     return render(
         request,
         "shop/index.html",
@@ -124,11 +138,13 @@ def _index(request: HttpRequest, form: OrderForm, status: int = 200) -> HttpResp
 
 
 @require_GET
+@login_required
 def index(request: HttpRequest) -> HttpResponse:
-    return _index(request, OrderForm())
+    return _index(request, OrderForm(initial={"customer_email": request.user.email or ""}))
 
 
 @require_POST
+@login_required
 def place_order(request: HttpRequest) -> HttpResponse:
     form = OrderForm(request.POST)
     if not form.is_valid():
@@ -139,6 +155,7 @@ def place_order(request: HttpRequest) -> HttpResponse:
         order = Order.objects.create(
             product=form.cleaned_data["product"],
             quantity=form.cleaned_data["quantity"],
+            customer=request.user,
             customer_email=form.cleaned_data["customer_email"],
         )
         order.instance_id = sv.start_workflow(
@@ -169,22 +186,27 @@ def _order_context(order: Order) -> dict[str, Any]:
 
 
 @require_GET
+@login_required
 def order_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    order = get_object_or_404(Order.objects.select_related("product"), pk=pk)
+    order = get_object_or_404(visible_orders(request), pk=pk)
     return render(request, "shop/order.html", _order_context(order))
 
 
 @require_GET
+@login_required
 def order_progress(request: HttpRequest, pk: int) -> HttpResponse:
     """The live part of the order page, fetched again every few seconds while it runs."""
-    order = get_object_or_404(Order.objects.select_related("product"), pk=pk)
+    order = get_object_or_404(visible_orders(request), pk=pk)
     return render(request, "shop/_progress.html", _order_context(order))
 
 
 @require_POST
+@login_required
 def approve_payment(request: HttpRequest, pk: int) -> HttpResponse:
-    order = get_object_or_404(Order, pk=pk)
-    approved_by = request.user.get_username() if request.user.is_authenticated else "shop staff"
+    order = get_object_or_404(visible_orders(request), pk=pk)
+    if not request.user.is_staff:
+        return HttpResponseForbidden("Only shop staff approve payments.")
+    approved_by = request.user.get_username()
     try:
         sv.signal(order.instance_id, APPROVAL_CHANNEL, {"approved_by": approved_by})
     except (sv.InstanceClosed, sv.WorkflowNotFound):
@@ -195,8 +217,9 @@ def approve_payment(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 @require_POST
+@login_required
 def cancel(request: HttpRequest, pk: int) -> HttpResponse:
-    order = get_object_or_404(Order, pk=pk)
+    order = get_object_or_404(visible_orders(request), pk=pk)
     form = CancelForm(request.POST)
     reason = form.cleaned_data["reason"] if form.is_valid() else ""
     try:

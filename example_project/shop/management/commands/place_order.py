@@ -13,6 +13,7 @@ import json
 from typing import Any
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
@@ -39,6 +40,11 @@ class Command(BaseCommand):
         parser.add_argument("--sku", default="mug", help="product to order (default: mug)")
         parser.add_argument("--quantity", type=int, default=2)
         parser.add_argument("--email", default="customer@example.com")
+        parser.add_argument(
+            "--user",
+            default="demo-customer",
+            help="username the order belongs to, created (without a password) when missing",
+        )
         parser.add_argument(
             "--card",
             choices=["ok", "flaky", "declined"],
@@ -78,10 +84,16 @@ class Command(BaseCommand):
         if options["quantity"] < 1:
             raise CommandError("--quantity must be at least 1")
 
+        customer, _ = get_user_model().objects.get_or_create(
+            username=options["user"], defaults={"email": options["email"]}
+        )
         # The order row and the workflow start commit together, or not at all.
         with transaction.atomic():
             order = Order.objects.create(
-                product=product, quantity=options["quantity"], customer_email=options["email"]
+                product=product,
+                quantity=options["quantity"],
+                customer=customer,
+                customer_email=options["email"],
             )
             order.instance_id = sv.start_workflow(
                 order_workflow,
