@@ -288,9 +288,15 @@ class ApplicationError(SelvedgeError):
 
 
 class ActivityTimeoutError(SelvedgeError, TimeoutError):
-    """An activity deadline elapsed."""
+    """An activity deadline elapsed.
 
-    KINDS = ("schedule_to_start", "start_to_close", "heartbeat")
+    ``kind`` is ``schedule_to_start``, ``start_to_close`` or ``heartbeat`` (the
+    seeds' three timeouts), or ``claim_lapsed``: the attempt's claim expired
+    before any configured deadline because its worker stopped renewing it
+    (the process vanished, stalled or lost its database).
+    """
+
+    KINDS = ("schedule_to_start", "start_to_close", "heartbeat", "claim_lapsed")
 
     def __init__(self, activity: str = "", kind: str = "", attempt: int = 0) -> None:
         self.activity = activity

@@ -8,14 +8,16 @@ lease without asking the database (renewal start + TTL - MARGIN - MAX_SKEW).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import connections
+from django.db import DatabaseError, connections
 
 from . import exceptions as exc
 from . import hooks as hooks_module
@@ -42,6 +44,11 @@ __all__ = ["WorkerRuntime", "check_vendor", "client_codec"]
 
 logger = logging.getLogger("selvedge_django.worker")
 
+# Why an attempt was stopped, when the result it still returned is recorded all the same:
+# a graceful shutdown (the claim is still held and renewed) and a claim the renewer
+# believes lost (the claim check of the write decides).
+_RECORDABLE = ("shutdown", "claim lost")
+
 SUPPORTED_VENDORS = ("sqlite", "postgresql")
 
 
@@ -64,6 +71,17 @@ class _LateResult(Exception):
     """A transactional attempt lost its claim: roll back its writes."""
 
 
+class _RecordFailed(Exception):
+    """The write of a transactional attempt's result failed: roll back its writes."""
+
+
+# An outcome write that fails with a database error is tried again, this many times in
+# all, with a doubling pause, as long as the claim is still believed valid.
+OUTCOME_WRITE_TRIES = 8
+OUTCOME_RETRY_FIRST_PAUSE = 0.05
+OUTCOME_RETRY_MAX_PAUSE = 2.0
+
+
 class WorkerRuntime:
     """Everything executions and attempts of one worker share."""
 
@@ -83,6 +101,9 @@ class WorkerRuntime:
         self._lock = threading.Lock()
         self._beliefs: dict[Fence, float] = {}
         self._attempts: dict[TaskClaim, tuple[ClaimedTask, AttemptState]] = {}
+        # Per live attempt, the monotonic time until which its claim is surely unexpired
+        # (the start of the last successful claim or renewal statement + the claim TTL).
+        self._claim_beliefs: dict[TaskClaim, float] = {}
 
     # -- engine Runtime protocol --------------------------------------------------------
 
@@ -131,14 +152,21 @@ class WorkerRuntime:
         with self._lock:
             return list(self._beliefs)
 
-    def renew(self, fence: Fence) -> bool:
-        """Renew one lease and move its belief forward; a failed renewal loses it."""
+    def renew(self, fence: Fence) -> bool | None:
+        """Renew one lease and move its belief forward.
+
+        Returns True when renewed, False when the lease is lost (the renewal matched
+        no row: the belief is dropped), None when the statement failed: the belief
+        is left as it was (it still bounds what the holder may trust) and the caller
+        tries again soon.
+        """
         started = time.monotonic()
         try:
             ok = self.store.renew_lease(fence, self.settings.lease.ttl)
         except Exception:
             logger.warning("lease renewal of %s failed", fence.instance_id, exc_info=True)
-            return False
+            self.drop_broken_connection()
+            return None
         with self._lock:
             if fence in self._beliefs:
                 self._beliefs[fence] = started + self.settings.lease.belief if ok else 0.0
@@ -154,15 +182,99 @@ class WorkerRuntime:
         for _, state in self.active_attempts():
             state.cancel(reason)
 
+    def claim_belief(self, claim: TaskClaim) -> float:
+        """The monotonic time until which ``claim`` is surely unexpired (0: unknown)."""
+        with self._lock:
+            return self._claim_beliefs.get(claim, 0.0)
+
+    def claim_renewed(self, claim: TaskClaim, renewal_started: float, ttl: float) -> None:
+        """Move a live claim's belief forward after a successful renewal."""
+        with self._lock:
+            if claim in self._claim_beliefs:
+                self._claim_beliefs[claim] = renewal_started + ttl
+
+    def release_attempts(self) -> int:
+        """Release the claims of attempts still running (end of a graceful shutdown).
+
+        A release consumes the attempt number but not the retry budget; the attempt's
+        late result, if it ever comes, is discarded. Returns how many were released.
+        """
+        released = 0
+        for task, _ in self.active_attempts():
+            claim = task.claim
+            if self._write_outcome(
+                claim, "release", functools.partial(self.store.release_task, claim)
+            ):
+                released += 1
+                logger.info(
+                    "claim of %s/%s attempt %s released at shutdown",
+                    task.claim.instance_id,
+                    task.claim.key,
+                    task.attempt,
+                )
+        return released
+
+    def drop_broken_connection(self) -> None:
+        """After a database error, close this thread's connection if it no longer works."""
+        conn = connections[self.store.alias]
+        if conn.connection is not None and not conn.in_atomic_block and not conn.is_usable():
+            conn.close()
+
+    def _write_outcome(self, claim: TaskClaim, what: str, write: Callable[[], bool]) -> bool:
+        """Run one write of an attempt's outcome; retry a database error with backoff.
+
+        A failed statement is the infrastructure's fault, never the activity's: the
+        write is tried again (``OUTCOME_WRITE_TRIES`` in all, pauses doubling from
+        ``OUTCOME_RETRY_FIRST_PAUSE``) while the claim is still believed valid. After
+        that the claim is left to lapse, and the lapse path decides (False).
+        """
+        pause = OUTCOME_RETRY_FIRST_PAUSE
+        for tries in range(1, OUTCOME_WRITE_TRIES + 1):
+            try:
+                return write()
+            except DatabaseError:
+                self.drop_broken_connection()
+                valid_until = self.claim_belief(claim)
+                if tries == OUTCOME_WRITE_TRIES or time.monotonic() + pause >= valid_until:
+                    logger.warning(
+                        "could not record the %s of %s/%s after %d tries; the claim is left"
+                        " to lapse",
+                        what,
+                        claim.instance_id,
+                        claim.key,
+                        tries,
+                        exc_info=True,
+                    )
+                    return False
+                logger.info(
+                    "recording the %s of %s/%s failed; trying again in %.2f s",
+                    what,
+                    claim.instance_id,
+                    claim.key,
+                    pause,
+                    exc_info=True,
+                )
+                time.sleep(pause)
+                pause = min(pause * 2, OUTCOME_RETRY_MAX_PAUSE)
+        return False  # pragma: no cover - the loop returns
+
     def run_claimed(
-        self, task: ClaimedTask, *, inline_fence: Fence | None = None
+        self,
+        task: ClaimedTask,
+        *,
+        inline_fence: Fence | None = None,
+        claimed_at: float | None = None,
     ) -> tuple[str, str] | None:
         """Run one claimed attempt and record its outcome, fenced by the claim.
 
-        Returns the (event type, data) this attempt wrote to history, if any.
+        ``claimed_at`` is the monotonic time before the claim statement (default:
+        now), where the claim's belief starts. Returns the (event type, data) this
+        attempt wrote to history, if any.
         """
         definition = get_activity(task.name)
         claim = task.claim
+        if claimed_at is None:
+            claimed_at = time.monotonic()
         if definition is None:
             self.store.release_task(claim)
             return None
@@ -183,6 +295,9 @@ class WorkerRuntime:
         )
         with self._lock:
             self._attempts[claim] = (task, state)
+            self._claim_beliefs[claim] = claimed_at + task.claim_ttl
+        if self.stopping.is_set():
+            state.cancel("shutdown")  # claimed as the shutdown began: stop at once
         hook_fields = dict(
             instance_id=claim.instance_id,
             workflow_name=task.workflow_name,
@@ -200,23 +315,44 @@ class WorkerRuntime:
                             output = self._encode_result(
                                 task.name, call_activity(definition.fn, value, state)
                             )
-                            if state.cancelled:
+                            if state.cancelled and state.cancel_reason not in _RECORDABLE:
                                 raise exc.ActivityCancelled(state.cancel_reason)
-                            if not self.store.complete_task(
-                                claim, output, inline_fence=inline_fence
-                            ):
+                            try:
+                                completed = self.store.complete_task(
+                                    claim, output, inline_fence=inline_fence
+                                )
+                            except DatabaseError as error:
+                                raise _RecordFailed() from error
+                            if not completed:
                                 raise _LateResult()
                         recorded = True
                     else:
                         result = call_activity(definition.fn, value, state)
                         output = self._encode_result(task.name, result)
-                        if state.cancelled and state.cancel_reason != "claim lost":
+                        if state.cancelled and state.cancel_reason not in _RECORDABLE:
                             raise exc.ActivityCancelled(state.cancel_reason)
-                        recorded = self.store.complete_task(
-                            claim, output, inline_fence=inline_fence
+                        recorded = self._write_outcome(
+                            claim,
+                            "result",
+                            lambda: self.store.complete_task(
+                                claim, output, inline_fence=inline_fence
+                            ),
                         )
             except _LateResult:
                 recorded = False
+            except _RecordFailed:
+                # The attempt's own writes rolled back with the failed write, so it may
+                # run again: give the claim back without using the retry budget.
+                logger.warning(
+                    "could not record the result of transactional %s/%s attempt %s;"
+                    " its writes were rolled back and the claim is released",
+                    claim.instance_id,
+                    claim.key,
+                    task.attempt,
+                    exc_info=True,
+                )
+                self._write_outcome(claim, "release", lambda: self.store.release_task(claim))
+                return None
             if recorded:
                 self.fire(
                     "on_activity_completed", duration=time.monotonic() - started, **hook_fields
@@ -239,6 +375,7 @@ class WorkerRuntime:
         finally:
             with self._lock:
                 self._attempts.pop(claim, None)
+                self._claim_beliefs.pop(claim, None)
         return None
 
     def _encode_result(self, name: str, value: Any) -> str:
@@ -271,7 +408,7 @@ class WorkerRuntime:
         )
         if self.stopping.is_set() and state.cancel_reason == "shutdown":
             # Graceful release: another worker takes the task; no retry budget used.
-            self.store.release_task(claim)
+            self._write_outcome(claim, "release", lambda: self.store.release_task(claim))
             return None
         if state.cancelled and state.cancel_reason == "heartbeat timeout":
             error = exc.ActivityTimeoutError(task.name, "heartbeat", task.attempt)
@@ -294,20 +431,33 @@ class WorkerRuntime:
             error = exc.WorkflowPanicError(f"activity raised {type(error).__name__}: {error}")
         failures = task.failures + 1
         envelope = json.dumps(error_to_envelope(error, codec=self.codec))
+        store = self.store
         try:
             if final:
-                if self.store.fail_task(claim, envelope, inline_fence=inline_fence):
+                if self._write_outcome(
+                    claim,
+                    "failure",
+                    lambda: store.fail_task(claim, envelope, inline_fence=inline_fence),
+                ):
                     self.fire("on_activity_failed", error=error, **hook_fields)
                     return EV_ACTIVITY_FAILED, envelope
             elif policy.exhausted(failures):
                 exhausted = exc.RetryExhaustedError(task.name, failures, error)
                 final_envelope = json.dumps(error_to_envelope(exhausted, codec=self.codec))
-                if self.store.fail_task(
-                    claim, final_envelope, inline_fence=inline_fence, last_error=envelope
+                if self._write_outcome(
+                    claim,
+                    "failure",
+                    lambda: store.fail_task(
+                        claim, final_envelope, inline_fence=inline_fence, last_error=envelope
+                    ),
                 ):
                     self.fire("on_activity_failed", error=exhausted, **hook_fields)
                     return EV_ACTIVITY_FAILED, final_envelope
-            elif self.store.retry_task(claim, envelope, policy.delay_for(failures)):
+            elif self._write_outcome(
+                claim,
+                "retry",
+                lambda: store.retry_task(claim, envelope, policy.delay_for(failures)),
+            ):
                 self.fire("on_activity_retry", error=error, **hook_fields)
         except Exception:
             logger.exception("could not record the failure of %s/%s", claim.instance_id, claim.key)

@@ -699,6 +699,13 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
             return self._take_claims(ids, owner)
 
     def _claim_filter(self, claim: TaskClaim, *, live: bool = False) -> Any:
+        """The task row an attempt still owns; ``live`` also requires an unexpired claim.
+
+        Every write of an attempt's outcome (complete, fail, retry, release) asks for a
+        live claim: a lapsed one goes through the lapse path instead (the lapse counts
+        as a failure and the task is claimable again at once, without backoff), so a
+        late attempt's error never becomes the outcome, nor its backoff the wait.
+        """
         qs = ActivityTask.objects.using(self.alias).filter(
             id=claim.task_id,
             claim_owner=claim.owner,
@@ -790,13 +797,13 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
         inline_fence: Fence | None = None,
         last_error: str | None = None,
     ) -> bool:
-        """Record a final failure (non-retryable or retries exhausted).
+        """Record a final failure (non-retryable or retries exhausted) of a live claim.
 
         ``error`` is the outcome recorded in history; the task keeps ``last_error``
         (default: the same), the error of the attempt itself.
         """
         with self.atomic():
-            if not self._claim_filter(claim).update(
+            if not self._claim_filter(claim, live=True).update(
                 status=ActivityTaskStatus.FAILED,
                 claim_expires_ms=None,
                 last_error=error if last_error is None else last_error,
@@ -807,9 +814,10 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
         return True
 
     def retry_task(self, claim: TaskClaim, error: str, delay: float) -> bool:
-        """Return the task to the queue with one more failure and a not-before time."""
+        """Return the task of a live claim to the queue with one more failure and a
+        not-before time (False for a lost or lapsed claim)."""
         with self.atomic():
-            if not self._claim_filter(claim).update(
+            if not self._claim_filter(claim, live=True).update(
                 status=ActivityTaskStatus.QUEUED,
                 claim_owner="",
                 claim_expires_ms=None,
@@ -829,9 +837,12 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
         return True
 
     def release_task(self, claim: TaskClaim) -> bool:
-        """Give a claim back at shutdown: no failure counted, claimable again at once."""
+        """Give a live claim back (shutdown): no failure counted, claimable again at once.
+
+        A lapsed claim is refused: its lapse was already a failure.
+        """
         with self.atomic():
-            released = self._claim_filter(claim).update(
+            released = self._claim_filter(claim, live=True).update(
                 status=ActivityTaskStatus.QUEUED,
                 claim_owner="",
                 claim_expires_ms=None,

@@ -27,9 +27,16 @@ def lapse_timeout(
     heartbeat_ms: int | None,
     expired_ms: int | None,
 ) -> exc.ActivityTimeoutError:
-    """The timeout a lapsed claim stands for: its attempt deadline, else a missed heartbeat."""
+    """What a lapsed claim stands for: its attempt deadline, a missed heartbeat, or else
+    only the lapse (the worker stopped renewing it: it vanished, stalled or lost the
+    database), ``kind="claim_lapsed"``."""
     deadline_reached = deadline_ms is not None and (expired_ms is None or deadline_ms <= expired_ms)
-    kind = "heartbeat" if heartbeat_ms is not None and not deadline_reached else "start_to_close"
+    if deadline_reached:
+        kind = "start_to_close"
+    elif heartbeat_ms is not None:
+        kind = "heartbeat"
+    else:
+        kind = "claim_lapsed"
     return exc.ActivityTimeoutError(name, kind, attempt)
 
 

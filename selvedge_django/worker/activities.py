@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import time
 from typing import TYPE_CHECKING
 
 from ..notify import Bus
@@ -36,10 +38,11 @@ class ActivityPoller(Loop):
         free = self.pool.free_slots()
         if free <= 0:
             return 0
+        claimed_at = time.monotonic()  # where the claims' belief starts
         tasks = runtime.store.claim_tasks(runtime.worker_id, free, registered_activity_names())
         self.saturated = len(tasks) >= free
         for task in tasks:
-            self.pool.submit(runtime.run_claimed, task)
+            self.pool.submit(functools.partial(runtime.run_claimed, claimed_at=claimed_at), task)
         return len(tasks)
 
     def more_waiting(self, done: int) -> bool:

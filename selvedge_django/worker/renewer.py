@@ -1,14 +1,24 @@
 """Renews held leases and live activity claims before they expire.
 
 A lease renewal moves the holder's belief forward from the moment the renewal
-started; a failed renewal drops the belief, so the execution's next commit
-raises LeaseLost. A claim with a heartbeat timeout is extended only after the
-activity reported new progress; a claim that cannot be renewed cancels its
-attempt (``heartbeat()`` then raises ActivityCancelled).
+started; a renewal that matched no row drops the belief, so the execution's next
+commit raises LeaseLost. A claim with a heartbeat timeout is extended only after
+the activity reported new progress; a claim whose renewal matched no row cancels
+its attempt (``heartbeat()`` then raises ActivityCancelled).
+
+A renewal statement that fails (a database error) proves nothing about the lease
+or the claim: it is tried again at the next tick, and the lease belief stays as
+it was. An attempt is cancelled for such errors only once its claim's expiry has
+passed by the local monotonic estimate (the start of the last successful claim or
+renewal statement plus the claim TTL).
+
+The renewer runs until the supervisor stops it, after everything in flight has
+finished or been released at shutdown.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING
 
@@ -20,6 +30,8 @@ if TYPE_CHECKING:
     from ..runtime import WorkerRuntime
 
 __all__ = ["Renewer"]
+
+logger = logging.getLogger("selvedge_django.worker")
 
 
 class Renewer(Loop):
@@ -43,9 +55,8 @@ class Renewer(Loop):
         fences = runtime.held_fences()
         for fence in fences:
             last = self._renewed.setdefault(fence, now)
-            if now - last >= interval:
-                self._renewed[fence] = now
-                runtime.renew(fence)
+            if now - last >= interval and runtime.renew(fence) is not None:
+                self._renewed[fence] = now  # after an error: again at the next tick
         for fence in list(self._renewed):
             if fence not in fences:
                 del self._renewed[fence]
@@ -65,13 +76,21 @@ class Renewer(Loop):
                 continue
             if task.heartbeat_timeout is not None and state.progress == progress:
                 continue  # no new heartbeat: let the claim lapse
-            self._claims[claim] = (now, state.progress)
-            ok = False
+            progress = state.progress
             try:
                 ok = runtime.store.renew_task(claim, task.claim_ttl)
             except Exception:
-                ok = False
-            if not ok:
+                logger.warning(
+                    "claim renewal of %s/%s failed", claim.instance_id, claim.key, exc_info=True
+                )
+                runtime.drop_broken_connection()
+                if time.monotonic() >= runtime.claim_belief(claim):
+                    state.cancel("claim lost")  # expired by now, as far as we can tell
+                continue  # again at the next tick
+            if ok:
+                self._claims[claim] = (now, progress)
+                runtime.claim_renewed(claim, now, task.claim_ttl)
+            else:
                 state.cancel("claim lost")
         for claim in list(self._claims):
             if claim not in live:

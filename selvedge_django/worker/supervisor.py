@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 from .. import local_starts as local
@@ -38,7 +39,8 @@ class Worker:
         self.runtime = WorkerRuntime(self.settings)
         self.store = self.runtime.store
         bus = self.store.bus
-        self._stop = threading.Event()
+        self._stop = threading.Event()  # the loops that find work
+        self._stop_renewals = threading.Event()  # the renewer, last of all at shutdown
         self.resumptions = ThreadPool("resume", self.settings.max_concurrent_resumptions)
         self.activities = ThreadPool("activity", self.settings.max_concurrent_activities)
         self.dispatcher = Dispatcher(self.runtime, bus, self.resumptions)
@@ -47,12 +49,13 @@ class Worker:
         self.activities.on_done = self.activity_poller.slot_freed
         self.timer_poller = TimerPoller(self.runtime, bus)
         self.leader = Leader(self.runtime, bus)
+        self.renewer = Renewer(self.runtime, bus)
         self.loops: list[Loop] = [
             self.dispatcher,
             self.activity_poller,
             self.timer_poller,
             self.leader,
-            Renewer(self.runtime, bus),
+            self.renewer,
         ]
         self._threads: list[threading.Thread] = []
         self._started = False
@@ -82,8 +85,9 @@ class Worker:
 
             self.listener = ensure_listener(self.store.alias, self.store.bus)
         for loop in self.loops:
+            stop = self._stop_renewals if loop is self.renewer else self._stop
             thread = threading.Thread(
-                target=loop.run, args=(self._stop,), name=f"selvedge-{loop.name}", daemon=True
+                target=loop.run, args=(stop,), name=f"selvedge-{loop.name}", daemon=True
             )
             thread.start()
             self._threads.append(thread)
@@ -118,25 +122,41 @@ class Worker:
     def stop(self, timeout: float | None = None) -> None:
         """Stop claiming, let in-flight work finish, then release what is still held.
 
-        Waits up to ``timeout`` (default ``SHUTDOWN_TIMEOUT``) for executions and
-        attempts in flight; attempts still running then see ``activity_cancelled()``
-        and their claims are released for another worker.
+        At once: nothing new is leased or claimed, and every attempt in flight is told
+        to stop (``activity_cancelled()`` is true, ``heartbeat()`` raises
+        ActivityCancelled); an attempt that stops so is released for another worker
+        (its attempt number is used, its retry budget is not), and one that returns a
+        result all the same has it recorded. Leases and claims are renewed all along.
+        After ``timeout`` (default ``SHUTDOWN_TIMEOUT``) the claims of attempts still
+        running are released the same way and the leases of executions still running
+        are given up; only then do renewals stop.
         """
         if not self._started:
             return
         timeout = self.settings.shutdown_timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
         local.unregister(self)
         self.runtime.stopping.set()
         self._stop.set()
         for loop in self.loops:
             loop.waker.wake()
-        idle = self.activities.wait_idle(timeout) and self.resumptions.wait_idle(timeout)
+        self.runtime.cancel_attempts("shutdown")
+        idle = self.activities.wait_idle(max(0.0, deadline - time.monotonic()))
+        idle = self.resumptions.wait_idle(max(0.0, deadline - time.monotonic())) and idle
         if not idle:
-            self.runtime.cancel_attempts("shutdown")
-            self.activities.wait_idle(min(5.0, timeout))
-            self.resumptions.wait_idle(min(5.0, timeout))
+            released = self.runtime.release_attempts()
+            if released:
+                logger.warning(
+                    "worker %s released %d claims of attempts still running at shutdown",
+                    self.worker_id,
+                    released,
+                    extra={"worker_id": self.worker_id},
+                )
         for fence in self.runtime.held_fences():
             self.runtime._release_quietly(fence, runnable=True)
+            self.runtime.drop(fence)
+        self._stop_renewals.set()
+        self.renewer.waker.wake()
         self.leader.resign()
         for thread in self._threads:
             thread.join(5.0)
