@@ -85,7 +85,7 @@ PHASES: dict[str, str] = {
     "claim_alive": "polling",
     "now_ms": "polling",
     "fire_due_timers": "polling",
-    "next_timer_due": "polling",
+    "next_timer_due_ms": "polling",
     "try_lock": "polling",
     "unlock": "polling",
     "lock_owner": "polling",

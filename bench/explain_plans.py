@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -121,9 +120,9 @@ def explain_all() -> None:
         ("claims: next_task_due_ms", lambda: store.next_task_due_ms(["plans.act"])),
         (
             "timers: fire_due_timers",
-            lambda: store.fire_due_timers(datetime.now(UTC) - timedelta(days=1), 100),
+            lambda: store.fire_due_timers(100),
         ),
-        ("timers: next_timer_due", store.next_timer_due),
+        ("timers: next_timer_due_ms", store.next_timer_due_ms),
         ("leader: sweep_activity_timeouts", lambda: store.sweep_activity_timeouts(100)),
         ("receive: arrivals", lambda: store.arrivals("wf-7")),
         ("receive: next_signal", lambda: store.next_signal("wf-7", "go")),

@@ -219,12 +219,17 @@ class ActivityTask(models.Model):
 
 
 class TimerSubscription(models.Model):
-    """An armed durable timer: the poller fires it once its expiry has passed."""
+    """An armed durable timer: the poller fires it once ``fire_at_ms`` has passed on the
+    database clock, and records ``expires_at`` (workflow time) as its value."""
 
     id = models.BigAutoField(primary_key=True)
     instance = models.ForeignKey(WorkflowInstance, on_delete=models.CASCADE, related_name="timers")
     key = models.CharField(max_length=255)
-    expires_at = models.DateTimeField()
+    expires_at = models.DateTimeField(help_text="workflow time (CLOCK): the value recorded at fire")
+    fire_at_ms = models.BigIntegerField(
+        help_text="when it fires, on the database clock (Unix ms): the arming time plus the"
+        " timer's duration"
+    )
     fired = models.BooleanField(
         default=False, help_text="fired for a timed receive; retired by its observation"
     )
@@ -237,7 +242,7 @@ class TimerSubscription(models.Model):
         ]
         indexes = [
             models.Index(
-                fields=["expires_at", "id"], name="sv_timer_due_idx", condition=Q(fired=False)
+                fields=["fire_at_ms", "id"], name="sv_timer_fire_idx", condition=Q(fired=False)
             )
         ]
 

@@ -18,7 +18,14 @@ from django.utils import timezone
 from . import exceptions as exc
 from .engine.codec import Codec
 from .engine.store import Fence, HistoryRow
-from .models import ActivityTask, HistoryEvent, SignalMessage, WorkflowInstance, WorkflowStatus
+from .models import (
+    ActivityTask,
+    HistoryEvent,
+    SignalMessage,
+    TimerSubscription,
+    WorkflowInstance,
+    WorkflowStatus,
+)
 from .notify import Bus, bus_for
 
 __all__ = ["DbNowMs", "StoreBase", "clock_offset_ms", "set_clock_offset_ms"]
@@ -262,7 +269,8 @@ class StoreBase:
 
         The hottest statements (fences, history rows, activity arrivals) skip the
         ORM's query building, which costs ten times the statement itself on a
-        local database. ``{instance}``, ``{history}`` and ``{task}`` name the tables.
+        local database. ``{instance}``, ``{history}``, ``{task}``, ``{signal}`` and
+        ``{timer}`` name the tables.
         """
         with self.connection.cursor() as cursor:
             cursor.execute(self._tables(sql), params)
@@ -281,6 +289,7 @@ class StoreBase:
             history=quote(HistoryEvent._meta.db_table),
             task=quote(ActivityTask._meta.db_table),
             signal=quote(SignalMessage._meta.db_table),
+            timer=quote(TimerSubscription._meta.db_table),
         )
 
     def now_sql(self, plus_seconds: float = 0.0) -> Sql:

@@ -8,11 +8,12 @@ lease; observations always do (they start with the fence check).
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 from . import exceptions as exc
 from .engine.codec import error_to_envelope
@@ -60,13 +61,27 @@ class WaitStoreMixin(StoreBase):
 
     # -- timers -------------------------------------------------------------------------
 
-    def reserve_timer(self, fence: Fence, row: HistoryRow, expires_at: datetime) -> HistoryRow:
+    def reserve_timer(
+        self, fence: Fence, row: HistoryRow, expires_at: datetime, delay: float
+    ) -> HistoryRow:
+        """Reserve a sleep or timed receive and arm its timer, in one fenced transaction.
+
+        The timer fires ``delay`` seconds from now on the database clock (``fire_at_ms``),
+        and records ``expires_at``, the workflow time the configured clock gave.
+        """
         with self.atomic():
             self._fence(fence, current_step=f"{row.command} until {expires_at.isoformat()}")
             stored = self._insert_row(fence.instance_id, row)
             if stored is row:
-                TimerSubscription.objects.using(self.alias).create(
-                    instance_id=fence.instance_id, key=row.key, expires_at=expires_at
+                self._insert(
+                    TimerSubscription,
+                    {
+                        "instance_id": fence.instance_id,
+                        "key": row.key,
+                        "expires_at": expires_at,
+                        "fire_at_ms": self.now_sql(max(0.0, delay)),
+                    },
+                    returning_id=True,  # (the id column is left to the database)
                 )
                 self.after_commit("timer")
             return stored
@@ -78,62 +93,67 @@ class WaitStoreMixin(StoreBase):
             .exists()
         )
 
-    def fire_due_timers(
-        self, now: datetime, limit: int, fired: list[tuple[str, str, str]] | None = None
-    ) -> int:
-        """Fire up to ``limit`` due timers in one transaction; return how many.
+    def fire_due_timers(self, limit: int, fired: list[tuple[str, str, str]] | None = None) -> int:
+        """Fire up to ``limit`` timers due on the database clock, in one transaction.
 
-        ``fired`` collects (instance id, key, workflow name) of the timers that woke
-        a running instance (the discarded ones of closed instances are not listed).
+        Returns how many were handled; ``fired`` collects (instance id, key, workflow
+        name) of the timers that woke a running instance (those of closed instances
+        are discarded).
+
+        Lock order: the instance row first, as on every other write path (a fence,
+        a close, an activity arrival), then its timer rows, then its history rows.
+        On PostgreSQL one statement picks the due timers together with their
+        instance rows and locks both, skipping instances another transaction holds
+        (their timers fire at the next round), so a fire never waits for, nor
+        deadlocks with, an execution observing its timed receive or closing.
         """
-        pending = TimerSubscription.objects.using(self.alias).filter(
-            fired=False, expires_at__lte=now
-        )
-        if not self.worth_locking(pending):
+        now = self.now_sql()
+        where = f"t.fired = %s AND t.fire_at_ms <= {now.sql}"
+        params: list[Any] = [False, *now.params]
+        # On SQLite a read first: a write transaction locks the whole database.
+        if (
+            self.vendor == "sqlite"
+            and not self.connection.in_atomic_block
+            and not self._fetch(f"SELECT 1 FROM {{timer}} t WHERE {where} LIMIT 1", params)
+        ):
             return 0
+        lock = " FOR UPDATE OF i, t SKIP LOCKED" if self.vendor == "postgresql" else ""
         with self.atomic():
-            due = list(
-                TimerSubscription.objects.using(self.alias)
-                .filter(fired=False, expires_at__lte=now)
-                .order_by("expires_at", "id")
-                .select_for_update(skip_locked=True)
-                .values_list("id", "instance_id", "key", "expires_at")[:limit]
+            due = self._fetch(
+                "SELECT t.id, t.instance_id, t.key, t.expires_at, i.status, i.workflow_name,"
+                " h.command"
+                " FROM {timer} t JOIN {instance} i ON i.instance_id = t.instance_id"
+                " LEFT JOIN {history} h ON h.instance_id = t.instance_id AND h.key = t.key"
+                f" WHERE {where} ORDER BY t.fire_at_ms, t.id LIMIT %s{lock}",
+                [*params, limit],
             )
             if not due:
                 return 0
-            instance_ids = {instance_id for _, instance_id, _, _ in due}
-            running = dict(
-                WorkflowInstance.objects.using(self.alias)
-                .filter(instance_id__in=instance_ids, status=WorkflowStatus.RUNNING)
-                .values_list("instance_id", "workflow_name")
-            )
-            commands = {
-                (instance_id, key): command
-                for instance_id, key, command in HistoryEvent.objects.using(self.alias)
-                .filter(instance_id__in=instance_ids, key__in=[key for _, _, key, _ in due])
-                .values_list("instance_id", "key", "command")
-            }
             delete_ids: list[int] = []
             mark_ids: list[int] = []
             woken: set[str] = set()
-            for timer_id, instance_id, key, expires_at in due:
-                if instance_id not in running:
+            for timer_id, instance_id, key, expires_at, status, workflow_name, command in due:
+                if status != WorkflowStatus.RUNNING:
                     delete_ids.append(timer_id)  # closed: discarded, no history, no wake
                     continue
-                if commands.get((instance_id, key)) == CMD_RECEIVE:
+                if command == CMD_RECEIVE:
                     mark_ids.append(timer_id)
                 else:
-                    HistoryEvent.objects.using(self.alias).filter(
-                        instance_id=instance_id, key=key, data__isnull=True
-                    ).update(
-                        event_type=EV_TIMER_EXPIRED,
-                        data=json.dumps(expires_at.isoformat()),
-                        arrived_at=timezone.now(),
+                    self._execute(
+                        "UPDATE {history} SET event_type = %s, data = %s, arrived_at = %s"
+                        " WHERE instance_id = %s AND key = %s AND data IS NULL",
+                        [
+                            EV_TIMER_EXPIRED,
+                            json.dumps(self._aware(expires_at).isoformat()),
+                            self._now_param(),
+                            instance_id,
+                            key,
+                        ],
                     )
                     delete_ids.append(timer_id)
                 woken.add(instance_id)
                 if fired is not None:
-                    fired.append((instance_id, key, running[instance_id]))
+                    fired.append((instance_id, key, workflow_name))
             if delete_ids:
                 TimerSubscription.objects.using(self.alias).filter(id__in=delete_ids).delete()
             if mark_ids:
@@ -147,14 +167,27 @@ class WaitStoreMixin(StoreBase):
                 self.after_commit("runnable")
             return len(due)
 
-    def next_timer_due(self) -> datetime | None:
-        return (
-            TimerSubscription.objects.using(self.alias)
-            .filter(fired=False)
-            .order_by("expires_at")
-            .values_list("expires_at", flat=True)
-            .first()
+    @staticmethod
+    def _aware(value: Any) -> datetime:
+        """A datetime column read by a hand-written statement, as an aware UTC datetime."""
+        if isinstance(value, str):  # SQLite returns the stored text
+            parsed = parse_datetime(value)
+            if parsed is None:
+                raise ValueError(f"not a datetime: {value!r}")
+            value = parsed
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+    def next_timer_due_ms(self) -> int | None:
+        """Milliseconds until the next timer fires on the database clock (None: none armed)."""
+        now = self.now_sql()
+        rows = self._fetch(
+            f"SELECT fire_at_ms - {now.sql} FROM {{timer}} WHERE fired = %s"
+            " ORDER BY fire_at_ms LIMIT 1",
+            [*now.params, False],
         )
+        return max(0, int(rows[0][0])) if rows else None
 
     # -- signals ------------------------------------------------------------------------
 

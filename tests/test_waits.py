@@ -30,7 +30,7 @@ from selvedge_django.models import (
     TimerSubscription,
     WorkflowInstance,
 )
-from selvedge_django.store import DjangoStore
+from selvedge_django.store import DjangoStore, set_clock_offset_ms
 from selvedge_django.testing import ControllableClock, run_until_idle
 from selvedge_django.worker import Worker
 from tests.testapp.models import Ledger
@@ -381,9 +381,11 @@ def test_every_timer_form_records_its_expiry_at_reservation_and_fires_on_the_clo
     assert json.loads(sleep_row.reservation or "") == {"expires_at": iso(100)}
     assert [t.expires_at for t in timers(instance_id)] == [at(100)]
 
-    clock.advance(89.999)
+    # The timer fires 90 s after its arming on the database clock, which the testing
+    # clock moves (real time moves it too: a margin for the milliseconds that passed).
+    clock.advance(89)
     assert run(stepper) == 0
-    clock.advance(0.001)
+    clock.advance(1)
     run(stepper)
 
     assert output_of(instance_id) == {
@@ -544,11 +546,12 @@ def test_the_timer_poller_waits_for_the_next_expiry_or_its_check_interval(
     sv.start_workflow("wait.sleep", {"seconds": 2})
     sv.start_workflow("wait.sleep", {"seconds": 3600})
     run(worker)
-    assert poller.next_delay(30) == pytest.approx(2, abs=0.01)
+    # Measured on the database clock (which also moves in real time: a margin).
+    assert poller.next_delay(30) == pytest.approx(2, abs=0.2)
     clock.advance(1.5)
-    assert poller.next_delay(30) == pytest.approx(0.5, abs=0.01)
+    assert poller.run_once() == 0  # not due yet: the round reads the next fire time
+    assert poller.next_delay(30) == pytest.approx(0.5, abs=0.2)
     clock.advance(1)
-    assert poller.next_delay(30) == 0
     assert poller.run_once() == 1
     assert poller.next_delay(30) == 30  # the next one is an hour away
 
@@ -566,7 +569,9 @@ def test_a_fire_for_a_closed_instance_is_discarded_without_history_or_wake(
     # Subscriptions that outlived their instance's close (as if a fire raced the close):
     # one for the timed receive, one for a sleep.
     for key in (receive_row.key, "#9:sleep"):
-        TimerSubscription.objects.create(instance_id=instance_id, key=key, expires_at=at(0))
+        TimerSubscription.objects.create(
+            instance_id=instance_id, key=key, expires_at=at(0), fire_at_ms=0
+        )
 
     assert stepper.timer_poller.run_once() == 2
     assert timers(instance_id) == []
@@ -611,9 +616,9 @@ def test_receive_with_timeout_raises_receive_timeout_when_the_timer_fires(
     assert receive_row.data is None
     assert [t.expires_at for t in timers(instance_id)] == [at(30)]
 
-    clock.advance(29.999)
+    clock.advance(29)  # a margin for the real time that moved the database clock too
     assert run(stepper) == 0
-    clock.advance(0.001)
+    clock.advance(1)
     run(stepper)
 
     assert output_of(instance_id) == {"timeout": True}  # ReceiveTimeout is a TimeoutError
@@ -860,20 +865,27 @@ def test_workflow_time_never_goes_below_earlier_values_or_observed_timer_expirie
     assert worker.dispatcher.run_once() == 1  # now() twice at +100, then sleeps until +110
     assert [t.expires_at for t in timers(instance_id)] == [at(110)]
 
-    wall.now = at(200)
-    assert worker.timer_poller.run_once() == 1
-    wall.now = at(0)  # the clock steps back before the next execution
-    assert worker.dispatcher.run_once() == 1
-    # now() after the sleep returned the observed expiry, and the next timer's base is it.
-    (now_row,) = [r for r in rows(instance_id, "now") if r.seq == 4]
-    assert json.loads(now_row.data or "") == iso(110)
-    assert [t.expires_at for t in timers(instance_id)] == [at(120)]
+    try:
+        # Timers fire by the database clock, 10 s after their arming there.
+        set_clock_offset_ms(11_000)
+        wall.now = at(200)
+        assert worker.timer_poller.run_once() == 1
+        wall.now = at(0)  # the clock steps back before the next execution
+        assert worker.dispatcher.run_once() == 1
+        # now() after the sleep returned the observed expiry, and the next timer's base
+        # is it.
+        (now_row,) = [r for r in rows(instance_id, "now") if r.seq == 4]
+        assert json.loads(now_row.data or "") == iso(110)
+        assert [t.expires_at for t in timers(instance_id)] == [at(120)]
 
-    wall.now = at(300)
-    assert worker.timer_poller.run_once() == 1
-    wall.now = at(0)
-    assert worker.dispatcher.run_once() == 1
-    assert output_of(instance_id) == [iso(100), iso(100), iso(110), iso(120)]
+        set_clock_offset_ms(22_000)
+        wall.now = at(300)
+        assert worker.timer_poller.run_once() == 1
+        wall.now = at(0)
+        assert worker.dispatcher.run_once() == 1
+        assert output_of(instance_id) == [iso(100), iso(100), iso(110), iso(120)]
+    finally:
+        set_clock_offset_ms(0)
 
 
 UNWOUND: list[str] = []

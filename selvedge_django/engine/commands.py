@@ -293,7 +293,8 @@ def new_timer(
     assert fence is not None
     store = execution.runtime.store
     row = HistoryRow(key, seq, CMD_SLEEP, reservation=reservation)
-    stored = execution.guarded(lambda: store.reserve_timer(fence, row, expires))
+    delay = (expires - base).total_seconds()
+    stored = execution.guarded(lambda: store.reserve_timer(fence, row, expires, delay))
     execution.check_stored(key, stored, CMD_SLEEP)
     return timer
 
@@ -388,7 +389,7 @@ def receive_with_timeout(
         row = HistoryRow(
             key, seq, CMD_RECEIVE, reservation=json.dumps({"expires_at": expires.isoformat()})
         )
-        stored = execution.guarded(lambda: store.reserve_timer(fence, row, expires))
+        stored = execution.guarded(lambda: store.reserve_timer(fence, row, expires, seconds))
         execution.check_stored(key, stored, CMD_RECEIVE)
     cancelled = cancellation(execution, scope)
     if cancelled is not None:

@@ -290,8 +290,16 @@ class EngineStore(Protocol):
         """Return the store clock in Unix milliseconds."""
         ...
 
-    def reserve_timer(self, fence: Fence, row: HistoryRow, expires_at: Any) -> HistoryRow:
-        """Reserve a sleep (or timed receive) and arm its timer, atomically."""
+    def reserve_timer(
+        self, fence: Fence, row: HistoryRow, expires_at: Any, delay: float
+    ) -> HistoryRow:
+        """Reserve a sleep (or timed receive) and arm its timer, atomically.
+
+        ``expires_at`` is workflow time (the configured clock, never below the time
+        floor): the value the fire records. ``delay`` is the timer's duration from the
+        base its expiry was computed from; the timer fires once that much has passed
+        on the store clock from now, whatever the configured clock says.
+        """
         ...
 
     def observe(self, fence: Fence, observation: Observation) -> ObservationResult:
