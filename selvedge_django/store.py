@@ -772,17 +772,22 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
                 claim, EV_ACTIVITY_COMPLETED, output, inline_fence
             )
             notify, notify_params = self._notify_from("w", ["runnable"])
+            # Lock order: the instance row first (i), as on every path that writes an
+            # instance's history, tasks or timers; then the task, history and wake.
             claimed, woken, _ = self._fetch(
-                f"WITH t AS ({complete} RETURNING id),"
+                "WITH i AS (SELECT instance_id FROM {instance} WHERE instance_id = %s"
+                " FOR UPDATE),"
+                f" t AS ({complete} AND EXISTS (SELECT 1 FROM i) RETURNING id),"
                 f" h AS ({record} AND EXISTS (SELECT 1 FROM t) RETURNING id),"
                 f" w AS ({wake} AND EXISTS (SELECT 1 FROM t) RETURNING instance_id)"
                 f" SELECT (SELECT count(*) FROM t), (SELECT count(*) FROM w), {notify}",
-                [*params, *record_params, *wake_params, *notify_params],
+                [claim.instance_id, *params, *record_params, *wake_params, *notify_params],
             )[0]
             if woken:
                 self._publish_now("runnable")
             return bool(claimed)
         with self.atomic():
+            self._lock_instance(claim.instance_id)
             if not self._execute(complete, params):
                 return False
             self._arrive(claim, EV_ACTIVITY_COMPLETED, output, inline_fence)
@@ -803,6 +808,7 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
         (default: the same), the error of the attempt itself.
         """
         with self.atomic():
+            self._lock_instance(claim.instance_id)
             if not self._claim_filter(claim, live=True).update(
                 status=ActivityTaskStatus.FAILED,
                 claim_expires_ms=None,
@@ -912,6 +918,10 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
         ):
             return self._close_one_statement(fence, request)
         with self.atomic():
+            # Lock order: a child's close takes its parent's row before its own (an
+            # ancestor before a descendant, as a parent's close cancelling its children
+            # does), and decides there whether the parent still waits for the outcome.
+            parent_waits = self._wake_waiting_parent(fence.instance_id, request.parent)
             status = request.status
             if status == WorkflowStatus.CANCELLED:
                 self._fence(fence)
@@ -932,11 +942,7 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
             if request.unfinished:
                 self._close_cleanup(fence.instance_id)
             self._close_cascade(
-                fence.instance_id,
-                status,
-                data,
-                children=request.children,
-                parent=request.parent,
+                fence.instance_id, status, data, children=request.children, parent=parent_waits
             )
             # A waiter in this process reads the row again once the handed-over execution
             # is no longer marked running: unmark it before the wake-up goes out.

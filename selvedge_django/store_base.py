@@ -514,6 +514,20 @@ class StoreBase:
             raise self._fenced_error(fence)
         self.after_commit("runnable")
 
+    def _lock_instance(self, instance_id: str) -> None:
+        """Lock an instance row first, inside a transaction that writes what it owns.
+
+        The one lock order of every write path: the instance row, then its tasks,
+        timers and history rows (and an ancestor's row before a descendant's). The
+        fenced paths get the lock from their fence update; an arrival (an activity
+        outcome, a timeout recorded by the leader) takes it here. PostgreSQL only:
+        a SQLite write transaction already holds the whole database.
+        """
+        if self.vendor == "postgresql":
+            self._execute(
+                "SELECT 1 FROM {instance} WHERE instance_id = %s FOR UPDATE", [instance_id]
+            )
+
     def _insert_row(self, instance_id: str, row: HistoryRow) -> HistoryRow:
         """Insert a history row inside the caller's fenced transaction.
 

@@ -95,6 +95,7 @@ class TaskSweepMixin(StoreBase):
             .order_by("claim_expires_ms")
             .values_list(
                 "id",
+                "instance_id",
                 "claim_epoch",
                 "name",
                 "attempts",
@@ -105,10 +106,14 @@ class TaskSweepMixin(StoreBase):
                 "claim_expires_ms",
             )[:limit]
         )
-        for task_id, epoch, name, attempts, failures, max_attempts, *expiry in lapsed:
+        for task_id, instance_id, epoch, name, attempts, failures, max_attempts, *expiry in lapsed:
             timeout = lapse_timeout(name, attempts, *expiry)
             exhausted = max_attempts != 0 and failures + 1 >= max_attempts
             with self.atomic():
+                if exhausted:
+                    # The instance row first (the lock order of every write path): the
+                    # failure arrives in its history.
+                    self._lock_instance(instance_id)
                 task = ActivityTask.objects.using(self.alias).filter(
                     id=task_id,
                     claim_epoch=epoch,
@@ -156,6 +161,7 @@ class TaskSweepMixin(StoreBase):
         for task_id, instance_id, key, name, attempts in overdue:
             error = _envelope(exc.ActivityTimeoutError(name, "schedule_to_start", attempts))
             with self.atomic():
+                self._lock_instance(instance_id)
                 if (
                     not ActivityTask.objects.using(self.alias)
                     .filter(

@@ -506,6 +506,39 @@ class WaitStoreMixin(StoreBase):
                 self.after_commit("runnable")
             return stored
 
+    def _wake_waiting_parent(
+        self, iid: str, parent: tuple[str, str] | None
+    ) -> tuple[str, str] | None:
+        """The first statement of a child's close: lock the parent's row and wake it.
+
+        Only a running parent whose child command still waits for an outcome is
+        woken (and so locked until this close commits, so it cannot close meanwhile);
+        its (id, key) is returned for :meth:`_close_cascade` to fill. None when there
+        is no parent, or it closed (a parent's history never changes after its
+        close: the child's outcome stays in the child's own record), or it already
+        has the outcome (a cancelled scope resolved it). ``parent`` is (id, key)
+        when known, None to read it.
+        """
+        if parent is None:
+            rows = self._fetch(
+                "SELECT parent_instance_id, parent_key FROM {instance} WHERE instance_id = %s",
+                [iid],
+            )
+            parent = (str(rows[0][0]), str(rows[0][1])) if rows else ("", "")
+        parent_id, parent_key = parent
+        if not parent_id:
+            return None
+        woken = self._execute(
+            "UPDATE {instance} SET runnable = %s WHERE instance_id = %s AND status = %s"
+            " AND EXISTS (SELECT 1 FROM {history} WHERE instance_id = %s AND key = %s"
+            " AND command = %s AND data IS NULL)",
+            [True, parent_id, str(WorkflowStatus.RUNNING), parent_id, parent_key, CMD_CHILD],
+        )
+        if not woken:
+            return None
+        self.after_commit("runnable")
+        return parent_id, parent_key
+
     def _close_cascade(
         self,
         iid: str,
@@ -518,7 +551,9 @@ class WaitStoreMixin(StoreBase):
         """What a close does to children and the parent (inside the close transaction).
 
         ``children`` False skips the child lookup (the history started none);
-        ``parent`` is (parent id, parent key) when known, None to read it.
+        ``parent`` is the (parent id, parent key) that :meth:`_wake_waiting_parent`
+        locked and woke, whose child row gets this close's outcome; None: nothing
+        to fill.
         """
         if children:
             # The partial index's own condition, repeated, and the status checked here:
@@ -534,13 +569,6 @@ class WaitStoreMixin(StoreBase):
             ]
             self._request_child_cancel(iid, running, f"parent {iid} closed")
         if parent is None:
-            parent = (
-                WorkflowInstance.objects.using(self.alias)
-                .filter(instance_id=iid)
-                .values_list("parent_instance_id", "parent_key")
-                .first()
-            )
-        if parent is None or not parent[0]:
             return
         parent_id, parent_key = parent
         event = {
@@ -548,16 +576,9 @@ class WaitStoreMixin(StoreBase):
             WorkflowStatus.FAILED: EV_CHILD_FAILED,
             WorkflowStatus.CANCELLED: EV_CHILD_CANCELLED,
         }[WorkflowStatus(status)]
-        filled = (
-            HistoryEvent.objects.using(self.alias)
-            .filter(instance_id=parent_id, key=parent_key, command=CMD_CHILD, data__isnull=True)
-            .update(event_type=event, data=data, arrived_at=timezone.now())
-        )
-        if filled:
-            WorkflowInstance.objects.using(self.alias).filter(
-                instance_id=parent_id, status=WorkflowStatus.RUNNING
-            ).update(runnable=True)
-            self.after_commit("runnable")
+        HistoryEvent.objects.using(self.alias).filter(
+            instance_id=parent_id, key=parent_key, command=CMD_CHILD, data__isnull=True
+        ).update(event_type=event, data=data, arrived_at=timezone.now())
 
     def _close_cleanup(self, iid: str) -> None:
         """Cancel unfinished tasks and timers of a closing instance."""

@@ -16,6 +16,8 @@ from typing import Any
 import selvedge_django as sv
 from selvedge_django.models import HistoryEvent, TimerSubscription
 
+from .conftest import wait_until
+
 PAST = datetime(2001, 1, 1, tzinfo=UTC)
 
 
@@ -23,8 +25,14 @@ def frozen_in_the_past() -> datetime:
     return PAST
 
 
-def a_day_ahead() -> datetime:
-    return datetime.now(UTC) + timedelta(days=1)
+class JumpingClock:
+    """The system clock, plus an offset a test can change (a clock that jumps)."""
+
+    def __init__(self) -> None:
+        self.ahead = timedelta(0)
+
+    def __call__(self) -> datetime:
+        return datetime.now(UTC) + self.ahead
 
 
 def sleep_row(instance_id: str) -> HistoryEvent:
@@ -47,10 +55,14 @@ def test_a_timer_fires_although_the_configured_clock_is_frozen_in_the_past(
     assert not TimerSubscription.objects.exists()
 
 
-def test_a_clock_running_ahead_does_not_hasten_a_timer(make_worker: Callable[..., Any]) -> None:
-    make_worker(clock=a_day_ahead)
+def test_a_clock_that_jumps_ahead_does_not_hasten_a_timer(make_worker: Callable[..., Any]) -> None:
+    clock = JumpingClock()
+    worker = make_worker(clock=clock)
     started = datetime.now(UTC)
     instance_id = sv.start_workflow("wait.sleep", {"seconds": 1.5})
+    wait_until(lambda: TimerSubscription.objects.filter(instance_id=instance_id).exists())
+    clock.ahead = timedelta(days=1)  # after the arming: the expiry now lies far behind CLOCK
+    worker.timer_poller.waker.wake()  # as another timer's arming would: look again now
     result = sv.wait_workflow(instance_id, timeout=20)
 
     assert result.status == "completed", result.error
@@ -60,7 +72,10 @@ def test_a_clock_running_ahead_does_not_hasten_a_timer(make_worker: Callable[...
     # process's wall clock are the same machine's here).
     assert row.arrived_at - started >= timedelta(seconds=1.5)
     recorded = datetime.fromisoformat(json.loads(row.data or ""))
-    assert recorded - started > timedelta(hours=23)  # workflow time: a day ahead
+    assert recorded - started < timedelta(hours=1)  # the expiry armed before the jump
+    # Workflow time after the fire is the configured clock's: a day ahead.
+    after = datetime.fromisoformat(result.output["after"])
+    assert after - started > timedelta(hours=23)
 
 
 def test_a_timed_receive_times_out_by_the_database_clock(
