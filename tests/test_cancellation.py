@@ -489,7 +489,7 @@ def test_close_cancels_tasks_timers_and_children_in_its_own_fenced_transaction(
     (attempt,) = store.claim_tasks("activity-worker", 1, ["test.add"])
     assert attempt.claim.key == "#1:test.add"
     expires = timezone.now() + timedelta(hours=1)
-    store.reserve_timer(fence, HistoryRow("#3:sleep", 3, "sleep"), expires)
+    store.reserve_timer(fence, HistoryRow("#3:sleep", 3, "sleep"), expires, 3600)
     child_id = f"{iid}/#4:child"
     store.start_child(
         fence,
