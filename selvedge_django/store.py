@@ -619,48 +619,58 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
         return qs
 
     def _take_claims(self, ids: list[int], owner: str) -> list[ClaimedTask]:
-        """Claim the given task ids (already filtered) and read them back in full."""
+        """Claim the given task ids (already filtered and locked) and read them back in full.
+
+        Each row is updated once: on PostgreSQL a second update of a row this
+        transaction already changed queues the deferred foreign-key check of the task
+        for COMMIT, where it waits behind a fenced writer of the instance (a scope
+        cancel or close) that itself waits for this task row: a deadlock.
+        """
         if not ids:
             return []
-        ActivityTask.objects.using(self.alias).filter(id__in=ids).update(
-            failures=Case(
-                When(status=ActivityTaskStatus.RUNNING, then=F("failures") + 1),
-                default=F("failures"),
-            ),
-            status=ActivityTaskStatus.RUNNING,
-            attempts=F("attempts") + 1,
-            claim_owner=owner,
-            claim_epoch=F("claim_epoch") + 1,
-            claim_started_ms=self.now_expr(),
-            schedule_deadline_ms=None,
-        )
-        tasks = list(
-            ActivityTask.objects.using(self.alias)
-            .filter(id__in=ids, claim_owner=owner)
-            .order_by("id")
-        )
-        claimed: list[ClaimedTask] = []
-        for task in tasks:
+        before = list(ActivityTask.objects.using(self.alias).filter(id__in=ids).order_by("id"))
+        ttls: dict[int, tuple[float, float | None, float | None]] = {}
+        for task in before:
             start_to_close = task.start_to_close_ms / 1000 if task.start_to_close_ms else None
             heartbeat = task.heartbeat_timeout_ms / 1000 if task.heartbeat_timeout_ms else None
             ttl = self._claim_ttl(start_to_close, heartbeat)
+            ttls[task.id] = (ttl, start_to_close, heartbeat)
             fields: dict[str, Any] = dict(
+                status=ActivityTaskStatus.RUNNING,
+                attempts=F("attempts") + 1,
+                claim_owner=owner,
+                claim_epoch=F("claim_epoch") + 1,
+                claim_started_ms=self.now_expr(),
+                schedule_deadline_ms=None,
                 claim_expires_ms=self.now_expr(ttl),
                 attempt_deadline_ms=self.now_expr(start_to_close) if start_to_close else None,
             )
             if task.claim_expires_ms is not None:
-                # Still the previous claim's expiry: a lapsed claim, whose failure was counted.
-                fields["last_error"] = self._lapse_envelope(task)
+                # A lapsed claim taken over: its lapse is counted as a failure here.
+                fields["failures"] = F("failures") + 1
+                fields["last_error"] = self._lapse_envelope(task, task.attempts)
             ActivityTask.objects.using(self.alias).filter(id=task.id).update(**fields)
+        read_back = {
+            task_id: (epoch, attempts, failures)
+            for task_id, epoch, attempts, failures in ActivityTask.objects.using(self.alias)
+            .filter(id__in=ids, claim_owner=owner)
+            .values_list("id", "claim_epoch", "attempts", "failures")
+        }
+        claimed: list[ClaimedTask] = []
+        for task in before:
+            if task.id not in read_back:
+                continue
+            epoch, attempts, failures = read_back[task.id]
+            ttl, start_to_close, heartbeat = ttls[task.id]
             claimed.append(
                 ClaimedTask(
-                    claim=TaskClaim(task.id, task.instance_id, task.key, owner, task.claim_epoch),
+                    claim=TaskClaim(task.id, task.instance_id, task.key, owner, epoch),
                     name=task.name,
                     workflow_name=task.workflow_name,
                     input=task.input,
                     options=task.options,
-                    attempt=task.attempts,
-                    failures=task.failures,
+                    attempt=attempts,
+                    failures=failures,
                     max_attempts=task.max_attempts,
                     claim_ttl=ttl,
                     start_to_close_timeout=start_to_close,
@@ -776,7 +786,7 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
             # instance's history, tasks or timers; then the task, history and wake.
             claimed, woken, _ = self._fetch(
                 "WITH i AS (SELECT instance_id FROM {instance} WHERE instance_id = %s"
-                " FOR UPDATE),"
+                " FOR NO KEY UPDATE),"
                 f" t AS ({complete} AND EXISTS (SELECT 1 FROM i) RETURNING id),"
                 f" h AS ({record} AND EXISTS (SELECT 1 FROM t) RETURNING id),"
                 f" w AS ({wake} AND EXISTS (SELECT 1 FROM t) RETURNING instance_id)"

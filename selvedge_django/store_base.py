@@ -521,11 +521,14 @@ class StoreBase:
         timers and history rows (and an ancestor's row before a descendant's). The
         fenced paths get the lock from their fence update; an arrival (an activity
         outcome, a timeout recorded by the leader) takes it here. PostgreSQL only:
-        a SQLite write transaction already holds the whole database.
+        a SQLite write transaction already holds the whole database. ``FOR NO KEY
+        UPDATE`` is the lock a fence update takes: it queues behind fenced writers
+        without blocking the foreign-key checks of rows that reference the instance.
         """
         if self.vendor == "postgresql":
             self._execute(
-                "SELECT 1 FROM {instance} WHERE instance_id = %s FOR UPDATE", [instance_id]
+                "SELECT 1 FROM {instance} WHERE instance_id = %s FOR NO KEY UPDATE",
+                [instance_id],
             )
 
     def _insert_row(self, instance_id: str, row: HistoryRow) -> HistoryRow:

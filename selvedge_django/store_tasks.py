@@ -176,11 +176,11 @@ class TaskSweepMixin(StoreBase):
             done += 1
         return done
 
-    def _lapse_envelope(self, task: ActivityTask) -> str:
-        """The error of a lapsed claim taken over by a new one (read before the takeover)."""
+    def _lapse_envelope(self, task: ActivityTask, attempt: int) -> str:
+        """The error of a lapsed claim (attempt ``attempt``) taken over by a new one."""
         timeout = lapse_timeout(
             task.name,
-            task.attempts - 1,
+            attempt,
             task.attempt_deadline_ms,
             task.heartbeat_timeout_ms,
             task.claim_expires_ms,

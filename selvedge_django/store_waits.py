@@ -117,7 +117,7 @@ class WaitStoreMixin(StoreBase):
             and not self._fetch(f"SELECT 1 FROM {{timer}} t WHERE {where} LIMIT 1", params)
         ):
             return 0
-        lock = " FOR UPDATE OF i, t SKIP LOCKED" if self.vendor == "postgresql" else ""
+        lock = " FOR NO KEY UPDATE OF i, t SKIP LOCKED" if self.vendor == "postgresql" else ""
         with self.atomic():
             due = self._fetch(
                 "SELECT t.id, t.instance_id, t.key, t.expires_at, i.status, i.workflow_name,"
