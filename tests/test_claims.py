@@ -210,9 +210,9 @@ def test_a_failed_claim_renewal_does_not_cancel_a_claim_still_valid(
 def test_a_failed_lease_renewal_keeps_a_lease_still_believed_valid(
     make_worker: Callable[..., Any], marker: Path
 ) -> None:
-    # Renewals every 1.9 s of a 3 s lease: after one failed renewal the next regular one
-    # would find the lease expired; a retry at the next tick is in time.
-    lease = {"TTL": 3, "RENEW_INTERVAL": 1.9, "MARGIN": 1, "MAX_SKEW": 0.05}
+    # Renewals every 3.9 s of a 6 s lease: after one failed renewal the next regular one
+    # would find the lease expired; a retry at the next tick (0.25 s) is in time.
+    lease = {"TTL": 6, "RENEW_INTERVAL": 3.9, "MARGIN": 2, "MAX_SKEW": 0.05}
     with FaultInjector() as faults:
         fault = faults.fail_statement(operation="renew_lease", times=1)
         make_worker(lease=lease, worker_id="renewing")
