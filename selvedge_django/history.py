@@ -327,6 +327,18 @@ _EVENT = {
 _EVENT_REQUIRED = {"seq", "key", "command", "event_type"}
 _SIGNAL = {"id": int, "channel": str, "delivered_seq": int, "consumed_seq": int}
 _STATUSES = {"running", "completed", "failed", "cancelled"}
+# Go's encoding/json decodes null into a field's zero value, and the Go engine's
+# exports can hold such nulls (nil slices, zero-valued rows): read null as that zero
+# value where it is a valid one. Identity fields have none; ``input``, ``output``,
+# ``data`` and ``reservation`` are raw JSON, where null is a recorded null.
+_ZERO_INSTANCE = {
+    "cancel_requested": False,
+    "cancel_reason": "",
+    "parent_instance_id": "",
+    "parent_key": "",
+}
+_ZERO_EVENT = {"seq": 0, "delivered_seq": 0, "data_type": "json"}
+_ZERO_SIGNAL = {"delivered_seq": 0, "consumed_seq": 0}
 
 
 def _fail(message: str) -> exc.UnsupportedHistoryFormat:
@@ -334,8 +346,13 @@ def _fail(message: str) -> exc.UnsupportedHistoryFormat:
 
 
 def _check_object(
-    value: Any, where: str, fields: dict[str, type], required: set[str]
+    value: Any,
+    where: str,
+    fields: dict[str, type],
+    required: set[str],
+    zeros: dict[str, Any],
 ) -> dict[str, Any]:
+    """Check one object's fields and types; return it with nulls read as ``zeros``."""
     if not isinstance(value, dict):
         raise _fail(f"{where} must be an object")
     for name in value:
@@ -344,21 +361,40 @@ def _check_object(
     for name in required:
         if name not in value:
             raise _fail(f"missing field {where}.{name}")
+    value = {
+        name: zeros[name] if item is None and name in zeros else item
+        for name, item in value.items()
+    }
     for name, kind in fields.items():
         if name not in value or kind is object:
             continue
         item = value[name]
         ok = isinstance(item, kind) and not (kind is int and isinstance(item, bool))
         if not ok:
-            raise _fail(f"field {where}.{name} must be {kind.__name__}, not {type(item).__name__}")
+            got = "null" if item is None else type(item).__name__
+            raise _fail(f"field {where}.{name} must be {kind.__name__}, not {got}")
     return value
+
+
+def _list(doc: dict[str, Any], name: str) -> list[Any]:
+    """A top-level list; absent or null (a Go nil slice) is empty."""
+    items = doc.get(name)
+    if items is None:
+        return []
+    if not isinstance(items, list):
+        raise _fail(f"field {name} must be a list")
+    return items
 
 
 def parse_history(data: str | bytes | bytearray) -> RecordedHistory:
     """Strictly decode a ``selvedge.history/v1`` document.
 
     Text that is not JSON, unknown fields, a different format or version and
-    wrong types raise :class:`UnsupportedHistoryFormat` naming the problem.
+    wrong types raise :class:`UnsupportedHistoryFormat` naming the problem. As
+    Go's decoder does, ``null`` reads as the zero value of a field that has a
+    valid one (an empty list, ``0``, ``""``, ``false``; ``"json"`` for
+    ``data_type``), so histories exported by the Go engine load; raw JSON fields
+    (``input``, ``output``, ``data``, ``reservation``) keep null as a recorded null.
     """
     if isinstance(data, bytes | bytearray):
         try:
@@ -379,19 +415,19 @@ def parse_history(data: str | bytes | bytearray) -> RecordedHistory:
     fmt = doc.get("format")
     if fmt != FORMAT:
         raise _fail(f"unsupported format {fmt!r} (expected {FORMAT!r})")
-    inst = _check_object(doc.get("instance"), "instance", _INSTANCE, _INSTANCE_REQUIRED)
+    inst = _check_object(
+        doc.get("instance"), "instance", _INSTANCE, _INSTANCE_REQUIRED, _ZERO_INSTANCE
+    )
     if inst["status"] not in _STATUSES:
         raise _fail(f"field instance.status has unknown value {inst['status']!r}")
-    events_raw = doc.get("events", [])
-    signals_raw = doc.get("signals", [])
-    if not isinstance(events_raw, list):
-        raise _fail("field events must be a list")
-    if not isinstance(signals_raw, list):
-        raise _fail("field signals must be a list")
+    events_raw = _list(doc, "events")
+    signals_raw = _list(doc, "signals")
     events: list[RecordedEvent] = []
     keys: set[str] = set()
     for index, raw in enumerate(events_raw):
-        event = _check_object(raw, f"events[{index}]", _EVENT, _EVENT_REQUIRED)
+        event = _check_object(raw, f"events[{index}]", _EVENT, _EVENT_REQUIRED, _ZERO_EVENT)
+        if event.get("data_type") == "":
+            event["data_type"] = "json"  # Go's zero value
         if event.get("data_type", "json") != "json":
             raise _fail(f"field events[{index}].data_type {event['data_type']!r} is unsupported")
         if event.get("binary") is not None:
@@ -413,7 +449,7 @@ def parse_history(data: str | bytes | bytearray) -> RecordedHistory:
     signals = [
         RecordedSignal(s["id"], s["channel"], s.get("delivered_seq", 0), s.get("consumed_seq", 0))
         for index, raw in enumerate(signals_raw)
-        for s in [_check_object(raw, f"signals[{index}]", _SIGNAL, {"id", "channel"})]
+        for s in [_check_object(raw, f"signals[{index}]", _SIGNAL, {"id", "channel"}, _ZERO_SIGNAL)]
     ]
     return RecordedHistory(
         instance=RecordedInstance(

@@ -407,7 +407,8 @@ def _drop(path: str) -> Callable[[dict[str, Any]], None]:
         (_set("events.0.data_type", "protobuf"), "events[0].data_type"),
         (_set("events.0.binary", "AAEC"), "events[0].binary"),
         (_set("events.1.key", "#1:ops.golden.price"), "events[1]"),
-        (_set("signals", None), "signals"),
+        (_set("signals", {}), "signals"),
+        (_set("events", "none"), "events"),
         (_set("signals.0.channel", ["approve"]), "signals[0].channel"),
     ],
 )
@@ -419,6 +420,87 @@ def test_parse_history_is_strict_and_names_the_offending_field(
     with pytest.raises(sv.UnsupportedHistoryFormat) as caught:
         sv.parse_history(json.dumps(doc))
     assert named in str(caught.value)
+
+
+# -- histories exported by the Go engine -------------------------------------------------
+
+
+def test_a_go_export_with_null_lists_loads_and_replays() -> None:
+    """Go marshals an instance without events or signals with ``null`` lists."""
+    history = load("go_started_order.json")
+    assert (history.events, history.signals) == ([], [])
+    assert history.instance.instance_id == "go-started"
+    sv.replay_history(history)  # stops at the first (unrecorded) command
+    assert json.loads(history.to_json())["events"] == []
+
+
+@pytest.mark.parametrize(
+    ("path", "zero"),
+    [
+        ("instance.cancel_requested", False),
+        ("instance.cancel_reason", ""),
+        ("instance.parent_instance_id", ""),
+        ("instance.parent_key", ""),
+        ("events.0.delivered_seq", 0),
+        ("events.0.data_type", "json"),
+        ("events.0.binary", None),
+        ("events.6.seq", 0),
+        ("signals.0.delivered_seq", 0),
+        ("signals.0.consumed_seq", 0),
+    ],
+)
+def test_null_stands_for_a_go_zero_value(path: str, zero: Any) -> None:
+    doc = _doc()
+    _set(path, None)(doc)
+    history = sv.parse_history(json.dumps(doc))
+    reference = _doc()
+    _set(path, zero)(reference)
+    assert history.to_dict() == sv.parse_history(json.dumps(reference)).to_dict()
+
+
+def test_an_empty_data_type_is_json() -> None:
+    doc = _doc()
+    doc["events"][0]["data_type"] = ""
+    assert sv.parse_history(json.dumps(doc)).to_dict() == load("order_completed.json").to_dict()
+
+
+def test_null_keeps_its_meaning_where_it_is_a_recorded_value() -> None:
+    doc = _doc()
+    doc["events"][1]["data"] = None  # a recorded JSON null, not a missing value
+    doc["events"][1]["reservation"] = None
+    doc["instance"]["input"] = None
+    history = sv.parse_history(json.dumps(doc))
+    assert history.events[1].data is None and history.events[1].data is not ABSENT
+    assert history.events[1].reservation is None
+    assert history.instance.input is None
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "instance.instance_id",
+        "instance.workflow_name",
+        "instance.status",
+        "events.0.key",
+        "events.0.command",
+        "events.0.event_type",
+        "signals.0.id",
+        "signals.0.channel",
+    ],
+)
+def test_null_is_refused_where_no_zero_value_is_valid(path: str) -> None:
+    doc = _doc()
+    _set(path, None)(doc)
+    with pytest.raises(sv.UnsupportedHistoryFormat) as caught:
+        sv.parse_history(json.dumps(doc))
+    assert path.replace(".0.", "[0].") in str(caught.value)
+
+
+def test_unknown_fields_are_refused_in_go_exports_too() -> None:
+    doc = golden_doc("go_started_order.json")
+    doc["instance"]["memo"] = None
+    with pytest.raises(sv.UnsupportedHistoryFormat, match=r"instance\.memo"):
+        sv.parse_history(json.dumps(doc))
 
 
 @pytest.mark.parametrize(
