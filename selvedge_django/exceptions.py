@@ -257,6 +257,18 @@ class QueryCommandError(SelvedgeError):
     """Query handlers may not issue workflow commands."""
 
 
+class QueryTimeout(SelvedgeError, TimeoutError):
+    """The query's replay did not reach its answer within the timeout."""
+
+    def __init__(self, instance_id: str = "", name: str = "", timeout: float = 0.0) -> None:
+        self.instance_id = instance_id
+        self.name = name
+        self.timeout = timeout
+        super().__init__(
+            f"query {name!r} of {instance_id!r} did not answer within {timeout} seconds"
+        )
+
+
 class ActivityCancelled(SelvedgeError):
     """The activity attempt was cancelled, lost its claim or passed its deadline."""
 

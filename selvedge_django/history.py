@@ -15,12 +15,15 @@ writes anything or fires hooks.
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from . import exceptions as exc
 from .engine.codec import Codec
+from .engine.durations import optional_seconds
 from .engine.execution import Execution, ExecutionOutcome
 from .engine.store import ClaimedTask, ExecutionSnapshot, Fence, HistoryRow, SignalPosition
 from .registry import get_workflow
@@ -543,11 +546,16 @@ def _snapshot(history: RecordedHistory) -> ExecutionSnapshot:
     )
 
 
-def _replay(history: RecordedHistory) -> tuple[Execution, ExecutionOutcome]:
+def _replay(
+    history: RecordedHistory,
+    deadline: float | None = None,
+    on_deadline: Callable[[], BaseException] | None = None,
+) -> tuple[Execution, ExecutionOutcome]:
     definition = get_workflow(history.instance.workflow_name)
     if definition is None:
         raise exc.WorkflowNotRegistered(history.instance.workflow_name)
     execution = Execution(ReplayRuntime(), _snapshot(history), None, readonly=True)
+    execution.deadline, execution.on_deadline = deadline, on_deadline
     outcome = execution.run(definition.fn)
     return execution, outcome
 
@@ -634,17 +642,34 @@ def replay_instance(instance_id: str) -> None:
 # -- queries ----------------------------------------------------------------------------
 
 
-def query(instance_id: str, name: str) -> Any:
+def query(instance_id: str, name: str, *, timeout: float | timedelta | None = None) -> Any:
     """Answer a query from one snapshot replay: no lease, no writes, no hooks.
 
     Replay stops before the first unrecorded command or blocking wait (or at the
     close) and the handler registered under ``name`` at that point runs there.
     The answer passes through JSON.
+
+    ``timeout`` (seconds or a ``timedelta``, counted from the call) is checked at
+    every command boundary of the replay, as the seeds check a caller's
+    cancellation: once it has passed, the replay stops there and
+    :class:`QueryTimeout` (a ``TimeoutError``) is raised without running the
+    handler. Workflow code between two commands, and the handler itself, are not
+    interrupted.
     """
+    seconds = optional_seconds(timeout, "query timeout")
+    deadline = None if seconds is None else time.monotonic() + seconds
     if not isinstance(name, str) or not 1 <= len(name.encode("utf-8")) <= 255:
         raise exc.QueryNotFound(str(name))
     history = export_history(instance_id)
-    execution, outcome = _replay(history)
+
+    def expired() -> BaseException:
+        return exc.QueryTimeout(instance_id, name, seconds or 0.0)
+
+    execution, outcome = _replay(history, deadline, expired)
+    if isinstance(execution.fatal, exc.QueryTimeout):
+        raise execution.fatal
+    if deadline is not None and time.monotonic() >= deadline:
+        raise expired()  # the replay's last boundary was in time, but not the answer
     if isinstance(outcome.error, exc.NondeterminismError):
         raise outcome.error
     handler = execution.query_handlers.get(name)

@@ -575,10 +575,10 @@ afind_instances = sync_to_async(find_instances)
 alist_activity_tasks = sync_to_async(list_activity_tasks)
 
 
-def _query(instance_id: str, name: str) -> Any:
+def _query(instance_id: str, name: str, *, timeout: float | timedelta | None = None) -> Any:
     from .history import query
 
-    return query(instance_id, name)
+    return query(instance_id, name, timeout=timeout)
 
 
 def _export(instance_id: str, *, redact: bool = False) -> RecordedHistory:

@@ -40,6 +40,7 @@ EXPECTED_ALL = [
     "QueryCommandError",
     "QueryFailed",
     "QueryNotFound",
+    "QueryTimeout",
     "ReceiveTimeout",
     "RecordedEvent",
     "RecordedHistory",

@@ -485,3 +485,61 @@ def test_registering_inside_a_predicate_fails_the_run(stepper: Worker) -> None:
     result = sv.get_workflow_result(iid)
     assert result.status == "failed"
     assert isinstance(result.error, sv.NondeterminismError)
+
+
+# -- timeouts -----------------------------------------------------------------------------
+
+REPLAYED: list[int] = []
+
+
+@sv.workflow(name="ops.q.long")
+def long_history(ctx: sv.WorkflowContext, steps: int) -> int:
+    """Record ``steps`` observations, then wait; the replay notes every step it reaches."""
+    REPLAYED.clear()
+    ctx.set_query_handler("steps", lambda: len(REPLAYED))
+    for n in range(steps):
+        REPLAYED.append(n)
+        ctx.now()
+    return int(ctx.receive("go"))
+
+
+def test_a_query_timeout_is_checked_at_command_boundaries(stepper: Worker) -> None:
+    iid = sv.start_workflow(long_history, 200)
+    run_until_idle(stepper)
+    assert sv.query(iid, "steps", timeout=60) == 200
+    # A timeout that has passed once the snapshot is read stops the replay at its first
+    # command boundary: the handler never runs and the rest of the history is not replayed.
+    with pytest.raises(sv.QueryTimeout) as caught:
+        sv.query(iid, "steps", timeout=1e-9)
+    assert isinstance(caught.value, TimeoutError) and isinstance(caught.value, sv.SelvedgeError)
+    assert (caught.value.instance_id, caught.value.name) == (iid, "steps")
+    assert iid in str(caught.value) and "steps" in str(caught.value)
+    assert len(REPLAYED) <= 1
+    assert sv.query(iid, "steps", timeout=dt.timedelta(minutes=1)) == 200
+
+
+def test_an_async_query_takes_a_timeout(stepper: Worker) -> None:
+    iid = sv.start_workflow(long_history, 50)
+    run_until_idle(stepper)
+
+    async def view() -> list[Any]:
+        answers: list[Any] = [await sv.aquery(iid, "steps", timeout=60)]
+        try:
+            await sv.aquery(iid, "steps", timeout=1e-9)
+        except sv.QueryTimeout as error:
+            answers.append(type(error).__name__)
+        return answers
+
+    assert arun(view()) == [50, "QueryTimeout"]
+
+
+@pytest.mark.parametrize(
+    ("timeout", "error"),
+    [(0, ValueError), (-1, ValueError), (float("nan"), ValueError), ("5", TypeError)],
+)
+def test_a_query_timeout_must_be_a_positive_duration(
+    stepper: Worker, timeout: Any, error: type[Exception]
+) -> None:
+    iid = sv.start_workflow(long_history, 1)
+    with pytest.raises(error):
+        sv.query(iid, "steps", timeout=timeout)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -189,6 +190,10 @@ class Execution:
         self.candidate_signals: frozenset[int] = frozenset()
         self.time_floor: datetime | None = None
         self.query_handlers: dict[str, Callable[[], Any]] = {}
+        # A read-only replay for a query with a timeout: the monotonic deadline and how
+        # to report it, checked at every command boundary.
+        self.deadline: float | None = None
+        self.on_deadline: Callable[[], BaseException] | None = None
         self.root_scope = Scope(self, parent=None, detached=False)
         self.context = WorkflowContext(self, self.root_scope)
 
@@ -216,6 +221,10 @@ class Execution:
         """Reject commands from foreign threads, activities, predicates or unwinding."""
         if self.in_query:
             raise exc.QueryCommandError(f"{what} issued inside a query handler")
+        if self.deadline is not None and self.fatal is None and time.monotonic() >= self.deadline:
+            assert self.on_deadline is not None
+            # Not the code's failure: the execution is abandoned, not checked for leftovers.
+            raise self.fail(self.on_deadline(), abandon=True)
         if self.thread_id is not None and threading.get_ident() != self.thread_id:
             raise self.nondeterminism(f"{what} issued from a thread that is not the workflow's")
         if self.fatal is not None:
