@@ -227,8 +227,9 @@ def export_history(instance_id: str, *, redact: bool = False) -> RecordedHistory
     """
     from .conf import get_settings
     from .models import HistoryEvent, SignalMessage
-    from .operations import _store
+    from .operations import _store, known_id
 
+    known_id(instance_id)
     store = _store()
     settings = get_settings()
     max_events = settings.max_history_events + 1  # the commands and the close

@@ -15,7 +15,6 @@ import json
 import re
 import threading
 import time
-import unicodedata
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -33,6 +32,7 @@ from . import signals
 from .conf import get_settings
 from .engine.codec import Codec, contains_nul, error_from_envelope
 from .engine.commands import valid_channel
+from .engine.identifiers import check_instance_id, check_workflow_name, instance_id_problem
 from .engine.options import ActivityOptions
 from .engine.store import ExecutionSnapshot
 from .local_starts import local_worker, running_here
@@ -196,16 +196,19 @@ def _result(
 
 
 def validate_instance_id(instance_id: object) -> str:
-    """Return a valid instance id or raise WorkflowStartRejected."""
-    if not isinstance(instance_id, str):
-        raise exc.WorkflowStartRejected(f"instance id must be a string, not {instance_id!r}")
-    if not 1 <= len(instance_id) <= 255:
-        raise exc.WorkflowStartRejected("instance id must be 1 to 255 characters")
-    if any(unicodedata.category(ch) in ("Cc", "Cs") for ch in instance_id):
-        raise exc.WorkflowStartRejected(
-            "instance id must not contain control characters or lone surrogates"
-        )
-    return instance_id
+    """Return a valid instance id or raise WorkflowStartRejected (see engine.identifiers)."""
+    return check_instance_id(instance_id)
+
+
+def known_id(instance_id: object) -> str:
+    """Return ``instance_id`` for a lookup; raise WorkflowNotFound if no instance can have it.
+
+    An id that breaks the instance-id rule was refused at every start, so the
+    answer is known without a query (and PostgreSQL is never sent a NUL).
+    """
+    if instance_id_problem(instance_id) is not None:
+        raise exc.WorkflowNotFound(repr(instance_id)[:300])
+    return str(instance_id)
 
 
 # -- writes -----------------------------------------------------------------------------
@@ -252,17 +255,11 @@ def start_workflow(
     invalid id or unencodable input raises :class:`WorkflowStartRejected` with
     nothing written.
     """
-    if isinstance(workflow_or_name, WorkflowDefinition):
-        name = workflow_or_name.name
-    elif isinstance(workflow_or_name, str) and workflow_or_name.strip():
-        name = workflow_or_name
-    else:
-        raise exc.WorkflowStartRejected("start_workflow needs a workflow definition or name")
-    if len(name) > 255 or any(unicodedata.category(ch) in ("Cc", "Cs") for ch in name):
-        raise exc.WorkflowStartRejected(
-            "workflow names are at most 255 characters, without control characters "
-            "or lone surrogates"
-        )
+    name = check_workflow_name(
+        workflow_or_name.name
+        if isinstance(workflow_or_name, WorkflowDefinition)
+        else workflow_or_name
+    )
     instance_id = uuid.uuid4().hex if instance_id is None else validate_instance_id(instance_id)
     store = _store()
     try:
@@ -314,11 +311,7 @@ def signal(instance_id: str, channel: str, payload: Any = None) -> None:
         raise exc.InvalidSignalChannel(
             f"signal channel must contain 1 to 255 UTF-8 bytes and no NUL, not {channel!r}"[:300]
         )
-    try:
-        validate_instance_id(instance_id)
-    except exc.WorkflowStartRejected:
-        # No instance can have this id: answer without asking the database.
-        raise exc.WorkflowNotFound(repr(instance_id)[:300]) from None
+    known_id(instance_id)
     store = _store()
     try:
         text = store.codec.encode(payload, "signal payload")
@@ -340,7 +333,7 @@ def cancel_workflow(instance_id: str, reason: str = "") -> None:
     """
     if not isinstance(reason, str):
         raise TypeError("reason must be a string")
-    _store().request_cancel(instance_id, reason[:10_000])
+    _store().request_cancel(known_id(instance_id), reason[:10_000])
 
 
 def prune(
@@ -395,7 +388,7 @@ def prune(
 
 def get_workflow_result(instance_id: str) -> WorkflowResult:
     """Read an instance's current status and result without waiting."""
-    return _result(instance_id, *_store().get_result_row(instance_id))
+    return _result(instance_id, *_store().get_result_row(known_id(instance_id)))
 
 
 def wait_workflow(instance_id: str, timeout: float | None = None) -> WorkflowResult:
@@ -405,6 +398,7 @@ def wait_workflow(instance_id: str, timeout: float | None = None) -> WorkflowRes
     workers in this process cut the wait short; ``WAIT_POLL_INTERVAL`` is the
     fallback polling interval.
     """
+    known_id(instance_id)
     store = _store()
     poll = get_settings().wait_poll_interval
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -440,13 +434,13 @@ def wait_workflow(instance_id: str, timeout: float | None = None) -> WorkflowRes
 
 def describe(instance_id: str) -> WorkflowDescription:
     """Return the durable status, cancellation and parent links of an instance."""
-    return _describe(_store().get_instance(instance_id))
+    return _describe(_store().get_instance(known_id(instance_id)))
 
 
 def list_activity_tasks(instance_id: str) -> list[ActivityTaskInfo]:
     """Return an instance's activity tasks in issue order."""
     store = _store()
-    store.get_instance(instance_id)
+    store.get_instance(known_id(instance_id))
     tasks = ActivityTask.objects.using(store.alias).filter(instance_id=instance_id)
     return [
         ActivityTaskInfo(

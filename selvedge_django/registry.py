@@ -20,6 +20,7 @@ from .engine.context import WorkflowContext as _WorkflowContext
 from .engine.coroutines import call_activity, is_async_callable
 from .engine.execution import current_execution
 from .engine.handles import Future
+from .engine.identifiers import name_problem
 from .engine.options import ActivityOptions, RetryPolicy
 from .exceptions import ActivityNameConflict, WorkflowNameConflict
 
@@ -60,9 +61,11 @@ def _same_function(a: Callable[..., Any], b: Callable[..., Any]) -> bool:
 
 
 def _validate_name(name: object, what: str) -> str:
-    if not isinstance(name, str) or not name.strip() or len(name) > 255:
-        raise ValueError(f"{what} name must be a non-empty string of at most 255 characters")
-    return name
+    """The start rule for names (engine.identifiers), raised as ValueError at definition."""
+    problem = name_problem(name, f"{what} name")
+    if problem is not None:
+        raise ValueError(problem)
+    return str(name)
 
 
 class ActivityDefinition(Generic[InT, OutT]):

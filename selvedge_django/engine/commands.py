@@ -15,6 +15,7 @@ from .. import exceptions as exc
 from .codec import contains_nul, decode_time, error_to_envelope
 from .durations import to_seconds
 from .handles import ChildHandle, Future, Timer, decode_outcome
+from .identifiers import check_instance_id, check_workflow_name
 from .store import (
     CMD_ACTIVITY,
     CMD_AWAIT,
@@ -544,11 +545,9 @@ def start_child(
 ) -> ChildHandle:
     """Create a child instance and the parent's command in one transaction."""
     execution.check_command()
-    name = getattr(workflow_or_name, "name", workflow_or_name)
-    if not isinstance(name, str) or not name or len(name) > 255:
-        raise exc.WorkflowStartRejected("start_child needs a workflow definition or name")
+    name = check_workflow_name(getattr(workflow_or_name, "name", workflow_or_name))
     if child_id is not None:
-        _check_instance_id(child_id)
+        check_instance_id(child_id, "child id")
     # Encoded in read-only replays too (see issue_activity).
     try:
         input_text = execution.runtime.codec.encode(input, "child input")
@@ -560,8 +559,9 @@ def start_child(
         raise exc.WorkflowStartRejected("child input contains a NUL character (\\u0000)")
     input_value: Any = json.loads(input_text)
     seq, key = execution.next_position(None, CMD_CHILD, f"child:{name}")
-    instance = child_id or f"{execution.instance_id}/{key}"
-    _check_instance_id(instance)
+    instance = child_id or check_instance_id(
+        f"{execution.instance_id}/{key}", "child id (the parent's id and the command key)"
+    )
     scope.commands.append((key, CMD_CHILD, instance))
     handle: ChildHandle[Any] = ChildHandle(execution, scope, key, instance)
     from .execution import reservation_of
@@ -607,16 +607,6 @@ def start_child(
         raise decode_outcome(stored, raise_it=False)
     execution.runtime.fire("on_workflow_started", instance_id=instance, workflow_name=name)
     return handle
-
-
-def _check_instance_id(value: object) -> str:
-    import unicodedata
-
-    if not isinstance(value, str) or not 1 <= len(value) <= 255:
-        raise exc.WorkflowStartRejected("child ids are 1 to 255 characters")
-    if any(unicodedata.category(ch) == "Cc" for ch in value):
-        raise exc.WorkflowStartRejected("child ids must not contain control characters")
-    return value
 
 
 # -- scope cancellation ------------------------------------------------------------------
