@@ -20,6 +20,9 @@ def _configure_sqlite(sender: Any, connection: Any, **kwargs: Any) -> None:
     from django.core.exceptions import ImproperlyConfigured
 
     from .conf import get_settings
+    from .input_filters import register_sqlite_function
+
+    register_sqlite_function(connection)  # harmless anywhere; find_instances needs it
 
     try:
         settings = get_settings()

@@ -22,8 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from asgiref.sync import sync_to_async
 from django.db import transaction
-from django.db.models import F, Q
-from django.db.models.fields.json import KeyTransform
+from django.db.models import Q
 from django.utils import timezone
 
 from . import exceptions as exc
@@ -35,6 +34,7 @@ from .engine.commands import valid_channel
 from .engine.identifiers import check_instance_id, check_workflow_name, instance_id_problem
 from .engine.options import ActivityOptions
 from .engine.store import ExecutionSnapshot
+from .input_filters import input_value_equals
 from .local_starts import local_worker, running_here
 from .models import ActivityTask, WorkflowInstance, WorkflowStatus
 from .notify import Waker
@@ -522,9 +522,8 @@ def find_instances(
     if input_filters:
         if not isinstance(input_filters, dict):
             raise ValueError("input_filters must be a dict of dotted paths to values")
-        aliases: dict[str, Any] = {}
-        conditions: dict[str, Any] = {}
-        for index, (path, value) in enumerate(input_filters.items()):
+        conditions: list[Any] = []
+        for path, value in input_filters.items():
             if (
                 not isinstance(path, str)
                 or len(path) > MAX_FILTER_PATH_CHARS
@@ -542,12 +541,8 @@ def find_instances(
                 raise ValueError(f"input filter value for {path!r} is not JSON") from error
             if contains_nul(encoded):
                 raise ValueError(f"input filter value for {path!r} contains a NUL character")
-            expr: Any = F("input")
-            for part in path.split("."):
-                expr = KeyTransform(part, expr)
-            aliases[f"_sv_filter_{index}"] = expr
-            conditions[f"_sv_filter_{index}"] = value
-        qs = qs.alias(**aliases).filter(**conditions)
+            conditions.append(input_value_equals(qs.query, path.split("."), json.loads(encoded)))
+        qs = qs.filter(*conditions)
     if page_token:
         started, last_id = _decode_token(page_token)
         qs = qs.filter(Q(started_at__lt=started) | Q(started_at=started, instance_id__lt=last_id))

@@ -430,6 +430,58 @@ def test_find_by_input_filters(tdb: None) -> None:
         assert set(ids(sv.find_instances(input_filters=filters))) == expected, filters
 
 
+VALUES = {
+    "int": {"v": 5},
+    "float": {"v": 5.0},
+    "text": {"v": "5"},
+    "true": {"v": True},
+    "one": {"v": 1},
+    "null": {"v": None},
+    "missing": {"w": 5},
+    "object": {"v": {"x": 1, "y": [2, 3.0]}},
+    "object-reordered": {"v": {"y": [2.0, 3], "x": 1}},
+    "object-more": {"v": {"x": 1, "y": [2, 3], "z": None}},
+    "list": {"v": [1, {"a": "b", "c": 2}]},
+    "list-respelled": {"v": [1.0, {"c": 2, "a": "b"}]},
+    "list-as-text": {"v": '[1, {"a": "b", "c": 2}]'},
+    "empty-list": {"v": []},
+    "empty-object": {"v": {}},
+    "in-a-list": {"v": [5]},
+}
+VALUE_CASES: list[tuple[Any, set[str]]] = [
+    # A JSON number matches by value (5 is 5.0), never a string or a boolean.
+    (5, {"int", "float"}),
+    (5.0, {"int", "float"}),
+    ("5", {"text"}),
+    (1, {"one"}),
+    (True, {"true"}),
+    # None matches a recorded null only: a missing key matches nothing.
+    (None, {"null"}),
+    # Objects and lists match as JSON values: key order and number spelling do not matter.
+    ({"y": [2, 3], "x": 1}, {"object", "object-reordered"}),
+    ({"x": 1}, set()),
+    ([1, {"c": 2, "a": "b"}], {"list", "list-respelled"}),
+    ([{"a": "b", "c": 2}, 1], set()),
+    ([], {"empty-list"}),
+    ({}, {"empty-object"}),
+    ([5], {"in-a-list"}),
+]
+
+
+@pytest.mark.parametrize(("value", "expected"), VALUE_CASES, ids=lambda v: repr(v)[:40])
+def test_input_filters_compare_json_values_the_same_on_both_databases(
+    tdb: None, value: Any, expected: set[str]
+) -> None:
+    for instance_id, data in VALUES.items():
+        sv.start_workflow("test.client.echo", data, instance_id=instance_id)
+    assert set(ids(sv.find_instances(input_filters={"v": value}))) == expected
+    # The same holds one level down, inside a list.
+    for instance_id, data in VALUES.items():
+        sv.start_workflow("test.client.echo", {"o": [data]}, instance_id=f"deep-{instance_id}")
+    found = set(ids(sv.find_instances(input_filters={"o.0.v": value})))
+    assert found == {f"deep-{i}" for i in expected}
+
+
 MALFORMED_PATHS = ["a;drop", "a..b", "", ".a", "a.", "a b", "a-b", "a'b", "a[0]", "$.a", "a\nb", 5]
 
 
