@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
@@ -40,9 +41,13 @@ from .engine.store import (
 from .registry import get_activity, get_workflow, registered_activity_names
 from .store import DjangoStore, InstanceHead
 
-__all__ = ["WorkerRuntime", "check_vendor", "client_codec"]
+__all__ = ["HUNG_AFTER", "HungAttempt", "WorkerRuntime", "check_vendor", "client_codec"]
 
 logger = logging.getLogger("selvedge_django.worker")
+
+# An attempt whose thread still runs this many seconds after it had to stop (its
+# start-to-close deadline passed, its claim was lost, a heartbeat was missed) is hung.
+HUNG_AFTER = 1.0
 
 # Why an attempt was stopped, when the result it still returned is recorded all the same:
 # a graceful shutdown (the claim is still held and renewed) and a claim the renewer
@@ -65,6 +70,27 @@ def check_vendor(alias: str) -> None:
 
 def client_codec(settings: SelvedgeSettings) -> Codec:
     return Codec(DjangoJSONEncoder, settings.max_payload_bytes)
+
+
+@dataclass(frozen=True)
+class HungAttempt:
+    """An activity attempt whose thread still runs after it had to stop.
+
+    ``reason`` says why it had to stop; ``overdue`` is how many seconds ago. An
+    inline attempt (``inline``) holds an execution thread, a background one an
+    activity thread, until its code returns: Python cannot stop a thread.
+    ``fence`` is the lease of the execution running it inline (else None).
+    """
+
+    instance_id: str
+    key: str
+    activity_name: str
+    attempt: int
+    inline: bool
+    reason: str
+    overdue: float
+    claim: TaskClaim = field(repr=False)
+    fence: Fence | None = field(default=None, repr=False)
 
 
 class _LateResult(Exception):
@@ -101,6 +127,8 @@ class WorkerRuntime:
         self._lock = threading.Lock()
         self._beliefs: dict[Fence, float] = {}
         self._attempts: dict[TaskClaim, tuple[ClaimedTask, AttemptState]] = {}
+        # The lease of the execution running each inline attempt.
+        self._inline: dict[TaskClaim, Fence] = {}
         # Per live attempt, the monotonic time until which its claim is surely unexpired
         # (the start of the last successful claim or renewal statement + the claim TTL).
         self._claim_beliefs: dict[TaskClaim, float] = {}
@@ -152,25 +180,79 @@ class WorkerRuntime:
         with self._lock:
             return list(self._beliefs)
 
-    def renew(self, fence: Fence) -> bool | None:
-        """Renew one lease and move its belief forward.
+    def renew_leases(self, fences: list[Fence]) -> dict[Fence, bool | None] | None:
+        """Renew leases in one statement and move their beliefs forward.
 
-        Returns True when renewed, False when the lease is lost (the renewal matched
-        no row: the belief is dropped), None when the statement failed: the belief
-        is left as it was (it still bounds what the holder may trust) and the caller
-        tries again soon.
+        Per fence: True when renewed, False when the lease is lost (the renewal
+        matched no row: the belief is dropped), None when another transaction holds
+        the instance row (skipped): the belief is left as it was (it still bounds what
+        the holder may trust) and the caller tries again soon. Returns None when the
+        statement failed, with the same meaning for every fence.
         """
         started = time.monotonic()
         try:
-            ok = self.store.renew_lease(fence, self.settings.lease.ttl)
+            results = self.store.renew_leases(fences, self.settings.lease.ttl)
         except Exception:
-            logger.warning("lease renewal of %s failed", fence.instance_id, exc_info=True)
+            logger.warning("renewal of %d leases failed", len(fences), exc_info=True)
             self.drop_broken_connection()
             return None
+        belief = self.settings.lease.belief
         with self._lock:
-            if fence in self._beliefs:
-                self._beliefs[fence] = started + self.settings.lease.belief if ok else 0.0
-        return ok
+            for fence, ok in results.items():
+                if ok is not None and fence in self._beliefs:
+                    self._beliefs[fence] = started + belief if ok else 0.0
+        return results
+
+    def give_up(self, fence: Fence) -> bool:
+        """Stop holding a lease without a write: it is no longer renewed and lapses.
+
+        The execution's next write raises LeaseLost (no belief is left), and once the
+        lease has expired any dispatcher may lease the instance again. For an
+        execution stuck in a hung inline attempt. Returns whether it was held.
+        """
+        with self._lock:
+            return self._beliefs.pop(fence, None) is not None
+
+    @staticmethod
+    def _stopped_since(state: AttemptState) -> tuple[float, str] | None:
+        """When and why an attempt had to stop for good (a shutdown request is not that)."""
+        stops: list[tuple[float, str]] = []
+        deadline = state.deadline_monotonic
+        if deadline is not None and time.monotonic() >= deadline:
+            stops.append((deadline, "start_to_close deadline passed"))
+        reason = state.cancel_reason
+        if state.cancelled_at is not None and reason not in ("shutdown", ""):
+            stops.append((state.cancelled_at, reason))
+        return min(stops) if stops else None
+
+    def hung_attempts(self, now: float | None = None) -> list[HungAttempt]:
+        """The attempts still running ``HUNG_AFTER`` seconds after they had to stop."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            attempts = [
+                (task, state, self._inline.get(claim))
+                for claim, (task, state) in self._attempts.items()
+            ]
+        hung = []
+        for task, state, fence in attempts:
+            stopped = self._stopped_since(state)
+            if stopped is None or now - stopped[0] < HUNG_AFTER:
+                continue
+            claim = task.claim
+            hung.append(
+                HungAttempt(
+                    instance_id=claim.instance_id,
+                    key=claim.key,
+                    activity_name=task.name,
+                    attempt=task.attempt,
+                    inline=fence is not None,
+                    reason=stopped[1],
+                    overdue=now - stopped[0],
+                    claim=claim,
+                    fence=fence,
+                )
+            )
+        return hung
 
     # -- attempts -----------------------------------------------------------------------
 
@@ -296,6 +378,8 @@ class WorkerRuntime:
         with self._lock:
             self._attempts[claim] = (task, state)
             self._claim_beliefs[claim] = claimed_at + task.claim_ttl
+            if inline_fence is not None:
+                self._inline[claim] = inline_fence
         if self.stopping.is_set():
             state.cancel("shutdown")  # claimed as the shutdown began: stop at once
         hook_fields = dict(
@@ -376,6 +460,7 @@ class WorkerRuntime:
             with self._lock:
                 self._attempts.pop(claim, None)
                 self._claim_beliefs.pop(claim, None)
+                self._inline.pop(claim, None)
         return None
 
     def _encode_result(self, name: str, value: Any) -> str:

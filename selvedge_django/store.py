@@ -59,6 +59,7 @@ from .store_base import (
     clock_offset_ms,
     set_clock_offset_ms,
 )
+from .store_renewals import RenewalMixin
 from .store_tasks import TaskSweepMixin
 from .store_waits import WaitStoreMixin, cancelled_envelope
 
@@ -92,7 +93,7 @@ class InstanceHead:
     parent_key: str
 
 
-class DjangoStore(WaitStoreMixin, TaskSweepMixin, StoreBase):
+class DjangoStore(WaitStoreMixin, TaskSweepMixin, RenewalMixin, StoreBase):
     """Durable operations over the Django ORM for one database alias."""
 
     # -- instances ----------------------------------------------------------------------

@@ -514,7 +514,7 @@ class StoreBase:
             raise self._fenced_error(fence)
         self.after_commit("runnable")
 
-    def _lock_instance(self, instance_id: str) -> None:
+    def _lock_instance(self, instance_id: str, *, skip_locked: bool = False) -> bool:
         """Lock an instance row first, inside a transaction that writes what it owns.
 
         The one lock order of every write path: the instance row, then its tasks,
@@ -524,12 +524,19 @@ class StoreBase:
         a SQLite write transaction already holds the whole database. ``FOR NO KEY
         UPDATE`` is the lock a fence update takes: it queues behind fenced writers
         without blocking the foreign-key checks of rows that reference the instance.
+
+        With ``skip_locked`` a row another transaction holds is not waited for: the
+        result is False and the caller leaves that instance for its next round (the
+        leader's sweeps, which must not stall behind a client's open transaction).
         """
-        if self.vendor == "postgresql":
-            self._execute(
-                "SELECT 1 FROM {instance} WHERE instance_id = %s FOR NO KEY UPDATE",
-                [instance_id],
-            )
+        if self.vendor != "postgresql":
+            return True
+        skip = " SKIP LOCKED" if skip_locked else ""
+        locked = self._fetch(
+            f"SELECT 1 FROM {{instance}} WHERE instance_id = %s FOR NO KEY UPDATE{skip}",
+            [instance_id],
+        )
+        return bool(locked) or not skip_locked
 
     def _insert_row(self, instance_id: str, row: HistoryRow) -> HistoryRow:
         """Insert a history row inside the caller's fenced transaction.

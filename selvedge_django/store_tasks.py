@@ -110,16 +110,20 @@ class TaskSweepMixin(StoreBase):
             timeout = lapse_timeout(name, attempts, *expiry)
             exhausted = max_attempts != 0 and failures + 1 >= max_attempts
             with self.atomic():
-                if exhausted:
-                    # The instance row first (the lock order of every write path): the
-                    # failure arrives in its history.
-                    self._lock_instance(instance_id)
+                # The instance row first (the lock order of every write path) when the
+                # failure arrives in its history. A row or task another transaction holds
+                # (a client's signal still open) waits for the next round: it must not
+                # stall the sweep of every other instance.
+                if exhausted and not self._lock_instance(instance_id, skip_locked=True):
+                    continue
                 task = ActivityTask.objects.using(self.alias).filter(
                     id=task_id,
                     claim_epoch=epoch,
                     status=ActivityTaskStatus.RUNNING,
                     claim_expires_ms__lt=self.now_expr(),
                 )
+                if not self._lock_task(task_id):
+                    continue
                 if exhausted:
                     final = exc.RetryExhaustedError(name, failures + 1, timeout)
                     row = task.values_list("instance_id", "key").first()
@@ -161,7 +165,10 @@ class TaskSweepMixin(StoreBase):
         for task_id, instance_id, key, name, attempts in overdue:
             error = _envelope(exc.ActivityTimeoutError(name, "schedule_to_start", attempts))
             with self.atomic():
-                self._lock_instance(instance_id)
+                if not (
+                    self._lock_instance(instance_id, skip_locked=True) and self._lock_task(task_id)
+                ):
+                    continue
                 if (
                     not ActivityTask.objects.using(self.alias)
                     .filter(
@@ -175,6 +182,16 @@ class TaskSweepMixin(StoreBase):
                 self._arrive_failure(instance_id, key, error)
             done += 1
         return done
+
+    def _lock_task(self, task_id: int) -> bool:
+        """Lock a task row unless another transaction holds it (PostgreSQL; else True)."""
+        if self.vendor != "postgresql":
+            return True
+        return bool(
+            self._fetch(
+                "SELECT 1 FROM {task} WHERE id = %s FOR NO KEY UPDATE SKIP LOCKED", [task_id]
+            )
+        )
 
     def _lapse_envelope(self, task: ActivityTask, attempt: int) -> str:
         """The error of a lapsed claim (attempt ``attempt``) taken over by a new one."""

@@ -258,7 +258,7 @@ class WaitStoreMixin(StoreBase):
             status = (
                 WorkflowInstance.objects.using(self.alias)
                 .filter(instance_id=instance_id)
-                .select_for_update()
+                .select_for_update(no_key=True)
                 .values_list("status", flat=True)
                 .first()
             )

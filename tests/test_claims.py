@@ -190,7 +190,7 @@ def test_a_failed_claim_renewal_does_not_cancel_a_claim_still_valid(
 ) -> None:
     lease = {"TTL": 3, "RENEW_INTERVAL": 1, "MARGIN": 1, "MAX_SKEW": 0.5}
     with FaultInjector() as faults:
-        fault = faults.fail_statement(operation="renew_task", times=1)
+        fault = faults.fail_statement(operation="renew_claims", times=1)
         make_worker(lease=lease)
         instance_id = start(
             "act.wait",
@@ -214,7 +214,7 @@ def test_a_failed_lease_renewal_keeps_a_lease_still_believed_valid(
     # would find the lease expired; a retry at the next tick (0.25 s) is in time.
     lease = {"TTL": 6, "RENEW_INTERVAL": 3.9, "MARGIN": 2, "MAX_SKEW": 0.05}
     with FaultInjector() as faults:
-        fault = faults.fail_statement(operation="renew_lease", times=1)
+        fault = faults.fail_statement(operation="renew_leases", times=1)
         make_worker(lease=lease, worker_id="renewing")
         instance_id = sv.start_workflow(
             "test.crashable", {"entry": "lease", "hold_while": str(marker)}

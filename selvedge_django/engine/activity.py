@@ -54,12 +54,14 @@ class AttemptState:
     progress: int = 0
     started: float = field(default_factory=time.monotonic)
     cancel_reason: str = ""
+    cancelled_at: float | None = None  # monotonic time of cancel()
     _cancelled: threading.Event = field(default_factory=threading.Event)
 
     def cancel(self, reason: str) -> None:
         """Mark the attempt as stopped (claim lost, cancelled, shutdown or deadline)."""
         if not self._cancelled.is_set():
             self.cancel_reason = reason
+            self.cancelled_at = time.monotonic()
             self._cancelled.set()
 
     @property

@@ -1,16 +1,30 @@
 """Renews held leases and live activity claims before they expire.
 
+Each round renews every lease that is due in one statement and every claim that
+is due in another (:meth:`~selvedge_django.store.DjangoStore.renew_leases`,
+``renew_claims``). A row another transaction holds (a client's signal or cancel
+still open in ``transaction.atomic()``) is skipped, not waited for, and tried
+again at the next round (PostgreSQL), so one held row never delays the renewal
+of any other lease or claim.
+
 A lease renewal moves the holder's belief forward from the moment the renewal
 started; a renewal that matched no row drops the belief, so the execution's next
 commit raises LeaseLost. A claim with a heartbeat timeout is extended only after
 the activity reported new progress; a claim whose renewal matched no row cancels
 its attempt (``heartbeat()`` then raises ActivityCancelled).
 
-A renewal statement that fails (a database error) proves nothing about the lease
-or the claim: it is tried again at the next tick, and the lease belief stays as
-it was. An attempt is cancelled for such errors only once its claim's expiry has
-passed by the local monotonic estimate (the start of the last successful claim or
-renewal statement plus the claim TTL).
+A renewal statement that fails (a database error) or skips a held row proves
+nothing about the lease or the claim: it is tried again at the next tick, and the
+lease belief stays as it was. An attempt is cancelled for such failures only once
+its claim's expiry has passed by the local monotonic estimate (the start of the
+last successful claim or renewal statement plus the claim TTL).
+
+An attempt that keeps running after it had to stop (past its start-to-close
+deadline, its claim lost, a heartbeat missed) for longer than
+:data:`~selvedge_django.runtime.HUNG_AFTER` is *hung*: it is logged once and
+counted by ``Worker.hung_attempts()``. Its claim is no longer renewed, and when
+it runs inline the execution's lease is given up too, so that another execution
+can resume the instance with the outcome of the attempt that replaced it.
 
 The renewer runs until the supervisor stops it, after everything in flight has
 finished or been released at shutdown.
@@ -26,7 +40,8 @@ from ..notify import Bus
 from .base import Loop
 
 if TYPE_CHECKING:
-    from ..engine.store import Fence, TaskClaim
+    from ..engine.activity import AttemptState
+    from ..engine.store import ClaimedTask, Fence, TaskClaim
     from ..runtime import WorkerRuntime
 
 __all__ = ["Renewer"]
@@ -45,22 +60,91 @@ class Renewer(Loop):
         super().__init__(bus, tick, tick)
         self.runtime = runtime
         self._renewed: dict[Fence, float] = {}
+        self._busy_since: dict[Fence, float] = {}
+        self._busy_reported: set[Fence] = set()
         self._claims: dict[TaskClaim, tuple[float, int]] = {}
         self._progress: dict[TaskClaim, tuple[float, int]] = {}
+        self._reported: set[TaskClaim] = set()
+        self._lost: set[TaskClaim] = set()  # renewals that matched no row
 
     def run_once(self) -> int:
-        runtime = self.runtime
         now = time.monotonic()
+        self._report_hung(now)
+        self._renew_leases(now)
+        self._renew_claims(now)
+        return 0
+
+    def _report_hung(self, now: float) -> None:
+        """Log each hung attempt once; give up the lease of an execution stuck in one."""
+        runtime = self.runtime
+        hung = runtime.hung_attempts(now)
+        for attempt in hung:
+            if attempt.claim in self._reported:
+                continue
+            self._reported.add(attempt.claim)
+            given_up = attempt.fence is not None and runtime.give_up(attempt.fence)
+            logger.warning(
+                "activity %s/%s (%s) attempt %d still runs %.1f s after it had to stop (%s);"
+                " its thread stays taken until it returns%s",
+                attempt.instance_id,
+                attempt.key,
+                attempt.activity_name,
+                attempt.attempt,
+                attempt.overdue,
+                attempt.reason,
+                "; the lease of its execution is given up, so that another execution can"
+                " resume the instance"
+                if given_up
+                else "",
+                extra={"instance_id": attempt.instance_id, "worker_id": runtime.worker_id},
+            )
+        live = {attempt.claim for attempt in hung}
+        self._reported &= live
+
+    def _renew_leases(self, now: float) -> None:
+        runtime = self.runtime
         interval = runtime.settings.lease.renew_interval
         fences = runtime.held_fences()
+        due = []
         for fence in fences:
             last = self._renewed.setdefault(fence, now)
-            if now - last >= interval and runtime.renew(fence) is not None:
-                self._renewed[fence] = now  # after an error: again at the next tick
+            if now - last >= interval:
+                due.append(fence)
         for fence in list(self._renewed):
             if fence not in fences:
                 del self._renewed[fence]
+                self._busy_since.pop(fence, None)
+                self._busy_reported.discard(fence)
+        if not due:
+            return
+        results = runtime.renew_leases(due)
+        if results is None:
+            return  # the statement failed (logged): every one again at the next tick
+        for fence, ok in results.items():
+            if ok is not None:
+                self._renewed[fence] = now
+                self._busy_since.pop(fence, None)
+                self._busy_reported.discard(fence)
+                continue
+            # The row is held by another transaction: again at the next tick. Say so
+            # once when it stays held for a renewal interval.
+            since = self._busy_since.setdefault(fence, now)
+            if now - since >= interval and fence not in self._busy_reported:
+                self._busy_reported.add(fence)
+                logger.warning(
+                    "the lease on %s could not be renewed for %.1f s: another transaction"
+                    " holds its row (a signal or cancel inside a long transaction?); the"
+                    " lease lapses if that lasts longer than LEASE['TTL']",
+                    fence.instance_id,
+                    now - since,
+                    extra={"instance_id": fence.instance_id, "worker_id": runtime.worker_id},
+                )
+
+    def _renew_claims(self, now: float) -> None:
+        runtime = self.runtime
+        interval = runtime.settings.lease.renew_interval
         live = set()
+        due: list[tuple[ClaimedTask, AttemptState, int]] = []
         for task, state in runtime.active_attempts():
             claim = task.claim
             live.add(claim)
@@ -71,32 +155,43 @@ class Renewer(Loop):
                 self._progress[claim] = (now, state.progress)
             elif task.heartbeat_timeout is not None and now - seen_at > task.heartbeat_timeout:
                 state.cancel("heartbeat timeout")
+            deadline = state.deadline_monotonic
+            if claim in self._lost or (deadline is not None and now >= deadline):
+                continue  # no renewal can extend it any more
             every = min(interval, task.claim_ttl / 3)
             if now - last < every:
                 continue
             if task.heartbeat_timeout is not None and state.progress == progress:
                 continue  # no new heartbeat: let the claim lapse
-            progress = state.progress
-            try:
-                ok = runtime.store.renew_task(claim, task.claim_ttl)
-            except Exception:
-                logger.warning(
-                    "claim renewal of %s/%s failed", claim.instance_id, claim.key, exc_info=True
-                )
-                runtime.drop_broken_connection()
-                if time.monotonic() >= runtime.claim_belief(claim):
-                    state.cancel("claim lost")  # expired by now, as far as we can tell
-                continue  # again at the next tick
-            if ok:
-                self._claims[claim] = (now, progress)
-                runtime.claim_renewed(claim, now, task.claim_ttl)
-            else:
-                state.cancel("claim lost")
+            due.append((task, state, state.progress))
         for claim in list(self._claims):
             if claim not in live:
                 del self._claims[claim]
                 self._progress.pop(claim, None)
-        return 0
+        self._lost &= live
+        if not due:
+            return
+        try:
+            results = runtime.store.renew_claims(
+                [(task.claim, task.claim_ttl) for task, _, _ in due]
+            )
+        except Exception:
+            logger.warning("claim renewal of %d claims failed", len(due), exc_info=True)
+            runtime.drop_broken_connection()
+            results = {}
+        for task, state, progress in due:
+            claim = task.claim
+            ok = results.get(claim)
+            if ok:
+                self._claims[claim] = (now, progress)
+                runtime.claim_renewed(claim, now, task.claim_ttl)
+            elif ok is False:
+                self._lost.add(claim)
+                state.cancel("claim lost")
+            elif time.monotonic() >= runtime.claim_belief(claim):
+                # Failed or held by another transaction: again at the next tick, unless
+                # the claim has expired by now, as far as this worker can tell.
+                state.cancel("claim lost")
 
     def next_delay(self, idle_delay: float) -> float:
         """Tick often enough to renew the shortest live claim several times per TTL."""

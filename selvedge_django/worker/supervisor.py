@@ -10,7 +10,7 @@ from typing import Any
 from .. import local_starts as local
 from ..conf import get_settings
 from ..engine.store import ExecutionSnapshot, Fence
-from ..runtime import WorkerRuntime
+from ..runtime import HungAttempt, WorkerRuntime
 from .activities import ActivityPoller
 from .base import Loop
 from .dispatcher import Dispatcher
@@ -68,6 +68,17 @@ class Worker:
     @property
     def started(self) -> bool:
         return self._started
+
+    def hung_attempts(self) -> list[HungAttempt]:
+        """The activity attempts of this worker that still run after they had to stop.
+
+        An attempt past its start-to-close deadline, whose claim was lost or whose
+        heartbeat was missed, that has not returned ``HUNG_AFTER`` (1) second later:
+        Python cannot stop its thread, so it holds an activity thread (or, inline, an
+        execution thread) until its code returns, and its result, if it ever comes,
+        is discarded. Each is logged once as a warning when it is first seen.
+        """
+        return self.runtime.hung_attempts()
 
     def work_loops(self) -> list[Loop]:
         """The loops that find work (the renewer only maintains what is held)."""

@@ -1127,12 +1127,18 @@ def act_options(raw: dict[str, Any] | None) -> sv.ActivityOptions | None:
 def act_run(ctx: sv.WorkflowContext, data: dict[str, Any]) -> Any:
     """Run one activity (``activity``) with ``input`` and per-call ``options``.
 
-    ``async`` issues it with execute_async() and get(); ``then`` records a
-    test.record entry afterwards (proves the workflow went on).
+    ``async`` issues it with execute_async() and get() (which may still run it
+    inline); ``background`` waits for the future to be ready first, so an activity
+    worker runs it; ``then`` records a test.record entry afterwards (proves the
+    workflow went on).
     """
     activity = ACT_ACTIVITIES[data["activity"]]
     options = act_options(data.get("options"))
-    if data.get("async"):
+    if data.get("background"):
+        future = activity.execute_async(ctx, data.get("input"), options=options)
+        ctx.wait_condition(future.is_ready)
+        value = future.get(ctx)
+    elif data.get("async"):
         value = activity.execute_async(ctx, data.get("input"), options=options).get(ctx)
     else:
         value = activity.execute(ctx, data.get("input"), options=options)
