@@ -45,6 +45,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
             )
         )
     elif vendor == "sqlite":
+        messages += _transactional_on_sqlite(resolved.database)
         name = str(connection.settings_dict.get("NAME") or "")
         if not name or ":memory:" in name or "mode=memory" in name:
             messages.append(
@@ -56,3 +57,29 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                 )
             )
     return messages
+
+
+def _transactional_on_sqlite(alias: str) -> list[CheckMessage]:
+    """selvedge.W003: transactional activities hold SQLite's write lock for their whole body."""
+    from .registry import get_activity, registered_activity_names
+
+    names = [
+        name
+        for name in registered_activity_names()
+        if (definition := get_activity(name)) is not None and definition.transactional
+    ]
+    if not names:
+        return []
+    shown = ", ".join(repr(name) for name in names[:5]) + (" ..." if len(names) > 5 else "")
+    return [
+        Warning(
+            f"Transactional activities ({shown}) run on the SQLite database {alias!r}: each "
+            "attempt holds the database's write lock for its whole body, so every other "
+            "writer (a web request's sv.signal(), the worker's lease renewals) waits until it "
+            "commits, or fails with 'database is locked' after the busy timeout.",
+            hint="Keep their bodies to a few seconds (well under LEASE['TTL'] - "
+            "LEASE['RENEW_INTERVAL'] and the busy timeout), make them non-transactional, or "
+            "use PostgreSQL. Silence with SILENCED_SYSTEM_CHECKS = ['selvedge.W003'].",
+            id="selvedge.W003",
+        )
+    ]

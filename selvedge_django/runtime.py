@@ -395,20 +395,9 @@ class WorkerRuntime:
                 value = json.loads(task.input)
                 with attempt_scope(state):
                     if definition.transactional:
-                        with self.store.atomic():
-                            output = self._encode_result(
-                                task.name, call_activity(definition.fn, value, state)
-                            )
-                            if state.cancelled and state.cancel_reason not in _RECORDABLE:
-                                raise exc.ActivityCancelled(state.cancel_reason)
-                            try:
-                                completed = self.store.complete_task(
-                                    claim, output, inline_fence=inline_fence
-                                )
-                            except DatabaseError as error:
-                                raise _RecordFailed() from error
-                            if not completed:
-                                raise _LateResult()
+                        output = self._run_transactional(
+                            definition.fn, value, task, state, inline_fence
+                        )
                         recorded = True
                     else:
                         result = call_activity(definition.fn, value, state)
@@ -462,6 +451,70 @@ class WorkerRuntime:
                 self._claim_beliefs.pop(claim, None)
                 self._inline.pop(claim, None)
         return None
+
+    def _run_transactional(
+        self,
+        fn: Callable[[Any], Any],
+        value: Any,
+        task: ClaimedTask,
+        state: AttemptState,
+        inline_fence: Fence | None,
+    ) -> str:
+        """Run a transactional attempt: its body and its result commit in one transaction.
+
+        Raises what the body raised (its writes rolled back), ``_LateResult`` when the
+        claim was lost, ``_RecordFailed`` when the result's write failed.
+        """
+        store = self.store
+        if not store.single_writer:
+            with store.atomic():
+                return self._transactional_body(fn, value, task, state, inline_fence)
+        # SQLite: the transaction holds the database's write lock from BEGIN IMMEDIATE to
+        # its end, so nobody can renew this claim meanwhile, and nobody can take it over
+        # either. The claim must be live when the lock is taken; then the attempt extends
+        # its own claim (its deadline permitting) before it records the outcome, and, when
+        # the body fails, after rolling the body back to a savepoint, so that the failure
+        # is recorded as this attempt's own, not as a lapse.
+        claim = task.claim
+        failure: BaseException | None = None
+        with store.atomic():
+            if not store.claim_live(claim):
+                raise _LateResult()
+            try:
+                with store.atomic():  # a savepoint: the body's writes
+                    return self._transactional_body(fn, value, task, state, inline_fence)
+            except BaseException as error:
+                failure = error
+                try:
+                    store.extend_claim_under_lock(claim, task.claim_ttl)
+                except DatabaseError:
+                    logger.debug(
+                        "could not extend the claim of %s/%s", claim.instance_id, claim.key
+                    )
+        raise failure
+
+    def _transactional_body(
+        self,
+        fn: Callable[[Any], Any],
+        value: Any,
+        task: ClaimedTask,
+        state: AttemptState,
+        inline_fence: Fence | None,
+    ) -> str:
+        """The body of a transactional attempt and its completion, in the caller's transaction."""
+        claim = task.claim
+        output = self._encode_result(task.name, call_activity(fn, value, state))
+        if state.cancelled and state.cancel_reason not in _RECORDABLE:
+            raise exc.ActivityCancelled(state.cancel_reason)
+        try:
+            if self.store.single_writer:
+                self.store.extend_claim_under_lock(claim, task.claim_ttl)
+            completed = self.store.complete_task(claim, output, inline_fence=inline_fence)
+        except DatabaseError as error:
+            raise _RecordFailed() from error
+        if not completed:
+            raise _LateResult()
+        return output
 
     def _encode_result(self, name: str, value: Any) -> str:
         """Encode an attempt's return value; one that is not JSON fails the attempt."""

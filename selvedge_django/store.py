@@ -897,6 +897,36 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, RenewalMixin, StoreBase):
     def claim_alive(self, claim: TaskClaim) -> bool:
         return self._claim_filter(claim).exists()
 
+    def claim_live(self, claim: TaskClaim) -> bool:
+        """Whether ``claim`` is still its attempt's and unexpired."""
+        return bool(self._claim_filter(claim, live=True).exists())
+
+    def extend_claim_under_lock(self, claim: TaskClaim, ttl: float) -> bool:
+        """Extend a claim still this attempt's, expired or not, within its deadline (SQLite).
+
+        Only for a transaction that holds SQLite's write lock since it found the claim
+        live (a transactional attempt): nobody else could write since then, so nobody
+        can have acted on the claim's expiry, and the extension is the renewal the
+        renewer could not make. Never past the attempt's start-to-close deadline: an
+        attempt past it has timed out.
+        """
+        now = self.now_expr()
+        expires = self.now_expr(ttl)
+        return bool(
+            self._claim_filter(claim)
+            .filter(Q(attempt_deadline_ms__isnull=True) | Q(attempt_deadline_ms__gte=now))
+            .update(
+                claim_expires_ms=Case(
+                    When(
+                        attempt_deadline_ms__isnull=False,
+                        attempt_deadline_ms__lt=expires,
+                        then=F("attempt_deadline_ms"),
+                    ),
+                    default=expires,
+                )
+            )
+        )
+
     def next_task_due_ms(self, names: Sequence[str]) -> int | None:
         """Milliseconds until the next queued task becomes due (None: nothing queued)."""
         if not names:

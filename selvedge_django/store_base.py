@@ -365,6 +365,11 @@ class StoreBase:
     # -- one-statement writes (PostgreSQL) ---------------------------------------------
 
     @property
+    def single_writer(self) -> bool:
+        """Whether a write transaction locks the whole database (SQLite), not rows."""
+        return self.vendor == "sqlite"
+
+    @property
     def one_statement(self) -> bool:
         """Whether a fenced write may run as one statement instead of a transaction.
 

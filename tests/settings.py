@@ -106,6 +106,10 @@ if os.environ.get("SELVEDGE_FAULTS"):
     INSTALLED_APPS.append("tests.faultapp.FaultInjectionConfig")
 SELVEDGE.update(json.loads(os.environ.get("SELVEDGE_TEST_OVERRIDES") or "{}"))
 
+# The suite runs transactional activities on SQLite on purpose (tests/test_settings.py checks
+# the warning itself).
+SILENCED_SYSTEM_CHECKS = ["selvedge.W003"]
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -279,7 +279,12 @@ def test_empty_selvedge_setting_means_defaults() -> None:
 
 
 def selvedge_messages() -> list[Any]:
-    return [m for m in run_checks(tags=["selvedge"]) if m.id and m.id.startswith("selvedge.")]
+    """The selvedge checks' messages that are not silenced (tests/settings.py silences W003)."""
+    return [
+        m
+        for m in run_checks(tags=["selvedge"])
+        if m.id and m.id.startswith("selvedge.") and not m.is_silenced()
+    ]
 
 
 def test_the_test_settings_pass_the_checks() -> None:
@@ -361,6 +366,41 @@ def test_in_memory_sqlite_is_warning_w001(tmp_path: Path) -> None:
     output = result.stdout + result.stderr
     assert result.returncode == 0, output  # a warning does not fail the check command
     assert "selvedge.W001" in output
+
+
+@pytest.mark.parametrize("vendor", ["sqlite", "postgresql"])
+def test_transactional_activities_on_sqlite_are_warning_w003(vendor: str) -> None:
+    """The test app registers transactional activities: SQLite warns, PostgreSQL does not."""
+    from django.db import connections
+
+    with override_settings(SILENCED_SYSTEM_CHECKS=[]):
+        if connections["default"].vendor != vendor:
+            pytest.skip(f"the test database is not {vendor}")
+        messages = selvedge_messages()
+    if vendor == "sqlite":
+        (message,) = messages
+        assert message.id == "selvedge.W003" and not message.is_serious()
+        assert "'test.tx_record'" in message.msg and "write lock" in message.msg
+        assert "PostgreSQL" in message.hint
+    else:
+        assert messages == []
+
+
+def test_no_transactional_activity_no_w003() -> None:
+    from selvedge_django import registry
+
+    saved = {name: registry.get_activity(name) for name in registry.registered_activity_names()}
+    transactional = [name for name, d in saved.items() if d is not None and d.transactional]
+    for name in transactional:
+        registry.unregister(name, kind="activity")
+    try:
+        with override_settings(SILENCED_SYSTEM_CHECKS=[]):
+            assert selvedge_messages() == []
+    finally:
+        for name in transactional:
+            definition = saved[name]
+            assert definition is not None
+            registry.register_activity(definition)
 
 
 def test_unsupported_database_is_error_e001(tmp_path: Path) -> None:

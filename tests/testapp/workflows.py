@@ -1109,7 +1109,23 @@ def tx_stall(data: dict[str, Any]) -> str:
     return entry
 
 
-ACT_ACTIVITIES = {a.name: a for a in (step, defaults, wait, rendezvous, tx_stall)}
+@sv.activity(
+    name="act.tx_long",
+    transactional=True,
+    retry_policy=sv.RetryPolicy(max_attempts=3, initial_interval=0.05, backoff_coefficient=1.0),
+)
+def tx_long(data: dict[str, Any]) -> str:
+    """Write a Ledger row in the attempt's transaction, work ``seconds``, then maybe fail."""
+    info = _attempt()
+    entry = f"txl:{data['tag']}:{info.attempt}"
+    Ledger.objects.create(entry=entry)
+    time.sleep(data["seconds"])  # the work, holding the transaction open
+    if info.attempt in data.get("final_on", ()):
+        raise sv.ApplicationError(f"{entry} is final", type="Final", non_retryable=True)
+    return entry
+
+
+ACT_ACTIVITIES = {a.name: a for a in (step, defaults, wait, rendezvous, tx_stall, tx_long)}
 
 
 def act_options(raw: dict[str, Any] | None) -> sv.ActivityOptions | None:
