@@ -34,7 +34,7 @@ def fill(instances: int) -> None:
               (instance_id, workflow_name, status, input, lease_owner, lease_epoch,
                lease_expires_ms, runnable, cancel_requested, cancel_reason,
                parent_instance_id, parent_key, service_name, current_step,
-               started_at, updated_at, closed_at, output)
+               started_at, updated_at, closed_at, output, ready_ms)
             SELECT 'wf-' || g,
                    'plans.wf' || (g %% 20),
                    CASE WHEN g <= %s THEN 'running' ELSE 'completed' END,
@@ -47,7 +47,8 @@ def fill(instances: int) -> None:
                    now() - (g || ' seconds')::interval,
                    now(),
                    CASE WHEN g <= %s THEN NULL ELSE now() END,
-                   CASE WHEN g <= %s THEN NULL ELSE '1' END
+                   CASE WHEN g <= %s THEN NULL ELSE '1' END,
+                   (EXTRACT(EPOCH FROM now()) * 1000)::bigint - g
             FROM generate_series(1, %s) AS g
             """,
             [running, running, running, running, running, running, instances],
@@ -86,8 +87,9 @@ def fill(instances: int) -> None:
         cur.execute(
             """
             INSERT INTO selvedge_django_timersubscription
-              (instance_id, key, expires_at, fired, created_at)
-            SELECT 'wf-' || g, '#9:sleep', now() + interval '1 day', false, now()
+              (instance_id, key, expires_at, fire_at_ms, fired, created_at)
+            SELECT 'wf-' || g, '#9:sleep', now() + interval '1 day',
+                   (EXTRACT(EPOCH FROM now() + interval '1 day') * 1000)::bigint, false, now()
             FROM generate_series(1, %s) AS g
             """,
             [running],
@@ -139,7 +141,7 @@ def explain_all() -> None:
         print(f"\n=== {title}")
         for query in captured.captured_queries:
             sql = query["sql"]
-            if not sql.lstrip().upper().startswith(("SELECT", "UPDATE", "DELETE")):
+            if not sql.lstrip().upper().startswith(("SELECT", "UPDATE", "DELETE", "WITH")):
                 continue
             if "pg_notify" in sql or ("clock_timestamp" in sql and "FROM" not in sql):
                 continue

@@ -51,6 +51,12 @@ class WorkflowInstance(models.Model):
     lease_epoch = models.BigIntegerField(default=0)
     lease_expires_ms = models.BigIntegerField(null=True, blank=True)
     runnable = models.BooleanField(default=True)
+    ready_ms = models.BigIntegerField(
+        default=0,
+        db_default=0,
+        help_text="when the instance last became runnable (database clock, Unix ms): dispatch"
+        " leases the oldest first, and never before this time",
+    )
     cancel_requested = models.BooleanField(default=False)
     cancel_reason = models.TextField(default="", blank=True)
     parent_instance_id = models.CharField(max_length=255, default="", blank=True)
@@ -74,8 +80,8 @@ class WorkflowInstance(models.Model):
         ]
         indexes = [
             models.Index(
-                fields=["workflow_name"],
-                name="sv_inst_dispatch_idx",
+                fields=["ready_ms", "workflow_name"],
+                name="sv_inst_ready_idx",
                 condition=Q(status="running", runnable=True, lease_owner=""),
             ),
             models.Index(

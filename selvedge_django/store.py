@@ -139,9 +139,9 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, RenewalMixin, StoreBase):
             "INSERT INTO {instance} (instance_id, workflow_name, status, input, output,"
             " error, lease_owner, lease_epoch, lease_expires_ms, runnable,"
             " cancel_requested, cancel_reason, parent_instance_id, parent_key,"
-            " service_name, current_step, started_at, updated_at, closed_at)"
+            " service_name, current_step, started_at, updated_at, closed_at, ready_ms)"
             f" VALUES (%s, %s, %s, %s, NULL, NULL, {lease_sql}, %s, %s, %s, %s, %s, %s,"
-            " %s, %s, NULL)"
+            f" %s, %s, NULL, {db_now.sql})"
         )
         params = [
             instance_id,
@@ -157,6 +157,7 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, RenewalMixin, StoreBase):
             "",
             now,
             now,
+            *db_now.params,
         ]
         try:
             if leased and self.one_statement:
@@ -207,58 +208,84 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, RenewalMixin, StoreBase):
     ) -> list[tuple[Fence, InstanceHead]]:
         """Lease up to ``limit`` dispatchable instances and read their rows, in one statement.
 
-        Dispatchable: running, and either runnable and unowned or owned under an
-        expired lease. On PostgreSQL the candidates are locked with ``FOR UPDATE SKIP
-        LOCKED``, so concurrent dispatchers take different rows; on SQLite the write
-        transaction (``BEGIN IMMEDIATE``) serialises them. The instance columns an
-        execution needs come back with the lease, so loading its snapshot then reads
-        only the history.
+        Dispatchable: running, and either owned under an expired lease (taken first:
+        an execution was interrupted), or unowned and runnable since ``ready_ms`` at
+        the latest, the one runnable longest first. So an instance that is runnable
+        again right after each execution waits behind those that waited longer, and
+        one busy workflow type cannot keep another from running; an instance held
+        back after an execution error (``ready_ms`` in the future) waits until then.
+        Each part walks its own partial index (``sv_inst_lease_idx``,
+        ``sv_inst_ready_idx``), whose conditions the statement repeats as literals.
+
+        On PostgreSQL the candidates are locked with ``FOR UPDATE SKIP LOCKED``, so
+        concurrent dispatchers take different rows; on SQLite the write transaction
+        (``BEGIN IMMEDIATE``) serialises them. The instance columns an execution
+        needs come back with the lease, so loading its snapshot then reads only the
+        history.
         """
         if limit <= 0 or (names is not None and not names):
             return []
         now = self.now_sql()
-        where = (
-            "status = %s AND ((lease_owner = '' AND runnable)"
-            f" OR (lease_expires_ms < {now.sql} AND NOT (lease_owner = '')))"
-        )
-        params: list[Any] = [str(WorkflowStatus.RUNNING), *now.params]
+        named, name_params = "", []
         if names is not None:
-            where += f" AND workflow_name IN ({', '.join(['%s'] * len(names))})"
-            params += list(names)
-        sql = (
+            named = f" AND workflow_name IN ({', '.join(['%s'] * len(names))})"
+            name_params = list(names)
+        expired = (
+            f"status = 'running' AND NOT (lease_owner = '') AND lease_expires_ms < {now.sql}{named}"
+        )
+        ready = (
+            f"status = 'running' AND lease_owner = '' AND runnable AND ready_ms <= {now.sql}{named}"
+        )
+        expired_params = [*now.params, *name_params]
+        ready_params = [*now.params, *name_params]
+        lease = (
             "UPDATE {instance} SET lease_owner = %s, lease_epoch = lease_epoch + 1,"
             f" lease_expires_ms = {now.sql} + %s, runnable = %s"
-            " WHERE instance_id IN (SELECT instance_id FROM {instance}"
-            f" WHERE {where} LIMIT %s FOR UPDATE SKIP LOCKED)"
-            f" RETURNING instance_id, lease_epoch, {HEAD_COLUMNS}"
         )
-        args = [owner, *now.params, round(ttl * 1000), False, *params, limit]
+        lease_params = [owner, *now.params, round(ttl * 1000), False]
         if self.vendor == "postgresql":
-            rows = self._fetch(sql, args)  # one statement: atomic in autocommit
+            # One statement (atomic in autocommit): each part locks what it picks.
+            rows = self._fetch(
+                f"WITH e AS (SELECT instance_id FROM {{instance}} WHERE {expired}"
+                " ORDER BY lease_expires_ms LIMIT %s FOR UPDATE SKIP LOCKED),"
+                f" r AS (SELECT instance_id, ready_ms FROM {{instance}} WHERE {ready}"
+                " ORDER BY ready_ms LIMIT %s FOR UPDATE SKIP LOCKED),"
+                " c AS (SELECT instance_id FROM (SELECT instance_id, 0 AS part, 0 AS since"
+                " FROM e UNION ALL SELECT instance_id, 1, ready_ms FROM r) u"
+                " ORDER BY part, since LIMIT %s)"
+                f" {lease} WHERE instance_id IN (SELECT instance_id FROM c)"
+                f" RETURNING instance_id, lease_epoch, {HEAD_COLUMNS}",
+                [*expired_params, limit, *ready_params, limit, limit, *lease_params],
+            )
         else:
             # SQLite: pick, lease, read back, in one write transaction. (Its UPDATE ...
             # RETURNING reports no row count until the rows are read, which statement
-            # wrappers such as the fault injector's need.)
-            probe = self._fetch(f"SELECT 1 FROM {{instance}} WHERE {where} LIMIT 1", [*params])
+            # wrappers such as the fault injector's need.) A read first: a write
+            # transaction locks the whole database.
+            probe = self._fetch(
+                f"SELECT 1 WHERE EXISTS (SELECT 1 FROM {{instance}} WHERE {ready})"
+                f" OR EXISTS (SELECT 1 FROM {{instance}} WHERE {expired})",
+                [*ready_params, *expired_params],
+            )
             if not probe:
                 return []
             with self.atomic():
                 ids = [
                     r[0]
                     for r in self._fetch(
-                        f"SELECT instance_id FROM {{instance}} WHERE {where} LIMIT %s",
-                        [*params, limit],
+                        "SELECT instance_id FROM (SELECT instance_id, 0 AS part, 0 AS since"
+                        f" FROM (SELECT instance_id FROM {{instance}} WHERE {expired}"
+                        " ORDER BY lease_expires_ms LIMIT %s) UNION ALL"
+                        " SELECT instance_id, 1, ready_ms FROM (SELECT instance_id, ready_ms"
+                        f" FROM {{instance}} WHERE {ready} ORDER BY ready_ms LIMIT %s))"
+                        " ORDER BY part, since LIMIT %s",
+                        [*expired_params, limit, *ready_params, limit, limit],
                     )
                 ]
                 if not ids:
                     return []
                 marks = ", ".join(["%s"] * len(ids))
-                self._execute(
-                    "UPDATE {instance} SET lease_owner = %s, lease_epoch = lease_epoch + 1,"
-                    f" lease_expires_ms = {now.sql} + %s, runnable = %s"
-                    f" WHERE instance_id IN ({marks})",
-                    [owner, *now.params, round(ttl * 1000), False, *ids],
-                )
+                self._execute(f"{lease} WHERE instance_id IN ({marks})", [*lease_params, *ids])
                 rows = self._fetch(
                     f"SELECT instance_id, lease_epoch, {HEAD_COLUMNS} FROM {{instance}}"
                     f" WHERE lease_owner = %s AND instance_id IN ({marks})",
@@ -324,12 +351,14 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, RenewalMixin, StoreBase):
             # One statement that also says whether input arrived meanwhile: only then
             # is a dispatcher woken (every worker's, through NOTIFY), not on every release.
             table = conn.ops.quote_name(WorkflowInstance._meta.db_table)
+            now = self.now_sql()
             with conn.cursor() as cursor:
                 cursor.execute(
                     f"UPDATE {table} SET lease_owner = '', lease_expires_ms = NULL,"
+                    f" ready_ms = CASE WHEN runnable OR NOT %s THEN ready_ms ELSE {now.sql} END,"
                     " runnable = (runnable OR %s) WHERE instance_id = %s AND lease_owner = %s"
                     " AND lease_epoch = %s RETURNING runnable",
-                    [runnable, fence.instance_id, fence.owner, fence.epoch],
+                    [runnable, *now.params, runnable, fence.instance_id, fence.owner, fence.epoch],
                 )
                 row = cursor.fetchone()
             if row is not None and row[0]:
@@ -345,7 +374,7 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, RenewalMixin, StoreBase):
             .update(
                 lease_owner="",
                 lease_expires_ms=None,
-                runnable=Value(True) if runnable else F("runnable"),
+                **(self.wake_fields() if runnable else {}),
             )
         )
         if updated:
@@ -736,8 +765,9 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, RenewalMixin, StoreBase):
             " WHERE instance_id = %s AND key = %s AND data IS NULL",
             [data, event_type, self._now_param(), claim.instance_id, claim.key],
         )
-        wake = "UPDATE {instance} SET runnable = %s WHERE instance_id = %s AND status = %s"
-        params: list[Any] = [True, claim.instance_id, str(WorkflowStatus.RUNNING)]
+        woken = self.wake_sql()
+        wake = f"UPDATE {{instance}} SET {woken.sql} WHERE instance_id = %s AND status = %s"
+        params: list[Any] = [*woken.params, claim.instance_id, str(WorkflowStatus.RUNNING)]
         if inline_fence is not None:
             # The execution that ran the attempt inline reads the value itself; any
             # other holder (or none) must be woken.

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from django.db import DatabaseError, IntegrityError, connections, transaction
-from django.db.models import Func, IntegerField, Value
+from django.db.models import Case, F, Func, IntegerField, Value, When
 from django.db.models.expressions import Combinable
 from django.utils import timezone
 
@@ -518,6 +518,30 @@ class StoreBase:
         if self._execute(sql, params) != 1:
             raise self._fenced_error(fence)
         self.after_commit("runnable")
+
+    # -- becoming runnable ---------------------------------------------------------------
+
+    def wake_sql(self) -> Sql:
+        """The SET terms of an UPDATE that marks an instance runnable.
+
+        ``ready_ms`` (the order of dispatch: oldest first) becomes the database
+        clock's now only if the instance was not runnable yet: one already waiting
+        keeps its place in line, and one held back after an execution error
+        (``ready_ms`` in the future) keeps its backoff, whatever arrives meanwhile.
+        SET expressions read the row as it was before the update.
+        """
+        now = self.now_sql()
+        return Sql(
+            f"ready_ms = CASE WHEN runnable THEN ready_ms ELSE {now.sql} END, runnable = %s",
+            [*now.params, True],
+        )
+
+    def wake_fields(self) -> dict[str, Any]:
+        """:meth:`wake_sql` for ``QuerySet.update()``."""
+        return {
+            "ready_ms": Case(When(runnable=True, then=F("ready_ms")), default=self.now_expr()),
+            "runnable": True,
+        }
 
     def _lock_instance(self, instance_id: str, *, skip_locked: bool = False) -> bool:
         """Lock an instance row first, inside a transaction that writes what it owns.

@@ -214,5 +214,5 @@ class TaskSweepMixin(StoreBase):
         ).update(event_type=EV_ACTIVITY_FAILED, data=data, arrived_at=timezone.now())
         WorkflowInstance.objects.using(self.alias).filter(
             instance_id=instance_id, status=WorkflowStatus.RUNNING
-        ).update(runnable=True)
+        ).update(**self.wake_fields())
         self.after_commit("runnable")

@@ -163,7 +163,7 @@ class WaitStoreMixin(StoreBase):
             if woken:
                 WorkflowInstance.objects.using(self.alias).filter(
                     instance_id__in=woken, status=WorkflowStatus.RUNNING
-                ).update(runnable=True)
+                ).update(**self.wake_fields())
                 self.after_commit("runnable")
             return len(due)
 
@@ -211,10 +211,11 @@ class WaitStoreMixin(StoreBase):
                 " AND consumed_seq IS NULL LIMIT %s) pending) < %s",
                 [instance_id, max_pending, max_pending],
             )
+        wake = self.wake_sql()
         with self.atomic():
             if not self._execute(
-                "UPDATE {instance} SET runnable = %s WHERE instance_id = %s AND status = %s",
-                [True, instance_id, str(WorkflowStatus.RUNNING)],
+                f"UPDATE {{instance}} SET {wake.sql} WHERE instance_id = %s AND status = %s",
+                [*wake.params, instance_id, str(WorkflowStatus.RUNNING)],
             ):
                 rows = self._fetch(
                     "SELECT status FROM {instance} WHERE instance_id = %s", [instance_id]
@@ -272,7 +273,7 @@ class WaitStoreMixin(StoreBase):
                 instance_id=instance_id, cancel_requested=False
             ).update(cancel_requested=True, cancel_reason=reason)
             WorkflowInstance.objects.using(self.alias).filter(instance_id=instance_id).update(
-                runnable=True
+                **self.wake_fields()
             )
             self.after_commit("runnable")
             return str(status)
@@ -304,7 +305,7 @@ class WaitStoreMixin(StoreBase):
             status=WorkflowStatus.RUNNING,
         )
         mine.filter(cancel_requested=False).update(cancel_requested=True, cancel_reason=reason)
-        mine.update(runnable=True)
+        mine.update(**self.wake_fields())
         self.after_commit("runnable")
 
     # -- observations -------------------------------------------------------------------
@@ -483,6 +484,7 @@ class WaitStoreMixin(StoreBase):
                         input=child.input,
                         status=WorkflowStatus.RUNNING,
                         runnable=True,
+                        ready_ms=self.now_expr(),
                         parent_instance_id=fence.instance_id,
                         parent_key=row.key,
                         started_at=now,
@@ -528,11 +530,19 @@ class WaitStoreMixin(StoreBase):
         parent_id, parent_key = parent
         if not parent_id:
             return None
+        wake = self.wake_sql()
         woken = self._execute(
-            "UPDATE {instance} SET runnable = %s WHERE instance_id = %s AND status = %s"
+            f"UPDATE {{instance}} SET {wake.sql} WHERE instance_id = %s AND status = %s"
             " AND EXISTS (SELECT 1 FROM {history} WHERE instance_id = %s AND key = %s"
             " AND command = %s AND data IS NULL)",
-            [True, parent_id, str(WorkflowStatus.RUNNING), parent_id, parent_key, CMD_CHILD],
+            [
+                *wake.params,
+                parent_id,
+                str(WorkflowStatus.RUNNING),
+                parent_id,
+                parent_key,
+                CMD_CHILD,
+            ],
         )
         if not woken:
             return None
