@@ -24,6 +24,7 @@ from .exceptions import (
     ActivityTimeoutError,
     ApplicationError,
     Cancelled,
+    ExecutionStorageError,
     Fenced,
     HistoryKeyConflict,
     HistoryLimitExceeded,
@@ -58,6 +59,7 @@ from .exceptions import (
     WorkflowNotRegistered,
     WorkflowPanicError,
     WorkflowStartRejected,
+    WorkflowTerminated,
 )
 from .registry import ActivityDefinition, WorkflowDefinition, activity, workflow
 
@@ -88,6 +90,7 @@ if TYPE_CHECKING:
         aquery,
         asignal,
         astart_workflow,
+        aterminate_workflow,
         await_workflow,
         cancel_workflow,
         describe,
@@ -96,6 +99,7 @@ if TYPE_CHECKING:
         list_activity_tasks,
         signal,
         start_workflow,
+        terminate_workflow,
         wait_workflow,
     )
 
@@ -112,6 +116,7 @@ __all__ = [
     "ApplicationError",
     "Cancelled",
     "ChildHandle",
+    "ExecutionStorageError",
     "Fenced",
     "Future",
     "HistoryKeyConflict",
@@ -159,6 +164,7 @@ __all__ = [
     "WorkflowResult",
     "WorkflowStartRejected",
     "WorkflowStatus",
+    "WorkflowTerminated",
     "acancel_workflow",
     "activity",
     "activity_cancelled",
@@ -171,6 +177,7 @@ __all__ = [
     "aquery",
     "asignal",
     "astart_workflow",
+    "aterminate_workflow",
     "await_workflow",
     "cancel_workflow",
     "describe",
@@ -186,6 +193,7 @@ __all__ = [
     "replay_instance",
     "signal",
     "start_workflow",
+    "terminate_workflow",
     "wait_workflow",
     "workflow",
 ]
@@ -222,6 +230,8 @@ _LAZY = {
     "get_workflow_result": "selvedge_django.operations",
     "list_activity_tasks": "selvedge_django.operations",
     "start_workflow": "selvedge_django.operations",
+    "terminate_workflow": "selvedge_django.operations",
+    "aterminate_workflow": "selvedge_django.operations",
     "wait_workflow": "selvedge_django.operations",
 }
 

@@ -1,14 +1,16 @@
 """The admin console: read-only models, actions through the operations layer.
 
-Nothing here edits a row by hand. Cancelling, signalling and exporting call the
-operations layer (the same code path as the client API and ``runselvedge``),
-need their own permission (``cancel_workflowinstance``, ``signal_workflowinstance``,
-``export_history``) besides view access, are POSTs with CSRF protection, and are
-written to the admin log. Recorded values (inputs, outputs, errors' messages,
-history values, signal payloads) are shown, and exported unredacted, only to
-users with the ``view_payloads`` permission. They exist as changelist actions (cancel and signal
-ask for the reason, or the channel and payload, on an intermediate page) and as
-buttons on an instance's page (extra URLs under the instance's own).
+Nothing here edits a row by hand. Cancelling, terminating, signalling and
+exporting call the operations layer (the same code path as the client API and
+``runselvedge``), need their own permission (``cancel_workflowinstance``,
+``terminate_workflowinstance``, ``signal_workflowinstance``, ``export_history``)
+besides view access, are POSTs with CSRF protection, and are written to the admin
+log. Recorded values (inputs, outputs, errors' messages, history values, signal
+payloads) are shown, and exported unredacted, only to users with the
+``view_payloads`` permission. They exist as changelist actions (cancel and
+terminate ask for the reason, signal for the channel and payload, on an
+intermediate page) and as buttons on an instance's page (extra URLs under the
+instance's own).
 
 Stored values are escaped and truncated wherever they are shown, and the
 changelist stays cheap on large tables: no per-row queries, no unbounded
@@ -56,6 +58,7 @@ from .admin_support import (
     CancelForm,
     InstanceChangeList,
     SignalForm,
+    TerminateForm,
     WorkflowNameFilter,
     database_alias,
     error_summary,
@@ -71,9 +74,15 @@ from .models import ActivityTask, HistoryEvent, SystemLock, WorkflowInstance, Wo
 APP = "selvedge_django"
 PERM_CANCEL = f"{APP}.cancel_workflowinstance"
 PERM_SIGNAL = f"{APP}.signal_workflowinstance"
+PERM_TERMINATE = f"{APP}.terminate_workflowinstance"
 PERM_EXPORT = f"{APP}.export_history"
 PERM_PAYLOADS = f"{APP}.view_payloads"
 TEMPLATE_DIR = "admin/selvedge_django/workflowinstance"
+TERMINATE_INTRO = (
+    "Close these instances at once as failed, without running their code: their workers are"
+    " fenced out, unfinished activity tasks are cancelled, timers are deleted and running"
+    " children are asked to cancel. This cannot be undone."
+)
 
 
 # -- shared admin behaviour -----------------------------------------------------------
@@ -164,7 +173,7 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
     search_help_text = "An exact instance id, or part of one (ignoring case)."
     ordering = ("-started_at", "-instance_id")
     list_per_page = 100
-    actions = ("cancel_instances", "signal_instances", "export_instances")
+    actions = ("cancel_instances", "terminate_instances", "signal_instances", "export_instances")
     change_form_template = f"{TEMPLATE_DIR}/change_form.html"
     action_template = f"{TEMPLATE_DIR}/action.html"
     fieldsets = (
@@ -187,8 +196,23 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
                 )
             },
         ),
-        ("Values", {"fields": ("input_value", "output_value", "error_value")}),
-        ("Execution lease", {"fields": ("runnable", "lease_owner", "lease_epoch", "lease_expiry")}),
+        (
+            "Values",
+            {"fields": ("input_value", "output_value", "error_value", "storage_error_value")},
+        ),
+        (
+            "Execution lease",
+            {
+                "fields": (
+                    "runnable",
+                    "lease_owner",
+                    "lease_epoch",
+                    "lease_expiry",
+                    "execution_errors",
+                    "held_back_until",
+                )
+            },
+        ),
     )
     hidden_values = ("hidden_input", "hidden_output", "hidden_error")
     readonly_fields = (
@@ -208,6 +232,9 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
 
     def has_cancel_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return request.user.has_perm(PERM_CANCEL)
+
+    def has_terminate_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.has_perm(PERM_TERMINATE)
 
     def has_signal_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return request.user.has_perm(PERM_SIGNAL)
@@ -286,6 +313,19 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
     def lease_expiry(self, obj: WorkflowInstance) -> datetime | None:
         return ms_datetime(obj.lease_expires_ms)
 
+    @admin.display(description="held back until")
+    def held_back_until(self, obj: WorkflowInstance) -> datetime | None:
+        """When an instance held back after storage errors may be dispatched again."""
+        if not obj.execution_errors or obj.status != WorkflowStatus.RUNNING:
+            return None
+        return ms_datetime(obj.ready_ms)
+
+    @admin.display(description="last storage error")
+    def storage_error_value(self, obj: WorkflowInstance) -> str | None:
+        if not obj.execution_error:
+            return None
+        return format_html("<code>{}</code>", truncate(obj.execution_error, VALUE_CHARS))
+
     # -- the detail page --------------------------------------------------------------
 
     def render_change_form(
@@ -323,6 +363,9 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
             "cancel_url": reverse(f"{site}:{APP}_workflowinstance_cancel", args=(quoted,))
             if running and self.has_cancel_permission(request)
             else "",
+            "terminate_url": reverse(f"{site}:{APP}_workflowinstance_terminate", args=(quoted,))
+            if running and self.has_terminate_permission(request)
+            else "",
             "signal_url": reverse(f"{site}:{APP}_workflowinstance_signal", args=(quoted,))
             if running and self.has_signal_permission(request)
             else "",
@@ -342,6 +385,11 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
                 "<path:object_id>/cancel/",
                 view(self.cancel_view),
                 name="{}_{}_cancel".format(*info),
+            ),
+            path(
+                "<path:object_id>/terminate/",
+                view(self.terminate_view),
+                name="{}_{}_terminate".format(*info),
             ),
             path(
                 "<path:object_id>/signal/",
@@ -397,6 +445,34 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
             object_url=self.instance_url(obj.instance_id),
         )
 
+    def terminate_view(self, request: HttpRequest, object_id: str) -> HttpResponseBase:
+        """Ask for a reason (GET), then terminate the instance (POST)."""
+        if request.method not in ("GET", "POST"):
+            return HttpResponseNotAllowed(["GET", "POST"])
+        obj = self._action_object(request, object_id, self.has_terminate_permission)
+        form = TerminateForm(request.POST if request.method == "POST" else None)
+        if form.is_bound and form.is_valid():
+            try:
+                self.perform_terminate(request, obj, form.cleaned_data)
+            except exc.SelvedgeError as error:
+                form.add_error(None, truncate(str(error), VALUE_CHARS))
+            else:
+                self.message_user(
+                    request,
+                    f"Terminated {truncate(obj.instance_id, ID_CHARS)}.",
+                    messages.SUCCESS,
+                )
+                return HttpResponseRedirect(self.instance_url(obj.instance_id))
+        return self.render_action_page(
+            request,
+            form,
+            title="Terminate workflow instance",
+            intro=TERMINATE_INTRO,
+            submit="Terminate",
+            objects=[obj],
+            object_url=self.instance_url(obj.instance_id),
+        )
+
     def signal_view(self, request: HttpRequest, object_id: str) -> HttpResponseBase:
         """Ask for a channel and JSON payload (GET), then send the signal (POST)."""
         if request.method not in ("GET", "POST"):
@@ -445,6 +521,16 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
         reason = data.get("reason") or ""
         operations.cancel_workflow(obj.instance_id, reason)
         self.log_change(request, obj, f"Requested cancellation. Reason: {reason!r}")
+
+    def perform_terminate(
+        self, request: HttpRequest, obj: WorkflowInstance, data: dict[str, Any]
+    ) -> None:
+        reason = data.get("reason") or ""
+        try:
+            operations.terminate_workflow(obj.instance_id, reason)
+        except ValueError as error:  # a reason the database cannot store (NUL)
+            raise exc.SelvedgeError(str(error)) from error
+        self.log_change(request, obj, f"Terminated. Reason: {reason!r}")
 
     def perform_signal(
         self, request: HttpRequest, obj: WorkflowInstance, data: dict[str, Any]
@@ -506,6 +592,22 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
             intro="Request cancellation of these instances; each stops at its next wait.",
             submit="Request cancellation",
             done="Cancellation requested for %d instance(s).",
+        )
+
+    @admin.action(description="Terminate selected instances\u2026", permissions=["terminate"])
+    def terminate_instances(self, request: HttpRequest, queryset: QuerySet[Any]) -> Any:
+        if not self.has_terminate_permission(request):
+            raise PermissionDenied
+        return self.bulk_action(
+            request,
+            queryset,
+            "terminate_instances",
+            TerminateForm,
+            self.perform_terminate,
+            title="Terminate workflow instances",
+            intro=TERMINATE_INTRO,
+            submit="Terminate",
+            done="Terminated %d instance(s).",
         )
 
     @admin.action(description="Send a signal to selected instances\u2026", permissions=["signal"])

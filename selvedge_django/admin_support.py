@@ -111,6 +111,17 @@ class CancelForm(forms.Form):
     )
 
 
+class TerminateForm(forms.Form):
+    """The reason recorded with a terminate (in the instance's WorkflowTerminated error)."""
+
+    reason = forms.CharField(
+        required=False,
+        max_length=10_000,
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
+        help_text="Recorded as the reason of the instance's WorkflowTerminated error.",
+    )
+
+
 class SignalForm(forms.Form):
     """A signal's channel and JSON payload, validated as the client API does."""
 

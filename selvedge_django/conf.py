@@ -56,6 +56,9 @@ DEFAULTS: dict[str, Any] = {
     "MAX_HISTORY_BYTES": 64 * 1024 * 1024,
     "MAX_PENDING_SIGNALS": 10_000,
     "SQLITE_SYNCHRONOUS": "FULL",
+    "EXECUTION_ERROR_BACKOFF": 1.0,
+    "MAX_EXECUTION_ERROR_BACKOFF": 300.0,
+    "MAX_EXECUTION_ERRORS": 50,
 }
 
 # PRAGMA synchronous values offered for the engine's SQLite database: FULL syncs the
@@ -73,6 +76,8 @@ _DURATIONS = (
     "LEADER_LEASE_DURATION",
     "LEADER_HEARTBEAT_INTERVAL",
     "SHUTDOWN_TIMEOUT",
+    "EXECUTION_ERROR_BACKOFF",
+    "MAX_EXECUTION_ERROR_BACKOFF",
 )
 _POSITIVE_INTS = (
     "MAX_CONCURRENT_ACTIVITIES",
@@ -145,6 +150,11 @@ class SelvedgeSettings:
     max_history_bytes: int = 64 * 1024 * 1024
     max_pending_signals: int = 10_000
     sqlite_synchronous: str = "FULL"
+    # An execution that ends on a storage error holds its instance back this long, twice
+    # as long after each consecutive one up to the maximum; the last error allowed fails it.
+    execution_error_backoff: float = 1.0
+    max_execution_error_backoff: float = 300.0
+    max_execution_errors: int | None = 50
 
     def with_overrides(self, **overrides: Any) -> SelvedgeSettings:
         """Return a copy with lower-case ``SELVEDGE`` keys overridden and revalidated."""
@@ -191,6 +201,9 @@ class SelvedgeSettings:
             "MAX_HISTORY_BYTES": self.max_history_bytes,
             "MAX_PENDING_SIGNALS": self.max_pending_signals,
             "SQLITE_SYNCHRONOUS": self.sqlite_synchronous,
+            "EXECUTION_ERROR_BACKOFF": self.execution_error_backoff,
+            "MAX_EXECUTION_ERROR_BACKOFF": self.max_execution_error_backoff,
+            "MAX_EXECUTION_ERRORS": self.max_execution_errors,
         }
 
 
@@ -296,6 +309,17 @@ def resolve_settings(raw_in: Mapping[str, Any] | None) -> SelvedgeSettings:
             f"SELVEDGE['SQLITE_SYNCHRONOUS'] must be one of {list(SQLITE_SYNCHRONOUS_MODES)},"
             f" not {synchronous!r}"
         )
+    if durations["EXECUTION_ERROR_BACKOFF"] > durations["MAX_EXECUTION_ERROR_BACKOFF"]:
+        raise ImproperlyConfigured(
+            "SELVEDGE EXECUTION_ERROR_BACKOFF must not be longer than MAX_EXECUTION_ERROR_BACKOFF"
+        )
+    max_errors = raw["MAX_EXECUTION_ERRORS"]
+    if max_errors is not None and (
+        isinstance(max_errors, bool) or not isinstance(max_errors, int) or max_errors < 1
+    ):
+        raise ImproperlyConfigured(
+            "SELVEDGE['MAX_EXECUTION_ERRORS'] must be a positive integer or None (no limit)"
+        )
     modules = raw["MODULES"] or ()
     if isinstance(modules, str):
         raise ImproperlyConfigured("SELVEDGE['MODULES'] must be a list of module paths")
@@ -329,6 +353,9 @@ def resolve_settings(raw_in: Mapping[str, Any] | None) -> SelvedgeSettings:
         max_history_bytes=ints["MAX_HISTORY_BYTES"],
         max_pending_signals=ints["MAX_PENDING_SIGNALS"],
         sqlite_synchronous=synchronous,
+        execution_error_backoff=durations["EXECUTION_ERROR_BACKOFF"],
+        max_execution_error_backoff=durations["MAX_EXECUTION_ERROR_BACKOFF"],
+        max_execution_errors=max_errors,
     )
 
 

@@ -158,6 +158,35 @@ class HistoryLimitExceeded(SelvedgeError):
 # -- execution errors -------------------------------------------------------------------
 
 
+class ExecutionStorageError(SelvedgeError):
+    """The database kept refusing the writes of the instance's executions.
+
+    As a workflow outcome: the instance was failed without running its code
+    further. ``data_error`` is True when the database refused a value (a
+    ``DataError``, an ``IntegrityError`` that is no known conflict, a value out of
+    range or that cannot be encoded: trying again would fail the same way) and
+    the instance failed at the first such error; otherwise ``errors``
+    consecutive executions ended on an error such as an ``OperationalError``
+    (``MAX_EXECUTION_ERRORS``), each one held back longer than the last.
+    """
+
+    def __init__(
+        self,
+        instance_id: str = "",
+        errors: int = 0,
+        data_error: bool = False,
+        message: str | None = None,
+    ) -> None:
+        self.instance_id = instance_id
+        self.errors = errors
+        self.data_error = data_error
+        super().__init__(
+            message
+            or f"the database refused the writes of workflow instance {instance_id!r}"
+            f" ({errors} executions in a row)"
+        )
+
+
 class HistoryKeyConflict(SelvedgeError):
     """The history key holds another command, or uses a reserved prefix."""
 
@@ -365,3 +394,15 @@ class WorkflowCancelled(Cancelled):
 
 class ScopeCancelled(Cancelled):
     """A local cancellation scope was cancelled."""
+
+
+class WorkflowTerminated(SelvedgeError):
+    """An operator terminated the workflow: it was closed as failed without running its code."""
+
+    def __init__(self, instance_id: str = "", reason: str = "") -> None:
+        self.instance_id = instance_id
+        self.reason = reason
+        msg = f"workflow {instance_id!r} terminated"
+        if reason:
+            msg += f": {reason}"
+        super().__init__(msg)

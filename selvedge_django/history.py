@@ -587,7 +587,9 @@ def replay_history(history: RecordedHistory) -> None:
     """Check the registered workflow code against a recorded history.
 
     A running history may stop at its recorded frontier; a closed one must reach
-    the recorded close with the same outcome. Raises :class:`ReplayError` whose
+    the recorded close with the same outcome, unless something other than its
+    code closed it (a terminate, or too many storage errors): then, as for a
+    running one, only its commands must match. Raises :class:`ReplayError` whose
     ``divergence`` is a :class:`NondeterminismError` (commands) or a
     :class:`ReplayOutcomeError` (outcome), and whose ``workflow_error`` is the
     error the replayed code raised, if any.
@@ -595,16 +597,20 @@ def replay_history(history: RecordedHistory) -> None:
     inst = history.instance
     execution, outcome = _replay(history)
     divergence: BaseException | None = None
+    # A run closed from outside its code (terminated, or failed on storage errors) is
+    # checked like a running one: its commands must match, wherever it then stops.
+    closed_by_code = history.closed and not _closed_from_outside(inst.output)
     if isinstance(outcome.error, exc.NondeterminismError):
         divergence = outcome.error
+    elif not closed_by_code:
+        pass
     elif outcome.kind == "suspended":
-        if history.closed:
-            divergence = exc.NondeterminismError(
-                f"replay of {inst.instance_id!r} stopped at command {execution.seq} "
-                f"({execution.suspension}) before the recorded close",
-                instance_id=inst.instance_id,
-            )
-    elif history.closed:
+        divergence = exc.NondeterminismError(
+            f"replay of {inst.instance_id!r} stopped at command {execution.seq} "
+            f"({execution.suspension}) before the recorded close",
+            instance_id=inst.instance_id,
+        )
+    else:
         recorded_status = inst.status
         if outcome.kind == "completed":
             # Compare what the close would record: the output's JSON value (an output
@@ -633,6 +639,16 @@ def replay_history(history: RecordedHistory) -> None:
     if divergence is not None:
         workflow_error = outcome.workflow_error or outcome.error
         raise exc.ReplayError(inst.instance_id, divergence, workflow_error)
+
+
+def _closed_from_outside(recorded_error: Any) -> bool:
+    """Whether a recorded failure was written without the workflow code's say: a
+    terminate, or the failure of an instance whose writes the database kept refusing."""
+    return (
+        isinstance(recorded_error, dict)
+        and recorded_error.get("kind") == "engine"
+        and recorded_error.get("type") in ("WorkflowTerminated", "ExecutionStorageError")
+    )
 
 
 def replay_instance(instance_id: str) -> None:

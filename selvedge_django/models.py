@@ -57,6 +57,14 @@ class WorkflowInstance(models.Model):
         help_text="when the instance last became runnable (database clock, Unix ms): dispatch"
         " leases the oldest first, and never before this time",
     )
+    execution_errors = models.IntegerField(
+        default=0,
+        db_default=0,
+        help_text="executions in a row that ended on a storage error (0 after one that did not)",
+    )
+    execution_error = models.TextField(
+        default="", db_default="", blank=True, help_text="the last of those errors"
+    )
     cancel_requested = models.BooleanField(default=False)
     cancel_reason = models.TextField(default="", blank=True)
     parent_instance_id = models.CharField(max_length=255, default="", blank=True)
@@ -77,6 +85,7 @@ class WorkflowInstance(models.Model):
             ("signal_workflowinstance", "Can signal workflow instances"),
             ("export_history", "Can export workflow history"),
             ("view_payloads", "Can view workflow inputs, outputs and signal payloads"),
+            ("terminate_workflowinstance", "Can terminate workflow instances"),
         ]
         indexes = [
             models.Index(

@@ -29,7 +29,7 @@ from . import exceptions as exc
 from . import hooks as hooks_module
 from . import signals
 from .conf import get_settings
-from .engine.codec import Codec, contains_nul, error_from_envelope
+from .engine.codec import Codec, contains_nul, error_from_envelope, error_to_envelope
 from .engine.commands import valid_channel
 from .engine.identifiers import check_instance_id, check_workflow_name, instance_id_problem
 from .engine.options import ActivityOptions
@@ -59,6 +59,7 @@ __all__ = [
     "aquery",
     "asignal",
     "astart_workflow",
+    "aterminate_workflow",
     "await_workflow",
     "cancel_workflow",
     "describe",
@@ -68,6 +69,7 @@ __all__ = [
     "prune",
     "signal",
     "start_workflow",
+    "terminate_workflow",
     "wait_workflow",
 ]
 
@@ -127,6 +129,10 @@ class WorkflowDescription:
     parent_key: str
     started_at: datetime
     updated_at: datetime
+    # Executions in a row that ended on a storage error, and the last such error: the
+    # instance is held back from dispatch, longer after each (0 and "" otherwise).
+    execution_errors: int = 0
+    execution_error: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -139,6 +145,8 @@ class WorkflowDescription:
             "parent_key": self.parent_key,
             "started_at": self.started_at.isoformat(),
             "updated_at": self.updated_at.isoformat(),
+            "execution_errors": self.execution_errors,
+            "execution_error": self.execution_error,
         }
 
 
@@ -177,6 +185,8 @@ def _describe(inst: WorkflowInstance) -> WorkflowDescription:
         parent_key=inst.parent_key,
         started_at=inst.started_at,
         updated_at=inst.updated_at,
+        execution_errors=inst.execution_errors,
+        execution_error=inst.execution_error,
     )
 
 
@@ -331,9 +341,45 @@ def cancel_workflow(instance_id: str, reason: str = "") -> None:
     already cancelled instance is fine. The workflow observes the request at its
     next blocking wait.
     """
+    _store().request_cancel(known_id(instance_id), _reason(reason))
+
+
+def _reason(reason: object) -> str:
+    """An operator's reason as the database stores it: text without NUL, at most 10,000
+    characters."""
     if not isinstance(reason, str):
         raise TypeError("reason must be a string")
-    _store().request_cancel(known_id(instance_id), reason[:10_000])
+    return _filter_text(reason, "reason")[:10_000]
+
+
+def terminate_workflow(instance_id: str, reason: str = "") -> None:
+    """Close a running instance at once as failed, without running its code.
+
+    Its error is :class:`WorkflowTerminated` (``instance_id``, ``reason``). In one
+    transaction the lease epoch moves on (a worker still running the instance is
+    fenced out at its next write), unfinished activity tasks are cancelled (a
+    running attempt loses its claim and its late result is discarded), timers are
+    deleted and running children are asked to cancel; a waiting parent receives
+    the failure. The history rows still waiting for a value are left as they were,
+    the close row alone records the terminate. Closed instances raise
+    :class:`InstanceClosed` (a subclass naming the status); unknown ids
+    :class:`WorkflowNotFound`. Inside ``transaction.atomic()`` it commits with the
+    caller.
+    """
+    reason = _reason(reason)
+    instance_id = known_id(instance_id)
+    store = _store()
+    error = exc.WorkflowTerminated(instance_id, reason)
+    envelope = json.dumps(error_to_envelope(error, codec=store.codec, with_traceback=False))
+    name = store.terminate(instance_id, envelope, {"terminate": {"reason": reason}})
+    hooks = get_settings().hooks
+
+    def terminated() -> None:
+        fields = dict(instance_id=instance_id, workflow_name=name, error=error, duration=0.0)
+        hooks_module.fire(hooks, "on_workflow_failed", **fields)
+        signals.send("on_workflow_failed", **fields)
+
+    transaction.on_commit(terminated, using=store.alias)
 
 
 def prune(
@@ -558,6 +604,7 @@ def find_instances(
 astart_workflow = sync_to_async(start_workflow)
 asignal = sync_to_async(signal)
 acancel_workflow = sync_to_async(cancel_workflow)
+aterminate_workflow = sync_to_async(terminate_workflow)
 aget_workflow_result = sync_to_async(get_workflow_result)
 adescribe = sync_to_async(describe)
 afind_instances = sync_to_async(find_instances)

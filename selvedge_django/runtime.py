@@ -9,6 +9,7 @@ lease without asking the database (renewal start + TTL - MARGIN - MAX_SKEW).
 from __future__ import annotations
 
 import functools
+import heapq
 import json
 import logging
 import threading
@@ -39,6 +40,7 @@ from .engine.store import (
     TaskClaim,
 )
 from .registry import get_activity, get_workflow, registered_activity_names
+from .storage_errors import backoff_delay, describe, is_data_error
 from .store import DjangoStore, InstanceHead
 
 __all__ = ["HUNG_AFTER", "HungAttempt", "WorkerRuntime", "check_vendor", "client_codec"]
@@ -132,6 +134,9 @@ class WorkerRuntime:
         # Per live attempt, the monotonic time until which its claim is surely unexpired
         # (the start of the last successful claim or renewal statement + the claim TTL).
         self._claim_beliefs: dict[TaskClaim, float] = {}
+        # Monotonic times at which instances this worker held back after a storage error
+        # become dispatchable again (the dispatcher polls then).
+        self._deferred: list[float] = []
 
     # -- engine Runtime protocol --------------------------------------------------------
 
@@ -161,6 +166,16 @@ class WorkerRuntime:
 
     def tasks_reserved(self) -> None:
         """New queued tasks: the store already wakes local activity workers on commit."""
+
+    def next_deferred_in(self) -> float | None:
+        """Seconds until an instance this worker held back may be dispatched (None: none)."""
+        now = time.monotonic()
+        with self._lock:
+            while self._deferred and self._deferred[0] <= now - 1.0:
+                heapq.heappop(self._deferred)  # dispatched by now, here or elsewhere
+            if not self._deferred:
+                return None
+            return max(0.0, self._deferred[0] - now)
 
     def fire(self, hook: str, **fields: Any) -> None:
         hooks_module.fire(self.hooks, hook, worker_id=self.worker_id, **fields)
@@ -636,6 +651,19 @@ class WorkerRuntime:
                 )
             except exc.WorkflowNotFound:
                 return None
+            except Exception as error:
+                failure = self._after_storage_error(fence, error)
+                if failure is None:
+                    return ExecutionOutcome("abandoned", error=error)
+                name = head.workflow_name if head is not None else ""
+                self.fire(
+                    "on_workflow_failed",
+                    error=failure,
+                    duration=0.0,
+                    instance_id=fence.instance_id,
+                    workflow_name=name,
+                )
+                return ExecutionOutcome("failed", error=failure)
         definition = get_workflow(snapshot.workflow_name)
         if definition is None or snapshot.status != "running":
             # Another worker that registers the workflow will take it.
@@ -662,10 +690,12 @@ class WorkerRuntime:
         except exc.Fenced:
             logger.info("execution of %s was fenced out at close", fence.instance_id)
             outcome.kind = "abandoned"  # nothing was closed: no close hooks
-        except Exception:
-            logger.exception("could not finish execution of %s", fence.instance_id)
-            self._release_quietly(fence, runnable=True)
-            return outcome
+        except Exception as error:
+            # The close or the release failed (or committed, and the connection was lost
+            # before it said so: then the lease is no longer held, and nothing is done).
+            failure = self._after_storage_error(fence, error)
+            outcome.kind = "abandoned" if failure is None else "failed"
+            outcome.error = error if failure is None else failure
         if outcome.kind in ("completed", "failed", "cancelled"):
             self.fire(
                 f"on_workflow_{outcome.kind}",
@@ -745,9 +775,17 @@ class WorkerRuntime:
             outcome.kind = "abandoned"  # nothing was closed: no close hooks
             return
         if outcome.kind == "abandoned":
-            if not isinstance(outcome.error, exc.Fenced):
-                logger.warning("execution of %s abandoned: %r", fence.instance_id, outcome.error)
+            error = outcome.error
+            if isinstance(error, exc.Fenced):
+                return
+            if error is None or isinstance(error, exc.LeaseLost | exc.HistoryKeyConflict):
+                logger.warning("execution of %s abandoned: %r", fence.instance_id, error)
                 self._release_quietly(fence, runnable=True)
+                return
+            # A store operation failed: replaying at once could fail the same way forever.
+            failure = self._after_storage_error(fence, error)
+            if failure is not None:
+                outcome.kind, outcome.error = "failed", failure
             return
         request = execution.close_request(outcome)
         if not self.lease_valid(fence):
@@ -764,6 +802,107 @@ class WorkerRuntime:
                 outcome.error,
                 extra={"instance_id": fence.instance_id},
             )
+
+    def _after_storage_error(
+        self,
+        fence: Fence,
+        error: BaseException,
+    ) -> exc.ExecutionStorageError | None:
+        """Fail or hold back an instance whose execution ended on a storage error.
+
+        A data error fails the instance at once, and so does the error that makes
+        ``MAX_EXECUTION_ERRORS`` in a row, with :class:`ExecutionStorageError`;
+        any other releases the lease with the instance held back
+        (:func:`~selvedge_django.storage_errors.backoff_delay`). When even that
+        cannot be written, the lease is left to lapse: the instance is taken again
+        only after ``LEASE["TTL"]``, never at once. Returns the failure when this
+        closed the instance (the caller fires the hook), else None.
+        """
+        settings = self.settings
+        iid = fence.instance_id
+        message = describe(error)
+        try:
+            before = self.store.execution_errors(fence)
+        except Exception:
+            logger.warning(
+                "execution of %s ended on a storage error (%s), and its error count could not"
+                " be read; the lease is left to lapse",
+                iid,
+                message,
+                exc_info=True,
+                extra={"instance_id": iid},
+            )
+            self.drop_broken_connection()
+            return None
+        if before is None:
+            # The lease is gone (or the write that failed was a close that committed).
+            return None
+        errors = before + 1
+        data = is_data_error(error)
+        limit = settings.max_execution_errors
+        if data or (limit is not None and errors >= limit):
+            failure = exc.ExecutionStorageError(
+                iid,
+                errors,
+                data,
+                f"the database refused the writes of workflow instance {iid!r}"
+                + (
+                    " (a value it cannot store)"
+                    if data
+                    else f" {errors} times in a row (MAX_EXECUTION_ERRORS)"
+                )
+                + f"; the last error: {message}",
+            )
+            if self._close_failed(fence, failure, {"storage_errors": errors}):
+                return failure
+        delay = backoff_delay(settings, errors)
+        try:
+            held = self.store.defer_execution(fence, errors, delay, message)
+        except Exception:
+            logger.warning(
+                "could not hold back %s after a storage error; the lease is left to lapse",
+                iid,
+                exc_info=True,
+                extra={"instance_id": iid},
+            )
+            self.drop_broken_connection()
+            return None
+        if held:
+            with self._lock:
+                heapq.heappush(self._deferred, time.monotonic() + delay)
+            logger.warning(
+                "execution of %s ended on a storage error (%d in a row); it runs again in"
+                " %.1f s: %s",
+                iid,
+                errors,
+                delay,
+                message,
+                extra={"instance_id": iid},
+            )
+        return None
+
+    def _close_failed(
+        self,
+        fence: Fence,
+        error: exc.ExecutionStorageError,
+        closed_by: dict[str, Any],
+    ) -> bool:
+        """Fail the instance ``fence`` holds with ``error``, as a terminate does (its
+        history rows left as they are); True when it closed."""
+        iid = fence.instance_id
+        envelope = json.dumps(error_to_envelope(error, codec=self.codec, with_traceback=False))
+        if not self.lease_valid(fence):
+            return False
+        try:
+            self.store.terminate(iid, envelope, closed_by, fence=fence)
+        except (exc.Fenced, exc.InstanceClosed, exc.WorkflowNotFound):
+            return False
+        except Exception:
+            logger.warning("could not fail %s", iid, exc_info=True, extra={"instance_id": iid})
+            self.drop_broken_connection()
+            return False
+        logger.error("workflow %s failed: %s", iid, error, extra={"instance_id": iid})
+        return True
 
     def _release_quietly(self, fence: Fence, *, runnable: bool) -> None:
         try:

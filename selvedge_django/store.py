@@ -59,9 +59,10 @@ from .store_base import (
     clock_offset_ms,
     set_clock_offset_ms,
 )
+from .store_recovery import RecoveryStoreMixin
 from .store_renewals import RenewalMixin
 from .store_tasks import TaskSweepMixin
-from .store_waits import WaitStoreMixin, cancelled_envelope
+from .store_waits import cancelled_envelope
 
 __all__ = [
     "NOTIFY_CHANNEL",
@@ -93,7 +94,7 @@ class InstanceHead:
     parent_key: str
 
 
-class DjangoStore(WaitStoreMixin, TaskSweepMixin, RenewalMixin, StoreBase):
+class DjangoStore(RecoveryStoreMixin, TaskSweepMixin, RenewalMixin, StoreBase):
     """Durable operations over the Django ORM for one database alias."""
 
     # -- instances ----------------------------------------------------------------------
@@ -345,7 +346,11 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, RenewalMixin, StoreBase):
         )
 
     def release_lease(self, fence: Fence, runnable: bool = False) -> None:
-        """Clear a matching lease, keeping pending input runnable."""
+        """Clear a matching lease, keeping pending input runnable.
+
+        The execution ended without a storage error: its instance's count of them
+        in a row goes back to 0, in the same update.
+        """
         conn = self.connection
         if conn.features.can_return_columns_from_insert:
             # One statement that also says whether input arrived meanwhile: only then
@@ -355,6 +360,7 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, RenewalMixin, StoreBase):
             with conn.cursor() as cursor:
                 cursor.execute(
                     f"UPDATE {table} SET lease_owner = '', lease_expires_ms = NULL,"
+                    " execution_errors = 0, execution_error = '',"
                     f" ready_ms = CASE WHEN runnable OR NOT %s THEN ready_ms ELSE {now.sql} END,"
                     " runnable = (runnable OR %s) WHERE instance_id = %s AND lease_owner = %s"
                     " AND lease_epoch = %s RETURNING runnable",
@@ -374,6 +380,8 @@ class DjangoStore(WaitStoreMixin, TaskSweepMixin, RenewalMixin, StoreBase):
             .update(
                 lease_owner="",
                 lease_expires_ms=None,
+                execution_errors=0,
+                execution_error="",
                 **(self.wake_fields() if runnable else {}),
             )
         )

@@ -421,7 +421,11 @@ class StoreBase:
             sets += ", current_step = %s"
             params.append(current_step[:255])
         if release:
-            sets += ", lease_owner = '', lease_expires_ms = NULL"
+            # An execution that suspends normally ends a run of storage errors.
+            sets += (
+                ", lease_owner = '', lease_expires_ms = NULL,"
+                " execution_errors = 0, execution_error = ''"
+            )
         where = " AND cancel_requested = %s" if uncancelled else ""
         return (
             "UPDATE {instance} SET " + sets + " WHERE instance_id = %s AND lease_owner = %s"

@@ -590,12 +590,20 @@ class WaitStoreMixin(StoreBase):
             instance_id=parent_id, key=parent_key, command=CMD_CHILD, data__isnull=True
         ).update(event_type=event, data=data, arrived_at=timezone.now())
 
-    def _close_cleanup(self, iid: str) -> None:
-        """Cancel unfinished tasks and timers of a closing instance."""
+    def _close_cleanup(self, iid: str, *, fill: bool = True) -> None:
+        """Cancel unfinished tasks and timers of a closing instance.
+
+        With ``fill`` the history rows of unfinished activities and sleeps get a
+        cancellation as their value (the workflow code closed without them); a
+        terminate leaves them as they are.
+        """
         ActivityTask.objects.using(self.alias).filter(
             instance_id=iid,
             status__in=(ActivityTaskStatus.QUEUED, ActivityTaskStatus.RUNNING),
         ).update(status=ActivityTaskStatus.CANCELLED, claim_owner="", claim_expires_ms=None)
+        if not fill:
+            TimerSubscription.objects.using(self.alias).filter(instance_id=iid).delete()
+            return
         closed = cancelled_envelope(exc.Cancelled("workflow closed before it finished"))
         unfinished = HistoryEvent.objects.using(self.alias).filter(
             instance_id=iid, data__isnull=True

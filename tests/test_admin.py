@@ -153,7 +153,8 @@ CANCEL = "cancel_workflowinstance"
 SIGNAL = "signal_workflowinstance"
 EXPORT = "export_history"
 PAYLOADS = "view_payloads"
-ALL = (VIEW, CANCEL, SIGNAL, EXPORT)
+TERMINATE = "terminate_workflowinstance"
+ALL = (VIEW, CANCEL, SIGNAL, EXPORT, TERMINATE)
 
 
 # -- the changelist -----------------------------------------------------------------------
@@ -448,6 +449,107 @@ def test_cancel_from_the_instance_page_goes_through_the_operations_layer_and_is_
     assert "already completed" in page
     assert not WorkflowInstance.objects.get(instance_id="done").cancel_requested
     assert logs("done") == []
+
+
+@pytest.mark.django_db
+def test_terminate_from_the_instance_page_asks_for_a_reason_and_is_logged(
+    staff: Callable[..., Client],
+) -> None:
+    make("to-end")
+    make("ended", status="completed")
+    viewer = staff(VIEW)
+    assert url("terminate", "to-end") not in html(viewer.get(url("change", "to-end")))
+    assert viewer.get(url("terminate", "to-end")).status_code == 403
+    assert viewer.post(url("terminate", "to-end"), {"reason": "no"}).status_code == 403
+    assert sv.describe("to-end").status == "running"
+
+    operator = staff(VIEW, TERMINATE)
+    assert url("terminate", "to-end") in html(operator.get(url("change", "to-end")))
+    assert url("terminate", "ended") not in html(operator.get(url("change", "ended")))
+    page = html(operator.get(url("terminate", "to-end")))
+    assert 'name="reason"' in page and "csrfmiddlewaretoken" in page
+    assert "cannot be undone" in page
+    response = operator.post(url("terminate", "to-end"), {"reason": "stuck <b>"})
+    assert response.status_code == 302 and response["Location"] == url("change", "to-end")
+    error = sv.get_workflow_result("to-end").error
+    assert isinstance(error, sv.WorkflowTerminated) and error.reason == "stuck <b>"
+    (entry,) = logs("to-end")
+    assert entry.action_flag == CHANGE and "Terminated" in entry.change_message
+    assert "stuck <b>" in entry.change_message
+
+    # A closed instance: the error is shown on the form, nothing is written.
+    page = html(operator.post(url("terminate", "ended"), {"reason": "late"}))
+    assert "already completed" in page
+    assert logs("ended") == []
+    page = html(operator.post(url("terminate", "to-end"), {"reason": "again"}))
+    assert "already failed" in page
+    assert len(logs("to-end")) == 1
+
+
+@pytest.mark.django_db
+def test_the_instance_page_shows_storage_errors_and_the_hold_back(
+    staff: Callable[..., Client],
+) -> None:
+    held_until = int((timezone.now() + timedelta(minutes=5)).timestamp() * 1000)
+    make(
+        "held",
+        execution_errors=3,
+        execution_error="OperationalError: <b>server closed the connection</b>",
+        ready_ms=held_until,
+    )
+    page = html(staff(VIEW, PAYLOADS).get(url("change", "held")))
+    assert "held back until" in page.lower() and "last storage error" in page.lower()
+    assert escaped("OperationalError: <b>server closed the connection</b>") in page
+    hidden = html(staff(VIEW).get(url("change", "held")))
+    assert "server closed the connection" not in hidden and "held back until" in hidden.lower()
+
+
+@pytest.mark.django_db
+def test_changelist_terminate_asks_for_a_reason_then_terminates_each_instance(
+    staff: Callable[..., Client],
+) -> None:
+    for iid in ("end-1", "end-2", "keep-3"):
+        make(iid)
+    make("end-done", status="completed")
+    selected = ["end-1", "end-2", "end-done"]
+    # Without the permission the action is not offered and a forged POST does nothing.
+    canceller = staff(VIEW, CANCEL)
+    assert 'value="terminate_instances"' not in html(canceller.get(CHANGELIST))
+    canceller.post(
+        CHANGELIST,
+        {"action": "terminate_instances", "_selected_action": selected, "apply": "1"},
+    )
+    assert not WorkflowInstance.objects.filter(status="failed").exists()
+
+    operator = staff(VIEW, TERMINATE)
+    assert 'value="terminate_instances"' in html(operator.get(CHANGELIST))
+    page = html(
+        operator.post(
+            CHANGELIST,
+            {"action": "terminate_instances", "_selected_action": selected, "index": "0"},
+        )
+    )
+    assert 'name="reason"' in page and 'name="apply"' in page
+    assert not WorkflowInstance.objects.filter(status="failed").exists()
+    response = operator.post(
+        CHANGELIST,
+        {
+            "action": "terminate_instances",
+            "_selected_action": selected,
+            "select_across": "0",
+            "apply": "1",
+            "reason": "bulk end",
+        },
+        follow=True,
+    )
+    page = html(response)
+    assert "Terminated 2 instance(s)." in page
+    assert "1 instance(s) skipped" in page and "already completed" in page
+    failed = set(
+        WorkflowInstance.objects.filter(status="failed").values_list("instance_id", flat=True)
+    )
+    assert failed == {"end-1", "end-2"}
+    assert [len(logs(i)) for i in ("end-1", "end-2", "end-done", "keep-3")] == [1, 1, 0, 0]
 
 
 @pytest.mark.django_db

@@ -245,6 +245,22 @@ def test_cancel(stepper: Worker) -> None:
     assert error == "workflow instance 'cmd-done' is already completed"
 
 
+def test_terminate(stepper: Worker) -> None:
+    sv.start_workflow(ops_workflows.wait, instance_id="cmd-term")
+    sv.start_workflow(ops_workflows.echo, 1, instance_id="cmd-term-done")
+    run_until_idle(stepper)
+    assert run("terminate", "cmd-term", "--reason", "hung") == "terminated cmd-term\n"
+    error = sv.get_workflow_result("cmd-term").error
+    assert isinstance(error, sv.WorkflowTerminated) and error.reason == "hung"
+    assert run_until_idle(stepper) == 0
+    message, _ = fails("terminate", "cmd-term")
+    assert message == "workflow instance 'cmd-term' is already failed"
+    message, _ = fails("terminate", "cmd-term-done")
+    assert message == "workflow instance 'cmd-term-done' is already completed"
+    message, _ = fails("terminate", "cmd-missing")
+    assert message == "workflow instance 'cmd-missing' not found"
+
+
 def test_signal(stepper: Worker) -> None:
     sv.start_workflow(ops_workflows.wait, instance_id="cmd-sig")
     sv.start_workflow(ops_workflows.wait, instance_id="cmd-null")

@@ -68,6 +68,8 @@ WORKER_OPTIONS: dict[str, Any] = {
     "activity_queues": [""],
     "lease": WORKER_LEASE,
     "run_local_starts": False,
+    # An execution that a failed statement ends runs again soon (held back, not at once).
+    "execution_error_backoff": 0.05,
 }
 SUBPROCESS_OVERRIDES = {
     "LEASE": SHORT_LEASE,
@@ -212,7 +214,7 @@ class Baseline:
         instance = role_instance(target.role, self.parent)
         calls = self._calls(target.operation, instance)
         if target.role is None:
-            working = [c for c in calls if any(s.sql.startswith("UPDATE") for s in c)]
+            working = [c for c in calls if any(WRITE.match(s.sql) for s in c)]
             assert working, f"the baseline never saw {target.operation} do any work"
             # Batch operations also run while idle: pick each statement's first occurrence.
             return [Step(s.step, s.sql, 1) for s in working[0]]
@@ -433,7 +435,8 @@ def run_client(args: list[str], env: dict[str, str]) -> subprocess.CompletedProc
     )
 
 
-WRITE = re.compile(r"^(UPDATE|INSERT|DELETE)\b")
+# A write (PostgreSQL's one-statement dispatch is a WITH ... UPDATE).
+WRITE = re.compile(r"^(UPDATE|INSERT|DELETE|WITH)\b")
 
 
 def crash_then_recover(

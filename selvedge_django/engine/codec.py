@@ -166,6 +166,8 @@ _ENGINE_ERRORS: dict[str, type[BaseException]] = {
         exc.PayloadTooDeep,
         exc.ActivityCancelled,
         exc.HistoryLimitExceeded,
+        exc.ExecutionStorageError,
+        exc.WorkflowTerminated,
     )
 }
 
@@ -243,6 +245,14 @@ def error_to_envelope(
             fields = {"workflow_name": error.workflow_name}
         elif isinstance(error, exc.HistoryLimitExceeded):
             fields = {"instance_id": error.instance_id, "limit": error.limit, "value": error.value}
+        elif isinstance(error, exc.ExecutionStorageError):
+            fields = {
+                "instance_id": error.instance_id,
+                "errors": error.errors,
+                "data_error": error.data_error,
+            }
+        elif isinstance(error, exc.WorkflowTerminated):
+            fields = {"instance_id": error.instance_id, "reason": error.reason}
         env["fields"] = fields
     return env
 
@@ -309,6 +319,17 @@ def _rebuild(env: dict[str, Any]) -> BaseException:
             error = exc.WorkflowAlreadyStarted(fields.get("instance_id", ""))
         elif cls is exc.WorkflowNotRegistered:
             error = exc.WorkflowNotRegistered(fields.get("workflow_name", ""))
+        elif cls is exc.ExecutionStorageError:
+            error = exc.ExecutionStorageError(
+                str(fields.get("instance_id", "")),
+                int(fields.get("errors", 0)),
+                bool(fields.get("data_error", False)),
+                message or None,
+            )
+        elif cls is exc.WorkflowTerminated:
+            error = exc.WorkflowTerminated(
+                str(fields.get("instance_id", "")), str(fields.get("reason", ""))
+            )
         elif cls is exc.HistoryLimitExceeded:
             error = exc.HistoryLimitExceeded(
                 str(fields.get("instance_id", "")),

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import exceptions as exc
 from .codec import contains_nul, decode_time, error_to_envelope
-from .durations import to_seconds
+from .durations import MAX_DURATION_SECONDS, to_seconds
 from .handles import ChildHandle, Future, Timer, decode_outcome
 from .identifiers import check_instance_id, check_workflow_name
 from .store import (
@@ -252,6 +252,10 @@ def new_timer(
             raise TypeError(f"sleep_until() needs a datetime, not {until!r}")
         if until.tzinfo is None:
             raise ValueError("sleep_until() needs an aware datetime")
+        if (until - execution.time_base()).total_seconds() > MAX_DURATION_SECONDS:
+            raise ValueError(
+                f"sleep_until() must be at most 100 years ahead, not {until.isoformat()}"
+            )
         seconds = None
     else:
         seconds = to_seconds(duration, "sleep duration", allow_nonpositive=True)

@@ -5,20 +5,36 @@ from __future__ import annotations
 import math
 from datetime import timedelta
 
-__all__ = ["Duration", "optional_seconds", "to_seconds"]
+__all__ = ["MAX_DURATION_SECONDS", "Duration", "optional_seconds", "to_seconds"]
 
 Duration = int | float | timedelta
 
+#: The longest duration accepted anywhere (100 years): every duration reaches the
+#: database as milliseconds in a BIGINT column or as a date, and a longer one would
+#: overflow them (on every replay of the workflow that asked for it).
+MAX_DURATION_SECONDS = 100 * 366 * 86400
+
 
 def to_seconds(value: object, what: str, *, allow_nonpositive: bool = False) -> float:
-    """Return ``value`` as float seconds, or raise TypeError/ValueError naming ``what``."""
+    """Return ``value`` as float seconds, or raise TypeError/ValueError naming ``what``.
+
+    Durations are at most ``MAX_DURATION_SECONDS``; nonpositive ones only with
+    ``allow_nonpositive`` (a wait that expires at once).
+    """
     if isinstance(value, bool) or not isinstance(value, int | float | timedelta):
         raise TypeError(f"{what} must be a number of seconds or a timedelta, not {value!r}")
-    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    try:
+        seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    except OverflowError:  # an int too large for a float
+        seconds = math.inf
     if math.isnan(seconds) or math.isinf(seconds):
         raise ValueError(f"{what} must be a finite duration, not {value!r}")
     if not allow_nonpositive and seconds <= 0:
         raise ValueError(f"{what} must be positive, not {value!r}")
+    if seconds > MAX_DURATION_SECONDS:
+        raise ValueError(
+            f"{what} must be at most 100 years ({MAX_DURATION_SECONDS} seconds), not {value!r}"
+        )
     return seconds
 
 

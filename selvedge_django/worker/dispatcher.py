@@ -52,6 +52,11 @@ class Dispatcher(Loop):
     def more_waiting(self, done: int) -> bool:
         return self.saturated
 
+    def next_delay(self, idle_delay: float) -> float:
+        """Poll again by the time an instance held back after a storage error is due."""
+        due = self.runtime.next_deferred_in()
+        return idle_delay if due is None else min(idle_delay, due)
+
     def slot_freed(self) -> None:
         """A resumption finished: poll again at once only if instances were left waiting."""
         if self.saturated:

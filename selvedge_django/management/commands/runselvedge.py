@@ -85,6 +85,13 @@ class Command(BaseCommand):
         cancel.add_argument("instance_id")
         cancel.add_argument("--reason", default="")
 
+        terminate = sub.add_parser(
+            "terminate",
+            help="close a running instance at once as failed, without running its code",
+        )
+        terminate.add_argument("instance_id")
+        terminate.add_argument("--reason", default="")
+
         sig = sub.add_parser("signal", help="send a signal with a JSON payload")
         sig.add_argument("instance_id")
         sig.add_argument("channel")
@@ -220,6 +227,15 @@ class Command(BaseCommand):
 
         operations.cancel_workflow(options["instance_id"], options["reason"])
         self.stdout.write(f"cancel requested for {options['instance_id']}")
+
+    def handle_terminate(self, **options: Any) -> None:
+        from ... import operations
+
+        try:
+            operations.terminate_workflow(options["instance_id"], options["reason"])
+        except ValueError as error:
+            raise CommandError(str(error)) from error
+        self.stdout.write(f"terminated {options['instance_id']}")
 
     def handle_signal(self, **options: Any) -> None:
         from ... import operations
