@@ -483,6 +483,9 @@ class WorkerRuntime:
         store = self.store
         if not store.single_writer:
             with store.atomic():
+                # A body may wait on other things inside its transaction: a role's
+                # idle_in_transaction_session_timeout would end the session every time.
+                store.allow_idle_transaction(task.start_to_close_timeout)
                 return self._transactional_body(fn, value, task, state, inline_fence)
         # SQLite: the transaction holds the database's write lock from BEGIN IMMEDIATE to
         # its end, so nobody can renew this claim meanwhile, and nobody can take it over
@@ -637,6 +640,14 @@ class WorkerRuntime:
                 self._beliefs[fence] = renewal_started + self.settings.lease.belief
         try:
             return self._execute(fence, snapshot, head)
+        except DatabaseError:
+            # Most often this thread's connection died while it was idle (a restart, a
+            # terminated session): give the instance back at once, on a new connection,
+            # instead of leaving it leased until the lease expires.
+            logger.warning("execution of %s failed", fence.instance_id, exc_info=True)
+            self.drop_broken_connection()
+            self._release_quietly(fence, runnable=True)
+            return None
         finally:
             self.drop(fence)
 

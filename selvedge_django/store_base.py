@@ -364,6 +364,38 @@ class StoreBase:
 
     # -- one-statement writes (PostgreSQL) ---------------------------------------------
 
+    def allow_idle_transaction(self, seconds: float | None) -> None:
+        """Let the current transaction stay idle for ``seconds`` (None: any time), PostgreSQL.
+
+        A transactional attempt's body runs inside its transaction and may wait on other
+        things (the network, a sleep) between statements. With an
+        ``idle_in_transaction_session_timeout`` on the role or database, the server would
+        end the session each time the body waited longer, and the attempt could never
+        succeed. So the attempt's transaction (``SET LOCAL``, through ``set_config``)
+        raises that timeout to its start-to-close timeout plus a second, or turns it off
+        without one. Nothing is sent while the setting is off (the default): it is read
+        once per connection.
+        """
+        if self.vendor != "postgresql":
+            return
+        conn = self.connection
+        conn.ensure_connection()
+        raw = conn.connection
+        known = getattr(conn, "_selvedge_idle_timeout", None)
+        if known is None or known[0] is not raw:
+            rows = self._fetch(
+                "SELECT setting FROM pg_settings WHERE name = %s",
+                ["idle_in_transaction_session_timeout"],
+            )
+            known = (raw, int(rows[0][0]) if rows else 0)
+            conn._selvedge_idle_timeout = known
+        if known[1] == 0:
+            return
+        wanted = 0 if seconds is None else max(known[1], round(seconds * 1000) + 1000)
+        self._execute(
+            "SELECT set_config('idle_in_transaction_session_timeout', %s, true)", [str(wanted)]
+        )
+
     @property
     def single_writer(self) -> bool:
         """Whether a write transaction locks the whole database (SQLite), not rows."""

@@ -1059,7 +1059,7 @@ def wait(data: dict[str, Any]) -> str:
     ``heartbeat`` calls sv.heartbeat() (which raises ActivityCancelled),
     ``quiet`` heartbeats for ``heartbeat_for`` seconds, then stops heartbeating
     and raises ActivityCancelled once activity_cancelled() turns true,
-    ``ignore`` never looks.
+    ``ignore`` never looks. ``record_end`` (default true) records the end as well.
     """
     info = _attempt()
     tag = data["tag"]
@@ -1078,7 +1078,8 @@ def wait(data: dict[str, Any]) -> str:
                     Ledger.objects.create(entry=f"wait:{tag}:{info.attempt}:cancelled")
                     sv.heartbeat()  # raises ActivityCancelled
             time.sleep(0.01)
-    Ledger.objects.create(entry=f"wait:{tag}:{info.attempt}:end")
+    if data.get("record_end", True):
+        Ledger.objects.create(entry=f"wait:{tag}:{info.attempt}:end")
     return f"{tag}:{info.attempt}"
 
 
