@@ -45,6 +45,7 @@ DEFAULTS: dict[str, Any] = {
     "LEADER_LEASE_DURATION": 45.0,
     "LEADER_HEARTBEAT_INTERVAL": 15.0,
     "LISTEN_NOTIFY": None,
+    "LISTEN_DATABASE": None,
     "RUN_LOCAL_STARTS": True,
     "SHUTDOWN_TIMEOUT": 30.0,
     "CLOCK": None,
@@ -139,6 +140,9 @@ class SelvedgeSettings:
     leader_lease_duration: float = 45.0
     leader_heartbeat_interval: float = 15.0
     listen_notify: bool | None = None
+    # The alias whose connection LISTENs (None: DATABASE); a direct connection when
+    # DATABASE goes through a transaction-pooling proxy such as pgbouncer.
+    listen_database: str | None = None
     run_local_starts: bool = True
     shutdown_timeout: float = 30.0
     clock: Callable[[], datetime] = default_clock
@@ -190,6 +194,7 @@ class SelvedgeSettings:
             "LEADER_LEASE_DURATION": self.leader_lease_duration,
             "LEADER_HEARTBEAT_INTERVAL": self.leader_heartbeat_interval,
             "LISTEN_NOTIFY": self.listen_notify,
+            "LISTEN_DATABASE": self.listen_database,
             "RUN_LOCAL_STARTS": self.run_local_starts,
             "SHUTDOWN_TIMEOUT": self.shutdown_timeout,
             "CLOCK": self.clock,
@@ -297,6 +302,13 @@ def resolve_settings(raw_in: Mapping[str, Any] | None) -> SelvedgeSettings:
     listen = raw["LISTEN_NOTIFY"]
     if listen is not None and not isinstance(listen, bool):
         raise ImproperlyConfigured("SELVEDGE['LISTEN_NOTIFY'] must be None, True or False")
+    listen_database = raw["LISTEN_DATABASE"]
+    if listen_database is not None and (
+        not isinstance(listen_database, str) or listen_database not in django_settings.DATABASES
+    ):
+        raise ImproperlyConfigured(
+            f"SELVEDGE['LISTEN_DATABASE'] {listen_database!r} is not in DATABASES"
+        )
     run_local = raw["RUN_LOCAL_STARTS"]
     if not isinstance(run_local, bool):
         raise ImproperlyConfigured("SELVEDGE['RUN_LOCAL_STARTS'] must be True or False")
@@ -342,6 +354,7 @@ def resolve_settings(raw_in: Mapping[str, Any] | None) -> SelvedgeSettings:
         leader_lease_duration=durations["LEADER_LEASE_DURATION"],
         leader_heartbeat_interval=durations["LEADER_HEARTBEAT_INTERVAL"],
         listen_notify=listen,
+        listen_database=listen_database,
         run_local_starts=run_local,
         shutdown_timeout=durations["SHUTDOWN_TIMEOUT"],
         clock=clock,

@@ -95,6 +95,7 @@ def _store() -> DjangoStore:
             store = DjangoStore(settings.database, client_codec(settings))
             if settings.listen_notify is not None:
                 store.notify_enabled = settings.listen_notify and store.vendor == "postgresql"
+            store.listen_alias = settings.listen_database or settings.database
             _client = (settings, store)
         return _client[1]
 
@@ -454,7 +455,7 @@ def wait_workflow(instance_id: str, timeout: float | None = None) -> WorkflowRes
     if store.notify_enabled:
         from .worker.notify import ensure_listener
 
-        ensure_listener(store.alias, store.bus)
+        ensure_listener(store.listen_alias, store.bus)
     # An execution handed to a worker of this process is running: no need to read
     # the row first (its close wakes this waiter; subscribed above, so none is missed).
     read = not running_here(instance_id)
@@ -647,7 +648,7 @@ def _subscribe_closed(instance_id: str, waker: Waker) -> tuple[DjangoStore, bool
     if store.notify_enabled:
         from .worker.notify import ensure_listener
 
-        ensure_listener(store.alias, store.bus)
+        ensure_listener(store.listen_alias, store.bus)
     return store, not running_here(instance_id)
 
 

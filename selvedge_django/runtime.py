@@ -123,6 +123,7 @@ class WorkerRuntime:
         self.store.activity_names = registered_activity_names
         if settings.listen_notify is not None:
             self.store.notify_enabled = settings.listen_notify and self.store.vendor == "postgresql"
+        self.store.listen_alias = settings.listen_database or settings.database
         self.worker_id = settings.worker_id
         self.hooks = settings.hooks
         self.stopping = threading.Event()

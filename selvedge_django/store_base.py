@@ -135,6 +135,8 @@ class StoreBase:
         self.activity_names: Callable[[], Sequence[str] | None] = lambda: None
         self.activity_queues: tuple[str, ...] | None = None
         self.notify_enabled = self.vendor == "postgresql"
+        # The alias whose connection LISTENs for the wake-ups of this store's bus.
+        self.listen_alias = alias
         self._tx = threading.local()
 
     # -- plumbing ---------------------------------------------------------------------

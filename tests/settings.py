@@ -6,6 +6,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 BASE_DIR = Path(__file__).resolve().parent
 SECRET_KEY = "selvedge-tests-only"
@@ -53,6 +54,7 @@ RUN_ID = os.environ.setdefault("SELVEDGE_RUN_ID", str(os.getpid()))
 # Worker subprocesses started by the tests connect straight to the test database.
 SUBPROCESS = os.environ.get("SELVEDGE_TEST_SUBPROCESS") == "1"
 
+DATABASES: dict[str, dict[str, Any]]
 if DB == "postgres":
     _test_name = os.environ.get("SELVEDGE_PG_TEST_NAME", f"test_selvedge_{RUN_ID}")
     DATABASES = {
@@ -98,6 +100,16 @@ if os.environ.get("SELVEDGE_TEST_POLL_INTERVAL"):
     for _key in ("WORKFLOW_RESUMPTION_INTERVAL", "ACTIVITY_POLL_INTERVAL", "TIMER_CHECK_INTERVAL"):
         SELVEDGE[_key] = _poll
     SELVEDGE["MAX_POLL_INTERVAL"] = _poll
+
+# Worker subprocesses of tests/test_pgbouncer.py: the engine's alias goes through a
+# pgbouncer in transaction mode on this port, and the listener has a direct connection
+# (unless SELVEDGE_TEST_PGBOUNCER_LISTEN=pooled: the set-up that cannot work).
+if DB == "postgres" and os.environ.get("SELVEDGE_TEST_PGBOUNCER_PORT"):
+    DATABASES["direct"] = dict(DATABASES["default"])
+    DATABASES["default"]["PORT"] = os.environ["SELVEDGE_TEST_PGBOUNCER_PORT"]
+    DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
+    if os.environ.get("SELVEDGE_TEST_PGBOUNCER_LISTEN") != "pooled":
+        SELVEDGE["LISTEN_DATABASE"] = "direct"
 
 # Fault tests (tests/test_crash_matrix.py, tests/test_faults.py, bench/soak.py) arm faults
 # in worker subprocesses (SELVEDGE_FAULTS) and give them extra SELVEDGE keys, such as

@@ -189,6 +189,8 @@ def test_unknown_keys_are_rejected() -> None:
         ("ACTIVITY_QUEUES", "billing"),
         ("ACTIVITY_QUEUES", ["a", 1]),
         ("LISTEN_NOTIFY", "yes"),
+        ("LISTEN_DATABASE", "no-such-alias"),
+        ("LISTEN_DATABASE", 1),
         ("DATABASE", "no-such-alias"),
         ("CLOCK", 42),
         ("CLOCK", "no_such_module.clock"),

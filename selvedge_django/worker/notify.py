@@ -118,8 +118,12 @@ _lock = threading.Lock()
 
 
 def ensure_listener(alias: str, bus: Bus) -> Listener:
-    """Start (once per process and database) the listener for ``alias``."""
-    key = f"{alias}:{connections[alias].settings_dict.get('NAME')}"
+    """Start (once per process, database and bus) the listener on ``alias``'s connection.
+
+    ``alias`` is ``SELVEDGE["LISTEN_DATABASE"]`` when set: a direct connection for the
+    listener when the engine's own alias goes through a transaction-pooling proxy.
+    """
+    key = f"{alias}:{connections[alias].settings_dict.get('NAME')}:{id(bus)}"
     with _lock:
         listener = _listeners.get(key)
         if listener is None:

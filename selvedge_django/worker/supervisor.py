@@ -94,7 +94,7 @@ class Worker:
         if self.store.notify_enabled:
             from .notify import ensure_listener
 
-            self.listener = ensure_listener(self.store.alias, self.store.bus)
+            self.listener = ensure_listener(self.store.listen_alias, self.store.bus)
         for loop in self.loops:
             stop = self._stop_renewals if loop is self.renewer else self._stop
             thread = threading.Thread(
