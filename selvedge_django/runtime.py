@@ -641,14 +641,6 @@ class WorkerRuntime:
                 self._beliefs[fence] = renewal_started + self.settings.lease.belief
         try:
             return self._execute(fence, snapshot, head)
-        except DatabaseError:
-            # Most often this thread's connection died while it was idle (a restart, a
-            # terminated session): give the instance back at once, on a new connection,
-            # instead of leaving it leased until the lease expires.
-            logger.warning("execution of %s failed", fence.instance_id, exc_info=True)
-            self.drop_broken_connection()
-            self._release_quietly(fence, runnable=True)
-            return None
         finally:
             self.drop(fence)
 
@@ -833,6 +825,9 @@ class WorkerRuntime:
         settings = self.settings
         iid = fence.instance_id
         message = describe(error)
+        # Most often the connection died while the thread was idle (a restart, a
+        # terminated session): count and hold back on a new one.
+        self.drop_broken_connection()
         try:
             before = self.store.execution_errors(fence)
         except Exception:
