@@ -10,6 +10,7 @@ still runs; "old" instances are made by moving their close back in time.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -17,10 +18,12 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from io import StringIO
 from pathlib import Path
+from queue import Empty, Queue
 from typing import Any
 
 import pytest
@@ -647,3 +650,153 @@ def test_settings_after_a_subcommands_arguments_from_the_command_line(stepper: W
     done = cli("describe", "no-such-id", "--settings", "tests.settings", "-v", "0")
     assert done.returncode == 1
     assert "no-such-id" in done.stderr
+
+
+# -- list, tasks, query, and what start accepts -------------------------------------------
+
+
+def test_list_prints_one_json_object_per_line(stepper: Worker) -> None:
+    for i in range(3):
+        sv.start_workflow(ops_workflows.echo, i, instance_id=f"list-echo-{i}")
+    sv.start_workflow(ops_workflows.wait, instance_id="list-wait")
+    run_until_idle(stepper)
+
+    lines = run("list").splitlines()
+    rows = [json.loads(line) for line in lines]
+    assert {r["instance_id"] for r in rows} == {
+        "list-echo-0",
+        "list-echo-1",
+        "list-echo-2",
+        "list-wait",
+    }
+    assert set(rows[0]) >= {"instance_id", "workflow_name", "status", "started_at"}
+
+    running = [json.loads(line) for line in run("list", "--status", "running").splitlines()]
+    assert [r["instance_id"] for r in running] == ["list-wait"]
+    echoes = run("list", "--workflow", "ops.echo", "--limit", "2").splitlines()
+    assert len(echoes) == 2 and all(json.loads(e)["workflow_name"] == "ops.echo" for e in echoes)
+    assert run("list", "--since", "1h").count("\n") == 4
+    WorkflowInstance.objects.update(started_at=timezone.now() - timedelta(days=3))
+    assert run("list", "--since", "1d") == ""
+    assert "--limit must be" in fails("list", "--limit", "0")[0]
+    assert "invalid duration" in fails("list", "--since", "soon")[0]
+
+
+def test_tasks_prints_the_activity_tasks_as_json(stepper: Worker) -> None:
+    sv.start_workflow(ops_workflows.order, {"sku": "tee", "quantity": 2}, instance_id="tasks-1")
+    run_until_idle(stepper)
+    (task,) = json.loads(run("tasks", "tasks-1"))
+    assert (task["key"], task["name"], task["status"], task["attempts"]) == (
+        "#1:ops.golden.price",
+        "ops.golden.price",
+        "completed",
+        1,
+    )
+    assert task["options"]["retry_policy"]["max_attempts"] == 5
+    assert task["last_error"] is None
+    assert "no-such" in fails("tasks", "no-such")[0]
+
+
+def test_query_prints_the_answer_as_json(stepper: Worker) -> None:
+    sv.start_workflow(ops_workflows.order, {"sku": "tee", "quantity": 2}, instance_id="query-1")
+    run_until_idle(stepper)
+    assert json.loads(run("query", "query-1", "stage")) == "awaiting approval"
+    assert "nope" in fails("query", "query-1", "nope")[0]
+
+
+def test_start_refuses_a_workflow_this_process_does_not_register(tdb: None) -> None:
+    error, _ = fails("start", "no.such.workflow", "1")
+    assert "not registered" in error and "--allow-unregistered" in error
+    assert WorkflowInstance.objects.count() == 0
+    out = run("start", "no.such.workflow", "1", "--allow-unregistered", "--id", "elsewhere")
+    assert out == "started elsewhere\n"
+    assert WorkflowInstance.objects.get().workflow_name == "no.such.workflow"
+
+
+def test_the_worker_prints_what_it_serves(worker_process: Any) -> None:
+    proc = worker_process("--queues", "a,b")
+    banner = [proc.proc.stdout.readline().rstrip("\n") for _ in range(4)]
+    assert banner[0].startswith("  database: default (")
+    assert banner[1].startswith("  workflows: ") and "act.run" in banner[1].split(", ")
+    assert banner[2].startswith("  activities: ") and "act.step" in banner[2].split(", ")
+    assert banner[3] == "  queues: a, b"
+    assert proc.terminate() == 0
+
+
+@pytest.mark.slow
+def test_worker_reload_restarts_on_a_code_change_and_stops_gracefully(
+    tdb: None, tmp_path: Path
+) -> None:
+    probe = tmp_path / "reload_probe.py"
+    probe.write_text('"""A module the worker imports, so the reloader watches it."""\n')
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "SELVEDGE_TEST_SUBPROCESS": "1",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)]),
+        "SELVEDGE_TEST_OVERRIDES": json.dumps({"MODULES": ["reload_probe"]}),
+    }
+    if connection.vendor == "postgresql":
+        env["SELVEDGE_PG_TEST_NAME"] = str(connection.settings_dict["NAME"])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "django", "runselvedge", "worker", "--reload"],
+        cwd=str(ROOT),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # the reloader's parent and child, signalled together
+    )
+    assert proc.stdout is not None
+    lines: list[str] = []
+    queue: Queue[str] = Queue()
+    reader = threading.Thread(
+        target=lambda: [queue.put(line) for line in proc.stdout],  # type: ignore[union-attr]
+        daemon=True,
+    )
+    reader.start()
+
+    def read_until(fragment: str, timeout: float = 30, meanwhile: Any = None) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = queue.get(timeout=0.5)
+            except Empty:
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"no {fragment!r} line; output:\n{''.join(lines)}")
+                if meanwhile is not None:
+                    meanwhile()
+                continue
+            lines.append(line)
+            if fragment in line:
+                return
+
+    def save_probe() -> None:
+        # What saving the file in an editor does. Again and again: the reloader only
+        # compares with the times it saw on its first look, which may come later.
+        later = probe.stat().st_mtime + 1
+        os.utime(probe, (later, later))
+
+    try:
+        read_until(" started")
+        first = lines[-1].split()[2]
+        read_until("  queues: ")
+        read_until(f"selvedge worker {first} stopped", meanwhile=save_probe)
+        read_until(" started")
+        second = lines[-1].split()[2]
+        assert second != first  # a new process, with an id of its own
+        # SIGTERM to the reloading child (the reloader's parent would kill it at once,
+        # as it does runserver's): the worker stops gracefully and the parent exits too.
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        os.kill(int(children[0]), signal.SIGTERM)
+        read_until(f"selvedge worker {second} stopped")
+        assert proc.wait(30) == 0
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        reader.join(10)
+        proc.stdout.close()
+    text = "".join(lines)
+    assert text.count(" started") == 2, text
+    assert text.index(f"{first} stopping") < text.index(f"{first} stopped"), text

@@ -59,11 +59,37 @@ class Command(BaseCommand):
         )
         worker.add_argument("--max-activities", type=int, default=None)
         worker.add_argument("--max-resumptions", type=int, default=None)
+        worker.add_argument(
+            "--reload",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help="restart when Python files change, like runserver (default: DEBUG)",
+        )
 
         start = sub.add_parser("start", help="start a workflow by name")
         start.add_argument("name")
         start.add_argument("input", nargs="?", default=None, help="JSON input")
         start.add_argument("--id", dest="instance_id", default=None)
+        start.add_argument(
+            "--allow-unregistered",
+            action="store_true",
+            help="start a workflow this process does not register (another service runs it)",
+        )
+
+        listing = sub.add_parser("list", help="print instances, newest first, one JSON per line")
+        listing.add_argument(
+            "--status", choices=["running", "completed", "failed", "cancelled"], default=None
+        )
+        listing.add_argument("--workflow", default=None, help="part of a workflow name")
+        listing.add_argument("--since", default=None, help="started within, e.g. 1h or 7d")
+        listing.add_argument("--limit", type=int, default=50, help="at most this many (50)")
+
+        tasks = sub.add_parser("tasks", help="print an instance's activity tasks as JSON")
+        tasks.add_argument("instance_id")
+
+        query = sub.add_parser("query", help="answer a query handler, as JSON")
+        query.add_argument("instance_id")
+        query.add_argument("name")
 
         describe = sub.add_parser("describe", help="print an instance's description as JSON")
         describe.add_argument("instance_id")
@@ -143,8 +169,17 @@ class Command(BaseCommand):
             raise CommandError(str(error)) from error
 
     def handle_worker(self, **options: Any) -> None:
-        from ...worker import Worker
+        from django.conf import settings
 
+        reload = options["reload"]
+        if reload is None:
+            reload = bool(settings.DEBUG)
+        if reload:
+            self._run_reloading_worker(self._worker_overrides(options))
+            return
+        self._start_worker(self._worker_overrides(options), StopSignals)
+
+    def _worker_overrides(self, options: dict[str, Any]) -> dict[str, Any]:
         overrides: dict[str, Any] = {}
         if options["worker_id"]:
             overrides["worker_id"] = options["worker_id"]
@@ -158,19 +193,66 @@ class Command(BaseCommand):
                 if options[flag] < 1:
                     raise CommandError(f"--{flag.replace('_', '-')} must be at least 1")
                 overrides[key] = options[flag]
+        return overrides
+
+    def _start_worker(self, overrides: dict[str, Any], signals_class: Any) -> Any:
+        """Run a worker until a stop signal (or, reloading, until asked to stop)."""
+        from ...worker import Worker
+
         worker = Worker(**overrides)
-        with StopSignals() as signals:
+        with signals_class() as signals:
             worker.start()
             self.stdout.write(f"selvedge worker {worker.worker_id} started")
+            self._print_served(worker)
             self.stdout.flush()
             signals.wait()
-            self.stdout.write(f"selvedge worker {worker.worker_id} stopping")
-            self.stdout.flush()
-            worker.stop()
-            from ...worker.notify import stop_listeners
+            self._stop_worker(worker)
+        return worker
 
-            stop_listeners()
+    def _stop_worker(self, worker: Any) -> None:
+        from ...worker.notify import stop_listeners
+
+        self.stdout.write(f"selvedge worker {worker.worker_id} stopping")
+        self.stdout.flush()
+        worker.stop()
+        stop_listeners()
         self.stdout.write(f"selvedge worker {worker.worker_id} stopped")
+        self.stdout.flush()
+
+    def _print_served(self, worker: Any) -> None:
+        from django.db import connections
+
+        from ...registry import registered_activity_names, registered_workflow_names
+
+        settings = worker.settings
+        conn = connections[settings.database]
+        self.stdout.write(
+            f"  database: {settings.database} ({conn.vendor}, {conn.settings_dict['NAME']})"
+        )
+        self.stdout.write(f"  workflows: {', '.join(registered_workflow_names()) or '(none)'}")
+        self.stdout.write(f"  activities: {', '.join(registered_activity_names()) or '(none)'}")
+        queues = settings.activity_queues
+        shown = "all" if queues is None else ", ".join(q or "(default)" for q in queues)
+        self.stdout.write(f"  queues: {shown or 'none'}")
+
+    def _run_reloading_worker(self, overrides: dict[str, Any]) -> None:
+        """``--reload``: Django's autoreloader restarts the process when code changes.
+
+        The worker runs in Django's main thread of the reloading child process; the
+        reloader (or a stop signal) ends the child through this thread's exception,
+        and the worker stops gracefully on the way out, releasing what it holds.
+        """
+        from django.utils import autoreload
+
+        running = _ReloadStop()
+
+        def run() -> None:
+            self._start_worker(overrides, lambda: running)
+
+        try:
+            autoreload.run_with_reloader(run)
+        finally:
+            running.stop_and_wait()
 
     def handle_start(self, **options: Any) -> None:
         from ... import operations
@@ -181,10 +263,77 @@ class Command(BaseCommand):
                 value = json.loads(options["input"])
             except (ValueError, RecursionError) as error:
                 raise CommandError(f"input is not JSON: {error}") from error
-        instance_id = operations.start_workflow(
-            options["name"], value, instance_id=options["instance_id"]
-        )
+        name = options["name"]
+        from ...registry import get_workflow
+
+        if get_workflow(name) is None and not options["allow_unregistered"]:
+            raise CommandError(
+                f"workflow {name!r} is not registered in this process (a typo?); pass "
+                "--allow-unregistered to start it for workers of another service"
+            )
+        instance_id = operations.start_workflow(name, value, instance_id=options["instance_id"])
         self.stdout.write(f"started {instance_id}")
+
+    def handle_list(self, **options: Any) -> None:
+        from django.utils import timezone
+
+        from ... import operations
+
+        limit = options["limit"]
+        if limit < 1:
+            raise CommandError("--limit must be at least 1")
+        since = options["since"]
+        started_after = timezone.now() - parse_duration(since) if since else None
+        token: str | None = None
+        while limit > 0:
+            page = operations.find_instances(
+                status=options["status"],
+                workflow_name=options["workflow"],
+                started_after=started_after,
+                limit=min(limit, 1000),
+                page_token=token,
+            )
+            for description in page.instances:
+                self.stdout.write(json.dumps(description.to_json()))
+            limit -= len(page.instances)
+            token = page.next_page_token
+            if not page.has_more or token is None:
+                break
+
+    def handle_tasks(self, **options: Any) -> None:
+        from ... import operations
+        from ...engine.codec import error_to_envelope
+
+        tasks = operations.list_activity_tasks(options["instance_id"])
+        self.stdout.write(
+            json.dumps(
+                [
+                    {
+                        "key": t.key,
+                        "name": t.name,
+                        "queue": t.queue,
+                        "status": t.status,
+                        "seq": t.seq,
+                        "options": t.options.to_json(),
+                        "attempts": t.attempts,
+                        "failures": t.failures,
+                        "last_error": error_to_envelope(t.last_error, with_traceback=False)
+                        if t.last_error is not None
+                        else None,
+                    }
+                    for t in tasks
+                ],
+                indent=2,
+            )
+        )
+
+    def handle_query(self, **options: Any) -> None:
+        from django.core.serializers.json import DjangoJSONEncoder
+
+        from ...history import query
+
+        answer = query(options["instance_id"], options["name"])
+        self.stdout.write(json.dumps(answer, indent=2, cls=DjangoJSONEncoder))
 
     def handle_describe(self, **options: Any) -> None:
         from ... import operations
@@ -324,6 +473,34 @@ class Command(BaseCommand):
             progress=progress,
         )
         self.stdout.write(f"pruned {total} instances")
+
+
+class _ReloadStop:
+    """The stop "signal" of a worker under the autoreloader: set from the main thread."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self._stop = threading.Event()
+        self._stopped = threading.Event()
+        self._started = False
+
+    def __enter__(self) -> _ReloadStop:
+        self._started = True
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._stopped.set()
+
+    def wait(self) -> int:
+        self._stop.wait()
+        return signal.SIGTERM
+
+    def stop_and_wait(self, timeout: float = 60) -> None:
+        """Ask the worker thread to stop gracefully and wait until it has."""
+        self._stop.set()
+        if self._started:
+            self._stopped.wait(timeout)
 
 
 class StopSignals:
