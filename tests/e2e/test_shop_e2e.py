@@ -144,7 +144,9 @@ class ExampleProject:
     def start(self) -> None:
         self.manage("migrate", "--noinput")
         self.manage("createsuperuser", "--noinput", "--username", ADMIN_USER, "--email", "a@x.io")
-        self.spawn("worker", "runselvedge", "-v", "2", "worker", "--worker-id", "e2e-worker")
+        self.spawn(
+            "worker", "runselvedge", "-v", "2", "worker", "--worker-id", "e2e-worker", "--no-reload"
+        )
         self.wait_for("worker", lambda: "started" in self.log("worker"), "no worker start")
         self.spawn("server", "runserver", "--noreload", f"127.0.0.1:{self.port}")
         self.wait_for("server", self.serving, "the server did not answer")
