@@ -45,6 +45,18 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
             )
         )
     elif vendor == "sqlite":
+        mode = (connection.settings_dict.get("OPTIONS") or {}).get("transaction_mode")
+        if str(mode or "").upper() not in ("IMMEDIATE", "EXCLUSIVE"):
+            messages.append(
+                Warning(
+                    f"The selvedge database {resolved.database!r} is SQLite without "
+                    "transaction_mode IMMEDIATE: concurrent write transactions can fail with "
+                    "'database is locked' instead of waiting for each other.",
+                    hint=f"Set DATABASES[{resolved.database!r}]['OPTIONS']['transaction_mode'] "
+                    "= 'IMMEDIATE' (or 'EXCLUSIVE').",
+                    id="selvedge.W002",
+                )
+            )
         messages += _transactional_on_sqlite(resolved.database)
         name = str(connection.settings_dict.get("NAME") or "")
         if not name or ":memory:" in name or "mode=memory" in name:

@@ -476,3 +476,30 @@ def test_sqlite_aliases_the_engine_does_not_use_are_left_alone(tmp_path: Path) -
 def test_sqlite_synchronous_must_be_full_or_normal(value: Any) -> None:
     with pytest.raises(ImproperlyConfigured, match="SQLITE_SYNCHRONOUS"):
         conf.resolve_settings({"SQLITE_SYNCHRONOUS": value})
+
+
+@pytest.mark.parametrize(
+    ("options", "warned"),
+    [
+        ("{}", True),
+        ('{"transaction_mode": "DEFERRED"}', True),
+        ('{"transaction_mode": "IMMEDIATE"}', False),
+        ('{"transaction_mode": "EXCLUSIVE"}', False),
+    ],
+)
+def test_sqlite_without_immediate_transactions_is_warning_w002(
+    tmp_path: Path, options: str, warned: bool
+) -> None:
+    databases = (
+        '{"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": "unused.sqlite3"},'
+        ' "engine": {"ENGINE": "django.db.backends.sqlite3", "NAME": "engine.sqlite3",'
+        f' "OPTIONS": {options}}}}}'
+    )
+    result = _check_in_subprocess(tmp_path, databases, '{"DATABASE": "engine"}')
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output  # a warning does not fail the check command
+    assert ("selvedge.W002" in output) is warned, output
+    if warned:
+        assert "'engine'" in output and "IMMEDIATE" in output
+    # Only the alias the engine uses is checked ("default" has no transaction_mode).
+    assert output.count("selvedge.W002") == (1 if warned else 0), output
