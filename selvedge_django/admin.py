@@ -44,13 +44,17 @@ from django.http import (
 )
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
+from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.http import content_disposition_header
+from django.utils.translation import gettext, ngettext
+from django.utils.translation import gettext_lazy as _
 
 from . import admin_support, operations
 from . import exceptions as exc
 from .admin_support import (
     CELL_CHARS,
+    EMPTY,
     ID_CHARS,
     MAX_BATCH,
     MAX_EXPORT,
@@ -61,7 +65,9 @@ from .admin_support import (
     TerminateForm,
     WorkflowNameFilter,
     database_alias,
+    error_head_summary,
     error_summary,
+    format_duration,
     instance_sections,
     json_preview,
     ms_datetime,
@@ -70,6 +76,7 @@ from .admin_support import (
 )
 from .conf import get_settings
 from .models import ActivityTask, HistoryEvent, SystemLock, WorkflowInstance, WorkflowStatus
+from .registry import get_workflow
 
 APP = "selvedge_django"
 PERM_CANCEL = f"{APP}.cancel_workflowinstance"
@@ -78,7 +85,7 @@ PERM_TERMINATE = f"{APP}.terminate_workflowinstance"
 PERM_EXPORT = f"{APP}.export_history"
 PERM_PAYLOADS = f"{APP}.view_payloads"
 TEMPLATE_DIR = "admin/selvedge_django/workflowinstance"
-TERMINATE_INTRO = (
+TERMINATE_INTRO = _(
     "Close these instances at once as failed, without running their code: their workers are"
     " fenced out, unfinished activity tasks are cancelled, timers are deleted and running"
     " children are asked to cancel. This cannot be undone."
@@ -122,6 +129,7 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return request.user.has_perm(PERM_PAYLOADS)
 
     show_full_result_count = False
+    empty_value_display = EMPTY
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
@@ -161,8 +169,9 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
         "status",
         "cancel_requested",
         "started_at",
-        "updated_at",
+        "duration",
         "closed_at",
+        "error_column",
         "parent",
     )
     list_display_links = ("instance",)
@@ -170,7 +179,7 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
     sortable_by = ("instance", "workflow", "started_at", "closed_at")
     list_filter = ("status", WorkflowNameFilter, ("started_at", admin.DateFieldListFilter))
     search_fields = ("instance_id",)
-    search_help_text = "An exact instance id, or part of one (ignoring case)."
+    search_help_text = _("An exact instance id, or part of one (ignoring case).")
     ordering = ("-started_at", "-instance_id")
     list_per_page = 100
     actions = ("cancel_instances", "terminate_instances", "signal_instances", "export_instances")
@@ -178,7 +187,7 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
     action_template = f"{TEMPLATE_DIR}/action.html"
     fieldsets = (
         (
-            "Description",
+            _("Description"),
             {
                 "fields": (
                     "instance_id",
@@ -197,11 +206,11 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
             },
         ),
         (
-            "Values",
+            _("Values"),
             {"fields": ("input_value", "output_value", "error_value", "storage_error_value")},
         ),
         (
-            "Execution lease",
+            _("Execution lease"),
             {
                 "fields": (
                     "runnable",
@@ -258,33 +267,53 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
 
     # -- columns and fields -----------------------------------------------------------
 
-    @admin.display(description="instance id", ordering="instance_id")
+    @admin.display(description=_("instance id"), ordering="instance_id")
     def instance(self, obj: WorkflowInstance) -> str:
         return truncate(obj.instance_id, ID_CHARS)
 
-    @admin.display(description="workflow name", ordering="workflow_name")
+    @admin.display(description=_("workflow name"), ordering="workflow_name")
     def workflow(self, obj: WorkflowInstance) -> str:
-        return truncate(obj.workflow_name, ID_CHARS)
+        name = truncate(obj.workflow_name, ID_CHARS)
+        if obj.status == WorkflowStatus.RUNNING and get_workflow(obj.workflow_name) is None:
+            # Only workers that register it run it: another service, or a stale name.
+            return format_html(
+                '{} <strong class="selvedge-unregistered" title="{}">{}</strong>',
+                name,
+                gettext("No worker of this process can run it: this process does not know it."),
+                gettext("not registered here"),
+            )
+        return name
 
-    @admin.display(description="parent")
+    @admin.display(description=_("duration"))
+    def duration(self, obj: WorkflowInstance) -> str | None:
+        end = obj.closed_at or (timezone.now() if obj.status == WorkflowStatus.RUNNING else None)
+        if end is None or obj.started_at is None:
+            return None
+        return format_duration((end - obj.started_at).total_seconds())
+
+    @admin.display(description=_("error"))
+    def error_column(self, obj: WorkflowInstance) -> str | None:
+        return error_head_summary(getattr(obj, "error_head", None)) or None
+
+    @admin.display(description=_("parent"))
     def parent(self, obj: WorkflowInstance) -> str | None:
         return self.instance_link(obj.parent_instance_id) or None
 
-    @admin.display(description="cancel reason")
+    @admin.display(description=_("cancel reason"))
     def reason(self, obj: WorkflowInstance) -> str | None:
         return truncate(obj.cancel_reason, VALUE_CHARS) or None
 
-    @admin.display(description="input")
+    @admin.display(description=_("input"))
     def input_value(self, obj: WorkflowInstance) -> str:
         return format_html("<code>{}</code>", json_preview(obj.input))
 
-    @admin.display(description="output")
+    @admin.display(description=_("output"))
     def output_value(self, obj: WorkflowInstance) -> str | None:
         if obj.output is None:
             return None
         return format_html("<code>{}</code>", truncate(obj.output, VALUE_CHARS))
 
-    @admin.display(description="error")
+    @admin.display(description=_("error"))
     def error_value(self, obj: WorkflowInstance) -> str | None:
         if not obj.error:
             return None
@@ -294,33 +323,33 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
             truncate(obj.error, VALUE_CHARS),
         )
 
-    @admin.display(description="input")
+    @admin.display(description=_("input"))
     def hidden_input(self, obj: WorkflowInstance) -> str:
         return hidden(len(json.dumps(obj.input)))
 
-    @admin.display(description="output")
+    @admin.display(description=_("output"))
     def hidden_output(self, obj: WorkflowInstance) -> str | None:
         return None if obj.output is None else hidden(len(obj.output))
 
-    @admin.display(description="error")
+    @admin.display(description=_("error"))
     def hidden_error(self, obj: WorkflowInstance) -> str | None:
         if not obj.error:
             return None
         kind = error_summary(obj.error, VALUE_CHARS).split(":", 1)[0]
         return format_html("<strong>{}</strong><br>{}", kind, hidden(len(obj.error)))
 
-    @admin.display(description="lease expires")
+    @admin.display(description=_("lease expires"))
     def lease_expiry(self, obj: WorkflowInstance) -> datetime | None:
         return ms_datetime(obj.lease_expires_ms)
 
-    @admin.display(description="held back until")
+    @admin.display(description=_("held back until"))
     def held_back_until(self, obj: WorkflowInstance) -> datetime | None:
         """When an instance held back after storage errors may be dispatched again."""
         if not obj.execution_errors or obj.status != WorkflowStatus.RUNNING:
             return None
         return ms_datetime(obj.ready_ms)
 
-    @admin.display(description="last storage error")
+    @admin.display(description=_("last storage error"))
     def storage_error_value(self, obj: WorkflowInstance) -> str | None:
         if not obj.execution_error:
             return None
@@ -355,6 +384,8 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
         site = self.admin_site.name
         return {
             **sections,
+            "unregistered": running and get_workflow(obj.workflow_name) is None,
+            "empty_mark": format_html('<span class="selvedge-empty">{}</span>', EMPTY),
             "history_warning": sections["history_count"] > threshold,
             "history_threshold": threshold,
             "parent_url": self.instance_url(obj.parent_instance_id)
@@ -414,7 +445,7 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
             raise PermissionDenied
         obj = self.get_object(request, unquote(object_id))
         if obj is None:
-            raise Http404("No workflow instance with this id.")
+            raise Http404(gettext("No workflow instance with this id."))
         return obj
 
     def cancel_view(self, request: HttpRequest, object_id: str) -> HttpResponseBase:
@@ -431,16 +462,17 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
             else:
                 self.message_user(
                     request,
-                    f"Cancellation requested for {truncate(obj.instance_id, ID_CHARS)}.",
+                    gettext("Cancellation requested for %(id)s.")
+                    % {"id": truncate(obj.instance_id, ID_CHARS)},
                     messages.SUCCESS,
                 )
                 return HttpResponseRedirect(self.instance_url(obj.instance_id))
         return self.render_action_page(
             request,
             form,
-            title="Cancel workflow instance",
-            intro="Request cancellation of this instance; it stops at its next wait.",
-            submit="Request cancellation",
+            title=gettext("Cancel workflow instance"),
+            intro=gettext("Request cancellation of this instance; it stops at its next wait."),
+            submit=gettext("Request cancellation"),
             objects=[obj],
             object_url=self.instance_url(obj.instance_id),
         )
@@ -459,16 +491,16 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
             else:
                 self.message_user(
                     request,
-                    f"Terminated {truncate(obj.instance_id, ID_CHARS)}.",
+                    gettext("Terminated %(id)s.") % {"id": truncate(obj.instance_id, ID_CHARS)},
                     messages.SUCCESS,
                 )
                 return HttpResponseRedirect(self.instance_url(obj.instance_id))
         return self.render_action_page(
             request,
             form,
-            title="Terminate workflow instance",
-            intro=TERMINATE_INTRO,
-            submit="Terminate",
+            title=gettext("Terminate workflow instance"),
+            intro=str(TERMINATE_INTRO),
+            submit=gettext("Terminate"),
             objects=[obj],
             object_url=self.instance_url(obj.instance_id),
         )
@@ -487,17 +519,20 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
             else:
                 self.message_user(
                     request,
-                    f"Signal sent to {truncate(obj.instance_id, ID_CHARS)} on channel "
-                    f"{truncate(form.cleaned_data['channel'], ID_CHARS)!r}.",
+                    gettext("Signal sent to %(id)s on channel %(channel)r.")
+                    % {
+                        "id": truncate(obj.instance_id, ID_CHARS),
+                        "channel": truncate(form.cleaned_data["channel"], ID_CHARS),
+                    },
                     messages.SUCCESS,
                 )
                 return HttpResponseRedirect(self.instance_url(obj.instance_id))
         return self.render_action_page(
             request,
             form,
-            title="Send a signal",
-            intro="Append a signal to this instance's inbox and wake it.",
-            submit="Send signal",
+            title=gettext("Send a signal"),
+            intro=gettext("Append a signal to this instance's inbox and wake it."),
+            submit=gettext("Send signal"),
             objects=[obj],
             object_url=self.instance_url(obj.instance_id),
         )
@@ -510,7 +545,7 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
         try:
             text = self.perform_export(request, obj)
         except exc.WorkflowNotFound:
-            raise Http404("No workflow instance with this id.")
+            raise Http404(gettext("No workflow instance with this id."))
         return self.download(text, f"selvedge-history-{safe_filename(obj.instance_id)}.json")
 
     # -- the operations, each logged ---------------------------------------------------
@@ -578,7 +613,7 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
 
     # -- changelist actions ------------------------------------------------------------
 
-    @admin.action(description="Cancel selected instances\u2026", permissions=["cancel"])
+    @admin.action(description=_("Cancel selected instances\u2026"), permissions=["cancel"])
     def cancel_instances(self, request: HttpRequest, queryset: QuerySet[Any]) -> Any:
         if not self.has_cancel_permission(request):
             raise PermissionDenied
@@ -588,13 +623,20 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
             "cancel_instances",
             CancelForm,
             self.perform_cancel,
-            title="Cancel workflow instances",
-            intro="Request cancellation of these instances; each stops at its next wait.",
-            submit="Request cancellation",
-            done="Cancellation requested for %d instance(s).",
+            title=gettext("Cancel workflow instances"),
+            intro=gettext("Request cancellation of these instances; each stops at its next wait."),
+            submit=gettext("Request cancellation"),
+            done=lambda n: (
+                ngettext(
+                    "Cancellation requested for %(n)d instance.",
+                    "Cancellation requested for %(n)d instances.",
+                    n,
+                )
+                % {"n": n}
+            ),
         )
 
-    @admin.action(description="Terminate selected instances\u2026", permissions=["terminate"])
+    @admin.action(description=_("Terminate selected instances\u2026"), permissions=["terminate"])
     def terminate_instances(self, request: HttpRequest, queryset: QuerySet[Any]) -> Any:
         if not self.has_terminate_permission(request):
             raise PermissionDenied
@@ -604,13 +646,17 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
             "terminate_instances",
             TerminateForm,
             self.perform_terminate,
-            title="Terminate workflow instances",
-            intro=TERMINATE_INTRO,
-            submit="Terminate",
-            done="Terminated %d instance(s).",
+            title=gettext("Terminate workflow instances"),
+            intro=str(TERMINATE_INTRO),
+            submit=gettext("Terminate"),
+            done=lambda n: (
+                ngettext("Terminated %(n)d instance.", "Terminated %(n)d instances.", n) % {"n": n}
+            ),
         )
 
-    @admin.action(description="Send a signal to selected instances\u2026", permissions=["signal"])
+    @admin.action(
+        description=_("Send a signal to selected instances\u2026"), permissions=["signal"]
+    )
     def signal_instances(self, request: HttpRequest, queryset: QuerySet[Any]) -> Any:
         if not self.has_signal_permission(request):
             raise PermissionDenied
@@ -621,24 +667,29 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
             SignalForm,
             self.perform_signal,
             check=self.bulk_signal_problem,
-            title="Send a signal",
-            intro="Append the same signal to each of these instances' inboxes.",
-            submit="Send signal",
-            done="Signal sent to %d instance(s).",
+            title=gettext("Send a signal"),
+            intro=gettext("Append the same signal to each of these instances' inboxes."),
+            submit=gettext("Send signal"),
+            done=lambda n: (
+                ngettext("Signal sent to %(n)d instance.", "Signal sent to %(n)d instances.", n)
+                % {"n": n}
+            ),
         )
 
-    @admin.action(description="Export history of selected instances", permissions=["export"])
+    @admin.action(description=_("Export history of selected instances"), permissions=["export"])
     def export_instances(self, request: HttpRequest, queryset: QuerySet[Any]) -> Any:
         if not self.has_export_permission(request):
             raise PermissionDenied
         targets = list(queryset.only("instance_id")[: MAX_EXPORT + 1])
         if len(targets) > MAX_EXPORT:
             self.message_user(
-                request, f"Export at most {MAX_EXPORT} instances at a time.", messages.ERROR
+                request,
+                gettext("Export at most %(n)d instances at a time.") % {"n": MAX_EXPORT},
+                messages.ERROR,
             )
             return None
         if not targets:
-            self.message_user(request, "Nothing to export.", messages.WARNING)
+            self.message_user(request, gettext("Nothing to export."), messages.WARNING)
             return None
         cap = admin_support.MAX_EXPORT_BYTES
         size = self.export_size(database_alias(), [obj.instance_id for obj in targets])
@@ -703,13 +754,15 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
         title: str,
         intro: str,
         submit: str,
-        done: str,
+        done: Callable[[int], str],
     ) -> HttpResponseBase | None:
         """Show the action's form for the selection, then apply it to each instance."""
         targets = list(queryset.only("instance_id", "status")[: MAX_BATCH + 1])
         if len(targets) > MAX_BATCH:
             self.message_user(
-                request, f"Select at most {MAX_BATCH} instances at a time.", messages.ERROR
+                request,
+                gettext("Select at most %(n)d instances at a time.") % {"n": MAX_BATCH},
+                messages.ERROR,
             )
             return None
         form = form_class(request.POST if "apply" in request.POST else None)
@@ -728,11 +781,18 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
                 else:
                     applied += 1
             if applied:
-                self.message_user(request, done % applied, messages.SUCCESS)
+                self.message_user(request, done(applied), messages.SUCCESS)
             if failed:
                 shown = "; ".join(failed[:5]) + ("; \u2026" if len(failed) > 5 else "")
                 self.message_user(
-                    request, f"{len(failed)} instance(s) skipped: {shown}", messages.WARNING
+                    request,
+                    ngettext(
+                        "%(n)d instance skipped: %(why)s",
+                        "%(n)d instances skipped: %(why)s",
+                        len(failed),
+                    )
+                    % {"n": len(failed), "why": shown},
+                    messages.WARNING,
                 )
             return None
         hidden = [("action", action), ("select_across", request.POST.get("select_across", "0"))]
@@ -810,7 +870,7 @@ class ActivityTaskAdmin(ReadOnlyAdmin):
     list_display_links = ("task",)
     list_filter = ("status",)
     search_fields = ("instance__instance_id",)
-    search_help_text = "Exact instance id."
+    search_help_text = _("Exact instance id.")
     ordering = ("-id",)
     fields = (
         "instance_column",
@@ -844,31 +904,31 @@ class ActivityTaskAdmin(ReadOnlyAdmin):
         term = search_term.strip()
         return (queryset.filter(instance_id=term) if term else queryset), False
 
-    @admin.display(description="task", ordering="key")
+    @admin.display(description=_("task"), ordering="key")
     def task(self, obj: ActivityTask) -> str:
         return truncate(obj.key, ID_CHARS)
 
-    @admin.display(description="instance")
+    @admin.display(description=_("instance"))
     def instance_column(self, obj: ActivityTask) -> str:
         return self.instance_link(obj.instance_id)
 
-    @admin.display(description="options")
+    @admin.display(description=_("options"))
     def options_value(self, obj: ActivityTask) -> str:
         return format_html("<code>{}</code>", json_preview(obj.options))
 
-    @admin.display(description="input")
+    @admin.display(description=_("input"))
     def input_value(self, obj: ActivityTask) -> str:
         return format_html("<code>{}</code>", truncate(obj.input, VALUE_CHARS))
 
-    @admin.display(description="last error")
+    @admin.display(description=_("last error"))
     def error_value(self, obj: ActivityTask) -> str:
         return error_summary(obj.last_error, VALUE_CHARS)
 
-    @admin.display(description="input")
+    @admin.display(description=_("input"))
     def hidden_input(self, obj: ActivityTask) -> str:
         return hidden(len(obj.input or ""))
 
-    @admin.display(description="last error")
+    @admin.display(description=_("last error"))
     def hidden_error(self, obj: ActivityTask) -> str:
         if not obj.last_error:
             return ""
@@ -884,6 +944,6 @@ class SystemLockAdmin(ReadOnlyAdmin):
     fields = ("name", "owner", "epoch", "expires")
     readonly_fields = fields
 
-    @admin.display(description="expires", ordering="expires_ms")
+    @admin.display(description=_("expires"), ordering="expires_ms")
     def expires(self, obj: SystemLock) -> datetime | None:
         return ms_datetime(obj.expires_ms or None)

@@ -18,6 +18,8 @@ from django.contrib.admin.views.main import ChangeList
 from django.db.models import QuerySet
 from django.db.models.functions import Length, Substr
 from django.http import HttpRequest
+from django.utils.translation import gettext
+from django.utils.translation import gettext_lazy as _
 
 from .conf import get_settings
 from .models import (
@@ -50,6 +52,12 @@ MAX_FILTER_NAMES = 200
 
 _STATUS_LABELS = dict(WorkflowStatus.choices)
 _UNSAFE_FILENAME = re.compile(r"[^A-Za-z0-9._-]+")
+# The start of a stored error envelope: {"type": "...", "message": "...", ...}.
+_ENVELOPE_FIELD = re.compile(r'"(type|message)"\s*:\s*("(?:[^"\\]|\\.)*")')
+# The one rendering of an empty value, here and in the admin's own fields.
+EMPTY = "-"
+# How much of a stored error the changelist reads per row (its type and message lead).
+ERROR_HEAD_CHARS = 600
 
 
 # -- display helpers ------------------------------------------------------------------
@@ -82,6 +90,41 @@ def error_summary(text: str | None, limit: int = CELL_CHARS) -> str:
     return truncate(f"{env.get('type') or 'Error'}: {env.get('message') or ''}", limit)
 
 
+def error_head_summary(head: str | None, limit: int = CELL_CHARS) -> str:
+    """Return ``type: message`` from the first characters of a stored error envelope."""
+    if not head:
+        return ""
+    try:
+        return error_summary(head, limit) if json.loads(head) is not None else ""
+    except ValueError:
+        pass
+    fields: dict[str, str] = {}
+    for name, quoted in _ENVELOPE_FIELD.findall(head):
+        try:
+            fields.setdefault(name, json.loads(quoted))
+        except ValueError:
+            continue
+    if not fields:
+        return truncate(head, limit)
+    return truncate(f"{fields.get('type') or 'Error'}: {fields.get('message') or ''}", limit)
+
+
+def format_duration(seconds: float | None) -> str | None:
+    """Return a duration for people: ``850 ms``, ``1.5 s``, ``3 min 4 s``, ``2 h 5 min``."""
+    if seconds is None or seconds < 0:
+        return None
+    if seconds < 1:
+        return gettext("%(n)d ms") % {"n": round(seconds * 1000)}
+    if seconds < 60:
+        return gettext("%(n).1f s") % {"n": seconds}
+    whole = int(seconds)
+    if whole < 3600:
+        return gettext("%(m)d min %(s)d s") % {"m": whole // 60, "s": whole % 60}
+    if whole < 86400:
+        return gettext("%(h)d h %(m)d min") % {"h": whole // 3600, "m": whole % 3600 // 60}
+    return gettext("%(d)d d %(h)d h") % {"d": whole // 86400, "h": whole % 86400 // 3600}
+
+
 def safe_filename(instance_id: str) -> str:
     """Return a file name fragment built from an instance id (no path characters)."""
     return _UNSAFE_FILENAME.sub("_", instance_id).strip("._")[:80] or "instance"
@@ -107,7 +150,8 @@ class CancelForm(forms.Form):
         required=False,
         max_length=10_000,
         widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
-        help_text="Recorded with the request and shown to the workflow as the reason.",
+        label=_("Reason"),
+        help_text=_("Recorded with the request and shown to the workflow as the reason."),
     )
 
 
@@ -128,19 +172,21 @@ class SignalForm(forms.Form):
     channel = forms.CharField(
         strip=False,
         max_length=255,
-        help_text="1 to 255 UTF-8 bytes.",
+        label=_("Channel"),
+        help_text=_("1 to 255 UTF-8 bytes."),
         widget=forms.TextInput(attrs={"size": 60}),
     )
     payload = forms.CharField(
         required=False,
         widget=forms.Textarea(attrs={"rows": 6, "cols": 60}),
-        help_text="A JSON value; leave empty to send null.",
+        label=_("Payload"),
+        help_text=_("A JSON value; leave empty to send null."),
     )
 
     def clean_channel(self) -> str:
         channel: str = self.cleaned_data["channel"]
         if not 1 <= len(channel.encode("utf-8")) <= 255:
-            raise forms.ValidationError("The channel must contain 1 to 255 UTF-8 bytes.")
+            raise forms.ValidationError(_("The channel must contain 1 to 255 UTF-8 bytes."))
         return channel
 
     def clean_payload(self) -> Any:
@@ -151,7 +197,7 @@ class SignalForm(forms.Form):
             return json.loads(text)
         except (ValueError, RecursionError) as error:
             raise forms.ValidationError(
-                "The payload is not valid JSON: %(error)s",
+                _("The payload is not valid JSON: %(error)s"),
                 params={"error": truncate(str(error), CELL_CHARS)},
             )
 
@@ -167,7 +213,7 @@ class WorkflowNameFilter(admin.SimpleListFilter):
     can run; any other name still filters through ``?workflow_name=...``.
     """
 
-    title = "workflow name"
+    title = _("workflow name")
     parameter_name = "workflow_name"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
@@ -187,7 +233,10 @@ class InstanceChangeList(ChangeList):
 
     def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet[Any]:
         qs = super().get_queryset(request, exclude_parameters)
-        return qs.defer("input", "output", "error", "cancel_reason")
+        # Only the head of an error: its type and message, for the error column.
+        return qs.defer("input", "output", "error", "cancel_reason").annotate(
+            error_head=Substr("error", 1, ERROR_HEAD_CHARS)
+        )
 
 
 # -- the detail page's sections -----------------------------------------------------------
@@ -220,6 +269,8 @@ def instance_sections(
             "reservation_head",
             "delivered_seq",
             "data_size",
+            "created_at",
+            "arrived_at",
         )[:HISTORY_ROWS]
     )
     history = [
@@ -232,8 +283,16 @@ def instance_sections(
             "reservation": None if reservation is None else truncate(reservation, CELL_CHARS),
             "delivered_seq": delivered,
             "size": size,
+            "recorded_at": created,
+            # A step recorded at once took no time of its own; one whose value came
+            # later (an activity's result, a timer, a child) took until it arrived.
+            "took": format_duration((arrived - created).total_seconds())
+            if arrived is not None and created is not None
+            else None,
         }
-        for seq, key, command, event_type, data, reservation, delivered, size in rows
+        for seq, key, command, event_type, data, reservation, delivered, size, created, arrived in (
+            rows
+        )
     ]
 
     tasks = [
@@ -325,4 +384,5 @@ def instance_sections(
         "children": children,
         "section_rows": SECTION_ROWS,
         "show_values": values,
+        "empty": EMPTY,
     }

@@ -1035,7 +1035,8 @@ class DjangoStore(RecoveryStoreMixin, TaskSweepMixin, RenewalMixin, StoreBase):
         now = self._now_param()
         return (
             "UPDATE {instance} SET status = %s, output = %s, error = %s, lease_owner = '',"
-            " lease_expires_ms = NULL, runnable = %s, closed_at = %s, updated_at = %s"
+            " lease_expires_ms = NULL, runnable = %s, current_step = '', closed_at = %s,"
+            " updated_at = %s"
             " WHERE instance_id = %s AND lease_owner = %s AND lease_epoch = %s"
             " AND status = %s",
             [

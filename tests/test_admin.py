@@ -8,6 +8,7 @@ the engine's own.
 
 from __future__ import annotations
 
+import gettext as gettext_module
 import io
 import json
 import re
@@ -26,8 +27,9 @@ from django.db import connection
 from django.test import Client, override_settings
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
-from django.utils import timezone
+from django.utils import timezone, translation
 from django.utils.html import escape
+from django.utils.translation import trans_real
 
 import selvedge_django as sv
 from selvedge_django.models import (
@@ -264,7 +266,7 @@ def test_detail_page_shows_history_tasks_timers_signals_and_family(
     assert escaped(timer.key) in page
     (message,) = SignalMessage.objects.filter(instance_id=parent_id)
     assert escaped("<i>elsewhere</i>") in page
-    assert "pending" in page
+    assert '<td><span class="selvedge-empty">-</span></td>' in page  # not consumed yet
     assert escaped('"html":"<script>alert(1)</script>"') in page
     assert "z" * 5000 not in page
     assert f"({len(message.payload)} characters)" in page
@@ -317,7 +319,7 @@ def test_detail_page_warns_about_long_histories_and_truncates_values(
     with CaptureQueriesContext(connection) as after:
         page = html(admin_client.get(url("change", "long-history")))
     assert len(before.captured_queries) == len(after.captured_queries)
-    assert "(no value yet)" in page
+    assert '<td><span class="selvedge-empty">-</span></td>' in page  # a value not there yet
 
 
 # -- permissions, CSRF and read-only --------------------------------------------------
@@ -657,8 +659,8 @@ def test_changelist_cancel_asks_for_a_reason_then_cancels_each_instance(
         follow=True,
     )
     page = html(response)
-    assert "Cancellation requested for 2 instance(s)." in page
-    assert "1 instance(s) skipped" in page and "already completed" in page
+    assert "Cancellation requested for 2 instances." in page
+    assert "1 instance skipped" in page and "already completed" in page
     cancelled = set(
         WorkflowInstance.objects.filter(cancel_requested=True).values_list("instance_id", flat=True)
     )
@@ -710,7 +712,7 @@ def test_changelist_signal_validates_on_its_intermediate_page(
     response = operator.post(
         CHANGELIST, {**base, "apply": "1", "channel": "go", "payload": '{"n": 1}'}, follow=True
     )
-    assert "Signal sent to 2 instance(s)." in html(response)
+    assert "Signal sent to 2 instances." in html(response)
     assert sorted(SignalMessage.objects.values_list("instance_id", "payload")) == [
         ("sig-1", '{"n":1}'),
         ("sig-2", '{"n":1}'),
@@ -927,3 +929,109 @@ def test_a_bulk_signal_is_refused_when_payload_times_targets_passes_the_cap(
     assert not SignalMessage.objects.exists()
     operator.post(CHANGELIST, {**base, "payload": json.dumps("x" * 4000)})
     assert SignalMessage.objects.count() == 10
+
+
+# -- what the pages show: times, durations, empty values, flags, translations -------------
+
+
+class _Marking(gettext_module.NullTranslations):
+    """A "language" that marks every string it translates: ⟦text⟧."""
+
+    def gettext(self, message: str) -> str:
+        return f"\u27e6{message}\u27e7" if message else message
+
+    def ngettext(self, singular: str, plural: str, n: int) -> str:
+        return self.gettext(singular if n == 1 else plural)
+
+    def pgettext(self, context: str, message: str) -> str:
+        return self.gettext(message)
+
+    def to_language(self) -> str:
+        return "xx-marked"
+
+
+@pytest.fixture
+def marked_language() -> Any:
+    trans_real._translations["xx-marked"] = _Marking()  # type: ignore[assignment]
+    try:
+        with translation.override("xx-marked"):
+            yield
+    finally:
+        trans_real._translations.pop("xx-marked", None)
+
+
+def test_history_shows_when_each_step_was_recorded_and_how_long_it_took(
+    admin_client: Client,
+) -> None:
+    sv.start_workflow("test.admin.parent", {"child_id": "timing-child"}, instance_id="timing")
+    run_until_idle(Worker())
+    sv.signal("timing", "elsewhere", 1)
+    add_row = HistoryEvent.objects.get(instance_id="timing", key="#2:test.add")
+    HistoryEvent.objects.filter(id=add_row.id).update(
+        arrived_at=add_row.created_at + timedelta(seconds=1.5)
+    )
+    page = html(admin_client.get(url("change", "timing")))
+    headers = re.findall(r"<th>([^<]*)</th>", page.split('id="selvedge-history"')[1])[:9]
+    assert "Recorded at" in headers and "Took" in headers
+    assert "Delivered at position" in headers and "Delivered at" not in headers
+    assert "<td>1.5 s</td>" in page
+    signals = page.split('id="selvedge-signals"')[1]
+    assert "Delivered at position" in signals and "Consumed at position" in signals
+
+
+def test_closing_an_instance_clears_its_current_step(tdb: None) -> None:
+    instance_id = sv.start_workflow("test.sum3", {"a": 1, "b": 2, "c": 3})
+    worker = Worker()
+    run_until_idle(worker)
+    inst = WorkflowInstance.objects.get(instance_id=instance_id)
+    assert inst.status == "completed"
+    assert inst.current_step == ""
+
+
+@pytest.mark.django_db
+def test_empty_values_are_shown_one_way(admin_client: Client) -> None:
+    make("empty-1", input=None)
+    HistoryEvent.objects.create(
+        instance_id="empty-1", key="#1:x", seq=1, command="activity", event_type="ActivityScheduled"
+    )
+    SignalMessage.objects.create(instance_id="empty-1", channel="c", payload="1")
+    page = html(admin_client.get(url("change", "empty-1")))
+    empty = '<span class="selvedge-empty">-</span>'
+    sections = page.split('id="selvedge-history"')[1]
+    assert "(no value yet)" not in sections and ">pending<" not in sections
+    assert "<td></td>" not in sections
+    assert sections.count(empty) >= 5  # value, reservation, delivery, took; signal positions
+    # The description's empty fields use the admin's own rendering of the same mark.
+    assert admin_client.get(url("change", "empty-1")).context["selvedge"]["empty"] == "-"
+
+
+@pytest.mark.django_db
+def test_changelist_shows_error_summaries_durations_and_unregistered_workflows(
+    admin_client: Client,
+) -> None:
+    error = json.dumps({"type": "OrderRejected", "message": "no <stock>", "details": None})
+    failed = make("failed-1", status="failed", error=error, age=timedelta(minutes=5))
+    WorkflowInstance.objects.filter(instance_id="failed-1").update(
+        closed_at=failed.started_at + timedelta(seconds=90)
+    )
+    make("orphan-1", name="not.registered.here")
+    make("known-1", name="test.sum3")
+    make("closed-unknown", status="completed", name="also.unknown")
+    page = html(admin_client.get(CHANGELIST))
+    assert escaped("OrderRejected: no <stock>") in page
+    assert "1 min 30 s" in page
+    assert page.count("not registered here") == 1  # running and unknown to this process
+
+
+def test_admin_pages_are_translatable(admin_client: Client, marked_language: None) -> None:
+    sv.start_workflow("test.admin.parent", {"child_id": "tr-child"}, instance_id="tr")
+    run_until_idle(Worker())
+    page = html(admin_client.get(url("change", "tr")))
+    for text in ("Activity tasks", "Pending timers", "Signal inbox", "Children", "Took"):
+        assert f"\u27e6{text}\u27e7" in page, text
+    assert "\u27e6Export history\u27e7" in page
+    changelist = html(admin_client.get(CHANGELIST))
+    for text in ("instance id", "workflow name", "duration", "error"):
+        assert f"\u27e6{text}\u27e7" in changelist, text
+    form = html(admin_client.get(url("cancel", "tr")))
+    assert "\u27e6Request cancellation\u27e7" in form
