@@ -6,6 +6,7 @@ from typing import Any
 
 from django.apps import AppConfig
 from django.db.backends.signals import connection_created
+from django.utils.translation import gettext_lazy as _
 
 
 def _configure_sqlite(sender: Any, connection: Any, **kwargs: Any) -> None:
@@ -46,7 +47,7 @@ class SelvedgeConfig(AppConfig):
 
     name = "selvedge_django"
     label = "selvedge_django"
-    verbose_name = "Durable workflows"
+    verbose_name = _("Durable workflows")
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:

@@ -10,15 +10,16 @@ from __future__ import annotations
 
 from django.db import models
 from django.db.models import Q
+from django.utils.translation import gettext_lazy as _
 
 
 class WorkflowStatus(models.TextChoices):
     """The durable status of a workflow instance."""
 
-    RUNNING = "running", "Running"
-    COMPLETED = "completed", "Completed"
-    FAILED = "failed", "Failed"
-    CANCELLED = "cancelled", "Cancelled"
+    RUNNING = "running", _("Running")
+    COMPLETED = "completed", _("Completed")
+    FAILED = "failed", _("Failed")
+    CANCELLED = "cancelled", _("Cancelled")
 
 
 class WorkflowInstanceQuerySet(models.QuerySet["WorkflowInstance"]):
@@ -78,14 +79,14 @@ class WorkflowInstance(models.Model):
     objects = WorkflowInstanceQuerySet.as_manager()
 
     class Meta:
-        verbose_name = "workflow instance"
+        verbose_name = _("workflow instance")
         ordering = ("-started_at", "-instance_id")
         permissions = [
-            ("cancel_workflowinstance", "Can cancel workflow instances"),
-            ("signal_workflowinstance", "Can signal workflow instances"),
-            ("export_history", "Can export workflow history"),
-            ("view_payloads", "Can view workflow inputs, outputs and signal payloads"),
-            ("terminate_workflowinstance", "Can terminate workflow instances"),
+            ("cancel_workflowinstance", _("Can cancel workflow instances")),
+            ("signal_workflowinstance", _("Can signal workflow instances")),
+            ("export_history", _("Can export workflow history")),
+            ("view_payloads", _("Can view workflow inputs, outputs and signal payloads")),
+            ("terminate_workflowinstance", _("Can terminate workflow instances")),
         ]
         indexes = [
             models.Index(
@@ -132,7 +133,7 @@ class HistoryEvent(models.Model):
     arrived_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        verbose_name = "history event"
+        verbose_name = _("history event")
         ordering = ("instance", "id")
         constraints = [
             models.UniqueConstraint(fields=["instance", "key"], name="sv_history_key_uniq"),
@@ -150,11 +151,11 @@ class HistoryEvent(models.Model):
 
 
 class ActivityTaskStatus(models.TextChoices):
-    QUEUED = "queued", "Queued"
-    RUNNING = "running", "Running"
-    COMPLETED = "completed", "Completed"
-    FAILED = "failed", "Failed"
-    CANCELLED = "cancelled", "Cancelled"
+    QUEUED = "queued", _("Queued")
+    RUNNING = "running", _("Running")
+    COMPLETED = "completed", _("Completed")
+    FAILED = "failed", _("Failed")
+    CANCELLED = "cancelled", _("Cancelled")
 
 
 class ActivityTaskQuerySet(models.QuerySet["ActivityTask"]):
@@ -206,7 +207,7 @@ class ActivityTask(models.Model):
     objects = ActivityTaskQuerySet.as_manager()
 
     class Meta:
-        verbose_name = "activity task"
+        verbose_name = _("activity task")
         ordering = ("instance", "seq")
         constraints = [
             models.UniqueConstraint(fields=["instance", "key"], name="sv_task_key_uniq"),
@@ -251,7 +252,7 @@ class TimerSubscription(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        verbose_name = "timer subscription"
+        verbose_name = _("timer subscription")
         constraints = [
             models.UniqueConstraint(fields=["instance", "key"], name="sv_timer_key_uniq"),
         ]
@@ -278,7 +279,7 @@ class SignalMessage(models.Model):
     consumed_key = models.CharField(max_length=255, default="", blank=True)
 
     class Meta:
-        verbose_name = "signal"
+        verbose_name = _("signal")
         ordering = ("instance", "id")
         indexes = [
             models.Index(
@@ -301,7 +302,7 @@ class SystemLock(models.Model):
     expires_ms = models.BigIntegerField(default=0)
 
     class Meta:
-        verbose_name = "system lock"
+        verbose_name = _("system lock")
 
     def __str__(self) -> str:
         return self.name
