@@ -15,6 +15,7 @@ import select
 import signal
 import socket
 import sys
+import threading
 from datetime import timedelta
 from typing import Any
 
@@ -479,8 +480,6 @@ class _ReloadStop:
     """The stop "signal" of a worker under the autoreloader: set from the main thread."""
 
     def __init__(self) -> None:
-        import threading
-
         self._stop = threading.Event()
         self._stopped = threading.Event()
         self._started = False
