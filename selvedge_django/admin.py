@@ -98,9 +98,9 @@ TERMINATE_INTRO = _(
 def hidden(size: int | None) -> str:
     """What a user without ``view_payloads`` sees instead of a value."""
     return format_html(
-        '<span class="selvedge-absent">(hidden: {} characters; showing values needs the'
-        " view_payloads permission)</span>",
-        size or 0,
+        '<span class="selvedge-empty">{}</span>',
+        gettext("(hidden: %(n)d characters; showing values needs the view_payloads permission)")
+        % {"n": size or 0},
     )
 
 
@@ -696,8 +696,11 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
         if size > cap:
             self.message_user(
                 request,
-                f"These histories hold {size} bytes of values; one export writes at most {cap}"
-                " bytes. Export fewer instances at a time.",
+                gettext(
+                    "These histories hold %(size)d bytes of values; one export writes at most"
+                    " %(cap)d bytes. Export fewer instances at a time."
+                )
+                % {"size": size, "cap": cap},
                 messages.ERROR,
             )
             return None
@@ -706,7 +709,7 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
             try:
                 text = self.perform_export(request, obj)
             except exc.WorkflowNotFound:
-                self.message_user(request, "Nothing to export.", messages.WARNING)
+                self.message_user(request, gettext("Nothing to export."), messages.WARNING)
                 return None
             return self.download(text, f"selvedge-history-{safe_filename(obj.instance_id)}.json")
         response = StreamingHttpResponse(
@@ -736,11 +739,11 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
         cap = admin_support.MAX_BULK_SIGNAL_BYTES
         if size * len(targets) <= cap:
             return None
-        return (
-            f"A payload of {size} bytes sent to {len(targets)} instances writes"
-            f" {size * len(targets)} bytes; one bulk signal writes at most {cap} bytes."
-            " Select fewer instances or send a smaller payload."
-        )
+        return gettext(
+            "A payload of %(size)d bytes sent to %(n)d instances writes %(total)d bytes; one"
+            " bulk signal writes at most %(cap)d bytes. Select fewer instances or send a smaller"
+            " payload."
+        ) % {"size": size, "n": len(targets), "total": size * len(targets), "cap": cap}
 
     def bulk_action(
         self,
