@@ -17,11 +17,8 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from django.db.models import F
-from django.db.models.fields.json import (  # type: ignore[attr-defined]
-    KeyTransform,
-    KeyTransformExact,
-    compile_json_path,
-)
+from django.db.models.fields import json as json_fields
+from django.db.models.fields.json import KeyTransform, KeyTransformExact
 
 __all__ = ["SQLITE_FUNCTION", "InputValueEquals", "canonical_json", "input_value_equals"]
 
@@ -56,6 +53,18 @@ def canonical_json(text: str | None) -> str | None:
         return None
 
 
+def _json_path(connection: Any, key_transforms: list[str]) -> str:
+    """The SQLite JSON path of key transforms (``$."a"[0]``), on every supported Django.
+
+    Django 6.1 moved ``compile_json_path`` from ``django.db.models.fields.json`` onto
+    the backend's operations; 5.2 and 6.0 have only the module function.
+    """
+    on_backend = getattr(connection.ops, "compile_json_path", None)
+    if on_backend is not None:
+        return str(on_backend(key_transforms))
+    return str(json_fields.compile_json_path(key_transforms))  # type: ignore[attr-defined]
+
+
 class InputValueEquals(KeyTransformExact):
     """A key lookup's exact match, comparing objects and lists as JSON values on SQLite too."""
 
@@ -64,7 +73,7 @@ class InputValueEquals(KeyTransformExact):
             sql, params = self.as_sql(compiler, connection)
             return sql, tuple(params)
         lhs, lhs_params, key_transforms = self.lhs.preprocess_lhs(compiler, connection)
-        path = compile_json_path(key_transforms)
+        path = _json_path(connection, key_transforms)
         expected = canonical_json(json.dumps(self.rhs))
         return (
             f"(JSON_TYPE({lhs}, %s) IN ('array', 'object')"
