@@ -545,8 +545,8 @@ def test_changelist_terminate_asks_for_a_reason_then_terminates_each_instance(
         follow=True,
     )
     page = html(response)
-    assert "Terminated 2 instance(s)." in page
-    assert "1 instance(s) skipped" in page and "already completed" in page
+    assert "Terminated 2 instances." in page
+    assert "1 instance skipped" in page and "already completed" in page
     failed = set(
         WorkflowInstance.objects.filter(status="failed").values_list("instance_id", flat=True)
     )
