@@ -11,10 +11,13 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.db import connections
 from django.test import override_settings
 
 import selvedge_django as sv
@@ -26,8 +29,12 @@ EVENTS: list[str] = []
 
 
 @pytest.fixture(autouse=True)
-def _clear_events() -> None:
+def _clear_events() -> Iterator[None]:
     EVENTS.clear()
+    yield
+    # The async twins run their queries on asgiref's executor thread, whose database
+    # connection outlives the test: close it, or the test database cannot be dropped.
+    asyncio.run(sync_to_async(connections.close_all)())
 
 
 @sv.activity(name="async.greet")
