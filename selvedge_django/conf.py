@@ -91,6 +91,9 @@ _POSITIVE_INTS = (
     "MAX_HISTORY_BYTES",
     "MAX_PENDING_SIGNALS",
 )
+# Batches whose ids end up in one IN list of a statement: at most this many.
+_BATCH_CEILING = 5000
+_BATCHES = ("MAX_WORKFLOWS_PER_BATCH", "MAX_TIMERS_PER_BATCH")
 
 
 def default_clock() -> datetime:
@@ -264,6 +267,8 @@ def resolve_settings(raw_in: Mapping[str, Any] | None) -> SelvedgeSettings:
         value = raw[key]
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ImproperlyConfigured(f"SELVEDGE[{key!r}] must be a positive integer")
+        if key in _BATCHES and value > _BATCH_CEILING:
+            raise ImproperlyConfigured(f"SELVEDGE[{key!r}] must be at most {_BATCH_CEILING}")
         ints[key] = value
     lease_raw = raw["LEASE"] or {}
     if not isinstance(lease_raw, Mapping):

@@ -81,6 +81,9 @@ _PATH_RE = re.compile(r"[A-Za-z0-9_]+(?:\.[A-Za-z0-9_]+)*")
 MAX_FILTER_PATH_SEGMENTS = 32
 MAX_FILTER_PATH_CHARS = 255
 
+# The most instances one prune batch deletes (their ids are one IN list).
+MAX_PRUNE_BATCH = 5000
+
 _client: tuple[Any, DjangoStore] | None = None
 _stores_lock = threading.Lock()
 
@@ -403,8 +406,11 @@ def prune(
         raise ValueError(f"prune only deletes closed instances, not {sorted(wanted - closed)}")
     if not isinstance(older_than, timedelta) or older_than < timedelta(0):
         raise ValueError("older_than must be a non-negative timedelta")
-    if batch_size < 1:
-        raise ValueError("batch_size must be positive")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int):
+        raise TypeError("batch_size must be an int")
+    if not 1 <= batch_size <= MAX_PRUNE_BATCH:
+        # One batch is one IN list of ids in the delete.
+        raise ValueError(f"batch_size must be from 1 to {MAX_PRUNE_BATCH}")
     store = _store()
     cutoff = timezone.now() - older_than
     running = WorkflowInstance.objects.using(store.alias).filter(status=WorkflowStatus.RUNNING)

@@ -298,14 +298,15 @@ class WaitStoreMixin(StoreBase):
         """
         if not children:
             return
-        mine = WorkflowInstance.objects.using(self.alias).filter(
-            instance_id__in=[child_id for child_id, _ in children],
-            parent_instance_id=parent_id,
-            parent_key__in=[key for _, key in children],
-            status=WorkflowStatus.RUNNING,
-        )
-        mine.filter(cancel_requested=False).update(cancel_requested=True, cancel_reason=reason)
-        mine.update(**self.wake_fields())
+        for part in self._chunks(children, values_each=2):
+            mine = WorkflowInstance.objects.using(self.alias).filter(
+                instance_id__in=[child_id for child_id, _ in part],
+                parent_instance_id=parent_id,
+                parent_key__in=[key for _, key in part],
+                status=WorkflowStatus.RUNNING,
+            )
+            mine.filter(cancel_requested=False).update(cancel_requested=True, cancel_reason=reason)
+            mine.update(**self.wake_fields())
         self.after_commit("runnable")
 
     # -- observations -------------------------------------------------------------------
@@ -365,8 +366,7 @@ class WaitStoreMixin(StoreBase):
                 HistoryEvent.objects.using(self.alias).filter(
                     instance_id=iid, key=key, data__isnull=True
                 ).update(event_type=event_type, data=data, delivered_seq=seq)
-            if observation.cancel_tasks:
-                keys = list(observation.cancel_tasks)
+            for keys in self._chunks(list(observation.cancel_tasks)):
                 ActivityTask.objects.using(self.alias).filter(
                     instance_id=iid,
                     key__in=keys,
@@ -420,14 +420,16 @@ class WaitStoreMixin(StoreBase):
             signals=tuple((int(sid), str(channel)) for sid, channel in sorted(signal_rows)),
         )
 
-    # A delivery batch binds at most this many values per statement (PostgreSQL takes
-    # 65,535 parameters with server-side binding, SQLite 32,766 by default).
+    # A list of keys or ids (a delivery batch, the tasks or children a cancellation
+    # reaches) binds at most this many values per statement (PostgreSQL takes 65,535
+    # parameters with server-side binding, SQLite 32,766 by default).
     DELIVERY_CHUNK = 5000
 
     @classmethod
-    def _chunks(cls, values: list[Any]) -> list[list[Any]]:
-        """A wanted list in statement-sized parts; no part at all when nothing is wanted."""
-        size = cls.DELIVERY_CHUNK
+    def _chunks(cls, values: list[Any], *, values_each: int = 1) -> list[list[Any]]:
+        """A list in statement-sized parts (``values_each`` bound values per item); no
+        part at all when the list is empty."""
+        size = max(1, cls.DELIVERY_CHUNK // values_each)
         return [values[i : i + size] for i in range(0, len(values), size)]
 
     @staticmethod
@@ -451,20 +453,21 @@ class WaitStoreMixin(StoreBase):
         else:
             assert observation.deliver is not None
             wanted = observation.deliver
-            keys = tuple(
-                events.filter(key__in=list(wanted.keys))
-                .order_by("id")
-                .values_list("key", flat=True)
-            )
+            found: list[tuple[int, str]] = []
+            for part in self._chunks(list(wanted.keys)):
+                found += events.filter(key__in=part).values_list("id", "key")
+            keys = tuple(key for _, key in sorted(found))
             sigs = tuple(
-                signals.filter(id__in=[sid for sid, _ in wanted.signals])
-                .order_by("id")
-                .values_list("id", "channel")
+                sorted(
+                    signal
+                    for part in self._chunks([sid for sid, _ in wanted.signals])
+                    for signal in signals.filter(id__in=part).values_list("id", "channel")
+                )
             )
-        if keys:
-            events.filter(key__in=list(keys)).update(delivered_seq=seq)
-        if sigs:
-            signals.filter(id__in=[sid for sid, _ in sigs]).update(delivered_seq=seq)
+        for part in self._chunks(list(keys)):
+            events.filter(key__in=part).update(delivered_seq=seq)
+        for part in self._chunks([sid for sid, _ in sigs]):
+            signals.filter(id__in=part).update(delivered_seq=seq)
         return Arrivals(keys=keys, signals=sigs)
 
     # -- children -----------------------------------------------------------------------

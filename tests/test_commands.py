@@ -379,7 +379,14 @@ def test_replay_check_of_history_files(tdb: None, tmp_path: Path) -> None:
         (("prune", "--older-than", "a while"), "invalid duration 'a while'"),
         (("prune", "--older-than=-1d"), "invalid duration '-1d'"),
         (("prune", "--older-than", "nan"), "invalid duration 'nan'"),
-        (("prune", "--older-than", "1d", "--batch-size", "0"), "--batch-size must be at least 1"),
+        (
+            ("prune", "--older-than", "1d", "--batch-size", "0"),
+            "--batch-size must be from 1 to 5000",
+        ),
+        (
+            ("prune", "--older-than", "1d", "--batch-size", "5001"),
+            "--batch-size must be from 1 to 5000",
+        ),
         (("prune", "--older-than", "1d", "--status", "running"), "invalid choice: 'running'"),
         (("worker", "--max-activities", "0"), "--max-activities must be at least 1"),
         (("worker", "--max-resumptions", "-1"), "--max-resumptions must be at least 1"),
@@ -585,6 +592,8 @@ def test_prune_through_the_operations_layer_validates_its_arguments(tdb: None) -
         prune(timedelta(days=-1))
     with pytest.raises(ValueError, match="batch_size"):
         prune(timedelta(days=1), batch_size=0)
+    with pytest.raises(ValueError, match="batch_size"):
+        prune(timedelta(days=1), batch_size=5001)
     assert prune(timedelta(0)) == 0
 
 

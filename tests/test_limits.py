@@ -434,3 +434,81 @@ def test_wait_condition_delivers_more_arrivals_than_a_statement_takes_parameters
     assert (result.status, result.output) == ("completed", count), result.error
     assert not SignalMessage.objects.filter(instance_id=iid, delivered_seq__isnull=True).exists()
     assert widest <= 10_000
+
+
+@pytest.fixture
+def widest_statement(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+    """Statements bind at most 8 values per IN list; yields [most parameters seen]."""
+    from django.db import connection
+
+    from selvedge_django.store_waits import WaitStoreMixin
+
+    monkeypatch.setattr(WaitStoreMixin, "DELIVERY_CHUNK", 8)
+    widest = [0]
+
+    def spy(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        # (Dispatch lists the registered workflow names: bounded by the code.)
+        if "workflow_name IN" not in sql:
+            widest[0] = max(widest[0], len(params or ()))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(spy):
+        yield widest
+
+
+def test_cancelling_many_tasks_and_children_binds_bounded_lists(
+    tdb: None, widest_statement: list[int]
+) -> None:
+    # A scope cancel of 60 tasks and 60 children, then a close leaving 60 children
+    # running: each used to be one IN list of every key or child id (120 parameters and
+    # more here, past any driver's limit at 65,536 children).
+    from selvedge_django.testing import run_until_idle
+
+    n = 60
+    iid = sv.start_workflow("limits.cancel_many", {"tasks": n, "children": n, "orphans": n})
+    run_until_idle(Worker(activity_queues=[""], run_local_starts=False))
+    assert sv.get_workflow_result(iid).output == 3 * n
+    tasks = ActivityTask.objects.filter(instance_id=iid)
+    assert tasks.count() == n and set(tasks.values_list("status", flat=True)) == {"cancelled"}
+    children = WorkflowInstance.objects.filter(parent_instance_id=iid)
+    assert children.count() == 2 * n
+    assert set(children.values_list("status", flat=True)) == {"cancelled"}
+    # A reservation binds up to 43 values (PostgreSQL's one statement); no IN list binds
+    # more than 8.
+    assert widest_statement[0] <= 60
+
+
+def test_a_read_first_delivery_binds_bounded_lists(tdb: None, widest_statement: list[int]) -> None:
+    # The delivery path of databases without UPDATE ... RETURNING (SQLite before 3.35).
+    from django.db import connection
+
+    from selvedge_django.engine.codec import Codec
+    from selvedge_django.engine.store import Arrivals, Observation
+    from selvedge_django.store import DjangoStore
+
+    iid = sv.start_workflow("limits.wait_many", 50)
+    rows = [
+        HistoryEvent(
+            instance_id=iid,
+            key=f"k{n}",
+            seq=n + 1,
+            command="activity",
+            event_type="ActivityCompleted",
+            data="1",
+        )
+        for n in range(50)
+    ]
+    HistoryEvent.objects.bulk_create(rows)
+    SignalMessage.objects.bulk_create(
+        [SignalMessage(instance_id=iid, channel="many", payload="0") for _ in range(50)]
+    )
+    signals = tuple(SignalMessage.objects.filter(instance_id=iid).values_list("id", "channel"))
+    wanted = Arrivals(keys=tuple(f"k{n}" for n in range(0, 50, 2)), signals=signals[::2])
+    store = DjangoStore(connection.alias, Codec())
+    widest_statement[0] = 0  # (the bulk inserts above bind more)
+    with store.atomic():
+        delivered = store._deliver_read_first(iid, 99, Observation(99, deliver=wanted))
+    assert delivered == wanted
+    assert HistoryEvent.objects.filter(instance_id=iid, delivered_seq=99).count() == 25
+    assert SignalMessage.objects.filter(instance_id=iid, delivered_seq=99).count() == 25
+    assert widest_statement[0] <= 20

@@ -1304,3 +1304,21 @@ def terminate_parent(ctx: sv.WorkflowContext, _: Any) -> dict[str, str]:
     except sv.WorkflowTerminated as error:
         return {"error": type(error).__name__, "reason": error.reason, "id": error.instance_id}
     return {"error": ""}
+
+
+# -- bounded statements (tests/test_limits.py) -------------------------------------------
+
+
+@sv.workflow(name="limits.cancel_many")
+def limits_cancel_many(ctx: sv.WorkflowContext, data: dict[str, int]) -> int:
+    """Issue ``tasks`` activities (never served) and ``children`` children in a scope,
+    cancel the scope, then start ``orphans`` more children and close, leaving them running."""
+    scoped, cancel = ctx.with_cancel()
+    for _ in range(data["tasks"]):
+        wait_manual.execute_async(scoped, "never run")
+    for _ in range(data["children"]):
+        scoped.start_child("child.waiter")
+    cancel()
+    for _ in range(data["orphans"]):
+        ctx.start_child("child.waiter")
+    return data["tasks"] + data["children"] + data["orphans"]

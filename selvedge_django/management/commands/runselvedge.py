@@ -460,8 +460,8 @@ class Command(BaseCommand):
         from ... import operations
 
         older = parse_duration(options["older_than"])
-        if options["batch_size"] < 1:
-            raise CommandError("--batch-size must be at least 1")
+        if not 1 <= options["batch_size"] <= operations.MAX_PRUNE_BATCH:
+            raise CommandError(f"--batch-size must be from 1 to {operations.MAX_PRUNE_BATCH}")
 
         def progress(total: int) -> None:
             self.stdout.write(f"deleted {total} so far")
