@@ -189,7 +189,13 @@ FAULTS_ENV = "SELVEDGE_FAULTS"
 #: The exit status of a process that a fault stopped with ``os._exit``.
 FAULT_EXIT_STATUS = 75
 
-_ACTIONS = ("fail", "exit", "exit_after_commit")
+_ACTIONS = ("fail", "exit", "exit_after_commit", "fail_after_commit")
+# Actions that strike once the statement has run (and its transaction committed).
+_AFTER_ACTIONS = ("exit_after_commit", "fail_after_commit")
+# Transaction control and connection set-up are no statements "whose transaction
+# commits": after-commit actions pass over them (a BEGIN runs before Django's side of the
+# transaction is open; a new connection's PRAGMA or SET runs inside whatever opened it).
+_CONTROL = re.compile(r"^\s*(BEGIN|SAVEPOINT|RELEASE|ROLLBACK|COMMIT|PRAGMA|SET)\b", re.IGNORECASE)
 
 
 class InjectedFault(OperationalError):
@@ -217,10 +223,11 @@ class Fault:
     store operation running it, e.g. ``"complete_task"``), ``instance_id`` (the
     instance that operation acts on), ``pattern`` (a regular expression searched
     in the SQL text) and ``step`` (its position, from 1, within one call of the
-    operation); for ``exit_after_commit`` also ``min_rows`` (the statement
-    changed or returned at least that many rows, such as a poll that found
-    work). The ``nth`` matching statement, and the ``times - 1`` after it,
-    trigger the action.
+    operation); for ``exit_after_commit`` and ``fail_after_commit`` (which pass
+    over transaction control and connection set-up: BEGIN, SAVEPOINT, RELEASE,
+    ROLLBACK, COMMIT, PRAGMA, SET) also ``min_rows`` (the statement changed or
+    returned at least that many rows, such as a poll that found work). The
+    ``nth`` matching statement, and the ``times - 1`` after it, trigger the action.
     """
 
     action: str
@@ -240,8 +247,11 @@ class Fault:
             raise ValueError(f"unknown fault action {self.action!r}")
         if self.nth < 1 or self.times < 1:
             raise ValueError("nth and times count from 1")
-        if self.min_rows is not None and self.action != "exit_after_commit":
-            raise ValueError("min_rows is known only after the statement ran (exit_after_commit)")
+        if self.min_rows is not None and self.action not in _AFTER_ACTIONS:
+            raise ValueError(
+                "min_rows is known only after the statement ran (exit_after_commit,"
+                " fail_after_commit)"
+            )
         self._regex = re.compile(self.pattern, re.IGNORECASE | re.DOTALL) if self.pattern else None
 
     def matches(self, statement: Statement) -> bool:
@@ -281,6 +291,9 @@ class FaultInjector:
       database rolls back the open transaction, as after a crash);
     * :meth:`exit_after_commit`: run the statement, then ``os._exit`` as soon as
       its transaction commits (at once outside a transaction).
+    * :meth:`fail_after_commit`: run the statement and let its transaction commit,
+      then raise :class:`InjectedFault` to the caller, as a connection lost before
+      the answer to its COMMIT arrived would: an ambiguous commit.
 
     With ``trace=True`` every statement is kept in :attr:`statements` with the
     store operation, instance, call number and step that issued it. Use
@@ -325,6 +338,19 @@ class FaultInjector:
     ) -> Fault:
         """End the process right after the ``nth`` matching statement's transaction commits."""
         return self.add(Fault("exit_after_commit", pattern, nth, **selectors))
+
+    def fail_after_commit(
+        self, pattern: str | None = None, nth: int = 1, **selectors: Any
+    ) -> Fault:
+        """Let the ``nth`` matching statement run and its transaction commit, then raise
+        :class:`InjectedFault` (an ``OperationalError``) where the COMMIT returns.
+
+        The caller sees the error a lost connection gives, although everything was
+        written (at once for a statement outside a transaction; inside one, from the
+        outermost ``atomic()`` block as it commits, before the later ``on_commit``
+        callbacks of that transaction run).
+        """
+        return self.add(Fault("fail_after_commit", pattern, nth, **selectors))
 
     # -- installing -------------------------------------------------------------------
 
@@ -424,6 +450,9 @@ class FaultInjector:
                 action = self._strike(statement, before=False, rows=rows)
             if action is None:
                 return result
+            if action.action == "fail_after_commit":
+                self._fail_after_commit(context["connection"], statement)
+                return result
             self._exit_after_commit(context["connection"], statement)
             return result
         if action.action == "fail":
@@ -442,7 +471,9 @@ class FaultInjector:
     def _strike(self, statement: Statement, *, before: bool, rows: int = -1) -> Fault | None:
         """Count the statement against the faults acting at this moment; return one to fire."""
         for fault in self.faults:
-            if (fault.action != "exit_after_commit") != before or not fault.matches(statement):
+            if (fault.action not in _AFTER_ACTIONS) != before or not fault.matches(statement):
+                continue
+            if not before and _CONTROL.match(statement.sql):
                 continue
             if fault.min_rows is not None and rows < fault.min_rows:
                 continue
@@ -451,6 +482,22 @@ class FaultInjector:
                 fault.fired += 1
                 return fault
         return None
+
+    @staticmethod
+    def _fail_after_commit(conn: Any, statement: Statement) -> None:
+        where = f"{statement.operation or 'statement'} step {statement.step}"
+
+        def lost() -> None:
+            raise InjectedFault(f"injected fault: connection lost after the commit of {where}")
+
+        if conn.in_atomic_block:
+            from django.db import transaction
+
+            # A callback that raises (robust=False) propagates out of the atomic block
+            # that commits, after the COMMIT, and drops the callbacks registered after it.
+            transaction.on_commit(lost, using=conn.alias)
+        else:
+            lost()
 
     @staticmethod
     def _exit_after_commit(conn: Any, statement: Statement) -> None:
