@@ -241,3 +241,15 @@ def test_durations_are_bounded_where_they_enter() -> None:
         sv.RetryPolicy(max_interval=1e17)
     with pytest.raises(ValueError, match="at most"):
         sv.ActivityOptions(start_to_close_timeout=1e17)
+
+
+def test_keys_and_queues_no_database_can_store_are_refused_in_the_workflow(
+    clock: ControllableClock,
+) -> None:
+    # Before: SQLite stored a NUL that PostgreSQL refuses (a DataError on every replay),
+    # and neither could encode a lone surrogate.
+    iid = sv.start_workflow("poison.keys", None)
+    run_until_idle(Worker(clock=clock, **BACKOFF), max_rounds=200)
+    result = sv.get_workflow_result(iid)
+    assert result.output == ["HistoryKeyConflict"] * 3 + ["ValueError"] * 2, result.error
+    assert HistoryEvent.objects.filter(instance_id=iid).count() == 1  # the close only

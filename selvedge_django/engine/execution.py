@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 from .. import exceptions as exc
 from .codec import Codec, error_to_envelope
+from .identifiers import instance_id_problem
 from .store import (
     CMD_ACTIVITY,
     CMD_CHILD,
@@ -319,6 +320,12 @@ class Execution:
     def validate_user_key(self, key: object, what: str) -> str:
         if not isinstance(key, str) or not key or len(key) > 255:
             raise exc.HistoryKeyConflict(f"{what} must be a string of 1 to 255 characters")
+        if instance_id_problem(key, what) is not None:
+            # NUL, which PostgreSQL refuses in text, and lone surrogates, which no database
+            # can encode: refused here rather than on every replay's write.
+            raise exc.HistoryKeyConflict(
+                f"{what} {key!r} must not contain control characters or lone surrogates"
+            )
         if key.startswith(RESERVED_KEY_PREFIXES):
             raise exc.HistoryKeyConflict(f"{what} {key!r} uses a reserved prefix ($ or #)")
         if key in self.used_keys:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .durations import Duration, optional_seconds, to_seconds
+from .identifiers import instance_id_problem
 
 __all__ = ["ActivityOptions", "RetryPolicy"]
 
@@ -109,6 +110,10 @@ class ActivityOptions:
             raise TypeError(f"queue must be a string, not {self.queue!r}")
         if len(self.queue) > 255:
             raise ValueError("queue names are at most 255 characters")
+        if self.queue and instance_id_problem(self.queue, "queue") is not None:
+            raise ValueError(
+                f"queue {self.queue!r} must not contain control characters or lone surrogates"
+            )
         for name in ("start_to_close_timeout", "schedule_to_start_timeout", "heartbeat_timeout"):
             object.__setattr__(self, name, optional_seconds(getattr(self, name), name))
         if self.retry_policy is not None and not isinstance(self.retry_policy, RetryPolicy):

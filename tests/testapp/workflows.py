@@ -1322,3 +1322,72 @@ def limits_cancel_many(ctx: sv.WorkflowContext, data: dict[str, int]) -> int:
     for _ in range(data["orphans"]):
         ctx.start_child("child.waiter")
     return data["tasks"] + data["children"] + data["orphans"]
+
+
+# -- the second crash matrix (tests/test_crash_matrix_waits.py) -------------------------
+
+FAULT_BG_QUEUE = "fault.bg"  # served only by that matrix's activity-only worker
+
+
+@sv.activity(name="fault.tx", transactional=True, retry_policy=_FAULT_RETRY)
+def fault_tx(data: dict[str, Any]) -> str:
+    """Record ``fault.tx:<tag>`` in the attempt's own transaction: once, whatever fails."""
+    Ledger.objects.create(entry=f"fault.tx:{data['tag']}")
+    return str(data["tag"])
+
+
+@sv.activity(name="fault.cancel_self", retry_policy=_FAULT_RETRY)
+def fault_cancel_self(reason: str) -> None:
+    """Ask for the cancellation of this attempt's own workflow."""
+    info = sv.activity_info()
+    assert info is not None
+    sv.cancel_workflow(info.instance_id, reason)
+
+
+@sv.workflow(name="fault.waiter")
+def fault_waiter(ctx: sv.WorkflowContext, _: Any) -> Any:
+    """Wait for a signal that never comes (until cancelled)."""
+    return ctx.receive("never")
+
+
+@sv.workflow(name="fault.flow2")
+def fault_flow2(ctx: sv.WorkflowContext, data: dict[str, Any]) -> Any:
+    """The steps fault.flow leaves out: a transactional activity, a wait_condition delivery
+    (two signals on ``w``), a background step on FAULT_BG_QUEUE (the reservation releases
+    the lease), a schedule-to-start timeout only the leader's sweep records, and a
+    cancellation requested from inside the run that closes it with its child."""
+    tag = data["tag"]
+    fault_tx.execute(ctx, {"tag": f"{tag}:tx"})
+    ctx.wait_condition(lambda: ctx.pending("w") >= 2)
+    ctx.receive("w")
+    ctx.receive("w")
+    fault_step.execute(ctx, {"tag": f"{tag}:bg"}, options=sv.ActivityOptions(queue=FAULT_BG_QUEUE))
+    late = sv.ActivityOptions(queue=FAULT_PARKED_QUEUE, schedule_to_start_timeout=0.3)
+    try:
+        fault_step.execute(ctx, {"tag": f"{tag}:late"}, options=late)
+    except sv.ActivityTimeoutError:
+        pass
+    ctx.start_child("fault.waiter")
+    fault_cancel_self.execute(ctx, "flow2 is done")
+    return ctx.receive("never")  # the cancellation ends the run here; the close cancels the child
+
+
+@sv.workflow(name="poison.keys")
+def poison_keys(ctx: sv.WorkflowContext, _: Any) -> list[str]:
+    """Give keys and a queue that no database can store (NUL, a lone surrogate); return the
+    type of each error raised (nothing may be written for any of them)."""
+    attempts: list[Any] = [
+        lambda: ctx.sleep(1, sleep_id="nul\x00inside"),
+        lambda: ctx.new_timer(1, sleep_id="\ud800"),
+        lambda: add.execute(ctx, {"a": 1, "b": 2}, activity_id="lone\udfff"),
+        lambda: add.execute(ctx, {"a": 1, "b": 2}, options=sv.ActivityOptions(queue="q\x00")),
+        lambda: add.execute(ctx, {"a": 1, "b": 2}, options=sv.ActivityOptions(queue="\ud800")),
+    ]
+    raised = []
+    for attempt in attempts:
+        try:
+            attempt()
+            raised.append("accepted")
+        except (sv.HistoryKeyConflict, ValueError) as error:
+            raised.append(type(error).__name__)
+    return raised
