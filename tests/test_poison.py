@@ -101,6 +101,7 @@ def test_a_transient_error_on_every_replay_backs_off_exponentially_then_fails(
         # Not before its time: a signal or a cancel request does not cut the wait short.
         clock.advance(timedelta(milliseconds=wait - 200))
         sv.signal(iid, "nudge", None)
+        sv.cancel_workflow(iid, "please stop")
         assert run_until_idle(worker) == 0
         assert fault.fired == errors
         clock.advance(0.3)
@@ -116,6 +117,24 @@ def test_a_transient_error_on_every_replay_backs_off_exponentially_then_fails(
     clock.advance(60)
     assert run_until_idle(worker) == 0 and fault.fired == 5
     assert HistoryEvent.objects.filter(instance_id=iid, key="$close").count() == 1
+
+
+def test_terminate_ends_a_poison_instance_that_cancelling_cannot(
+    clock: ControllableClock, faults: FaultInjector
+) -> None:
+    iid, fault = poison(faults)
+    worker = Worker(clock=clock, **{**BACKOFF, "max_execution_errors": None})
+    run_until_idle(worker)
+    # A cancel request needs the workflow code to observe it: the replay fails first.
+    sv.cancel_workflow(iid, "stop")
+    clock.advance(1.1)
+    run_until_idle(worker)
+    assert (instance(iid).status, fault.fired) == ("running", 2)
+    sv.terminate_workflow(iid, "poisoned")
+    result = sv.get_workflow_result(iid)
+    assert isinstance(result.error, sv.WorkflowTerminated) and result.error.reason == "poisoned"
+    clock.advance(60)
+    assert run_until_idle(worker) == 0 and fault.fired == 2
 
 
 @pytest.mark.parametrize("error", [DataError, IntegrityError], ids=lambda e: e.__name__)
