@@ -9,6 +9,7 @@ from django.core.checks import CheckMessage, Error, Warning, register
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 
+from . import exceptions as exc
 from .conf import lease_problems, resolve_settings
 
 
@@ -95,3 +96,38 @@ def _transactional_on_sqlite(alias: str) -> list[CheckMessage]:
             id="selvedge.W003",
         )
     ]
+
+
+@register("selvedge")
+def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Validate SELVEDGE["SCHEDULES"]: each definition, and that its workflow is registered."""
+    raw = getattr(settings, "SELVEDGE", None) or {}
+    schedules = raw.get("SCHEDULES") if isinstance(raw, dict) else None
+    if not schedules or not isinstance(schedules, dict):
+        return []  # absent, or reported by check_settings (E003)
+    from .registry import get_workflow
+    from .schedules import code_schedules
+
+    messages: list[CheckMessage] = []
+    for name, entry in schedules.items():
+        try:
+            (columns,) = code_schedules({name: entry}).values()
+        except exc.InvalidSchedule as error:
+            messages.append(
+                Error(
+                    str(error),
+                    hint="See 'Schedules' in docs/api.md for the keys and their values.",
+                    id="selvedge.E004",
+                )
+            )
+            continue
+        if get_workflow(columns["workflow_name"]) is None:
+            messages.append(
+                Warning(
+                    f"SELVEDGE['SCHEDULES'][{name!r}] starts workflow "
+                    f"{columns['workflow_name']!r}, which is not registered in this process.",
+                    hint="Workers that do not register it leave its runs to workers that do.",
+                    id="selvedge.W004",
+                )
+            )
+    return messages

@@ -60,6 +60,7 @@ DEFAULTS: dict[str, Any] = {
     "EXECUTION_ERROR_BACKOFF": 1.0,
     "MAX_EXECUTION_ERROR_BACKOFF": 300.0,
     "MAX_EXECUTION_ERRORS": 50,
+    "SCHEDULES": {},
 }
 
 # PRAGMA synchronous values offered for the engine's SQLite database: FULL syncs the
@@ -162,6 +163,8 @@ class SelvedgeSettings:
     execution_error_backoff: float = 1.0
     max_execution_error_backoff: float = 300.0
     max_execution_errors: int | None = 50
+    # SCHEDULES: name -> definition, checked by the system checks and at worker start.
+    schedules: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def with_overrides(self, **overrides: Any) -> SelvedgeSettings:
         """Return a copy with lower-case ``SELVEDGE`` keys overridden and revalidated."""
@@ -212,6 +215,7 @@ class SelvedgeSettings:
             "EXECUTION_ERROR_BACKOFF": self.execution_error_backoff,
             "MAX_EXECUTION_ERROR_BACKOFF": self.max_execution_error_backoff,
             "MAX_EXECUTION_ERRORS": self.max_execution_errors,
+            "SCHEDULES": self.schedules,
         }
 
 
@@ -340,6 +344,9 @@ def resolve_settings(raw_in: Mapping[str, Any] | None) -> SelvedgeSettings:
     modules = raw["MODULES"] or ()
     if isinstance(modules, str):
         raise ImproperlyConfigured("SELVEDGE['MODULES'] must be a list of module paths")
+    schedules = raw["SCHEDULES"] or {}
+    if not isinstance(schedules, Mapping) or not all(isinstance(name, str) for name in schedules):
+        raise ImproperlyConfigured("SELVEDGE['SCHEDULES'] must be a dict of names to dicts")
     return SelvedgeSettings(
         database=database,
         worker_id=str(raw["WORKER_ID"] or default_worker_id()),
@@ -374,6 +381,7 @@ def resolve_settings(raw_in: Mapping[str, Any] | None) -> SelvedgeSettings:
         execution_error_backoff=durations["EXECUTION_ERROR_BACKOFF"],
         max_execution_error_backoff=durations["MAX_EXECUTION_ERROR_BACKOFF"],
         max_execution_errors=max_errors,
+        schedules=dict(schedules),
     )
 
 

@@ -116,6 +116,26 @@ class WorkflowNotRegistered(SelvedgeError, LookupError):
         super().__init__(f"workflow {workflow_name!r} is not registered in this process")
 
 
+class InvalidSchedule(SelvedgeError, ValueError):
+    """The schedule's definition is invalid; nothing was written."""
+
+
+class ScheduleAlreadyExists(InvalidSchedule):
+    """A schedule with this name already exists."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(f"schedule {name!r} already exists")
+
+
+class ScheduleNotFound(SelvedgeError, LookupError):
+    """No schedule has this name."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(f"schedule {name!r} not found")
+
+
 class PayloadTooLarge(SelvedgeError, ValueError):
     """The encoded value is larger than MAX_PAYLOAD_BYTES."""
 

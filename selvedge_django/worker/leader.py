@@ -5,7 +5,8 @@ epoch and an expiry on the database clock), renews it every
 ``LEADER_HEARTBEAT_INTERVAL`` and loses it ``LEADER_LEASE_DURATION`` after its
 last renewal, when another worker takes over. While leading, it requeues lapsed
 claims (a lapse counts as a failure), fails tasks whose lapse used up the retry
-budget, and fails tasks that waited longer than their schedule-to-start timeout.
+budget, and fails tasks that waited longer than their schedule-to-start timeout, and
+starts the runs of due schedules (:class:`~selvedge_django.worker.scheduler.ScheduleDuty`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from ..notify import Bus
 from .base import Loop
+from .scheduler import ScheduleDuty
 
 if TYPE_CHECKING:
     from ..runtime import WorkerRuntime
@@ -39,12 +41,15 @@ class Leader(Loop):
         self.runtime = runtime
         self.is_leader = False
         self._renewed_at = 0.0
+        self.schedules = ScheduleDuty(runtime)
 
     def run_once(self) -> int:
         runtime = self.runtime
         settings = runtime.settings
         if runtime.stopping.is_set():
             return 0
+        if not self.schedules.synced:  # the sync at start could not reach the database
+            self.schedules.sync()
         now = time.monotonic()
         if not self.is_leader or now - self._renewed_at >= settings.leader_heartbeat_interval:
             held = runtime.store.try_lock(
@@ -63,7 +68,7 @@ class Leader(Loop):
         if not self.is_leader:
             return 0
         runtime.store.sweep_activity_timeouts(settings.max_workflows_per_batch)
-        return 0
+        return self.schedules.run_once()
 
     def resign(self) -> None:
         if self.is_leader:

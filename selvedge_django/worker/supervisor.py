@@ -88,6 +88,7 @@ class Worker:
         """Start every loop in its own thread; return self."""
         if self._started:
             raise RuntimeError("worker already started")
+        self.leader.schedules.sync()  # SELVEDGE["SCHEDULES"]; invalid ones refuse the start
         self._started = True
         self.resumptions.start()
         self.activities.start()

@@ -10,6 +10,7 @@ from django.db import models, transaction
 
 import selvedge_django as sv
 
+from . import schedule_flows  # noqa: F401 - registers the schedule tests' workflows
 from .models import Ledger
 
 

@@ -1,0 +1,438 @@
+"""Store operations for schedules: definitions, and the leader's firing of due slots.
+
+A schedule row is its own aggregate: no instance path ever locks it, and every
+path here locks it first (then the instances it starts or cancels), so the lock
+order is schedule row, then instance rows.
+
+Firing is one transaction per batch of due schedules: the schedule rows are
+locked (``FOR UPDATE SKIP LOCKED`` on PostgreSQL, so two leaders for a moment
+take different rows; the write lock on SQLite), each schedule's plan is made
+(:func:`selvedge_django.schedule_slots.plan`), the slots' runs are inserted
+with ``ON CONFLICT (instance_id) DO NOTHING``, and the bookkeeping (next slot,
+buffered slot, last run, counters) is written under the row's version. The start
+of a slot and the schedule's update commit together; a run id that already exists
+(started before, by whatever path) counts as that slot's run, so a slot starts at
+most once whatever fails.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db import IntegrityError
+from django.db.models import Exists, OuterRef
+from django.utils import timezone
+
+from . import exceptions as exc
+from .models import Schedule, WorkflowInstance, WorkflowStatus
+from .schedule_slots import SlotRule, jitter_offset_ms, plan, slot_id, trigger_id
+from .store_base import StoreBase
+
+__all__ = ["FireResult", "ScheduleStore", "rule_of"]
+
+logger = logging.getLogger("selvedge_django.schedules")
+
+# Ids of runs a schedule keeps for ``recent_instance_ids``, newest first.
+RECENT_RUNS = 10
+# Rows of one INSERT of runs.
+INSERT_CHUNK = 100
+# A schedule whose plan cannot be made (a row edited by hand into nonsense) is
+# tried again this much later, with the error recorded on it.
+PLAN_ERROR_RETRY_MS = 60_000
+
+# -- named statements ---------------------------------------------------------------------
+# {schedule} and {instance} name the tables; {now} is the database clock in ms.
+
+# Whether the leader has anything to do: a slot due, or a held-back slot whose last run closed.
+DUE_PROBE = (
+    "SELECT 1 WHERE EXISTS (SELECT 1 FROM {schedule} WHERE paused = %s AND next_due_ms <= {now})"
+    " OR EXISTS (SELECT 1 FROM {schedule} s WHERE s.paused = %s"
+    " AND s.buffered_slot_ms IS NOT NULL AND NOT EXISTS (SELECT 1 FROM {instance} i"
+    " WHERE i.instance_id = s.last_run_id AND i.status = %s))"
+)
+# Start runs: rows whose id already exists are left alone; the new ids come back.
+START_RUNS = "INSERT INTO {instance} ({columns}) VALUES {rows} ON CONFLICT (instance_id) DO NOTHING"
+# The statuses of the schedules' last runs.
+RUN_STATUSES = "SELECT instance_id, status FROM {instance} WHERE instance_id IN ({ids})"
+# Take the last run's row for a cancel request, unless another transaction holds it.
+LOCK_RUN_NOWAIT = "SELECT 1 FROM {instance} WHERE instance_id = %s FOR NO KEY UPDATE SKIP LOCKED"
+# cancel_other: request cancellation of the last run (keeping an earlier request's
+# reason) and wake it, as sv.cancel_workflow does.
+CANCEL_RUN = (
+    "UPDATE {instance} SET cancel_requested = %s,"
+    " cancel_reason = CASE WHEN cancel_requested THEN cancel_reason ELSE %s END, runnable = %s"
+    " WHERE instance_id = %s AND status = %s"
+)
+# The bookkeeping of one schedule after a plan or a start, under its version.
+RECORD = (
+    "UPDATE {schedule} SET next_slot_ms = %s, next_due_ms = %s, buffered_slot_ms = %s,"
+    " last_run_id = %s, last_run_ms = %s, recent_runs = %s, runs_started = runs_started + %s,"
+    " missed_runs = missed_runs + %s, overlap_skipped_runs = overlap_skipped_runs + %s,"
+    " last_error = %s, version = version + 1, updated_at = %s WHERE name = %s AND version = %s"
+)
+
+
+def _ceil_second_ms(moment: datetime | None) -> int | None:
+    """A bound as Unix ms on a whole second (slots fall on whole seconds)."""
+    if moment is None:
+        return None
+    ms = int(moment.timestamp() * 1000)
+    return -(-ms // 1000) * 1000
+
+
+def rule_of(schedule: Schedule) -> SlotRule:
+    """The slot rule of a schedule row."""
+    end = schedule.end_at
+    return SlotRule(
+        cron=schedule.cron or None,
+        interval_ms=schedule.interval_ms,
+        timezone=schedule.timezone,
+        start_ms=_ceil_second_ms(schedule.start_at),
+        end_ms=None if end is None else int(end.timestamp() * 1000),
+    )
+
+
+def due_ms(schedule: Schedule, slot: int | None) -> int | None:
+    """When ``slot`` is due: the slot plus its jitter offset."""
+    if slot is None:
+        return None
+    return slot + jitter_offset_ms(schedule.name, slot, schedule.jitter_ms)
+
+
+class _Conflict(Exception):
+    """A schedule row changed under a writer that held its lock (a bug): roll back."""
+
+
+@dataclass
+class _Record:
+    """The bookkeeping written for one schedule."""
+
+    schedule: Schedule
+    next_slot_ms: int | None
+    buffered_slot_ms: int | None
+    started: list[str] = field(default_factory=list)  # run ids, oldest slot first
+    new_runs: int = 0
+    missed: int = 0
+    overlap_skipped: int = 0
+    last_error: str = ""
+    due_ms: int | None = None
+
+
+@dataclass
+class FireResult:
+    """What one firing round did."""
+
+    schedules: int = 0  # schedules whose state changed
+    started: list[tuple[str, str]] = field(default_factory=list)  # (run id, workflow name)
+
+
+class ScheduleStore(StoreBase):
+    """Schedule rows and the runs they start, on one database alias."""
+
+    def _tables(self, sql: str) -> str:
+        quote = self.connection.ops.quote_name
+        return sql.format(
+            schedule=quote(Schedule._meta.db_table),
+            instance=quote(WorkflowInstance._meta.db_table),
+        )
+
+    def _schedules(self) -> Any:
+        return Schedule.objects.using(self.alias)
+
+    # -- definitions (the operations layer) ---------------------------------------------
+
+    def get(self, name: str) -> Schedule:
+        try:
+            return self._schedules().get(name=name)
+        except Schedule.DoesNotExist:
+            raise exc.ScheduleNotFound(name) from None
+
+    def all(self) -> list[Schedule]:
+        return list(self._schedules().order_by("name"))
+
+    def create(self, values: Callable[[int], dict[str, Any]], name: str) -> Schedule:
+        """Insert schedule ``name`` with the columns ``values(now_ms)`` returns."""
+        with self.atomic():
+            if self._schedules().filter(name=name).exists():
+                raise exc.ScheduleAlreadyExists(name)
+            now = timezone.now()
+            row = Schedule(name=name, created_at=now, updated_at=now, **values(self.now_ms()))
+            try:
+                with self.atomic():  # a savepoint: a racing create fails alone
+                    row.save(using=self.alias, force_insert=True)
+            except IntegrityError as error:
+                if self._schedules().filter(name=name).exists():
+                    raise exc.ScheduleAlreadyExists(name) from error
+                raise
+        return row
+
+    def change(
+        self, name: str, values: Callable[[Schedule, int], dict[str, Any] | None]
+    ) -> Schedule:
+        """Lock schedule ``name`` and write the columns ``values(row, now_ms)`` returns.
+
+        ``values`` may raise (nothing is written) or return None (nothing to write).
+        """
+        with self.atomic():
+            row = self._locked(name)
+            changes = values(row, self.now_ms())
+            if not changes:
+                return row
+            changes["updated_at"] = timezone.now()
+            changes["version"] = row.version + 1
+            if not self._schedules().filter(name=name, version=row.version).update(**changes):
+                raise _Conflict(name)
+            for key, value in changes.items():
+                setattr(row, key, value)
+        return row
+
+    def delete(self, name: str) -> None:
+        with self.atomic():
+            deleted, _ = self._schedules().filter(name=name).delete()
+        if not deleted:
+            raise exc.ScheduleNotFound(name)
+
+    def _locked(self, name: str) -> Schedule:
+        try:
+            return self._schedules().select_for_update().get(name=name)
+        except Schedule.DoesNotExist:
+            raise exc.ScheduleNotFound(name) from None
+
+    # -- starts outside the slots' order: trigger and backfill --------------------------
+
+    def trigger(self, name: str) -> tuple[str, str]:
+        """Start a run of schedule ``name`` now (id with milliseconds); return (id, workflow)."""
+        with self.atomic():
+            row = self._locked(name)
+            now = self.now_ms()
+            for step in range(1000):  # two triggers in one millisecond take the next one
+                run_id = trigger_id(name, now + step)
+                if self._start_runs([(run_id, row)]):
+                    break
+            else:  # pragma: no cover - a thousand triggers in one millisecond
+                raise exc.WorkflowAlreadyStarted(run_id)
+            record = _Record(row, row.next_slot_ms, row.buffered_slot_ms, [run_id], 1)
+            record.due_ms = row.next_due_ms
+            self._record(record, now)
+            self.after_commit("runnable")
+        return run_id, row.workflow_name
+
+    def backfill(
+        self, name: str, slots: Callable[[Schedule, int], list[int]]
+    ) -> tuple[list[str], list[str], str]:
+        """Start the runs of the slots ``slots(row, now_ms)`` names that do not exist yet.
+
+        Returns every slot's run id, the ids started now, and the workflow name.
+        """
+        with self.atomic():
+            row = self._locked(name)
+            now = self.now_ms()
+            ids = [slot_id(name, slot) for slot in slots(row, now)]
+            started: list[str] = []
+            for first in range(0, len(ids), INSERT_CHUNK):
+                chunk = ids[first : first + INSERT_CHUNK]
+                started += self._start_runs([(run_id, row) for run_id in chunk])
+            if started:
+                record = _Record(row, row.next_slot_ms, row.buffered_slot_ms, started)
+                record.new_runs = len(started)
+                record.due_ms = row.next_due_ms
+                self._record(record, now)
+                self.after_commit("runnable")
+        return ids, started, row.workflow_name
+
+    # -- the leader's duty ----------------------------------------------------------------
+
+    def probe_due(self) -> bool:
+        """Whether any schedule needs the leader now (one read, no lock)."""
+        now = self.now_sql()
+        sql = DUE_PROBE.replace("{now}", now.sql)
+        params = [False, *now.params, False, str(WorkflowStatus.RUNNING)]
+        return bool(self._fetch(sql, params))
+
+    def fire_due(self, limit: int) -> FireResult:
+        """Handle up to ``limit`` schedules that need it, in one transaction.
+
+        A schedule needs the leader when its next slot is due, or when it holds a
+        slot back and its last run has closed. Each one's plan is applied: its runs
+        started, the last run asked to cancel (``cancel_other``), the bookkeeping
+        written. A plan that cannot be made is recorded as the schedule's
+        ``last_error`` and tried again a minute later; the others go on.
+        """
+        result = FireResult()
+        if limit <= 0 or not self.probe_due():
+            return result
+        with self.atomic():
+            now = self.now_ms()
+            rows = list(
+                self._schedules()
+                .due(now)
+                .order_by("next_due_ms")
+                .select_for_update(skip_locked=True)[:limit]
+            )
+            if len(rows) < limit:
+                running = WorkflowInstance.objects.using(self.alias).filter(
+                    instance_id=OuterRef("last_run_id"), status=WorkflowStatus.RUNNING
+                )
+                taken = [row.name for row in rows]
+                rows += list(
+                    self._schedules()
+                    .buffered()
+                    .exclude(name__in=taken)
+                    .filter(~Exists(running))
+                    .order_by("buffered_slot_ms")
+                    .select_for_update(skip_locked=True)[: limit - len(rows)]
+                )
+            if not rows:
+                return result
+            statuses = self._statuses([row.last_run_id for row in rows if row.last_run_id])
+            records: list[_Record] = []
+            starts: list[tuple[str, Schedule]] = []
+            for row in rows:
+                record = self._plan(row, now, statuses.get(row.last_run_id) == "running")
+                if record is None:
+                    continue
+                records.append(record)
+                starts += [(run_id, row) for run_id in record.started]
+            inserted: set[str] = set()
+            for first in range(0, len(starts), INSERT_CHUNK):
+                inserted.update(self._start_runs(starts[first : first + INSERT_CHUNK]))
+            for record in records:
+                record.new_runs = sum(run_id in inserted for run_id in record.started)
+                self._record(record, now)
+            if inserted:
+                self.after_commit("runnable")
+            result.schedules = len(records)
+            result.started = [
+                (run_id, row.workflow_name) for run_id, row in starts if run_id in inserted
+            ]
+        return result
+
+    def _plan(self, row: Schedule, now: int, last_running: bool) -> _Record | None:
+        """The record of one schedule's plan at ``now``; None when it changes nothing."""
+        try:
+            decided = plan(
+                name=row.name,
+                rule=rule_of(row),
+                overlap=row.overlap,
+                catchup_ms=row.catchup_window_ms,
+                jitter_ms=row.jitter_ms,
+                next_slot_ms=row.next_slot_ms,
+                buffered_slot_ms=row.buffered_slot_ms,
+                last_running=last_running,
+                now_ms=now,
+            )
+        except Exception as error:  # a row edited by hand into something no plan can read
+            logger.exception(
+                "schedule %s cannot be planned", row.name, extra={"schedule": row.name}
+            )
+            record = _Record(row, row.next_slot_ms, row.buffered_slot_ms)
+            record.last_error = f"{type(error).__name__}: {error}"[:2000]
+            record.due_ms = now + PLAN_ERROR_RETRY_MS
+            return record
+        if not decided.changes(row.next_slot_ms, row.buffered_slot_ms):
+            expected = due_ms(row, row.next_slot_ms)
+            if row.next_due_ms == expected:
+                return None
+            record = _Record(row, row.next_slot_ms, row.buffered_slot_ms)  # jitter changed
+            record.due_ms = expected
+            return record
+        if decided.cancel_last and not self._cancel(row, now):
+            return None  # its last run is held by another transaction: next round
+        record = _Record(
+            row,
+            decided.next_slot_ms,
+            decided.buffered_slot_ms,
+            [slot_id(row.name, slot) for slot in decided.starts],
+            missed=decided.missed,
+            overlap_skipped=decided.overlap_skipped,
+        )
+        record.due_ms = due_ms(row, decided.next_slot_ms)
+        return record
+
+    def _cancel(self, row: Schedule, now: int) -> bool:
+        """Ask the last run of ``row`` to cancel (cancel_other); False if its row is busy."""
+        if self.vendor == "postgresql" and not self._fetch(LOCK_RUN_NOWAIT, [row.last_run_id]):
+            return False
+        reason = f"schedule {row.name!r}: a newer slot is due (overlap cancel_other)"
+        if self._execute(
+            CANCEL_RUN, [True, reason, True, row.last_run_id, str(WorkflowStatus.RUNNING)]
+        ):
+            self.after_commit("runnable")
+        return True
+
+    def _statuses(self, run_ids: Sequence[str]) -> dict[str, str]:
+        found: dict[str, str] = {}
+        unique = sorted(set(run_ids))
+        for first in range(0, len(unique), 500):
+            chunk = unique[first : first + 500]
+            sql = RUN_STATUSES.replace("{ids}", ", ".join(["%s"] * len(chunk)))
+            found.update((str(i), str(s)) for i, s in self._fetch(sql, chunk))
+        return found
+
+    def _start_runs(self, runs: Sequence[tuple[str, Schedule]]) -> list[str]:
+        """Insert the runs that do not exist yet (one statement); return their ids."""
+        if not runs:
+            return []
+        now = timezone.now()
+        columns = ""
+        rows: list[tuple[str, list[Any]]] = []
+        for run_id, schedule in runs:
+            columns, marks, values = self._insert_parts(
+                WorkflowInstance,
+                {
+                    "instance_id": run_id,
+                    "workflow_name": schedule.workflow_name,
+                    "status": str(WorkflowStatus.RUNNING),
+                    "input": schedule.input,
+                    "runnable": True,
+                    "started_at": now,
+                    "updated_at": now,
+                },
+                skip_pk=False,
+            )
+            rows.append((f"({marks})", values))
+        insert = START_RUNS.replace("{columns}", columns)
+        if self.connection.features.can_return_columns_from_insert:
+            sql = insert.replace("{rows}", ", ".join(marks for marks, _ in rows))
+            params = [value for _, values in rows for value in values]
+            return [str(r[0]) for r in self._fetch(sql + " RETURNING instance_id", params)]
+        # SQLite before 3.35 has no RETURNING: one row at a time.
+        return [  # pragma: no cover
+            run_id
+            for (run_id, _), (marks, values) in zip(runs, rows, strict=True)
+            if self._execute(insert.replace("{rows}", marks), values)
+        ]
+
+    def _record(self, record: _Record, now: int) -> None:
+        """Write one schedule's bookkeeping under its version (a changed row rolls back)."""
+        row = record.schedule
+        last_run_id, last_run_ms = row.last_run_id, row.last_run_ms
+        recent = json.loads(row.recent_runs or "[]")
+        if record.started:
+            last_run_id, last_run_ms = record.started[-1], now
+            recent = [*reversed(record.started), *recent][:RECENT_RUNS]
+        updated = self._execute(
+            RECORD,
+            [
+                record.next_slot_ms,
+                record.due_ms,
+                record.buffered_slot_ms,
+                last_run_id,
+                last_run_ms,
+                json.dumps(recent),
+                record.new_runs,
+                record.missed,
+                record.overlap_skipped,
+                record.last_error,
+                self._now_param(),
+                row.name,
+                row.version,
+            ],
+        )
+        if updated != 1:
+            raise _Conflict(row.name)
