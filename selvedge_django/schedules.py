@@ -341,8 +341,8 @@ def definition(
         raise InvalidSchedule(f"paused must be True or False, not {paused!r}")
     start = _moment(start_at, "start_at")
     end = _moment(end_at, "end_at")
-    if start is not None and end is not None and end <= start:
-        raise InvalidSchedule("end_at must be later than start_at")
+    if start is not None and end is not None and end < start:
+        raise InvalidSchedule("end_at must not be earlier than start_at")
     return {
         "workflow_name": workflow_name,
         "input": _input(input),

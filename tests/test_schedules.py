@@ -138,7 +138,7 @@ def test_create_describe_list_and_delete(leader: Leader) -> None:
                 "start_at": datetime(2030, 1, 2, tzinfo=UTC),
                 "end_at": datetime(2030, 1, 1, tzinfo=UTC),
             },
-            "later than start_at",
+            "not be earlier than start_at",
         ),
         ({"interval": 60, "paused": "yes"}, "paused"),
     ],
