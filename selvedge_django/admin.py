@@ -950,3 +950,6 @@ class SystemLockAdmin(ReadOnlyAdmin):
     @admin.display(description=_("expires"), ordering="expires_ms")
     def expires(self, obj: SystemLock) -> datetime | None:
         return ms_datetime(obj.expires_ms or None)
+
+
+from . import admin_schedules  # noqa: E402,F401 - registers the Schedule admin
