@@ -22,6 +22,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ... import exceptions as exc
+from .. import schedules_cli
 
 
 def _csv(value: str) -> list[str]:
@@ -145,6 +146,8 @@ class Command(BaseCommand):
         prune.add_argument("--workflow", default=None)
         prune.add_argument("--batch-size", type=int, default=500)
 
+        schedules_cli.add_parser(sub, _add_common_options)
+
         for subparser in sub.choices.values():
             _add_common_options(subparser)
 
@@ -254,6 +257,9 @@ class Command(BaseCommand):
             autoreload.run_with_reloader(run)
         finally:
             running.stop_and_wait()
+
+    def handle_schedules(self, **options: Any) -> None:
+        schedules_cli.handle(self, **options)
 
     def handle_start(self, **options: Any) -> None:
         from ... import operations
