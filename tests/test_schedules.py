@@ -582,3 +582,44 @@ def test_a_code_schedule_for_an_unregistered_workflow_is_a_warning(
     code_schedules({"elsewhere": {"workflow": "other.service.flow", "interval": 60}})
     warnings = [m for m in run_checks(tags=["selvedge"]) if m.id == "selvedge.W004"]
     assert len(warnings) == 1 and "other.service.flow" in warnings[0].msg
+
+
+# -- prune as a built-in schedule -------------------------------------------------------------
+
+
+def test_prune_runs_as_a_built_in_schedule(leader: Leader) -> None:
+    from django.utils import timezone
+
+    old = timezone.now() - timedelta(days=40)
+    for n in range(3):
+        WorkflowInstance.objects.create(
+            instance_id=f"old-{n}",
+            workflow_name="sched.echo",
+            status="completed",
+            started_at=old,
+            updated_at=old,
+            closed_at=old,
+        )
+    sv.start_workflow("sched.wait", None, instance_id="still-running")
+    start = next_minute()
+    sv.create_schedule(
+        "prune", "selvedge.prune", cron="* * * * *", input={"older_than": "30d", "batch_size": 2}
+    )
+    leader.at(start + timedelta(milliseconds=200))
+    leader.run()
+    run_id = f"prune@{iso(start)}"
+    result = sv.get_workflow_result(run_id)
+    assert result.status == "completed", result.error
+    assert result.output == {"deleted": 3}
+    assert not WorkflowInstance.objects.filter(instance_id__startswith="old-").exists()
+    assert status("still-running") == "running"
+
+
+def test_prune_refuses_bad_options_without_retrying(leader: Leader) -> None:
+    sv.create_schedule("bad-prune", "selvedge.prune", interval=3600, input={"older": "30d"})
+    run_id = sv.trigger_schedule("bad-prune")
+    leader.run()
+    result = sv.get_workflow_result(run_id)
+    assert result.status == "failed" and "unknown selvedge.prune options" in str(result.error)
+    tasks = sv.list_activity_tasks(run_id)
+    assert [task.attempts for task in tasks] == [1]
