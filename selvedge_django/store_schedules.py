@@ -62,10 +62,10 @@ RUN_STATUSES = "SELECT instance_id, status FROM {instance} WHERE instance_id IN 
 # Take the last run's row for a cancel request, unless another transaction holds it.
 LOCK_RUN_NOWAIT = "SELECT 1 FROM {instance} WHERE instance_id = %s FOR NO KEY UPDATE SKIP LOCKED"
 # cancel_other: request cancellation of the last run (keeping an earlier request's
-# reason) and wake it, as sv.cancel_workflow does.
+# reason) and wake it ({wake}: StoreBase.wake_sql), as sv.cancel_workflow does.
 CANCEL_RUN = (
     "UPDATE {instance} SET cancel_requested = %s,"
-    " cancel_reason = CASE WHEN cancel_requested THEN cancel_reason ELSE %s END, runnable = %s"
+    " cancel_reason = CASE WHEN cancel_requested THEN cancel_reason ELSE %s END, {wake}"
     " WHERE instance_id = %s AND status = %s"
 )
 # The bookkeeping of one schedule after a plan or a start, under its version.
@@ -359,8 +359,10 @@ class ScheduleStore(StoreBase):
         if self.vendor == "postgresql" and not self._fetch(LOCK_RUN_NOWAIT, [row.last_run_id]):
             return False
         reason = f"schedule {row.name!r}: a newer slot is due (overlap cancel_other)"
+        wake = self.wake_sql()
         if self._execute(
-            CANCEL_RUN, [True, reason, True, row.last_run_id, str(WorkflowStatus.RUNNING)]
+            CANCEL_RUN.replace("{wake}", wake.sql),
+            [True, reason, *wake.params, row.last_run_id, str(WorkflowStatus.RUNNING)],
         ):
             self.after_commit("runnable")
         return True
@@ -390,6 +392,7 @@ class ScheduleStore(StoreBase):
                     "status": str(WorkflowStatus.RUNNING),
                     "input": schedule.input,
                     "runnable": True,
+                    "ready_ms": self.now_sql(),
                     "started_at": now,
                     "updated_at": now,
                 },
