@@ -337,6 +337,9 @@ def definition(
     jitter_td = _duration(jitter, "jitter", timedelta(0), MAX_JITTER)
     if interval_td is not None and jitter_td >= interval_td:
         raise InvalidSchedule("jitter must be shorter than the interval")
+    if jitter_td > catchup:
+        # Else a slot due early after a late one could count as missed.
+        raise InvalidSchedule("jitter must not be longer than the catchup_window")
     if not isinstance(paused, bool):
         raise InvalidSchedule(f"paused must be True or False, not {paused!r}")
     start = _moment(start_at, "start_at")

@@ -129,6 +129,7 @@ def test_create_describe_list_and_delete(leader: Leader) -> None:
         ({"interval": 60, "overlap": "queue"}, "overlap"),
         ({"interval": 60, "catchup_window": 1}, "catchup_window"),
         ({"interval": 60, "jitter": 60}, "jitter"),
+        ({"cron": "* * * * *", "jitter": 90}, "not be longer than the catchup_window"),
         ({"interval": 60, "input": object()}, "JSON"),
         ({"interval": 60, "input": "a\x00b"}, "NUL"),
         ({"interval": 60, "start_at": datetime(2030, 1, 1)}, "timezone-aware"),
@@ -247,6 +248,21 @@ def test_jitter_delays_a_run_but_its_id_names_the_slot(leader: Leader) -> None:
         assert leader.at(due - timedelta(seconds=1)) == 0
     assert leader.at(due + timedelta(milliseconds=200)) == 1
     assert runs("spread") == [f"spread@{iso(start)}"]
+
+
+def test_a_schedule_that_cannot_be_planned_is_recorded_and_the_others_go_on(
+    leader: Leader,
+) -> None:
+    start = next_minute()
+    sv.create_schedule("broken", "sched.echo", interval=60)
+    sv.create_schedule("fine", "sched.echo", interval=60)
+    Schedule.objects.filter(name="broken").update(timezone="Nowhere/Else", interval_ms=None)
+    assert leader.at(start + timedelta(milliseconds=200)) == 2
+    assert runs("fine") == [f"fine@{iso(start)}"] and runs("broken") == []
+    broken = sv.describe_schedule("broken")
+    assert "Nowhere/Else" in broken.last_error or "Error" in broken.last_error
+    assert broken.next_run_at is not None and broken.next_run_at > db_now()  # retried later
+    assert leader.fire() == 0  # not again at once: an error does not spin
 
 
 def test_the_leader_fires_the_start_hooks(leader: Leader) -> None:
