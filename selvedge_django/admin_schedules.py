@@ -29,6 +29,8 @@ from django.http import (
 )
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
+from django.utils.translation import gettext
+from django.utils.translation import gettext_lazy as _
 
 from . import exceptions as exc
 from . import operations
@@ -60,35 +62,41 @@ class ScheduleForm(forms.ModelForm):
 
     name = forms.CharField(
         max_length=200,
-        help_text="Letters, digits and _ . : - ; each run is <name>@<slot as ISO 8601 UTC>.",
+        help_text=_("Letters, digits and _ . : - ; each run is <name>@<slot as ISO 8601 UTC>."),
     )
-    workflow = forms.CharField(max_length=255, help_text="The workflow each run starts (its name).")
+    workflow = forms.CharField(
+        max_length=255, help_text=_("The workflow each run starts (its name).")
+    )
     cron = forms.CharField(
         required=False,
         max_length=255,
-        help_text="Five fields: minute hour day-of-month month day-of-week (e.g. 0 6 * * MON-FRI).",
+        help_text=_(
+            "Five fields: minute hour day-of-month month day-of-week (e.g. 0 6 * * MON-FRI)."
+        ),
     )
     interval = forms.IntegerField(
-        required=False, min_value=1, help_text="Or: every this many seconds (not both)."
+        required=False, min_value=1, help_text=_("Or: every this many seconds (not both).")
     )
     timezone = forms.CharField(
         max_length=64,
         required=False,
-        help_text="The IANA timezone the cron fields are read in (default: TIME_ZONE).",
+        help_text=_("The IANA timezone the cron fields are read in (default: TIME_ZONE)."),
     )
     input = forms.JSONField(
-        required=False, help_text="The JSON input of every run.", widget=forms.Textarea({"rows": 3})
+        required=False,
+        help_text=_("The JSON input of every run."),
+        widget=forms.Textarea({"rows": 3}),
     )
     overlap = forms.ChoiceField(choices=ScheduleOverlap.choices, initial="skip")
     catchup_window = forms.IntegerField(
-        min_value=10, initial=60, help_text="Seconds: older missed slots are skipped."
+        min_value=10, initial=60, help_text=_("Seconds: older missed slots are skipped.")
     )
     jitter = forms.IntegerField(
-        min_value=0, initial=0, help_text="Seconds: each run starts up to this much later."
+        min_value=0, initial=0, help_text=_("Seconds: each run starts up to this much later.")
     )
     paused = forms.BooleanField(required=False)
-    start_at = forms.DateTimeField(required=False, help_text="No slot before this moment.")
-    end_at = forms.DateTimeField(required=False, help_text="No slot after this moment.")
+    start_at = forms.DateTimeField(required=False, help_text=_("No slot before this moment."))
+    end_at = forms.DateTimeField(required=False, help_text=_("No slot after this moment."))
 
     class Meta:
         model = Schedule
@@ -118,7 +126,9 @@ class ScheduleForm(forms.ModelForm):
             self.fields.pop("input")
         names = registered_workflow_names()[:50]
         if names:
-            self.fields["workflow"].help_text += " Registered here: " + ", ".join(names)
+            self.fields["workflow"].help_text = gettext(
+                "The workflow each run starts (its name). Registered here: %(names)s"
+            ) % {"names": ", ".join(names)}
 
     def schedule_fields(self) -> dict[str, Any]:
         """The cleaned data as the keyword arguments of create_schedule."""
@@ -185,8 +195,8 @@ class ScheduleAdmin(admin.ModelAdmin):
     change_form_template = "admin/selvedge_django/schedule/change_form.html"
     fieldsets = (
         (None, {"fields": ("name", "workflow", "input")}),
-        ("When", {"fields": ("cron", "interval", "timezone", "start_at", "end_at", "jitter")}),
-        ("Policies", {"fields": ("overlap", "catchup_window", "paused")}),
+        (_("When"), {"fields": ("cron", "interval", "timezone", "start_at", "end_at", "jitter")}),
+        (_("Policies"), {"fields": ("overlap", "catchup_window", "paused")}),
     )
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
@@ -219,18 +229,18 @@ class ScheduleAdmin(admin.ModelAdmin):
 
     # -- columns ----------------------------------------------------------------------
 
-    @admin.display(description="when")
+    @admin.display(description=_("when"))
     def when(self, obj: Schedule) -> str:
         if obj.cron:
             return f"{obj.cron} ({obj.timezone})"
         seconds = (obj.interval_ms or 0) // 1000
-        return f"every {seconds} s"
+        return gettext("every %(seconds)d s") % {"seconds": seconds}
 
-    @admin.display(description="next run", ordering="next_due_ms")
+    @admin.display(description=_("next run"), ordering="next_due_ms")
     def next_run(self, obj: Schedule) -> datetime | None:
         return None if obj.paused else ms_datetime(obj.next_due_ms)
 
-    @admin.display(description="last run", ordering="last_run_ms")
+    @admin.display(description=_("last run"), ordering="last_run_ms")
     def last_run(self, obj: Schedule) -> str | None:
         if not obj.last_run_id:
             return None
@@ -339,7 +349,7 @@ class ScheduleAdmin(admin.ModelAdmin):
             raise PermissionDenied
         obj = self.get_object(request, unquote(object_id))
         if obj is None:
-            raise Http404("No schedule with this name.")
+            raise Http404(gettext("No schedule with this name."))
         return obj
 
     def _back(self, obj: Schedule) -> HttpResponseRedirect:
@@ -380,7 +390,7 @@ class ScheduleAdmin(admin.ModelAdmin):
         except exc.SelvedgeError as error:
             self.message_user(request, truncate(str(error), VALUE_CHARS), messages.ERROR)
             return None
-        self.log_change(request, obj, f"Triggered a run: {run_id}")
+        self.log_change(request, obj, f"Triggered a run: {run_id}")  # the log stays in English
         self.message_user(
             request,
             format_html(
@@ -402,23 +412,22 @@ class ScheduleAdmin(admin.ModelAdmin):
             self.message_user(request, truncate(str(error), VALUE_CHARS), messages.ERROR)
             return
         self.log_change(request, obj, "Paused." if paused else "Unpaused.")
-        self.message_user(
-            request, f"{'Paused' if paused else 'Unpaused'} {truncate(obj.name, ID_CHARS)}."
-        )
+        done = gettext("Paused %(name)s.") if paused else gettext("Unpaused %(name)s.")
+        self.message_user(request, done % {"name": truncate(obj.name, ID_CHARS)})
 
     # -- changelist actions ----------------------------------------------------------------
 
-    @admin.action(description="Pause selected schedules", permissions=["change"])
+    @admin.action(description=_("Pause selected schedules"), permissions=["change"])
     def pause_schedules(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
         for obj in queryset[:1000]:
             self.perform_pause(request, obj, True)
 
-    @admin.action(description="Unpause selected schedules", permissions=["change"])
+    @admin.action(description=_("Unpause selected schedules"), permissions=["change"])
     def unpause_schedules(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
         for obj in queryset[:1000]:
             self.perform_pause(request, obj, False)
 
-    @admin.action(description="Trigger selected schedules now", permissions=["trigger"])
+    @admin.action(description=_("Trigger selected schedules now"), permissions=["trigger"])
     def trigger_schedules(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
         if not self.has_trigger_permission(request):
             raise PermissionDenied

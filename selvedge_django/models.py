@@ -311,10 +311,10 @@ class SystemLock(models.Model):
 class ScheduleOverlap(models.TextChoices):
     """What a schedule does with a slot that comes due while its last run still runs."""
 
-    SKIP = "skip", "Skip the slot"
-    BUFFER_ONE = "buffer_one", "Start one slot when the last run closes"
-    ALLOW_ALL = "allow_all", "Start every slot"
-    CANCEL_OTHER = "cancel_other", "Cancel the last run, then start the newest slot"
+    SKIP = "skip", _("Skip the slot")
+    BUFFER_ONE = "buffer_one", _("Start one slot when the last run closes")
+    ALLOW_ALL = "allow_all", _("Start every slot")
+    CANCEL_OTHER = "cancel_other", _("Cancel the last run, then start the newest slot")
 
 
 class ScheduleQuerySet(models.QuerySet["Schedule"]):
@@ -351,26 +351,26 @@ class Schedule(models.Model):
     start_at = models.DateTimeField(null=True, blank=True)
     end_at = models.DateTimeField(null=True, blank=True)
     source = models.CharField(
-        max_length=16, default="api", help_text="api (or the admin), or settings (SCHEDULES)"
+        max_length=16, default="api", help_text=_("api (or the admin), or settings (SCHEDULES)")
     )
     next_slot_ms = models.BigIntegerField(
-        null=True, blank=True, help_text="the first slot not yet handled (NULL: none left)"
+        null=True, blank=True, help_text=_("the first slot not yet handled (NULL: none left)")
     )
     next_due_ms = models.BigIntegerField(
-        null=True, blank=True, help_text="when that slot is due: the slot plus its jitter"
+        null=True, blank=True, help_text=_("when that slot is due: the slot plus its jitter")
     )
     buffered_slot_ms = models.BigIntegerField(
-        null=True, blank=True, help_text="a slot held back until the last run closes"
+        null=True, blank=True, help_text=_("a slot held back until the last run closes")
     )
     last_run_id = models.CharField(max_length=255, default="", blank=True)
     last_run_ms = models.BigIntegerField(null=True, blank=True)
-    recent_runs = models.TextField(default="[]", help_text="JSON list of run ids, newest first")
+    recent_runs = models.TextField(default="[]", help_text=_("JSON list of run ids, newest first"))
     runs_started = models.BigIntegerField(default=0)
     missed_runs = models.BigIntegerField(
-        default=0, help_text="slots skipped because they were older than the catch-up window"
+        default=0, help_text=_("slots skipped because they were older than the catch-up window")
     )
     overlap_skipped_runs = models.BigIntegerField(
-        default=0, help_text="slots skipped by the overlap policy"
+        default=0, help_text=_("slots skipped by the overlap policy")
     )
     last_error = models.TextField(default="", blank=True)
     version = models.BigIntegerField(default=0)
@@ -380,9 +380,9 @@ class Schedule(models.Model):
     objects = ScheduleQuerySet.as_manager()
 
     class Meta:
-        verbose_name = "schedule"
+        verbose_name = _("schedule")
         ordering = ("name",)
-        permissions = [("trigger_schedule", "Can trigger schedules")]
+        permissions = [("trigger_schedule", _("Can trigger schedules"))]
         indexes = [
             models.Index(
                 fields=["next_due_ms"],

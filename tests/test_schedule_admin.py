@@ -181,3 +181,24 @@ def test_pause_and_unpause_buttons_and_actions(staff: Callable[..., Client]) -> 
     )
     assert not WorkflowInstance.objects.exists()  # trigger_schedule missing: no such action
     assert denied.status_code in (200, 302)
+
+
+def test_the_schedule_pages_are_translatable(admin_client: Client) -> None:
+    from django.utils import translation
+    from django.utils.translation import trans_real
+
+    from .test_admin import _Marking
+
+    sv.create_schedule("tr", "sched.echo", interval=3600)
+    sv.trigger_schedule("tr")
+    trans_real._translations["xx-marked"] = _Marking()  # type: ignore[assignment]
+    try:
+        with translation.override("xx-marked"):
+            page = admin_client.get(url("change", "tr")).content.decode()
+            listed = admin_client.get(CHANGELIST).content.decode()
+    finally:
+        trans_real._translations.pop("xx-marked", None)
+    for text in ("Trigger now", "Pause", "Recent runs", "Runs started", "Policies"):
+        assert f"\u27e6{text}\u27e7" in page, text
+    for text in ("next run", "last run", "when"):
+        assert f"\u27e6{text}\u27e7" in listed, text
