@@ -1,5 +1,6 @@
 """Soak: a mixed workload on real worker processes, killed with SIGKILL at random moments.
 
+    python bench/soak.py --minutes 30 --kill-every 20 --restart-postgres 2 --hold-signals 15
     python bench/soak.py --minutes 30 --kill-every 20              # PostgreSQL
     python bench/soak.py --db sqlite --minutes 5 --kill-every 10
     python bench/soak.py --minutes 2 --workers 3 --in-flight 40 --keep
@@ -23,6 +24,14 @@ activities of the workflows they run become background steps (the reservation
 releases the lease; another worker claims the task, completes it and wakes the
 workflow).
 
+``--restart-postgres N`` restarts the PostgreSQL server N times, evenly spread
+over the run (``pg_ctlcluster ... restart`` of the cluster listening on
+``SELVEDGE_PG_PORT``; point that at a cluster of its own when others share the
+machine). ``--hold-signals S`` adds a client thread that sends some second
+signals inside ``transaction.atomic()`` and keeps that transaction open for S
+seconds before committing, as a slow web request would: the instance row stays
+locked meanwhile, and no other workflow may lose its leases or claims for it.
+
 After ``--minutes`` it stops starting and killing, waits (up to ``--drain``
 seconds) for every started workflow to close, stops the workers and audits each
 instance (``tests/testapp/audit.py``): *lost* (not completed) or *doubled*
@@ -42,6 +51,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -63,6 +73,28 @@ def _pg_admin(sql: str) -> None:
         connect_timeout=5,
     ) as conn:
         conn.execute(sql)
+
+
+def pg_cluster_command(action: str) -> list[str]:
+    """``pg_ctlcluster`` for the local cluster on ``SELVEDGE_PG_PORT``."""
+    port = os.environ.get("SELVEDGE_PG_PORT", "5432")
+    if shutil.which("pg_lsclusters") is None:
+        raise SystemExit("--restart-postgres needs Debian's pg_lsclusters and pg_ctlcluster")
+    listing = subprocess.run(
+        ["pg_lsclusters", "--no-header"], capture_output=True, text=True, check=True
+    ).stdout
+    for line in listing.splitlines():
+        fields = line.split()
+        if len(fields) >= 3 and fields[2] == port:
+            return ["pg_ctlcluster", "--skip-systemctl-redirect", fields[0], fields[1], action]
+    raise SystemExit(f"no local PostgreSQL cluster listens on port {port}")
+
+
+def restart_postgres() -> float:
+    """Restart the server (fast shutdown: every connection is cut); return the seconds it took."""
+    began = time.monotonic()
+    subprocess.run(pg_cluster_command("restart"), check=True, capture_output=True)
+    return time.monotonic() - began
 
 
 class WorkerProc:
@@ -162,10 +194,18 @@ def drive(args: argparse.Namespace, log_dir: Path) -> tuple[list[str], dict[str,
     uncertain: set[str] = set()  # starts whose commit the driver did not see
     kills = 0
     db_errors = 0
+    restarts: list[float] = []
+    held: list[float] = []  # seconds each held signal transaction stayed open
+    lock = threading.Lock()  # guards ``unsignalled`` between the driver and the holder
+    finished = threading.Event()
     began = time.monotonic()
     deadline = began + args.minutes * 60
     next_kill = began + args.kill_every * rng.uniform(0.5, 1.5)
     next_report = began + 60
+    restart_at = [
+        began + args.minutes * 60 * (n + 1) / (args.restart_postgres + 1)
+        for n in range(args.restart_postgres)
+    ]
 
     def settle() -> None:
         """Learn the outcome of uncertain starts and signals, and which workflows closed."""
@@ -174,7 +214,8 @@ def drive(args: argparse.Namespace, log_dir: Path) -> tuple[list[str], dict[str,
             if WorkflowInstance.objects.filter(instance_id=iid).exists():
                 started.append(iid)
                 running.add(iid)
-                unsignalled[iid] = time.monotonic()
+                with lock:
+                    unsignalled[iid] = time.monotonic()
             uncertain.discard(iid)
         closed = set(
             WorkflowInstance.objects.filter(instance_id__in=list(running))
@@ -183,11 +224,49 @@ def drive(args: argparse.Namespace, log_dir: Path) -> tuple[list[str], dict[str,
         )
         running -= closed
 
+    def take(ids: list[str]) -> list[str]:
+        """Take due second signals off the list, so only one sender sends each."""
+        with lock:
+            return [iid for iid in ids if unsignalled.pop(iid, None) is not None]
+
     def send_second(iid: str) -> None:
         # A second signal whose commit was not seen must not be sent twice.
-        if not SignalMessage.objects.filter(instance_id=iid, payload="2").exists():
-            sv.signal(iid, "go", 2)
-        del unsignalled[iid]
+        try:
+            if not SignalMessage.objects.filter(instance_id=iid, payload="2").exists():
+                sv.signal(iid, "go", 2)
+        except BaseException:
+            with lock:
+                unsignalled[iid] = time.monotonic()  # committed or not: checked next time
+            raise
+
+    def hold_signals() -> None:
+        """Send second signals in transactions held open for ``--hold-signals`` seconds."""
+        nonlocal db_errors
+        while not finished.is_set():
+            with lock:
+                due = [iid for iid, when in unsignalled.items() if when <= time.monotonic()]
+                iid = due[0] if due else None
+                if iid is not None:
+                    del unsignalled[iid]
+            if iid is None:
+                finished.wait(0.2)
+                continue
+            opened = time.monotonic()
+            try:
+                with transaction.atomic():
+                    if not SignalMessage.objects.filter(instance_id=iid, payload="2").exists():
+                        sv.signal(iid, "go", 2)
+                    finished.wait(args.hold_signals)
+                held.append(time.monotonic() - opened)
+            except DatabaseError as error:
+                # Committed or not, the driver finds out: it checks before it sends.
+                with lock:
+                    db_errors += 1
+                    unsignalled[iid] = time.monotonic()
+                print(f"  holder: database error, retrying: {error}".rstrip(), flush=True)
+                connections.close_all()
+                finished.wait(1)
+        connections.close_all()
 
     def round_of_work(now: float) -> None:
         while len(running) < args.in_flight:
@@ -201,10 +280,16 @@ def drive(args: argparse.Namespace, log_dir: Path) -> tuple[list[str], dict[str,
             uncertain.discard(iid)
             started.append(iid)
             running.add(iid)
-            unsignalled[iid] = now + rng.uniform(0, 1.5)
-        for iid, when in list(unsignalled.items()):
-            if when <= now:
-                send_second(iid)
+            with lock:
+                unsignalled[iid] = now + rng.uniform(0, 1.5)
+        with lock:
+            due = [iid for iid, when in unsignalled.items() if when <= now]
+        # With a holder running, every other due signal goes through it, one at a time,
+        # unless more than half the workflows in flight wait for one: then the driver sends.
+        if args.hold_signals and len(due) <= args.in_flight // 2:
+            due = []
+        for iid in take(due):
+            send_second(iid)
         settle()
 
     def tolerant(work: Any, *args_: Any) -> None:
@@ -213,15 +298,24 @@ def drive(args: argparse.Namespace, log_dir: Path) -> tuple[list[str], dict[str,
         try:
             work(*args_)
         except DatabaseError as error:
-            db_errors += 1
+            with lock:
+                db_errors += 1
             print(f"  driver: database error, retrying: {error}".rstrip(), flush=True)
             connections.close_all()
             time.sleep(1)
 
+    holder = threading.Thread(target=hold_signals, name="soak-holder", daemon=True)
+    if args.hold_signals:
+        holder.start()
     try:
         while time.monotonic() < deadline:
             now = time.monotonic()
             tolerant(round_of_work, now)
+            if restart_at and now >= restart_at[0]:
+                restart_at.pop(0)
+                took = restart_postgres()
+                restarts.append(took)
+                print(f"  PostgreSQL restarted ({took:.1f} s)", flush=True)
             if now >= next_kill:
                 victim = rng.randrange(args.workers)
                 workers[victim].kill()
@@ -238,15 +332,27 @@ def drive(args: argparse.Namespace, log_dir: Path) -> tuple[list[str], dict[str,
                 )
                 next_report += 60
             time.sleep(0.1)
+        finished.set()
+        if holder.is_alive():
+            holder.join(args.hold_signals + 60)
         drain_until = time.monotonic() + args.drain
         while (running or unsignalled or uncertain) and time.monotonic() < drain_until:
-            for iid in list(unsignalled):
+            with lock:
+                pending = list(unsignalled)
+            for iid in take(pending):
                 tolerant(send_second, iid)
             tolerant(settle)
             time.sleep(0.5)
     finally:
+        finished.set()
         statuses = [w.stop() for w in workers]
-    return started, {"kills": kills, "exit_statuses": statuses, "db_errors": db_errors}
+    return started, {
+        "kills": kills,
+        "exit_statuses": statuses,
+        "db_errors": db_errors,
+        "restarts": restarts,
+        "held": held,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -269,6 +375,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--lease", type=float, default=4.0, help="lease and claim TTL, seconds")
     parser.add_argument("--drain", type=float, default=180.0, help="seconds to let work finish")
+    parser.add_argument(
+        "--restart-postgres",
+        type=int,
+        default=0,
+        metavar="N",
+        help="restart the PostgreSQL server N times, evenly spread over the run",
+    )
+    parser.add_argument(
+        "--hold-signals",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="a client sends second signals in transactions it holds open this long",
+    )
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--keep", action="store_true", help="keep the database and the logs")
     args = parser.parse_args(argv)
@@ -276,6 +396,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--workers, --in-flight and --threads must be at least 1")
     if not 0 <= args.workflow_only < args.workers:
         parser.error("--workflow-only must leave at least one worker serving activities")
+    if args.restart_postgres < 0 or args.hold_signals < 0:
+        parser.error("--restart-postgres and --hold-signals cannot be negative")
+    if args.restart_postgres and args.db != "postgres":
+        parser.error("--restart-postgres needs --db postgres")
+    if args.restart_postgres:
+        pg_cluster_command("status")  # fail now, not half-way, when there is no cluster
 
     work_dir = Path(tempfile.mkdtemp(prefix="selvedge-soak-"))
     name = configure(args, work_dir)
@@ -283,7 +409,9 @@ def main(argv: list[str] | None = None) -> int:
         f"soak: {args.db} database {name}, {args.minutes:g} minutes, {args.workers} workers "
         f"({args.threads} + {args.threads} threads), "
         f"{args.in_flight} workflows in flight, one worker killed (SIGKILL) about every "
-        f"{args.kill_every:g} s, lease {args.lease:g} s; logs in {work_dir}",
+        f"{args.kill_every:g} s, lease {args.lease:g} s, PostgreSQL restarts: "
+        f"{args.restart_postgres}, signal transactions held: {args.hold_signals:g} s; "
+        f"logs in {work_dir}",
         flush=True,
     )
     began = time.monotonic()
@@ -303,6 +431,17 @@ def main(argv: list[str] | None = None) -> int:
         f"ran {elapsed / 60:.1f} minutes, {stats['kills']} workers killed with SIGKILL, "
         f"{stats['db_errors']} database errors seen by the driver"
     )
+    if stats["restarts"]:
+        print(
+            f"PostgreSQL restarted {len(stats['restarts'])} times ("
+            + ", ".join(f"{took:.1f} s" for took in stats["restarts"])
+            + ")"
+        )
+    if stats["held"]:
+        print(
+            f"{len(stats['held'])} signal transactions held open, "
+            f"{min(stats['held']):.1f}-{max(stats['held']):.1f} s each"
+        )
     print(
         "activity attempts: "
         + ", ".join(f"{name} {count}" for name, count in sorted(result.attempts.items()))
