@@ -894,7 +894,7 @@ def test_export_is_redacted_without_view_payloads(staff: Callable[..., Client]) 
 def test_a_multi_instance_export_streams_and_refuses_past_its_byte_cap(
     staff: Callable[..., Client], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from selvedge_django import admin_support
+    from selvedge_django.admin import display as admin_support
 
     ids = [f"stream-{n}" for n in range(5)]
     for iid in ids:
@@ -916,7 +916,7 @@ def test_a_multi_instance_export_streams_and_refuses_past_its_byte_cap(
 def test_a_bulk_signal_is_refused_when_payload_times_targets_passes_the_cap(
     staff: Callable[..., Client], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from selvedge_django import admin_support
+    from selvedge_django.admin import display as admin_support
 
     ids = [f"fan-{n}" for n in range(10)]
     for iid in ids:

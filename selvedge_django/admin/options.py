@@ -50,9 +50,13 @@ from django.utils.http import content_disposition_header
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
-from . import admin_support, operations
-from . import exceptions as exc
-from .admin_support import (
+from .. import exceptions as exc
+from .. import operations
+from ..conf import get_settings
+from ..models import ActivityTask, HistoryEvent, SystemLock, WorkflowInstance, WorkflowStatus
+from ..registry import get_workflow
+from . import display
+from .display import (
     CELL_CHARS,
     EMPTY,
     ID_CHARS,
@@ -74,9 +78,6 @@ from .admin_support import (
     safe_filename,
     truncate,
 )
-from .conf import get_settings
-from .models import ActivityTask, HistoryEvent, SystemLock, WorkflowInstance, WorkflowStatus
-from .registry import get_workflow
 
 APP = "selvedge_django"
 PERM_CANCEL = f"{APP}.cancel_workflowinstance"
@@ -576,7 +577,7 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
 
     def perform_export(self, request: HttpRequest, obj: WorkflowInstance) -> str:
         """Export one history: redacted unless the user may view payloads."""
-        from .history import export_history
+        from ..history import export_history
 
         redact = not self.has_payloads_permission(request)
         text = export_history(obj.instance_id, redact=redact).to_json(indent=2)
@@ -691,7 +692,7 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
         if not targets:
             self.message_user(request, gettext("Nothing to export."), messages.WARNING)
             return None
-        cap = admin_support.MAX_EXPORT_BYTES
+        cap = display.MAX_EXPORT_BYTES
         size = self.export_size(database_alias(), [obj.instance_id for obj in targets])
         if size > cap:
             self.message_user(
@@ -736,7 +737,7 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
     def bulk_signal_problem(data: dict[str, Any], targets: list[WorkflowInstance]) -> str | None:
         """Refuse a bulk signal whose payload times its targets passes the cap."""
         size = len(json.dumps(data["payload"], separators=(",", ":"), ensure_ascii=False).encode())
-        cap = admin_support.MAX_BULK_SIGNAL_BYTES
+        cap = display.MAX_BULK_SIGNAL_BYTES
         if size * len(targets) <= cap:
             return None
         return gettext(
@@ -950,6 +951,3 @@ class SystemLockAdmin(ReadOnlyAdmin):
     @admin.display(description=_("expires"), ordering="expires_ms")
     def expires(self, obj: SystemLock) -> datetime | None:
         return ms_datetime(obj.expires_ms or None)
-
-
-from . import admin_schedules  # noqa: E402,F401 - registers the Schedule admin

@@ -32,9 +32,12 @@ from django.utils.html import format_html
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from . import exceptions as exc
-from . import operations
-from .admin_support import (
+from .. import exceptions as exc
+from .. import operations
+from ..models import Schedule, ScheduleOverlap, WorkflowInstance
+from ..registry import registered_workflow_names
+from ..schedules import check_name, definition, describe_row
+from .display import (
     ID_CHARS,
     VALUE_CHARS,
     database_alias,
@@ -42,9 +45,6 @@ from .admin_support import (
     ms_datetime,
     truncate,
 )
-from .models import Schedule, ScheduleOverlap, WorkflowInstance
-from .registry import registered_workflow_names
-from .schedules import check_name, definition, describe_row
 
 APP = "selvedge_django"
 PERM_TRIGGER = f"{APP}.trigger_schedule"

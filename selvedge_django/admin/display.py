@@ -1,6 +1,6 @@
 """Helpers of the admin console: truncation, forms, the name filter and the detail sections.
 
-``selvedge_django.admin`` holds the ModelAdmin classes and their views; this
+``options`` and ``schedules`` hold the ModelAdmin classes and their views; this
 module holds what they show and validate, so each stays a readable size.
 """
 
@@ -21,8 +21,8 @@ from django.http import HttpRequest
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from .conf import get_settings
-from .models import (
+from ..conf import get_settings
+from ..models import (
     ActivityTask,
     HistoryEvent,
     SignalMessage,
@@ -30,7 +30,7 @@ from .models import (
     WorkflowInstance,
     WorkflowStatus,
 )
-from .registry import registered_workflow_names
+from ..registry import registered_workflow_names
 
 # How much of a stored value is shown: a cell of a table, a value on the detail page.
 CELL_CHARS = 200
