@@ -894,7 +894,7 @@ def test_export_is_redacted_without_view_payloads(staff: Callable[..., Client]) 
 def test_a_multi_instance_export_streams_and_refuses_past_its_byte_cap(
     staff: Callable[..., Client], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from selvedge_django.admin import display as admin_support
+    from selvedge_django.admin import actions
 
     ids = [f"stream-{n}" for n in range(5)]
     for iid in ids:
@@ -906,7 +906,7 @@ def test_a_multi_instance_export_streams_and_refuses_past_its_byte_cap(
     with zipfile.ZipFile(io.BytesIO(b"".join(response.streaming_content))) as archive:
         assert len(archive.namelist()) == 5
     # Past the cap: refused up front, with a message, no download.
-    monkeypatch.setattr(admin_support, "MAX_EXPORT_BYTES", 3000)
+    monkeypatch.setattr(actions, "MAX_EXPORT_BYTES", 3000)
     refused = operator.post(CHANGELIST, data, follow=True)
     assert "at most 3000 bytes" in html(refused)
     assert not refused.get("Content-Disposition")
@@ -916,12 +916,12 @@ def test_a_multi_instance_export_streams_and_refuses_past_its_byte_cap(
 def test_a_bulk_signal_is_refused_when_payload_times_targets_passes_the_cap(
     staff: Callable[..., Client], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from selvedge_django.admin import display as admin_support
+    from selvedge_django.admin import actions
 
     ids = [f"fan-{n}" for n in range(10)]
     for iid in ids:
         make(iid)
-    monkeypatch.setattr(admin_support, "MAX_BULK_SIGNAL_BYTES", 50_000)
+    monkeypatch.setattr(actions, "MAX_BULK_SIGNAL_BYTES", 50_000)
     operator = staff(VIEW, SIGNAL)
     base = {"action": "signal_instances", "_selected_action": ids, "apply": "1", "channel": "go"}
     page = html(operator.post(CHANGELIST, {**base, "payload": json.dumps("x" * 6000)}))

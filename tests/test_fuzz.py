@@ -471,7 +471,7 @@ def test_the_admin_signal_and_cancel_forms(
     running: str, channel: str, payload: str, reason: str
 ) -> None:
     """What the admin's views do with a POST: form errors or one write, never another error."""
-    from selvedge_django.admin.display import CancelForm, SignalForm
+    from selvedge_django.admin.forms import CancelForm, SignalForm
 
     before = SignalMessage.objects.count()
     form = SignalForm({"channel": channel, "payload": payload})

@@ -7,10 +7,14 @@ permission besides view access, is a POST with CSRF protection, and is written t
 the admin log. Recorded values are shown, and exported unredacted, only to users
 with the ``view_payloads`` permission.
 
-``display`` holds what the views show and validate, ``options`` the ModelAdmin
-classes of instances, tasks and locks, ``schedules`` the Schedule admin.
+The modules, bottom up: ``display`` (truncation and formatting of stored
+values), ``base`` (permission names, the read-only base class), ``forms``,
+``filters`` (the name filter, the cheap changelist), ``sections`` (the bounded
+reads of an instance's page), ``actions`` (cancel, terminate, signal and export,
+as changelist actions and per-instance views), ``options`` (the model admins of
+instances, activity tasks and locks) and ``schedules`` (the Schedule admin).
 Importing this package, as ``django.contrib.admin`` does on autodiscovery,
-registers them.
+registers them; URLs and templates are those of the ``selvedge_django`` app.
 """
 
 from . import options, schedules

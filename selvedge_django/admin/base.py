@@ -1,0 +1,65 @@
+"""What the app's model admins share: the permission names, the read-only base class.
+
+Besides Django's view permission, each action needs its own: ``cancel``,
+``terminate`` and ``signal_workflowinstance``, ``export_history``,
+``trigger_schedule``; recorded values are shown only with ``view_payloads``
+(all declared in the models' ``Meta.permissions``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.contrib.admin.utils import quote
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html
+
+from .display import EMPTY, ID_CHARS, database_alias, truncate
+
+APP = "selvedge_django"
+PERM_CANCEL = f"{APP}.cancel_workflowinstance"
+PERM_SIGNAL = f"{APP}.signal_workflowinstance"
+PERM_TERMINATE = f"{APP}.terminate_workflowinstance"
+PERM_EXPORT = f"{APP}.export_history"
+PERM_PAYLOADS = f"{APP}.view_payloads"
+PERM_TRIGGER = f"{APP}.trigger_schedule"
+
+
+def instance_url(site_name: str, instance_id: str) -> str:
+    """Return the URL of an instance's admin page on the admin site named ``site_name``."""
+    return reverse(f"{site_name}:{APP}_workflowinstance_change", args=(quote(instance_id),))
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Views only: nothing is added, changed or deleted by hand."""
+
+    show_full_result_count = False
+    empty_value_display = EMPTY
+
+    def has_payloads_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.has_perm(PERM_PAYLOADS)
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        return super().get_queryset(request).using(database_alias())
+
+    def instance_url(self, instance_id: str) -> str:
+        return instance_url(self.admin_site.name, instance_id)
+
+    def instance_link(self, instance_id: str) -> str:
+        if not instance_id:
+            return ""
+        return format_html(
+            '<a href="{}">{}</a>', self.instance_url(instance_id), truncate(instance_id, ID_CHARS)
+        )

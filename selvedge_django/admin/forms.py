@@ -1,0 +1,198 @@
+"""The admin's forms: what a cancel, terminate, signal or schedule asks for.
+
+They validate as the operations layer does, so a bad value is refused on the
+form, with its message, before any operation runs.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django import forms
+from django.utils.translation import gettext
+from django.utils.translation import gettext_lazy as _
+
+from .. import exceptions as exc
+from ..models import Schedule, ScheduleOverlap
+from ..registry import registered_workflow_names
+from ..schedules import check_name, definition
+from .display import CELL_CHARS, VALUE_CHARS, database_alias, truncate
+
+
+class CancelForm(forms.Form):
+    """The reason given with a cancellation request."""
+
+    reason = forms.CharField(
+        required=False,
+        max_length=10_000,
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
+        label=_("Reason"),
+        help_text=_("Recorded with the request and shown to the workflow as the reason."),
+    )
+
+
+class TerminateForm(forms.Form):
+    """The reason recorded with a terminate (in the instance's WorkflowTerminated error)."""
+
+    reason = forms.CharField(
+        required=False,
+        max_length=10_000,
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
+        help_text="Recorded as the reason of the instance's WorkflowTerminated error.",
+    )
+
+
+class SignalForm(forms.Form):
+    """A signal's channel and JSON payload, validated as the client API does."""
+
+    channel = forms.CharField(
+        strip=False,
+        max_length=255,
+        label=_("Channel"),
+        help_text=_("1 to 255 UTF-8 bytes."),
+        widget=forms.TextInput(attrs={"size": 60}),
+    )
+    payload = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 6, "cols": 60}),
+        label=_("Payload"),
+        help_text=_("A JSON value; leave empty to send null."),
+    )
+
+    def clean_channel(self) -> str:
+        channel: str = self.cleaned_data["channel"]
+        if not 1 <= len(channel.encode("utf-8")) <= 255:
+            raise forms.ValidationError(_("The channel must contain 1 to 255 UTF-8 bytes."))
+        return channel
+
+    def clean_payload(self) -> Any:
+        text: str = self.cleaned_data.get("payload") or ""
+        if not text.strip():
+            return None
+        try:
+            return json.loads(text)
+        except (ValueError, RecursionError) as error:
+            raise forms.ValidationError(
+                _("The payload is not valid JSON: %(error)s"),
+                params={"error": truncate(str(error), CELL_CHARS)},
+            )
+
+
+# -- schedules ------------------------------------------------------------------
+
+
+def _seconds(ms: int | None) -> int | None:
+    return None if ms is None else ms // 1000
+
+
+class ScheduleForm(forms.ModelForm):
+    """A schedule's definition, validated by the operations layer's own rules."""
+
+    name = forms.CharField(
+        max_length=200,
+        help_text=_("Letters, digits and _ . : - ; each run is <name>@<slot as ISO 8601 UTC>."),
+    )
+    workflow = forms.CharField(
+        max_length=255, help_text=_("The workflow each run starts (its name).")
+    )
+    cron = forms.CharField(
+        required=False,
+        max_length=255,
+        help_text=_(
+            "Five fields: minute hour day-of-month month day-of-week (e.g. 0 6 * * MON-FRI)."
+        ),
+    )
+    interval = forms.IntegerField(
+        required=False, min_value=1, help_text=_("Or: every this many seconds (not both).")
+    )
+    timezone = forms.CharField(
+        max_length=64,
+        required=False,
+        help_text=_("The IANA timezone the cron fields are read in (default: TIME_ZONE)."),
+    )
+    input = forms.JSONField(
+        required=False,
+        help_text=_("The JSON input of every run."),
+        widget=forms.Textarea({"rows": 3}),
+    )
+    overlap = forms.ChoiceField(choices=ScheduleOverlap.choices, initial="skip")
+    catchup_window = forms.IntegerField(
+        min_value=10, initial=60, help_text=_("Seconds: older missed slots are skipped.")
+    )
+    jitter = forms.IntegerField(
+        min_value=0, initial=0, help_text=_("Seconds: each run starts up to this much later.")
+    )
+    paused = forms.BooleanField(required=False)
+    start_at = forms.DateTimeField(required=False, help_text=_("No slot before this moment."))
+    end_at = forms.DateTimeField(required=False, help_text=_("No slot after this moment."))
+
+    class Meta:
+        model = Schedule
+        fields: list[str] = []
+
+    def __init__(self, *args: Any, show_input: bool = True, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.show_input = show_input
+        row = self.instance
+        if row is not None and not row._state.adding:
+            self.fields["name"].disabled = True
+            self.initial.update(
+                name=row.name,
+                workflow=row.workflow_name,
+                cron=row.cron,
+                interval=_seconds(row.interval_ms),
+                timezone=row.timezone,
+                input=row.input,
+                overlap=row.overlap,
+                catchup_window=_seconds(row.catchup_window_ms),
+                jitter=_seconds(row.jitter_ms),
+                paused=row.paused,
+                start_at=row.start_at,
+                end_at=row.end_at,
+            )
+        if not show_input:
+            self.fields.pop("input")
+        names = registered_workflow_names()[:50]
+        if names:
+            self.fields["workflow"].help_text = gettext(
+                "The workflow each run starts (its name). Registered here: %(names)s"
+            ) % {"names": ", ".join(names)}
+
+    def schedule_fields(self) -> dict[str, Any]:
+        """The cleaned data as the keyword arguments of create_schedule."""
+        data = self.cleaned_data
+        fields = {
+            "workflow": data.get("workflow"),
+            "cron": data.get("cron") or None,
+            "interval": data.get("interval"),
+            "timezone": data.get("timezone") or None,
+            "overlap": data.get("overlap"),
+            "catchup_window": data.get("catchup_window"),
+            "jitter": data.get("jitter") or 0,
+            "paused": bool(data.get("paused")),
+            "start_at": data.get("start_at"),
+            "end_at": data.get("end_at"),
+        }
+        if self.show_input:
+            fields["input"] = data.get("input")
+        elif not self.instance._state.adding:
+            fields["input"] = self.instance.input
+        return fields
+
+    def _post_clean(self) -> None:
+        """No model validation: the form never writes its instance (the operations do)."""
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if self.errors:
+            return data
+        try:
+            if self.instance._state.adding:
+                name = check_name(data.get("name"))
+                if Schedule.objects.using(database_alias()).filter(name=name).exists():
+                    raise exc.ScheduleAlreadyExists(name)
+            definition(**self.schedule_fields())
+        except exc.InvalidSchedule as error:
+            raise forms.ValidationError(truncate(str(error), VALUE_CHARS)) from None
+        return data

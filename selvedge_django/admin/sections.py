@@ -1,0 +1,192 @@
+"""What an instance's page shows below its description, and what an export would write.
+
+Reads only, each bounded: every section is capped and long values are cut in
+SQL, so a huge history or payload never reaches Python whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from django.db.models import QuerySet, Sum, TextField, Value
+from django.db.models.functions import Cast, Coalesce, Length, Substr
+
+from ..models import (
+    ActivityTask,
+    HistoryEvent,
+    SignalMessage,
+    TimerSubscription,
+    WorkflowInstance,
+    WorkflowStatus,
+)
+from .display import CELL_CHARS, EMPTY, ID_CHARS, error_summary, format_duration, truncate
+
+# Rows shown per section of the detail page; the export has everything.
+HISTORY_ROWS = 500
+SECTION_ROWS = 200
+
+_STATUS_LABELS = dict(WorkflowStatus.choices)
+
+
+def instance_sections(
+    alias: str, iid: str, instance_url: Callable[[str], str], *, values: bool = True
+) -> dict[str, Any]:
+    """Read an instance's history, tasks, timers, signals and children, in bounded queries.
+
+    Every section is capped, and long values are cut in SQL, so a huge history or
+    payload never reaches Python whole. Without ``values`` (a user without the
+    ``view_payloads`` permission) no recorded value or payload is read at all,
+    only its size.
+    """
+    cut = CELL_CHARS + 1 if values else 0
+    history_count = HistoryEvent.objects.using(alias).filter(instance_id=iid).count()
+    rows = (
+        HistoryEvent.objects.using(alias)
+        .filter(instance_id=iid)
+        .order_by("id")
+        .annotate(data_head=Substr("data", 1, cut), data_size=Length("data"))
+        .annotate(reservation_head=Substr("reservation", 1, cut))
+        .values_list(
+            "seq",
+            "key",
+            "command",
+            "event_type",
+            "data_head",
+            "reservation_head",
+            "delivered_seq",
+            "data_size",
+            "created_at",
+            "arrived_at",
+        )[:HISTORY_ROWS]
+    )
+    history = [
+        {
+            "seq": seq,
+            "key": truncate(key, ID_CHARS),
+            "command": command,
+            "event_type": event_type,
+            "data": None if data is None else truncate(data, CELL_CHARS),
+            "reservation": None if reservation is None else truncate(reservation, CELL_CHARS),
+            "delivered_seq": delivered,
+            "size": size,
+            "recorded_at": created,
+            # A step recorded at once took no time of its own; one whose value came
+            # later (an activity's result, a timer, a child) took until it arrived.
+            "took": format_duration((arrived - created).total_seconds())
+            if arrived is not None and created is not None
+            else None,
+        }
+        for seq, key, command, event_type, data, reservation, delivered, size, created, arrived in (
+            rows
+        )
+    ]
+
+    tasks = [
+        {
+            "key": truncate(task.key, ID_CHARS),
+            "name": truncate(task.name, ID_CHARS),
+            "queue": truncate(task.queue, ID_CHARS),
+            "status": task.get_status_display(),
+            "attempts": task.attempts,
+            "failures": task.failures,
+            "max_attempts": task.max_attempts,
+            "last_error": error_summary(task.last_error),
+        }
+        for task in ActivityTask.objects.using(alias)
+        .filter(instance_id=iid)
+        .order_by("seq", "id")
+        .only(
+            "key",
+            "name",
+            "queue",
+            "status",
+            "attempts",
+            "failures",
+            "max_attempts",
+            "last_error",
+        )[:SECTION_ROWS]
+    ]
+
+    timers = [
+        {"key": truncate(key, ID_CHARS), "expires_at": expires_at, "fired": fired}
+        for key, expires_at, fired in TimerSubscription.objects.using(alias)
+        .filter(instance_id=iid)
+        .order_by("expires_at", "id")
+        .values_list("key", "expires_at", "fired")[:SECTION_ROWS]
+    ]
+
+    signals = [
+        {
+            "id": sid,
+            "channel": truncate(channel, ID_CHARS),
+            "sent_at": sent_at,
+            "delivered_seq": delivered,
+            "consumed_seq": consumed,
+            "consumed_key": truncate(consumed_key, ID_CHARS),
+            "payload": truncate(head or "", CELL_CHARS),
+            "size": size,
+        }
+        for sid, channel, sent_at, delivered, consumed, consumed_key, head, size in (
+            SignalMessage.objects.using(alias)
+            .filter(instance_id=iid)
+            .order_by("id")
+            .annotate(head=Substr("payload", 1, cut), size=Length("payload"))
+            .values_list(
+                "id",
+                "channel",
+                "sent_at",
+                "delivered_seq",
+                "consumed_seq",
+                "consumed_key",
+                "head",
+                "size",
+            )[:SECTION_ROWS]
+        )
+    ]
+
+    children = [
+        {
+            "url": instance_url(child_id),
+            "instance_id": truncate(child_id, ID_CHARS),
+            "workflow_name": truncate(name, ID_CHARS),
+            "status": _STATUS_LABELS.get(status, status),
+            "parent_key": truncate(key, ID_CHARS),
+        }
+        for child_id, name, status, key in WorkflowInstance.objects.using(alias)
+        .filter(parent_instance_id=iid)
+        # Spelled as the partial index's condition, so SQLite can use that index.
+        .exclude(parent_instance_id="")
+        .order_by("started_at", "instance_id")
+        .values_list("instance_id", "workflow_name", "status", "parent_key")[:SECTION_ROWS]
+    ]
+
+    return {
+        "history": history,
+        "history_count": history_count,
+        "history_truncated": history_count > len(history),
+        "tasks": tasks,
+        "timers": timers,
+        "signals": signals,
+        "children": children,
+        "section_rows": SECTION_ROWS,
+        "show_values": values,
+        "empty": EMPTY,
+    }
+
+
+def export_size(alias: str, instance_ids: list[str]) -> int:
+    """Return the characters of stored values an export of these instances would write."""
+
+    def total(queryset: QuerySet[Any], *columns: Any) -> int:
+        sizes = [Coalesce(Length(column), Value(0)) for column in columns]
+        expression: Any = sizes[0]
+        for size in sizes[1:]:
+            expression = expression + size
+        return int(queryset.aggregate(n=Sum(expression))["n"] or 0)
+
+    instances = WorkflowInstance.objects.using(alias).filter(instance_id__in=instance_ids)
+    history = HistoryEvent.objects.using(alias).filter(instance_id__in=instance_ids)
+    return total(instances, Cast("input", TextField()), "output", "error", "cancel_reason") + total(
+        history, "data", "reservation"
+    )
