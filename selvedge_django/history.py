@@ -23,9 +23,11 @@ from typing import Any
 
 from . import exceptions as exc
 from .engine.codec import Codec
+from .engine.context import WorkflowContext
 from .engine.durations import optional_seconds
-from .engine.execution import Execution, ExecutionOutcome
-from .engine.store import ClaimedTask, ExecutionSnapshot, Fence, HistoryRow, SignalPosition
+from .engine.events import Fence, HistoryRow, SignalPosition
+from .engine.execution import Execution
+from .engine.ports import ClaimedTask, ExecutionOutcome, ExecutionSnapshot
 from .registry import get_workflow
 
 __all__ = [
@@ -557,7 +559,7 @@ def _replay(
         raise exc.WorkflowNotRegistered(history.instance.workflow_name)
     execution = Execution(ReplayRuntime(), _snapshot(history), None, readonly=True)
     execution.deadline, execution.on_deadline = deadline, on_deadline
-    outcome = execution.run(definition.fn)
+    outcome = execution.run(definition.fn, WorkflowContext(execution, execution.root_scope))
     return execution, outcome
 
 
@@ -692,17 +694,15 @@ def query(instance_id: str, name: str, *, timeout: float | timedelta | None = No
     handler = execution.query_handlers.get(name)
     if handler is None:
         raise exc.QueryNotFound(name)
-    execution.in_query = True
     try:
-        answer = handler()
+        with execution.answering_query():
+            answer = handler()
     except exc.QueryCommandError:
         raise
     except BaseException as error:
         if isinstance(error, KeyboardInterrupt | SystemExit):
             raise
         raise exc.QueryFailed(name, error) from error
-    finally:
-        execution.in_query = False
     try:
         return json.loads(ReplayRuntime().codec.encode(answer, f"answer to query {name!r}"))
     except (TypeError, ValueError) as error:

@@ -29,11 +29,16 @@ from . import exceptions as exc
 from . import hooks as hooks_module
 from . import signals
 from .conf import get_settings
-from .engine.codec import Codec, contains_nul, error_from_envelope, error_to_envelope
-from .engine.commands import valid_channel
-from .engine.identifiers import check_instance_id, check_workflow_name, instance_id_problem
+from .engine.codec import Codec, contains_nul, error_from_envelope
+from .engine.events import error_data
+from .engine.identifiers import (
+    check_instance_id,
+    check_workflow_name,
+    instance_id_problem,
+    valid_channel,
+)
 from .engine.options import ActivityOptions
-from .engine.store import ExecutionSnapshot
+from .engine.ports import ExecutionSnapshot
 from .input_filters import input_value_equals
 from .local_starts import local_worker, running_here
 from .models import ActivityTask, WorkflowInstance, WorkflowStatus
@@ -414,7 +419,7 @@ def terminate_workflow(instance_id: str, reason: str = "") -> None:
     instance_id = known_id(instance_id)
     store = _store()
     error = exc.WorkflowTerminated(instance_id, reason)
-    envelope = json.dumps(error_to_envelope(error, codec=store.codec, with_traceback=False))
+    envelope = error_data(error, codec=store.codec)
     name = store.terminate(instance_id, envelope, {"terminate": {"reason": reason}})
     hooks = get_settings().hooks
 

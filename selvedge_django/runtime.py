@@ -27,16 +27,17 @@ from . import signals
 from .conf import SelvedgeSettings
 from .engine.activity import ActivityInfo, AttemptState, attempt_scope
 from .engine.codec import Codec, error_to_envelope
+from .engine.context import WorkflowContext
 from .engine.coroutines import call_activity
-from .engine.execution import Execution, ExecutionOutcome, HistoryLimits, current_execution
+from .engine.events import EV_ACTIVITY_COMPLETED, EV_ACTIVITY_FAILED, Fence
+from .engine.execution import Execution, current_execution
 from .engine.options import ActivityOptions, RetryPolicy
-from .engine.store import (
-    EV_ACTIVITY_COMPLETED,
-    EV_ACTIVITY_FAILED,
+from .engine.ports import (
     ClaimedTask,
     CloseRequest,
+    ExecutionOutcome,
     ExecutionSnapshot,
-    Fence,
+    HistoryLimits,
     TaskClaim,
 )
 from .registry import get_activity, get_workflow, registered_activity_names
@@ -688,7 +689,7 @@ class WorkerRuntime:
             self.fire("on_workflow_replayed", **base)
         execution = Execution(self, snapshot, fence)
         started = time.monotonic()
-        outcome = execution.run(definition.fn)
+        outcome = execution.run(definition.fn, WorkflowContext(execution, execution.root_scope))
         try:
             self._finish(execution, outcome)
         except exc.Fenced:

@@ -29,22 +29,19 @@ from django.utils import timezone
 from . import exceptions as exc
 from . import local_starts
 from .engine.codec import Codec
-from .engine.store import (
+from .engine.events import (
     CLOSE_EVENT_BY_STATUS,
     CLOSE_KEY,
     CMD_CLOSE,
     EV_ACTIVITY_CANCELLED,
     EV_ACTIVITY_COMPLETED,
     EV_ACTIVITY_FAILED,
-    ClaimedTask,
-    CloseRequest,
-    ExecutionSnapshot,
     Fence,
     HistoryRow,
     SignalPosition,
-    TaskClaim,
-    TaskSpec,
+    error_data,
 )
+from .engine.ports import ClaimedTask, CloseRequest, ExecutionSnapshot, TaskClaim, TaskSpec
 from .models import (
     ActivityTask,
     ActivityTaskStatus,
@@ -62,7 +59,6 @@ from .store_base import (
 from .store_recovery import RecoveryStoreMixin
 from .store_renewals import RenewalMixin
 from .store_tasks import TaskSweepMixin
-from .store_waits import cancelled_envelope
 
 __all__ = [
     "NOTIFY_CHANNEL",
@@ -579,7 +575,7 @@ class DjangoStore(RecoveryStoreMixin, TaskSweepMixin, RenewalMixin, StoreBase):
             row.seq,
             row.command,
             EV_ACTIVITY_CANCELLED,
-            cancelled_envelope(exc.WorkflowCancelled(fence.instance_id, reason)),
+            error_data(exc.WorkflowCancelled(fence.instance_id, reason)),
             row.reservation,
         )
         fields: dict[str, Any] = dict(

@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from . import exceptions as exc
 from .engine.codec import Codec
-from .engine.store import Fence, HistoryRow
+from .engine.events import Fence, HistoryRow
 from .models import (
     ActivityTask,
     HistoryEvent,

@@ -14,7 +14,7 @@ from django.db import transaction
 
 from . import exceptions as exc
 from . import local_starts
-from .engine.store import CLOSE_EVENT_BY_STATUS, CLOSE_KEY, CMD_CLOSE, Fence, HistoryRow
+from .engine.events import CLOSE_EVENT_BY_STATUS, CLOSE_KEY, CMD_CLOSE, Fence, HistoryRow
 from .models import WorkflowStatus
 from .store_waits import WaitStoreMixin
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .engine.store import Fence, TaskClaim
+from .engine.events import Fence
+from .engine.ports import TaskClaim
 from .models import ActivityTaskStatus, WorkflowStatus
 from .store_base import StoreBase
 

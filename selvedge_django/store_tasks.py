@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-import json
-
 from django.db import IntegrityError, transaction
 from django.db.models import Case, F, Q, Value, When
 
 from . import exceptions as exc
-from .engine.codec import error_to_envelope
-from .engine.store import EV_ACTIVITY_FAILED
+from .engine.events import EV_ACTIVITY_FAILED, error_data
 from .models import ActivityTask, ActivityTaskStatus, SystemLock
 from .store_base import StoreBase
 
 __all__ = ["TaskSweepMixin", "lapse_timeout"]
-
-
-def _envelope(error: BaseException) -> str:
-    return json.dumps(error_to_envelope(error, with_traceback=False))
 
 
 def lapse_timeout(
@@ -132,17 +125,17 @@ class TaskSweepMixin(StoreBase):
                         claim_owner="",
                         claim_expires_ms=None,
                         failures=F("failures") + 1,
-                        last_error=_envelope(timeout),
+                        last_error=error_data(timeout),
                     ):
                         continue
-                    self._arrive_failure(row[0], row[1], _envelope(final))
+                    self._arrive_failure(row[0], row[1], error_data(final))
                 else:
                     task.update(
                         status=ActivityTaskStatus.QUEUED,
                         claim_owner="",
                         claim_expires_ms=None,
                         failures=F("failures") + 1,
-                        last_error=_envelope(timeout),
+                        last_error=error_data(timeout),
                         not_before_ms=0,
                         # The wait for a worker starts at the lapse, not at this sweep
                         # (SET expressions read the row as it was before the update).
@@ -163,7 +156,7 @@ class TaskSweepMixin(StoreBase):
             .values_list("id", "instance_id", "key", "name", "attempts")[:limit]
         )
         for task_id, instance_id, key, name, attempts in overdue:
-            error = _envelope(exc.ActivityTimeoutError(name, "schedule_to_start", attempts))
+            error = error_data(exc.ActivityTimeoutError(name, "schedule_to_start", attempts))
             with self.atomic():
                 if not (
                     self._lock_instance(instance_id, skip_locked=True) and self._lock_task(task_id)
@@ -202,7 +195,7 @@ class TaskSweepMixin(StoreBase):
             task.heartbeat_timeout_ms,
             task.claim_expires_ms,
         )
-        return _envelope(timeout)
+        return error_data(timeout)
 
     def _arrive_failure(self, instance_id: str, key: str, data: str) -> None:
         from django.utils import timezone

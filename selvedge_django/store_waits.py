@@ -16,8 +16,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from . import exceptions as exc
-from .engine.codec import error_to_envelope
-from .engine.store import (
+from .engine.events import (
     CMD_CHILD,
     CMD_RECEIVE,
     CMD_SLEEP,
@@ -29,13 +28,11 @@ from .engine.store import (
     EV_TIMER_CANCELLED,
     EV_TIMER_EXPIRED,
     Arrivals,
-    ChildSpec,
     Fence,
     HistoryRow,
-    Observation,
-    ObservationResult,
-    SignalMessage,
+    error_data,
 )
+from .engine.ports import ChildSpec, Observation, ObservationResult, SignalMessage
 from .models import (
     ActivityTask,
     ActivityTaskStatus,
@@ -49,11 +46,7 @@ from .models import (
 )
 from .store_base import Sql, StoreBase
 
-__all__ = ["WaitStoreMixin", "cancelled_envelope"]
-
-
-def cancelled_envelope(error: BaseException) -> str:
-    return json.dumps(error_to_envelope(error, with_traceback=False))
+__all__ = ["WaitStoreMixin"]
 
 
 class WaitStoreMixin(StoreBase):
@@ -494,7 +487,7 @@ class WaitStoreMixin(StoreBase):
                         updated_at=now,
                     )
             except IntegrityError:
-                data = cancelled_envelope(exc.WorkflowAlreadyStarted(child.instance_id))
+                data = error_data(exc.WorkflowAlreadyStarted(child.instance_id))
                 HistoryEvent.objects.using(self.alias).filter(
                     instance_id=fence.instance_id, key=row.key
                 ).update(event_type=EV_CHILD_START_FAILED, data=data, delivered_seq=row.seq)
@@ -607,7 +600,7 @@ class WaitStoreMixin(StoreBase):
         if not fill:
             TimerSubscription.objects.using(self.alias).filter(instance_id=iid).delete()
             return
-        closed = cancelled_envelope(exc.Cancelled("workflow closed before it finished"))
+        closed = error_data(exc.Cancelled("workflow closed before it finished"))
         unfinished = HistoryEvent.objects.using(self.alias).filter(
             instance_id=iid, data__isnull=True
         )

@@ -29,7 +29,8 @@ import selvedge_django as sv
 from selvedge_django import registry
 from selvedge_django.engine.activity import ActivityInfo, AttemptState, attempt_scope
 from selvedge_django.engine.codec import Codec
-from selvedge_django.engine.store import HistoryRow, TaskSpec
+from selvedge_django.engine.events import HistoryRow
+from selvedge_django.engine.ports import TaskSpec
 from selvedge_django.hooks import HookEvent, WorkflowHooks
 from selvedge_django.models import ActivityTask, HistoryEvent, WorkflowInstance
 from selvedge_django.store import DjangoStore

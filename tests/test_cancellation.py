@@ -18,7 +18,8 @@ from django.utils import timezone
 
 import selvedge_django as sv
 from selvedge_django.engine.codec import Codec
-from selvedge_django.engine.store import ChildSpec, CloseRequest, Fence, HistoryRow, TaskSpec
+from selvedge_django.engine.events import Fence, HistoryRow
+from selvedge_django.engine.ports import ChildSpec, CloseRequest, TaskSpec
 from selvedge_django.models import (
     ActivityTask,
     HistoryEvent,

@@ -17,7 +17,8 @@ import pytest
 import selvedge_django as sv
 from selvedge_django import registry
 from selvedge_django.engine.codec import Codec
-from selvedge_django.engine.store import ChildSpec, Fence, HistoryRow
+from selvedge_django.engine.events import Fence, HistoryRow
+from selvedge_django.engine.ports import ChildSpec
 from selvedge_django.models import HistoryEvent, WorkflowInstance
 from selvedge_django.store import DjangoStore
 from tests.testapp import workflows as wf

@@ -22,15 +22,15 @@ from selvedge_django.engine.codec import (
     error_from_envelope,
     error_to_envelope,
 )
-from selvedge_django.engine.execution import Execution, ExecutionOutcome
-from selvedge_django.engine.store import (
-    Arrivals,
+from selvedge_django.engine.context import WorkflowContext
+from selvedge_django.engine.events import Arrivals, Fence, HistoryRow
+from selvedge_django.engine.execution import Execution
+from selvedge_django.engine.ports import (
     ChildSpec,
     ClaimedTask,
     CloseRequest,
+    ExecutionOutcome,
     ExecutionSnapshot,
-    Fence,
-    HistoryRow,
     Observation,
     ObservationResult,
     SignalMessage,
@@ -204,7 +204,8 @@ def run(
         status="running",
         history=list(history or []),
     )
-    outcome = Execution(runtime, snapshot, FENCE).run(fn)
+    execution = Execution(runtime, snapshot, FENCE)
+    outcome = execution.run(fn, WorkflowContext(execution, execution.root_scope))
     return outcome, runtime
 
 
@@ -978,10 +979,10 @@ def test_recorded_options_omit_error_classes_and_round_trip() -> None:
 def test_engine_imports_no_django() -> None:
     code = (
         "import sys\n"
-        "import selvedge_django.engine\n"
-        "import selvedge_django.engine.activity, selvedge_django.engine.codec\n"
-        "import selvedge_django.engine.durations, selvedge_django.engine.execution\n"
-        "import selvedge_django.engine.options, selvedge_django.engine.store\n"
+        "import importlib, pkgutil\n"
+        "import selvedge_django.engine as engine\n"
+        "for info in pkgutil.iter_modules(engine.__path__):\n"
+        "    importlib.import_module('selvedge_django.engine.' + info.name)\n"
         "bad = sorted(m for m in sys.modules if m == 'django' or m.startswith('django.'))\n"
         "print(','.join(bad))\n"
     )
@@ -996,3 +997,37 @@ def test_engine_imports_no_django() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == ""
+
+
+def test_engine_modules_import_only_modules_below_them() -> None:
+    """Each engine module imports only modules earlier in ``engine.ORDER`` (no cycle).
+
+    Imports under ``if TYPE_CHECKING:`` and inside functions count too: an arrow
+    that needs hiding is an arrow against the order.
+    """
+    import ast
+
+    from selvedge_django import engine
+
+    folder = ROOT / "selvedge_django" / "engine"
+    modules = sorted(p.stem for p in folder.glob("*.py") if p.stem != "__init__")
+    assert sorted(engine.ORDER) == modules, "engine.ORDER must list every engine module"
+    rank = {name: index for index, name in enumerate(engine.ORDER)}
+    against = []
+    for name in modules:
+        tree = ast.parse((folder / f"{name}.py").read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                targets = [node.module] if node.module else [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                prefix = "selvedge_django.engine."
+                if not node.module.startswith(prefix):
+                    continue
+                targets = [node.module[len(prefix) :]]
+            else:
+                continue
+            for target in targets:
+                target = target.split(".")[0]
+                if rank[target] >= rank[name]:
+                    against.append(f"{name} imports {target}")
+    assert against == []

@@ -269,8 +269,8 @@ def test_a_hostile_input_filter_path_is_a_value_error(tdb: None, path: str) -> N
     ids=["fields-not-an-object", "attempt-not-a-number", "last-error-not-an-object", "type"],
 )
 def test_a_corrupt_error_envelope_raises_replay_decode_error(envelope: dict[str, Any]) -> None:
+    from selvedge_django.engine.events import HistoryRow
     from selvedge_django.engine.handles import decode_outcome
-    from selvedge_django.engine.store import HistoryRow
 
     row = HistoryRow("k", 1, "activity", "ActivityFailed", json.dumps(envelope))
     with pytest.raises(sv.ReplayDecodeError, match="error envelope"):
@@ -278,8 +278,8 @@ def test_a_corrupt_error_envelope_raises_replay_decode_error(envelope: dict[str,
 
 
 def test_a_recorded_value_that_is_not_json_raises_replay_decode_error() -> None:
+    from selvedge_django.engine.events import HistoryRow
     from selvedge_django.engine.handles import decode_outcome
-    from selvedge_django.engine.store import HistoryRow
 
     row = HistoryRow("k", 1, "activity", "ActivityCompleted", "{not json")
     with pytest.raises(sv.ReplayDecodeError):
@@ -483,7 +483,8 @@ def test_a_read_first_delivery_binds_bounded_lists(tdb: None, widest_statement: 
     from django.db import connection
 
     from selvedge_django.engine.codec import Codec
-    from selvedge_django.engine.store import Arrivals, Observation
+    from selvedge_django.engine.events import Arrivals
+    from selvedge_django.engine.ports import Observation
     from selvedge_django.store import DjangoStore
 
     iid = sv.start_workflow("limits.wait_many", 50)

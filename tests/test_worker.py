@@ -18,7 +18,8 @@ import pytest
 import selvedge_django as sv
 from selvedge_django import registry
 from selvedge_django.engine.codec import Codec
-from selvedge_django.engine.store import CloseRequest, Fence, HistoryRow, TaskSpec
+from selvedge_django.engine.events import Fence, HistoryRow
+from selvedge_django.engine.ports import CloseRequest, TaskSpec
 from selvedge_django.models import ActivityTask, HistoryEvent, WorkflowInstance
 from selvedge_django.store import DjangoStore, set_clock_offset_ms
 from tests.testapp import workflows as wf

@@ -9,20 +9,17 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .. import exceptions as exc
-from .codec import contains_nul, decode_time, error_to_envelope
+from .codec import contains_nul, decode_time
 from .durations import MAX_DURATION_SECONDS, to_seconds
-from .handles import ChildHandle, Future, Timer, decode_outcome
-from .identifiers import check_instance_id, check_workflow_name
-from .store import (
+from .events import (
     CMD_ACTIVITY,
     CMD_AWAIT,
     CMD_CANCEL_SCOPE,
     CMD_CHILD,
     CMD_NOW,
-    CMD_RECEIVE,
     CMD_SLEEP,
     EV_ACTIVITY_CANCELLED,
     EV_AWAIT_CANCELLED,
@@ -31,70 +28,28 @@ from .store import (
     EV_CHILD_START_FAILED,
     EV_NOW_RECORDED,
     EV_SCOPE_CANCELLED,
-    EV_SIGNAL_CANCELLED,
-    EV_SIGNAL_NONE,
-    EV_SIGNAL_RECEIVED,
-    EV_SIGNAL_TIMEOUT,
     EV_TIMER_CANCELLED,
     EV_TIMER_EXPIRED,
-    ChildSpec,
     HistoryRow,
-    Observation,
-    TaskSpec,
+    SignalPosition,
+    error_data,
+    reservation_of,
 )
-
-if TYPE_CHECKING:
-    from .context import Scope
-    from .execution import Execution
-    from .options import ActivityOptions
+from .execution import Execution
+from .handles import ChildHandle, Future, Timer, decode_outcome
+from .identifiers import check_instance_id, check_workflow_name
+from .options import ActivityOptions
+from .ports import ChildSpec, Observation, TaskSpec
+from .scope import Scope
 
 __all__ = [
     "cancel_scope",
     "issue_activity",
     "new_timer",
     "now",
-    "receive",
-    "receive_async",
-    "receive_with_timeout",
     "start_child",
-    "valid_channel",
     "wait_condition",
 ]
-
-
-def envelope(error: BaseException) -> str:
-    return json.dumps(error_to_envelope(error, with_traceback=False))
-
-
-def valid_channel(channel: object) -> bool:
-    """1 to 255 bytes of UTF-8 (no lone surrogates) without NUL, which PostgreSQL refuses."""
-    if not isinstance(channel, str) or "\x00" in channel:
-        return False
-    try:
-        return 1 <= len(channel.encode("utf-8")) <= 255
-    except UnicodeEncodeError:
-        return False
-
-
-def _check_channel(channel: object) -> str:
-    if not valid_channel(channel):
-        raise exc.InvalidSignalChannel(
-            f"signal channel must contain 1 to 255 UTF-8 bytes, not {channel!r}"
-        )
-    return str(channel)
-
-
-def cancellation(execution: Execution, scope: Scope) -> BaseException | None:
-    """The cancellation a blocking wait in ``scope`` observes now (live), if any."""
-    if scope.locally_cancelled():
-        return exc.ScopeCancelled()
-    if not scope.attached():
-        return None
-    store = execution.runtime.store
-    requested, reason = execution.guarded(lambda: store.cancel_state(execution.instance_id))
-    if requested:
-        return exc.WorkflowCancelled(execution.instance_id, reason)
-    return None
 
 
 # -- activities --------------------------------------------------------------------------
@@ -128,8 +83,6 @@ def issue_activity(
     future: Future[Any] = Future(execution, scope, key, activity.name)
     recorded = execution.history.get(key)
     if recorded is not None:
-        from .execution import reservation_of
-
         reserved_name = reservation_of(recorded).get("name")
         if reserved_name is not None and reserved_name != activity.name:
             raise execution.nondeterminism(
@@ -150,7 +103,7 @@ def issue_activity(
                 seq,
                 CMD_ACTIVITY,
                 EV_ACTIVITY_CANCELLED,
-                envelope(exc.ScopeCancelled()),
+                error_data(exc.ScopeCancelled()),
                 reservation,
                 seq,
             )
@@ -271,7 +224,7 @@ def new_timer(
     if scope.locally_cancelled():
         execution.record(
             HistoryRow(
-                key, seq, CMD_SLEEP, EV_TIMER_CANCELLED, envelope(exc.ScopeCancelled()), None, seq
+                key, seq, CMD_SLEEP, EV_TIMER_CANCELLED, error_data(exc.ScopeCancelled()), None, seq
             )
         )
         return timer
@@ -304,184 +257,19 @@ def new_timer(
     return timer
 
 
-# -- signals -----------------------------------------------------------------------------
-
-
-def _signal_outcome(execution: Execution, row: HistoryRow) -> Any:
-    if row.event_type == EV_SIGNAL_RECEIVED:
-        return json.loads(row.data) if row.data is not None else None
-    if row.event_type == EV_SIGNAL_TIMEOUT:
-        raise exc.ReceiveTimeout(f"no signal before the timeout ({row.key})")
-    return decode_outcome(row)
-
-
-def receive(execution: Execution, scope: Scope, channel: str) -> Any:
-    """Consume the oldest signal of ``channel``; cancellation is observed first."""
-    execution.check_command()
-    channel = _check_channel(channel)
-    seq, key = execution.next_position(None, CMD_RECEIVE, f"receive:{channel}")
-    recorded = execution.history.get(key)
-    if recorded is not None and recorded.has_value:
-        return _signal_outcome(execution, recorded)
-    if execution.readonly:
-        raise execution.suspend(f"receive {key!r} is not recorded")
-    cancelled = cancellation(execution, scope)
-    if cancelled is not None:
-        execution.observe(
-            Observation(
-                seq,
-                record=HistoryRow(key, seq, CMD_RECEIVE, EV_SIGNAL_CANCELLED, envelope(cancelled)),
-                deliver_all=True,
-            )
-        )
-        raise cancelled
-    store = execution.runtime.store
-    message = execution.guarded(lambda: store.next_signal(execution.instance_id, channel))
-    if message is None:
-        raise execution.suspend(f"no signal on {channel!r}")
-    execution.observe(
-        Observation(
-            seq,
-            record=HistoryRow(key, seq, CMD_RECEIVE, EV_SIGNAL_RECEIVED, message.payload),
-            consume=message.id,
-            deliver_all=True,
-        )
-    )
-    _signal_received(execution, key)
-    return json.loads(message.payload)
-
-
-def _signal_received(execution: Execution, key: str) -> None:
-    execution.runtime.fire(
-        "on_signal_received",
-        instance_id=execution.instance_id,
-        workflow_name=execution.workflow_name,
-        key=key,
-    )
-
-
-def receive_with_timeout(
-    execution: Execution, scope: Scope, channel: str, timeout: float | timedelta
-) -> Any:
-    """Receive with a durable timer: cancellation, then a signal, then the timer."""
-    execution.check_command()
-    channel = _check_channel(channel)
-    seconds = to_seconds(timeout, "receive timeout", allow_nonpositive=True)
-    seq, key = execution.next_position(None, CMD_RECEIVE, f"receive:{channel}")
-    recorded = execution.history.get(key)
-    if recorded is not None and recorded.has_value:
-        return _signal_outcome(execution, recorded)
-    if execution.readonly:
-        raise execution.suspend(f"receive {key!r} is not recorded")
-    fence = execution.fence
-    assert fence is not None
-    store = execution.runtime.store
-    if recorded is None:
-        if seconds <= 0:
-            execution.record(HistoryRow(key, seq, CMD_RECEIVE, EV_SIGNAL_TIMEOUT, json.dumps(None)))
-            raise exc.ReceiveTimeout(f"receive on {channel!r} timed out at once")
-        if scope.locally_cancelled():
-            error = exc.ScopeCancelled()
-            execution.observe(
-                Observation(
-                    seq,
-                    record=HistoryRow(key, seq, CMD_RECEIVE, EV_SIGNAL_CANCELLED, envelope(error)),
-                    deliver_all=True,
-                )
-            )
-            raise error
-        expires = execution.time_base() + timedelta(seconds=seconds)
-        row = HistoryRow(
-            key, seq, CMD_RECEIVE, reservation=json.dumps({"expires_at": expires.isoformat()})
-        )
-        stored = execution.guarded(lambda: store.reserve_timer(fence, row, expires, seconds))
-        execution.check_stored(key, stored, CMD_RECEIVE)
-    cancelled = cancellation(execution, scope)
-    if cancelled is not None:
-        _fill(execution, seq, key, EV_SIGNAL_CANCELLED, envelope(cancelled))
-        raise cancelled
-    message = execution.guarded(lambda: store.next_signal(execution.instance_id, channel))
-    if message is not None:
-        result = execution.observe(
-            Observation(
-                seq,
-                fill=HistoryRow(key, seq, CMD_RECEIVE, EV_SIGNAL_RECEIVED, message.payload),
-                consume=message.id,
-                retire_timer=key,
-                deliver_all=True,
-            )
-        )
-        assert result.stored is not None
-        if result.stored.event_type == EV_SIGNAL_RECEIVED:
-            _signal_received(execution, key)
-        return _signal_outcome(execution, result.stored)
-    if execution.guarded(lambda: store.timer_fired(execution.instance_id, key)):
-        stored_row = _fill(execution, seq, key, EV_SIGNAL_TIMEOUT, json.dumps(None))
-        return _signal_outcome(execution, stored_row)
-    raise execution.suspend(f"no signal on {channel!r} yet")
-
-
-def _fill(execution: Execution, seq: int, key: str, event_type: str, data: str) -> HistoryRow:
-    result = execution.observe(
-        Observation(
-            seq,
-            fill=HistoryRow(key, seq, CMD_RECEIVE, event_type, data),
-            retire_timer=key,
-            deliver_all=True,
-        )
-    )
-    assert result.stored is not None
-    if result.stored.event_type != event_type:
-        return result.stored
-    if event_type == EV_SIGNAL_CANCELLED:
-        return result.stored
-    return result.stored
-
-
-def receive_async(execution: Execution, channel: str) -> tuple[Any, bool]:
-    """Record the next delivered signal of ``channel``, or that none was available."""
-    execution.check_command()
-    channel = _check_channel(channel)
-    seq, key = execution.next_position(None, CMD_RECEIVE, f"receive:{channel}")
-    recorded = execution.history.get(key)
-    if recorded is not None and recorded.has_value:
-        if recorded.event_type == EV_SIGNAL_NONE:
-            return None, False
-        return _signal_outcome(execution, recorded), True
-    if execution.readonly:
-        raise execution.suspend(f"receive {key!r} is not recorded")
-    position = execution.oldest_pending(channel)
-    if position is None:
-        execution.record(HistoryRow(key, seq, CMD_RECEIVE, EV_SIGNAL_NONE, json.dumps(None)))
-        return None, False
-    store = execution.runtime.store
-    payload = execution.guarded(lambda: store.signal_payload(position.id))
-    execution.observe(
-        Observation(
-            seq,
-            record=HistoryRow(key, seq, CMD_RECEIVE, EV_SIGNAL_RECEIVED, payload),
-            consume=position.id,
-        )
-    )
-    _signal_received(execution, key)
-    return (json.loads(payload) if payload is not None else None), True
-
-
 # -- conditions --------------------------------------------------------------------------
 
 
 def _evaluate(execution: Execution, predicate: Any) -> bool:
-    execution.in_predicate = True
-    try:
-        return bool(predicate())
-    except exc.NondeterminismError:
-        raise
-    except BaseException as error:
-        if execution.suspension is not None:
+    with execution.evaluating_predicate():
+        try:
+            return bool(predicate())
+        except exc.NondeterminismError:
             raise
-        raise execution.fail(error) from error
-    finally:
-        execution.in_predicate = False
+        except BaseException as error:
+            if execution.suspension is not None:
+                raise
+            raise execution.fail(error) from error
 
 
 def wait_condition(execution: Execution, scope: Scope, predicate: Any) -> None:
@@ -504,17 +292,10 @@ def wait_condition(execution: Execution, scope: Scope, predicate: Any) -> None:
     arrivals = execution.guarded(lambda: store.arrivals(execution.instance_id))
     for arrived_key in arrivals.keys:
         execution.refresh(arrived_key)
-    from .store import SignalPosition
-
     for signal_id, channel in arrivals.signals:
         execution.signals.setdefault(signal_id, SignalPosition(signal_id, channel))
-    execution.candidate_keys = frozenset(arrivals.keys)
-    execution.candidate_signals = frozenset(sid for sid, _ in arrivals.signals)
-    try:
+    with execution.with_candidates(arrivals):
         satisfied = _evaluate(execution, predicate)
-    finally:
-        execution.candidate_keys = frozenset()
-        execution.candidate_signals = frozenset()
     if satisfied:
         execution.observe(
             Observation(
@@ -524,12 +305,12 @@ def wait_condition(execution: Execution, scope: Scope, predicate: Any) -> None:
             )
         )
         return
-    cancelled = cancellation(execution, scope)
+    cancelled = execution.cancellation(scope)
     if cancelled is not None:
         execution.observe(
             Observation(
                 seq,
-                record=HistoryRow(key, seq, CMD_AWAIT, EV_AWAIT_CANCELLED, envelope(cancelled)),
+                record=HistoryRow(key, seq, CMD_AWAIT, EV_AWAIT_CANCELLED, error_data(cancelled)),
                 deliver_all=True,
             )
         )
@@ -568,8 +349,6 @@ def start_child(
     )
     scope.commands.append((key, CMD_CHILD, instance))
     handle: ChildHandle[Any] = ChildHandle(execution, scope, key, instance)
-    from .execution import reservation_of
-
     recorded = execution.history.get(key)
     if recorded is not None:
         reserved = reservation_of(recorded)
@@ -593,7 +372,7 @@ def start_child(
                 seq,
                 CMD_CHILD,
                 EV_CHILD_CANCELLED,
-                envelope(exc.ScopeCancelled()),
+                error_data(exc.ScopeCancelled()),
                 reservation,
                 seq,
             )
@@ -638,8 +417,6 @@ def cancel_scope(execution: Execution, scope: Scope) -> None:
                     target["child_id"] = child
                 targets.append(target)
     seq, key = execution.next_position(None, CMD_CANCEL_SCOPE, "cancel_scope")
-    from .execution import reservation_of
-
     recorded = execution.history.get(key)
     if recorded is not None:
         reserved = reservation_of(recorded).get("targets")
@@ -654,7 +431,7 @@ def cancel_scope(execution: Execution, scope: Scope) -> None:
         return
     if execution.readonly:
         raise execution.suspend(f"cancel_scope {key!r} is not recorded")
-    data = envelope(exc.ScopeCancelled())
+    data = error_data(exc.ScopeCancelled())
     execution.observe(
         Observation(
             seq,

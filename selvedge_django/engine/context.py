@@ -12,59 +12,31 @@ import dataclasses
 import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import Any, Protocol, TypeVar, overload
 
 from .. import exceptions as exc
-from . import commands
+from . import commands, inbox
+from .events import HistoryRow
+from .execution import Execution
+from .handles import ChildHandle, Timer
+from .identifiers import valid_channel
+from .scope import Scope
 
-if TYPE_CHECKING:
-    from .execution import Execution
-    from .handles import ChildHandle, ChildWorkflow, Timer
-    from .store import HistoryRow
-
-__all__ = ["Scope", "WorkflowContext"]
+__all__ = ["ChildWorkflow", "WorkflowContext"]
 
 InT = TypeVar("InT")
 OutT = TypeVar("OutT")
+OutT_co = TypeVar("OutT_co", covariant=True)
+InT_contra = TypeVar("InT_contra", contravariant=True)
 
 
-class Scope:
-    """A cancellation scope: attached to the workflow's request unless detached."""
+class ChildWorkflow(Protocol[InT_contra, OutT_co]):
+    """What ``ctx.start_child()`` accepts besides a name: a workflow definition."""
 
-    def __init__(self, execution: Execution, parent: Scope | None, detached: bool) -> None:
-        self.execution = execution
-        self.parent = parent
-        self.detached = detached
-        self.cancelled = False
-        self.children: list[Scope] = []
-        self.commands: list[tuple[str, str, str]] = []  # (key, command, child id)
-        if parent is not None:
-            parent.children.append(self)
+    @property
+    def name(self) -> str: ...
 
-    def locally_cancelled(self) -> bool:
-        scope: Scope | None = self
-        while scope is not None:
-            if scope.cancelled:
-                return True
-            scope = scope.parent
-        return False
-
-    def attached(self) -> bool:
-        """True when the durable cancel request reaches this scope."""
-        scope: Scope | None = self
-        while scope is not None:
-            if scope.detached:
-                return False
-            scope = scope.parent
-        return True
-
-    def subtree(self) -> list[Scope]:
-        """This scope and its attached (non-detached) descendants."""
-        found = [self]
-        for child in self.children:
-            if not child.detached:
-                found.extend(child.subtree())
-        return found
+    def __call__(self, ctx: WorkflowContext, input: InT_contra, /) -> OutT_co: ...
 
 
 class _ReplayAwareLogger(logging.LoggerAdapter):
@@ -156,20 +128,20 @@ class WorkflowContext:
 
     def receive(self, channel: str) -> Any:
         """Consume the oldest signal of ``channel``, suspending until one exists."""
-        return commands.receive(self._execution, self._scope, channel)
+        return inbox.receive(self._execution, self._scope, channel)
 
     def receive_with_timeout(self, channel: str, timeout: float | timedelta) -> Any:
         """Like :meth:`receive`, raising :class:`ReceiveTimeout` after ``timeout``."""
-        return commands.receive_with_timeout(self._execution, self._scope, channel, timeout)
+        return inbox.receive_with_timeout(self._execution, self._scope, channel, timeout)
 
     def receive_async(self, channel: str) -> tuple[Any, bool]:
         """Record the next delivered signal of ``channel`` or that none was there."""
-        return commands.receive_async(self._execution, channel)
+        return inbox.receive_async(self._execution, channel)
 
     def pending(self, channel: str) -> int:
         """Count delivered, unconsumed signals of ``channel`` (no I/O)."""
         execution = self._execution
-        if not commands.valid_channel(channel):
+        if not valid_channel(channel):
             raise execution.fail(
                 exc.InvalidSignalChannel(f"pending() got an invalid channel {channel!r}")
             )
@@ -209,9 +181,7 @@ class WorkflowContext:
 
     def with_cancel(self) -> tuple[WorkflowContext, Callable[[], None]]:
         """Return a context in a child scope and the function that cancels it."""
-        from .context import Scope
-
-        scope = Scope(self._execution, parent=self._scope, detached=False)
+        scope = Scope(parent=self._scope, detached=False)
 
         def cancel() -> None:
             commands.cancel_scope(self._execution, scope)
@@ -220,7 +190,7 @@ class WorkflowContext:
 
     def detached(self) -> WorkflowContext:
         """Return a context whose scope ignores the workflow's cancellation (for cleanup)."""
-        return WorkflowContext(self._execution, Scope(self._execution, parent=None, detached=True))
+        return WorkflowContext(self._execution, Scope(parent=None, detached=True))
 
     # -- queries --------------------------------------------------------------------------
 

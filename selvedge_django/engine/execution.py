@@ -14,7 +14,8 @@ timer fire, child outcome, signal) becomes visible to ``is_ready()`` and
 delivered it, so replay rebuilds exactly what the original run saw.
 
 Nothing here imports Django: the runtime hands the execution its store, codec,
-clock and activity runner.
+clock and activity runner, and the caller builds the workflow context it runs
+the code with (``execution.run(fn, WorkflowContext(execution, execution.root_scope))``).
 """
 
 from __future__ import annotations
@@ -23,36 +24,30 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any
 
 from .. import exceptions as exc
-from .codec import Codec, error_to_envelope
+from .codec import error_to_envelope
+from .events import CMD_ACTIVITY, CMD_CHILD, CMD_SLEEP, Arrivals, Fence, HistoryRow, SignalPosition
 from .identifiers import instance_id_problem
-from .store import (
-    CMD_ACTIVITY,
-    CMD_CHILD,
-    CMD_SLEEP,
-    Arrivals,
-    ClaimedTask,
+from .ports import (
     CloseRequest,
-    EngineStore,
+    ExecutionOutcome,
     ExecutionSnapshot,
-    Fence,
-    HistoryRow,
+    HistoryLimits,
     Observation,
     ObservationResult,
-    SignalPosition,
+    Runtime,
 )
+from .scope import Scope
 
 __all__ = [
     "Execution",
     "ExecutionOutcome",
     "Frontier",
-    "HistoryLimits",
-    "Runtime",
     "Suspend",
     "current_execution",
 ]
@@ -70,31 +65,6 @@ class Frontier(Suspend):
     """A read-only replay reached the first unrecorded command."""
 
 
-class Runtime(Protocol):
-    """What an execution needs from the process that runs it."""
-
-    @property
-    def store(self) -> EngineStore: ...
-
-    @property
-    def codec(self) -> Codec: ...
-
-    @property
-    def worker_id(self) -> str: ...
-
-    def clock(self) -> datetime: ...
-
-    def lease_valid(self, fence: Fence) -> bool: ...
-
-    def can_run_inline(self, activity_name: str, queue: str) -> bool: ...
-
-    def run_attempt(self, task: ClaimedTask) -> tuple[str, str] | None: ...
-
-    def tasks_reserved(self) -> None: ...
-
-    def fire(self, hook: str, **fields: Any) -> None: ...
-
-
 _local = threading.local()
 
 
@@ -103,38 +73,11 @@ def current_execution() -> Execution | None:
     return getattr(_local, "execution", None)
 
 
-@dataclass(frozen=True)
-class HistoryLimits:
-    """The most an instance's history may hold: command rows, and bytes of stored values.
-
-    A runtime that has limits exposes them as ``history_limits``; an execution
-    then fails with :class:`HistoryLimitExceeded` instead of issuing a command
-    once its history has reached either one.
-    """
-
-    events: int
-    bytes: int
-
-
 def _row_size(row: HistoryRow, exact: bool) -> int:
     data, reservation = row.data or "", row.reservation or ""
     if exact:
         return len(data.encode("utf-8")) + len(reservation.encode("utf-8"))
     return len(data) + len(reservation)
-
-
-@dataclass
-class ExecutionOutcome:
-    """How an execution ended: closed, suspended or abandoned.
-
-    ``workflow_error`` is what the workflow code itself raised when ``error`` is
-    a divergence found after it (recorded commands the code stopped before).
-    """
-
-    kind: str  # "completed" | "failed" | "cancelled" | "suspended" | "abandoned"
-    output: Any = None
-    error: BaseException | None = None
-    workflow_error: BaseException | None = None
 
 
 class Execution:
@@ -148,8 +91,6 @@ class Execution:
         *,
         readonly: bool = False,
     ) -> None:
-        from .context import Scope, WorkflowContext
-
         self.runtime = runtime
         self.snapshot = snapshot
         self.fence = fence
@@ -195,8 +136,7 @@ class Execution:
         # to report it, checked at every command boundary.
         self.deadline: float | None = None
         self.on_deadline: Callable[[], BaseException] | None = None
-        self.root_scope = Scope(self, parent=None, detached=False)
-        self.context = WorkflowContext(self, self.root_scope)
+        self.root_scope = Scope(parent=None, detached=False)
 
     # -- state ------------------------------------------------------------------------
 
@@ -236,6 +176,56 @@ class Execution:
             raise self.nondeterminism(f"{what} issued inside an activity")
         if self.in_predicate:
             raise self.nondeterminism(f"{what} issued inside a wait_condition predicate")
+
+    def cancellation(self, scope: Scope) -> BaseException | None:
+        """The cancellation a blocking wait in ``scope`` observes now (live), if any."""
+        if scope.locally_cancelled():
+            return exc.ScopeCancelled()
+        if not scope.attached():
+            return None
+        store = self.runtime.store
+        requested, reason = self.guarded(lambda: store.cancel_state(self.instance_id))
+        if requested:
+            return exc.WorkflowCancelled(self.instance_id, reason)
+        return None
+
+    @contextmanager
+    def running_activity(self) -> Iterator[None]:
+        """Mark an inline activity attempt: workflow commands are refused inside it."""
+        self.in_activity = True
+        try:
+            yield
+        finally:
+            self.in_activity = False
+
+    @contextmanager
+    def evaluating_predicate(self) -> Iterator[None]:
+        """Mark a ``wait_condition`` predicate: workflow commands are refused inside it."""
+        self.in_predicate = True
+        try:
+            yield
+        finally:
+            self.in_predicate = False
+
+    @contextmanager
+    def with_candidates(self, arrivals: Arrivals) -> Iterator[None]:
+        """Let a predicate see ``arrivals`` as if delivered, for one evaluation."""
+        self.candidate_keys = frozenset(arrivals.keys)
+        self.candidate_signals = frozenset(sid for sid, _ in arrivals.signals)
+        try:
+            yield
+        finally:
+            self.candidate_keys = frozenset()
+            self.candidate_signals = frozenset()
+
+    @contextmanager
+    def answering_query(self) -> Iterator[None]:
+        """Mark a query handler's run: workflow commands raise QueryCommandError inside it."""
+        self.in_query = True
+        try:
+            yield
+        finally:
+            self.in_query = False
 
     def suspend(self, why: str) -> Suspend:
         """Return the suspension to raise; later commands are rejected without writes."""
@@ -477,14 +467,18 @@ class Execution:
 
     # -- running ----------------------------------------------------------------------
 
-    def run(self, fn: Callable[[Any, Any], Any]) -> ExecutionOutcome:
-        """Run the workflow function once and classify how it ended (no close written)."""
+    def run(self, fn: Callable[[Any, Any], Any], context: Any) -> ExecutionOutcome:
+        """Run ``fn(context, input)`` once and classify how it ended (no close written).
+
+        ``context`` is the handle the code issues commands through, built by the
+        caller on this execution and its :attr:`root_scope`.
+        """
         self.thread_id = threading.get_ident()
         previous = getattr(_local, "execution", None)
         _local.execution = self
         try:
             try:
-                output = fn(self.context, self.snapshot.input)
+                output = fn(context, self.snapshot.input)
             except BaseException as error:
                 if self.suspension is not None or isinstance(error, Suspend):
                     return self._after_suspension()
@@ -597,26 +591,3 @@ class Execution:
         assert outcome.error is not None
         envelope = json.dumps(error_to_envelope(outcome.error, codec=codec))
         return CloseRequest(outcome.kind, None, envelope, **extra)  # type: ignore[arg-type]
-
-
-def reservation_of(row: HistoryRow | None) -> dict[str, Any]:
-    if row is None or not row.reservation:
-        return {}
-    try:
-        data = json.loads(row.reservation)
-    except ValueError:
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def __getattr__(name: str) -> Any:
-    # WorkflowContext and Future live in their own modules; keep the old import path.
-    if name == "WorkflowContext":
-        from .context import WorkflowContext
-
-        return WorkflowContext
-    if name == "Future":
-        from .handles import Future
-
-        return Future
-    raise AttributeError(name)

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, TypeVar
 
 from .. import exceptions as exc
-from .codec import decode_time, error_from_envelope, error_to_envelope
-from .store import (
+from .codec import decode_time, error_from_envelope
+from .events import (
     CMD_ACTIVITY,
     CMD_CHILD,
     CMD_CHILD_CANCEL,
@@ -27,31 +27,16 @@ from .store import (
     EV_TIMER_CANCELLED,
     EV_TIMER_EXPIRED,
     HistoryRow,
-    Observation,
+    error_data,
+    reservation_of,
 )
+from .execution import Execution
+from .ports import ClaimedTask, Observation
+from .scope import Scope
 
-if TYPE_CHECKING:
-    from .context import Scope, WorkflowContext
-    from .execution import Execution
-    from .store import ClaimedTask
-
-__all__ = ["ChildHandle", "ChildWorkflow", "Future", "Timer", "decode_outcome"]
+__all__ = ["ChildHandle", "Future", "Timer", "decode_outcome"]
 
 OutT_co = TypeVar("OutT_co", covariant=True)
-InT_contra = TypeVar("InT_contra", contravariant=True)
-
-
-class ChildWorkflow(Protocol[InT_contra, OutT_co]):
-    """What ``ctx.start_child()`` accepts besides a name: a workflow definition."""
-
-    @property
-    def name(self) -> str: ...
-
-    def __call__(self, ctx: WorkflowContext, input: InT_contra, /) -> OutT_co: ...
-
-
-def _envelope(error: BaseException) -> str:
-    return json.dumps(error_to_envelope(error, with_traceback=False))
 
 
 def decode_outcome(row: HistoryRow, *, raise_it: bool = True) -> Any:
@@ -114,10 +99,8 @@ class _Handle:
 
     def _cancel_on_wait(self) -> HistoryRow | None:
         """Observe the issuing scope's cancellation; return the stored outcome then."""
-        from .commands import cancellation
-
         execution = self._execution
-        error = cancellation(execution, self._scope)
+        error = execution.cancellation(self._scope)
         if error is None:
             return None
         return self._record_cancelled(error)
@@ -136,7 +119,7 @@ class Future(_Handle, Generic[OutT_co]):
         self._activity_name = activity_name
         self._claimed: ClaimedTask | None = None
 
-    def get(self, ctx: WorkflowContext | None = None) -> OutT_co:
+    def get(self, ctx: object = None) -> OutT_co:
         """Return the activity's result, raise its error, or suspend until it exists."""
         if self._resolved is None:
             self._execution.check_command("Future.get()")
@@ -167,8 +150,6 @@ class Future(_Handle, Generic[OutT_co]):
             cancelled = self._cancel_on_wait()
             if cancelled is not None:
                 return cancelled
-            from .execution import reservation_of
-
             queue = str(reservation_of(execution.history.get(self._key)).get("queue", ""))
             if not execution.runtime.can_run_inline(self._activity_name, queue):
                 return None
@@ -180,11 +161,8 @@ class Future(_Handle, Generic[OutT_co]):
             )
             if task is None:
                 return None
-        execution.in_activity = True
-        try:
+        with execution.running_activity():
             written = execution.runtime.run_attempt(task)
-        finally:
-            execution.in_activity = False
         if written is None:
             return self._stored()
         # The attempt recorded the first value at this key: no need to read it back.
@@ -206,7 +184,7 @@ class Future(_Handle, Generic[OutT_co]):
             Observation(
                 execution.seq,
                 fill=HistoryRow(
-                    self._key, None, CMD_ACTIVITY, EV_ACTIVITY_CANCELLED, _envelope(error)
+                    self._key, None, CMD_ACTIVITY, EV_ACTIVITY_CANCELLED, error_data(error)
                 ),
                 cancel_tasks=(self._key,),
             )
@@ -220,7 +198,7 @@ class Timer(_Handle):
 
     command = CMD_SLEEP
 
-    def get(self, ctx: WorkflowContext | None = None) -> datetime:
+    def get(self, ctx: object = None) -> datetime:
         """Return the recorded expiry (aware UTC), or raise the timer's cancellation."""
         return self._wait(batch=False)
 
@@ -244,16 +222,14 @@ class Timer(_Handle):
         raise raised
 
     def _cancel_on_wait(self, batch: bool = False) -> HistoryRow | None:
-        from .commands import cancellation
-
         execution = self._execution
-        error = cancellation(execution, self._scope)
+        error = execution.cancellation(self._scope)
         if error is None:
             return None
         result = execution.observe(
             Observation(
                 execution.seq,
-                fill=HistoryRow(self._key, None, CMD_SLEEP, EV_TIMER_CANCELLED, _envelope(error)),
+                fill=HistoryRow(self._key, None, CMD_SLEEP, EV_TIMER_CANCELLED, error_data(error)),
                 retire_timer=self._key,
                 deliver_all=batch,
             )
@@ -277,7 +253,7 @@ class ChildHandle(_Handle, Generic[OutT_co]):
         """The child's instance id (set even when a cancelled scope prevented its start)."""
         return self._child_id
 
-    def get(self, ctx: WorkflowContext | None = None) -> OutT_co:
+    def get(self, ctx: object = None) -> OutT_co:
         """Return the child's result, raise its error, or suspend until it closes."""
         execution = self._execution
         if self._resolved is None:
@@ -296,7 +272,7 @@ class ChildHandle(_Handle, Generic[OutT_co]):
         result = execution.observe(
             Observation(
                 execution.seq,
-                fill=HistoryRow(self._key, None, CMD_CHILD, EV_CHILD_CANCELLED, _envelope(error)),
+                fill=HistoryRow(self._key, None, CMD_CHILD, EV_CHILD_CANCELLED, error_data(error)),
                 cancel_children=((self._child_id, self._key),),
                 cancel_reason=f"parent {execution.instance_id} cancelled",
             )
@@ -304,7 +280,7 @@ class ChildHandle(_Handle, Generic[OutT_co]):
         assert result.stored is not None
         return result.stored
 
-    def cancel(self, ctx: WorkflowContext | None = None) -> None:
+    def cancel(self, ctx: object = None) -> None:
         """Record one cancel command, resolve this handle and request the child's cancel."""
         execution = self._execution
         if self._cancel_issued:
@@ -315,8 +291,6 @@ class ChildHandle(_Handle, Generic[OutT_co]):
         target = {"child_key": self._key, "child_id": self._child_id}
         recorded = execution.history.get(key)
         if recorded is not None:
-            from .execution import reservation_of
-
             # Older records carry no target: they stay readable, unchecked.
             reserved = reservation_of(recorded)
             if reserved and reserved != target:
@@ -348,7 +322,7 @@ class ChildHandle(_Handle, Generic[OutT_co]):
                     json.dumps(target),
                     seq,
                 ),
-                fill_cancelled=((self._key, EV_CHILD_CANCELLED, _envelope(error)),),
+                fill_cancelled=((self._key, EV_CHILD_CANCELLED, error_data(error)),),
                 cancel_children=() if never_or_done else ((self._child_id, self._key),),
                 cancel_reason=f"cancelled by parent {execution.instance_id}",
             )

@@ -17,6 +17,7 @@ __all__ = [
     "check_workflow_name",
     "instance_id_problem",
     "name_problem",
+    "valid_channel",
 ]
 
 _REFUSED_CATEGORIES = ("Cc", "Cs")  # control characters, lone surrogates
@@ -59,3 +60,16 @@ def check_workflow_name(value: object) -> str:
     if problem is not None:
         raise exc.WorkflowStartRejected(problem)
     return str(value)
+
+
+def valid_channel(channel: object) -> bool:
+    """True for a valid signal channel: 1 to 255 bytes of UTF-8 (no lone surrogates) without NUL.
+
+    PostgreSQL refuses NUL in text, so no channel holds one on any database.
+    """
+    if not isinstance(channel, str) or "\x00" in channel:
+        return False
+    try:
+        return 1 <= len(channel.encode("utf-8")) <= 255
+    except UnicodeEncodeError:
+        return False

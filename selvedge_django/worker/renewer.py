@@ -41,7 +41,8 @@ from .base import Loop
 
 if TYPE_CHECKING:
     from ..engine.activity import AttemptState
-    from ..engine.store import ClaimedTask, Fence, TaskClaim
+    from ..engine.events import Fence
+    from ..engine.ports import ClaimedTask, TaskClaim
     from ..runtime import WorkerRuntime
 
 __all__ = ["Renewer"]

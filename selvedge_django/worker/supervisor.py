@@ -9,7 +9,8 @@ from typing import Any
 
 from .. import local_starts as local
 from ..conf import get_settings
-from ..engine.store import ExecutionSnapshot, Fence
+from ..engine.events import Fence
+from ..engine.ports import ExecutionSnapshot
 from ..runtime import HungAttempt, WorkerRuntime
 from .activities import ActivityPoller
 from .base import Loop

@@ -1,96 +1,41 @@
-"""What the replay engine needs from storage: durable operations, one transaction each.
+"""What the replay engine needs from storage and from the process that runs it.
 
-The ORM store (:mod:`selvedge_django.store`) is the real implementation; the
-read-only replay used by queries and replay checks has its own. Every method
-that writes on behalf of an execution takes the execution's :class:`Fence` and
-commits only when that fence is still the instance's current lease (otherwise it
-raises :class:`~selvedge_django.exceptions.Fenced` and writes nothing).
+:class:`EngineStore` is the store Protocol: durable operations, one transaction
+each. The ORM store is the real implementation; the read-only replay
+(:mod:`.replay`) has one that is never reached. Every method that writes on
+behalf of an execution takes the execution's :class:`~.events.Fence` and commits
+only when that fence is still the instance's current lease (otherwise it raises
+:class:`~selvedge_django.exceptions.Fenced` and writes nothing).
+
+:class:`Runtime` is what an execution needs from its process: the store, the
+codec, the clock, inline activity attempts and hooks. The records here are the
+requests and answers passed through both.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Protocol
 
+from .codec import Codec
+from .events import Arrivals, Fence, HistoryRow, SignalPosition
+
 __all__ = [
+    "ChildSpec",
     "ClaimedTask",
     "CloseRequest",
     "EngineStore",
+    "ExecutionOutcome",
     "ExecutionSnapshot",
-    "Fence",
-    "HistoryRow",
+    "HistoryLimits",
+    "Observation",
+    "ObservationResult",
+    "Runtime",
+    "SignalMessage",
     "TaskClaim",
     "TaskSpec",
 ]
-
-# Commands (the ``command`` column of a history row).
-CMD_ACTIVITY = "activity"
-CMD_NOW = "now"
-CMD_CLOSE = "close"
-CMD_SLEEP = "sleep"
-CMD_RECEIVE = "receive"
-CMD_AWAIT = "await"
-CMD_CHILD = "child"
-CMD_CHILD_CANCEL = "child_cancel"
-CMD_CANCEL_SCOPE = "cancel_scope"
-
-# Event types (the ``event_type`` column).
-EV_RESERVED = "Reserved"
-EV_ACTIVITY_COMPLETED = "ActivityCompleted"
-EV_ACTIVITY_FAILED = "ActivityFailed"
-EV_ACTIVITY_CANCELLED = "ActivityCancelled"
-EV_NOW_RECORDED = "NowRecorded"
-EV_TIMER_EXPIRED = "TimerExpired"
-EV_TIMER_CANCELLED = "TimerCancelled"
-EV_SIGNAL_RECEIVED = "SignalReceived"
-EV_SIGNAL_CANCELLED = "SignalCancelled"
-EV_SIGNAL_NONE = "SignalNone"
-EV_SIGNAL_TIMEOUT = "SignalTimeout"
-EV_AWAIT_COMPLETED = "AwaitCompleted"
-EV_AWAIT_CANCELLED = "AwaitCancelled"
-EV_CHILD_COMPLETED = "ChildCompleted"
-EV_CHILD_FAILED = "ChildFailed"
-EV_CHILD_CANCELLED = "ChildCancelled"
-EV_CHILD_START_FAILED = "ChildStartFailed"
-EV_CHILD_CANCEL_REQUESTED = "ChildCancelRequested"
-EV_SCOPE_CANCELLED = "ScopeCancelled"
-EV_WORKFLOW_COMPLETED = "WorkflowCompleted"
-EV_WORKFLOW_FAILED = "WorkflowFailed"
-EV_WORKFLOW_CANCELLED = "WorkflowCancelled"
-
-CLOSE_KEY = "$close"
-
-CLOSE_EVENT_BY_STATUS = {
-    "completed": EV_WORKFLOW_COMPLETED,
-    "failed": EV_WORKFLOW_FAILED,
-    "cancelled": EV_WORKFLOW_CANCELLED,
-}
-
-
-@dataclass(frozen=True)
-class Fence:
-    """One execution's lease token: the writer proves it holds ``epoch``."""
-
-    instance_id: str
-    owner: str
-    epoch: int
-
-
-@dataclass(slots=True)
-class HistoryRow:
-    """One command (or the close record) of an instance's history."""
-
-    key: str
-    seq: int | None
-    command: str
-    event_type: str = EV_RESERVED
-    data: str | None = None  # JSON text; None means no value yet
-    reservation: str | None = None  # JSON text of immutable command metadata
-    delivered_seq: int | None = None
-
-    @property
-    def has_value(self) -> bool:
-        return self.data is not None
 
 
 @dataclass
@@ -109,16 +54,6 @@ class ExecutionSnapshot:
     signals: list[SignalPosition] = field(default_factory=list)
 
 
-@dataclass(slots=True)
-class SignalPosition:
-    """Where a signal became visible and where it was consumed (command positions)."""
-
-    id: int
-    channel: str
-    delivered_seq: int | None = None
-    consumed_seq: int | None = None
-
-
 @dataclass(frozen=True)
 class SignalMessage:
     """One pending inbox entry, with its payload (JSON text)."""
@@ -126,14 +61,6 @@ class SignalMessage:
     id: int
     channel: str
     payload: str
-
-
-@dataclass(frozen=True)
-class Arrivals:
-    """Recorded but undelivered outcomes and signals of an instance."""
-
-    keys: tuple[str, ...] = ()
-    signals: tuple[tuple[int, str], ...] = ()
 
 
 @dataclass
@@ -243,6 +170,33 @@ class CloseRequest:
     parent: tuple[str, str] | None = None
 
 
+@dataclass
+class ExecutionOutcome:
+    """How an execution ended: closed, suspended or abandoned.
+
+    ``workflow_error`` is what the workflow code itself raised when ``error`` is
+    a divergence found after it (recorded commands the code stopped before).
+    """
+
+    kind: str  # "completed" | "failed" | "cancelled" | "suspended" | "abandoned"
+    output: Any = None
+    error: BaseException | None = None
+    workflow_error: BaseException | None = None
+
+
+@dataclass(frozen=True)
+class HistoryLimits:
+    """The most an instance's history may hold: command rows, and bytes of stored values.
+
+    A runtime that has limits exposes them as ``history_limits``; an execution
+    then fails with :class:`HistoryLimitExceeded` instead of issuing a command
+    once its history has reached either one.
+    """
+
+    events: int
+    bytes: int
+
+
 class EngineStore(Protocol):
     """The durable operations the replay engine performs."""
 
@@ -329,3 +283,28 @@ class EngineStore(Protocol):
     def start_child(self, fence: Fence, row: HistoryRow, child: ChildSpec) -> HistoryRow:
         """Reserve the parent's command and create the child in one transaction."""
         ...
+
+
+class Runtime(Protocol):
+    """What an execution needs from the process that runs it."""
+
+    @property
+    def store(self) -> EngineStore: ...
+
+    @property
+    def codec(self) -> Codec: ...
+
+    @property
+    def worker_id(self) -> str: ...
+
+    def clock(self) -> datetime: ...
+
+    def lease_valid(self, fence: Fence) -> bool: ...
+
+    def can_run_inline(self, activity_name: str, queue: str) -> bool: ...
+
+    def run_attempt(self, task: ClaimedTask) -> tuple[str, str] | None: ...
+
+    def tasks_reserved(self) -> None: ...
+
+    def fire(self, hook: str, **fields: Any) -> None: ...

@@ -1,0 +1,38 @@
+"""The replay engine: pure Python, no Django, no import cycle.
+
+Modules import only the ones listed before them (``tests/test_engine.py`` checks
+it, and that nothing here imports Django):
+
+- ``codec``, ``durations``, ``identifiers``: payload encoding and error envelopes,
+  durations, the one validator per identifier (instance id, workflow name, channel).
+- ``events``: the history vocabulary (commands, event types, rows, fences) and the
+  one error-envelope helper, ``error_data``.
+- ``options``: activity options and retry policies.
+- ``portable``: ``selvedge.history/v1`` records and their strict parser.
+- ``scope``: cancellation scopes.
+- ``ports``: the store and runtime Protocols and the records passed through them.
+- ``execution``: one run of workflow code against its history (the caller builds
+  the context it runs with).
+- ``handles``, ``inbox``, ``commands``: futures, timers and child handles; signal
+  commands; every other command.
+- ``context``: ``WorkflowContext``, the facade workflow code sees.
+- ``replay``: the read-only runtime of queries and replay checks.
+- ``activity``, ``coroutines``: the activity attempt context and async activities.
+"""
+
+ORDER = (
+    "codec",
+    "durations",
+    "identifiers",
+    "events",
+    "options",
+    "scope",
+    "ports",
+    "execution",
+    "handles",
+    "inbox",
+    "commands",
+    "context",
+    "activity",
+    "coroutines",
+)
