@@ -1,4 +1,4 @@
-"""Schedules in the operations layer: create, change, pause, trigger, backfill, describe.
+"""Schedules: their definitions, descriptions and the sync of code-defined ones.
 
 A schedule starts a workflow for each of its slots (a five-field cron expression
 in an IANA timezone, or a fixed interval); the run of a slot is the instance
@@ -10,8 +10,9 @@ Every function validates its input before anything is written and raises
 :class:`~selvedge_django.InvalidSchedule` (nothing written) or
 :class:`~selvedge_django.ScheduleNotFound`. Schedules defined in
 ``SELVEDGE["SCHEDULES"]`` are created or updated when a worker starts
-(:func:`sync_code_schedules`). The public client API, the admin and
-``runselvedge schedules`` all call these functions.
+(:func:`sync_code_schedules`). The client calls (create, change, pause, trigger,
+backfill, describe, list) are in :mod:`selvedge_django.operations.schedules`,
+over the rules here.
 """
 
 from __future__ import annotations
@@ -25,13 +26,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.conf import settings as django_settings
-from django.db import transaction
 
 from . import exceptions as exc
-from . import hooks as hooks_module
-from . import signals
 from .conf import SelvedgeSettings, get_settings
 from .engine.codec import contains_nul
 from .engine.durations import to_seconds
@@ -44,26 +41,12 @@ from .store_schedules import ScheduleStore, due_ms, rule_of
 __all__ = [
     "MAX_BACKFILL_SLOTS",
     "ScheduleDescription",
-    "abackfill_schedule",
-    "acreate_schedule",
-    "adelete_schedule",
-    "adescribe_schedule",
-    "alist_schedules",
-    "apause_schedule",
-    "atrigger_schedule",
-    "aunpause_schedule",
-    "aupdate_schedule",
-    "backfill_schedule",
+    "check_name",
     "code_schedules",
-    "create_schedule",
-    "delete_schedule",
-    "describe_schedule",
-    "list_schedules",
-    "pause_schedule",
+    "definition",
+    "describe_row",
+    "schedule_store",
     "sync_code_schedules",
-    "trigger_schedule",
-    "unpause_schedule",
-    "update_schedule",
 ]
 
 logger = logging.getLogger("selvedge_django.schedules")
@@ -114,7 +97,7 @@ _client: tuple[Any, ScheduleStore] | None = None
 _client_lock = threading.Lock()
 
 
-def _store() -> ScheduleStore:
+def schedule_store() -> ScheduleStore:
     """The schedule store of the client API, rebuilt whenever the settings change."""
     global _client
     from .runtime import check_vendor, client_codec
@@ -260,7 +243,7 @@ def _duration(value: object, what: str, low: timedelta, high: timedelta) -> time
     return timedelta(seconds=seconds)
 
 
-def _moment(value: object, what: str) -> datetime | None:
+def check_moment(value: object, what: str) -> datetime | None:
     if value is None:
         return None
     if isinstance(value, str):
@@ -342,8 +325,8 @@ def definition(
         raise InvalidSchedule("jitter must not be longer than the catchup_window")
     if not isinstance(paused, bool):
         raise InvalidSchedule(f"paused must be True or False, not {paused!r}")
-    start = _moment(start_at, "start_at")
-    end = _moment(end_at, "end_at")
+    start = check_moment(start_at, "start_at")
+    end = check_moment(end_at, "end_at")
     if start is not None and end is not None and end < start:
         raise InvalidSchedule("end_at must not be earlier than start_at")
     return {
@@ -361,7 +344,7 @@ def definition(
     }
 
 
-def _arguments(row: Schedule) -> dict[str, Any]:
+def arguments_of(row: Schedule) -> dict[str, Any]:
     """A row's definition as the keyword arguments of :func:`definition`."""
     return {
         "workflow": row.workflow_name,
@@ -378,7 +361,7 @@ def _arguments(row: Schedule) -> dict[str, Any]:
     }
 
 
-def _slot_state(name: str, columns: Mapping[str, Any], now_ms: int) -> dict[str, Any]:
+def slot_state(name: str, columns: Mapping[str, Any], now_ms: int) -> dict[str, Any]:
     """The next slot and its due time, counted from ``now_ms``."""
     shape = Schedule(name=name, **{key: columns[key] for key in (*TIMING, "jitter_ms")})
     slot = rule_of(shape).first_from(now_ms)
@@ -392,88 +375,16 @@ def _same(key: str, a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-# -- writes -----------------------------------------------------------------------------
-
-
-def create_schedule(
-    name: str,
-    workflow: WorkflowDefinition[Any, Any] | str,
-    *,
-    cron: str | None = None,
-    interval: float | timedelta | None = None,
-    input: Any = None,
-    timezone: str | None = None,
-    overlap: str = "skip",
-    catchup_window: float | timedelta = 60,
-    paused: bool = False,
-    start_at: datetime | None = None,
-    end_at: datetime | None = None,
-    jitter: float | timedelta = 0,
-) -> ScheduleDescription:
-    """Create a schedule that starts ``workflow`` with ``input`` at each of its slots.
-
-    Give exactly one of ``cron`` (five fields, evaluated in ``timezone``, an IANA
-    name defaulting to ``settings.TIME_ZONE``) and ``interval`` (a duration of
-    whole seconds, counted from ``start_at`` or else from the Unix epoch). Slots
-    before ``start_at`` or after ``end_at`` are not run. ``overlap`` is ``skip``,
-    ``buffer_one``, ``allow_all`` or ``cancel_other``; slots missed while no
-    leader ran start if they are younger than ``catchup_window`` (10 seconds at
-    least), the others are skipped and counted. ``jitter`` delays each slot's
-    run by a fixed pseudo-random part of it. The first slot is the first one from
-    now on. A taken name raises :class:`ScheduleAlreadyExists` (an
-    ``InvalidSchedule``).
-    """
-    name = check_name(name)
-    columns = definition(
-        workflow,
-        cron=cron,
-        interval=interval,
-        input=input,
-        timezone=timezone,
-        overlap=overlap,
-        catchup_window=catchup_window,
-        paused=paused,
-        start_at=start_at,
-        end_at=end_at,
-        jitter=jitter,
-    )
-    return describe_row(_create(_store(), name, columns, source="api"))
-
-
-def _create(store: ScheduleStore, name: str, columns: dict[str, Any], *, source: str) -> Schedule:
+def create_row(
+    store: ScheduleStore, name: str, columns: dict[str, Any], *, source: str
+) -> Schedule:
     def values(now_ms: int) -> dict[str, Any]:
-        return {**columns, **_slot_state(name, columns, now_ms), "source": source}
+        return {**columns, **slot_state(name, columns, now_ms), "source": source}
 
     return store.create(values, name)
 
 
-def update_schedule(name: str, **fields: Any) -> ScheduleDescription:
-    """Change some of a schedule's fields (the keyword arguments of create_schedule).
-
-    The whole definition is validated again. Giving ``cron`` drops the interval
-    and giving ``interval`` drops the cron expression. A change of cron,
-    interval, timezone, ``start_at`` or ``end_at`` (or an unpause) counts the next
-    slot from now on; the counters and recent runs are kept.
-    """
-    unknown = sorted(set(fields) - set(FIELDS))
-    if unknown:
-        raise InvalidSchedule(f"unknown schedule fields: {unknown}; use {list(FIELDS)}")
-    name = known_name(name)
-
-    def values(row: Schedule, now_ms: int) -> dict[str, Any] | None:
-        arguments = _arguments(row)
-        if "cron" in fields and fields["cron"] is not None and "interval" not in fields:
-            arguments["interval"] = None
-        if "interval" in fields and fields["interval"] is not None and "cron" not in fields:
-            arguments["cron"] = None
-        arguments.update(fields)
-        columns = definition(**arguments)
-        return _changes(row, columns, now_ms)
-
-    return describe_row(_store().change(name, values))
-
-
-def _changes(row: Schedule, columns: dict[str, Any], now_ms: int) -> dict[str, Any] | None:
+def column_changes(row: Schedule, columns: dict[str, Any], now_ms: int) -> dict[str, Any] | None:
     """The columns to write to go from ``row`` to the definition ``columns``."""
     changes = {
         key: value for key, value in columns.items() if not _same(key, getattr(row, key), value)
@@ -482,110 +393,11 @@ def _changes(row: Schedule, columns: dict[str, Any], now_ms: int) -> dict[str, A
         return None
     timing = any(key in changes for key in TIMING) or changes.get("paused") is False
     if timing:
-        changes.update(_slot_state(row.name, columns, now_ms))
+        changes.update(slot_state(row.name, columns, now_ms))
     elif "jitter_ms" in changes and row.next_slot_ms is not None:
         offset = jitter_offset_ms(row.name, row.next_slot_ms, columns["jitter_ms"])
         changes["next_due_ms"] = row.next_slot_ms + offset
     return changes
-
-
-def delete_schedule(name: str) -> None:
-    """Delete a schedule. Its runs are instances like any other and stay."""
-    _store().delete(known_name(name))
-
-
-def pause_schedule(name: str) -> None:
-    """Stop starting runs of a schedule until it is unpaused (idempotent)."""
-    _set_paused(name, True)
-
-
-def unpause_schedule(name: str) -> None:
-    """Start a paused schedule's runs again, from the first slot from now on.
-
-    Slots that passed while it was paused are not run (nor counted as missed).
-    """
-    _set_paused(name, False)
-
-
-def _set_paused(name: str, paused: bool) -> None:
-    name = known_name(name)
-
-    def values(row: Schedule, now_ms: int) -> dict[str, Any] | None:
-        if row.paused == paused:
-            return None
-        if paused:
-            return {"paused": True}
-        columns = {key: getattr(row, key) for key in DEFINITION}
-        return {"paused": False, **_slot_state(row.name, columns, now_ms)}
-
-    _store().change(name, values)
-
-
-def _started(runs: list[tuple[str, str]]) -> None:
-    """Fire the start hooks of runs a client call started, after commit."""
-    if not runs:
-        return
-    store = _store()
-    hooks = get_settings().hooks
-
-    def fire() -> None:
-        for run_id, workflow_name in runs:
-            hooks_module.fire(
-                hooks, "on_workflow_started", instance_id=run_id, workflow_name=workflow_name
-            )
-            signals.send("on_workflow_started", instance_id=run_id, workflow_name=workflow_name)
-
-    transaction.on_commit(fire, using=store.alias)
-
-
-def trigger_schedule(name: str) -> str:
-    """Start one run of a schedule now, whatever its overlap policy and pause; return its id.
-
-    The id is ``<name>@<now as ISO 8601 UTC with milliseconds>`` (a slot's id has
-    none, so a triggered run never takes a slot). It becomes the schedule's last run.
-    """
-    run_id, workflow_name = _store().trigger(known_name(name))
-    _started([(run_id, workflow_name)])
-    return run_id
-
-
-def backfill_schedule(name: str, start: datetime, end: datetime) -> list[str]:
-    """Start the runs of a schedule's slots in ``[start, end)`` that never started.
-
-    Returns the run id of every slot in the range, in order, started now or
-    before; calling it again starts nothing new. Slots after now are left to the
-    schedule. Overlap policy and pause do not apply; at most
-    ``MAX_BACKFILL_SLOTS`` slots per call (InvalidSchedule otherwise).
-    """
-    name = known_name(name)
-    start_at = _moment(start, "start")
-    end_at = _moment(end, "end")
-    if start_at is None or end_at is None:
-        raise InvalidSchedule("backfill needs a start and an end")
-    if end_at <= start_at:
-        raise InvalidSchedule("the end of a backfill must be later than its start")
-    start_ms = int(start_at.timestamp() * 1000)
-    end_ms = int(end_at.timestamp() * 1000)
-
-    def slots(row: Schedule, now_ms: int) -> list[int]:
-        return rule_of(row).between(start_ms, min(end_ms, now_ms + 1), MAX_BACKFILL_SLOTS)
-
-    ids, started, workflow_name = _store().backfill(name, slots)
-    _started([(run_id, workflow_name) for run_id in started])
-    return ids
-
-
-# -- reads ------------------------------------------------------------------------------
-
-
-def describe_schedule(name: str) -> ScheduleDescription:
-    """Return a schedule's definition, next and last run, counters and recent runs."""
-    return describe_row(_store().get(known_name(name)))
-
-
-def list_schedules() -> list[ScheduleDescription]:
-    """Return every schedule, by name."""
-    return [describe_row(row) for row in _store().all()]
 
 
 # -- code-defined schedules -----------------------------------------------------------------
@@ -626,14 +438,14 @@ def sync_code_schedules(
     service sharing the database may define it) with a warning.
     """
     defined = code_schedules(settings.schedules if settings is not None else None)
-    store = store or _store()
+    store = store or schedule_store()
     written: list[str] = []
     existing = {row.name: row for row in store.all()}
     for name, columns in defined.items():
         row = existing.get(name)
         if row is None:
             try:
-                _create(store, name, columns, source="settings")
+                create_row(store, name, columns, source="settings")
             except exc.ScheduleAlreadyExists:  # another worker created it meanwhile
                 continue
             written.append(name)
@@ -645,7 +457,7 @@ def sync_code_schedules(
         def values(
             current: Schedule, now_ms: int, wanted: dict[str, Any] = wanted
         ) -> dict[str, Any] | None:
-            changes = _changes(current, {**wanted, "paused": current.paused}, now_ms) or {}
+            changes = column_changes(current, {**wanted, "paused": current.paused}, now_ms) or {}
             if current.source != "settings":
                 changes["source"] = "settings"
             return changes or None
@@ -667,14 +479,38 @@ def _differs(row: Schedule, wanted: Mapping[str, Any]) -> bool:
     return any(not _same(key, getattr(row, key), value) for key, value in wanted.items())
 
 
-# -- async twins ------------------------------------------------------------------------
+# The store's old private name (tests and benchmarks use it).
+_store = schedule_store
 
-acreate_schedule = sync_to_async(create_schedule)
-aupdate_schedule = sync_to_async(update_schedule)
-adelete_schedule = sync_to_async(delete_schedule)
-apause_schedule = sync_to_async(pause_schedule)
-aunpause_schedule = sync_to_async(unpause_schedule)
-atrigger_schedule = sync_to_async(trigger_schedule)
-abackfill_schedule = sync_to_async(backfill_schedule)
-adescribe_schedule = sync_to_async(describe_schedule)
-alist_schedules = sync_to_async(list_schedules)
+
+def __getattr__(name: str) -> Any:
+    # The client calls moved to the operations layer; keep their old import path.
+    if name in _MOVED:
+        from .operations import schedules as operations_schedules
+
+        return getattr(operations_schedules, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+_MOVED = frozenset(
+    (
+        "abackfill_schedule",
+        "acreate_schedule",
+        "adelete_schedule",
+        "adescribe_schedule",
+        "alist_schedules",
+        "apause_schedule",
+        "atrigger_schedule",
+        "aunpause_schedule",
+        "aupdate_schedule",
+        "backfill_schedule",
+        "create_schedule",
+        "delete_schedule",
+        "describe_schedule",
+        "list_schedules",
+        "pause_schedule",
+        "trigger_schedule",
+        "unpause_schedule",
+        "update_schedule",
+    )
+)

@@ -26,6 +26,7 @@ ORDER = (
     "identifiers",
     "events",
     "options",
+    "portable",
     "scope",
     "ports",
     "execution",
@@ -33,6 +34,7 @@ ORDER = (
     "inbox",
     "commands",
     "context",
+    "replay",
     "activity",
     "coroutines",
 )

@@ -1,0 +1,164 @@
+"""The operations layer: every way to act on or read workflows from outside them.
+
+The public client API (``selvedge_django.*``), the admin and ``manage.py
+runselvedge`` call these functions and nothing below them; none of them sets a
+status by hand. One module per job:
+
+- ``instances``: start, signal, cancel, terminate (writes, after-commit wake-ups);
+- ``results``: the result now, or a (sync or async) wait for the close;
+- ``find``: describe one instance, list its activity tasks, find instances;
+- ``history``: export a portable history, replay checks, queries;
+- ``prune``: delete old closed instances in bounded batches;
+- ``schedules``: create, change, pause, trigger, backfill, describe schedules;
+- ``base``: the client store and the id and text rules every lookup shares.
+
+Writes validate their input before anything is written, join the caller's
+``transaction.atomic()`` when there is one, and wake workers only after commit.
+"""
+
+from __future__ import annotations
+
+from ..engine.portable import (
+    RecordedEvent,
+    RecordedHistory,
+    RecordedInstance,
+    RecordedSignal,
+    parse_history,
+)
+from .base import (
+    client_store,
+    known_id,
+    validate_instance_id,
+)
+from .find import (
+    ActivityTaskInfo,
+    InstancePage,
+    WorkflowDescription,
+    adescribe,
+    afind_instances,
+    alist_activity_tasks,
+    describe,
+    find_instances,
+    iter_instances,
+    list_activity_tasks,
+)
+from .history import (
+    REDACTED,
+    aexport_history,
+    aquery,
+    export_history,
+    query,
+    redacted,
+    replay_check,
+    replay_history,
+    replay_instance,
+)
+from .instances import (
+    acancel_workflow,
+    asignal,
+    astart_workflow,
+    aterminate_workflow,
+    cancel_workflow,
+    signal,
+    start_workflow,
+    terminate_workflow,
+)
+from .prune import (
+    MAX_PRUNE_BATCH,
+    prune,
+)
+from .results import (
+    WorkflowResult,
+    aget_workflow_result,
+    await_workflow,
+    get_workflow_result,
+    wait_workflow,
+)
+from .schedules import (
+    ScheduleDescription,
+    abackfill_schedule,
+    acreate_schedule,
+    adelete_schedule,
+    adescribe_schedule,
+    alist_schedules,
+    apause_schedule,
+    atrigger_schedule,
+    aunpause_schedule,
+    aupdate_schedule,
+    backfill_schedule,
+    create_schedule,
+    delete_schedule,
+    describe_schedule,
+    list_schedules,
+    pause_schedule,
+    trigger_schedule,
+    unpause_schedule,
+    update_schedule,
+)
+
+# The client store's old private name (tests, benchmarks and older callers use it).
+_store = client_store
+
+__all__ = [
+    "MAX_PRUNE_BATCH",
+    "REDACTED",
+    "ActivityTaskInfo",
+    "InstancePage",
+    "RecordedEvent",
+    "RecordedHistory",
+    "RecordedInstance",
+    "RecordedSignal",
+    "ScheduleDescription",
+    "WorkflowDescription",
+    "WorkflowResult",
+    "abackfill_schedule",
+    "acancel_workflow",
+    "acreate_schedule",
+    "adelete_schedule",
+    "adescribe",
+    "adescribe_schedule",
+    "aexport_history",
+    "afind_instances",
+    "aget_workflow_result",
+    "alist_activity_tasks",
+    "alist_schedules",
+    "apause_schedule",
+    "aquery",
+    "asignal",
+    "astart_workflow",
+    "aterminate_workflow",
+    "atrigger_schedule",
+    "aunpause_schedule",
+    "aupdate_schedule",
+    "await_workflow",
+    "backfill_schedule",
+    "cancel_workflow",
+    "client_store",
+    "create_schedule",
+    "delete_schedule",
+    "describe",
+    "describe_schedule",
+    "export_history",
+    "find_instances",
+    "get_workflow_result",
+    "iter_instances",
+    "known_id",
+    "list_activity_tasks",
+    "list_schedules",
+    "parse_history",
+    "pause_schedule",
+    "prune",
+    "query",
+    "redacted",
+    "replay_check",
+    "replay_history",
+    "replay_instance",
+    "signal",
+    "start_workflow",
+    "terminate_workflow",
+    "trigger_schedule",
+    "unpause_schedule",
+    "update_schedule",
+    "validate_instance_id",
+    "wait_workflow",
+]

@@ -1,0 +1,264 @@
+"""Reads of instances: describe one, list its activity tasks, find instances by filters.
+
+Every read is bounded: one row, one instance's tasks, or one page of at most
+1,000 instances with a cursor (``next_page_token``) for the next.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.db.models import Q
+
+from .. import exceptions as exc
+from ..engine.codec import contains_nul, error_from_envelope, error_to_envelope
+from ..engine.options import ActivityOptions
+from ..input_filters import input_value_equals
+from ..models import ActivityTask, WorkflowInstance, WorkflowStatus
+from .base import client_store, filter_text, known_id, validate_instance_id
+
+__all__ = [
+    "ActivityTaskInfo",
+    "InstancePage",
+    "WorkflowDescription",
+    "adescribe",
+    "afind_instances",
+    "alist_activity_tasks",
+    "describe",
+    "find_instances",
+    "iter_instances",
+    "list_activity_tasks",
+]
+
+_PATH_RE = re.compile(r"[A-Za-z0-9_]+(?:\.[A-Za-z0-9_]+)*")
+# An input filter path has at most this many segments and characters (each segment is
+# one nested JSON lookup in the query, compiled recursively).
+MAX_FILTER_PATH_SEGMENTS = 32
+MAX_FILTER_PATH_CHARS = 255
+
+
+@dataclass(frozen=True)
+class WorkflowDescription:
+    """Durable status and links of one instance."""
+
+    instance_id: str
+    workflow_name: str
+    status: str
+    cancel_requested: bool
+    cancel_reason: str
+    parent_instance_id: str
+    parent_key: str
+    started_at: datetime
+    updated_at: datetime
+    # Executions in a row that ended on a storage error, and the last such error: the
+    # instance is held back from dispatch, longer after each (0 and "" otherwise).
+    execution_errors: int = 0
+    execution_error: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "instance_id": self.instance_id,
+            "workflow_name": self.workflow_name,
+            "status": self.status,
+            "cancel_requested": self.cancel_requested,
+            "cancel_reason": self.cancel_reason,
+            "parent_instance_id": self.parent_instance_id,
+            "parent_key": self.parent_key,
+            "started_at": self.started_at.isoformat(),
+            "updated_at": self.updated_at.isoformat(),
+            "execution_errors": self.execution_errors,
+            "execution_error": self.execution_error,
+        }
+
+
+@dataclass(frozen=True)
+class InstancePage:
+    """One page of :func:`find_instances`; pass ``next_page_token`` for the next."""
+
+    instances: list[WorkflowDescription]
+    next_page_token: str | None
+    has_more: bool
+
+
+@dataclass(frozen=True)
+class ActivityTaskInfo:
+    """The recorded policy and execution state of one activity task."""
+
+    key: str
+    name: str
+    queue: str
+    status: str
+    seq: int
+    options: ActivityOptions  # as recorded at reservation (no non-retryable error classes)
+    attempts: int
+    failures: int
+    last_error: BaseException | None
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the task as JSON-safe data (the last error as its envelope)."""
+        return {
+            "key": self.key,
+            "name": self.name,
+            "queue": self.queue,
+            "status": self.status,
+            "seq": self.seq,
+            "options": self.options.to_json(),
+            "attempts": self.attempts,
+            "failures": self.failures,
+            "last_error": None
+            if self.last_error is None
+            else error_to_envelope(self.last_error, with_traceback=False),
+        }
+
+
+def _describe(inst: WorkflowInstance) -> WorkflowDescription:
+    return WorkflowDescription(
+        instance_id=inst.instance_id,
+        workflow_name=inst.workflow_name,
+        status=inst.status,
+        cancel_requested=inst.cancel_requested,
+        cancel_reason=inst.cancel_reason,
+        parent_instance_id=inst.parent_instance_id,
+        parent_key=inst.parent_key,
+        started_at=inst.started_at,
+        updated_at=inst.updated_at,
+        execution_errors=inst.execution_errors,
+        execution_error=inst.execution_error,
+    )
+
+
+def describe(instance_id: str) -> WorkflowDescription:
+    """Return the durable status, cancellation and parent links of an instance."""
+    return _describe(client_store().get_instance(known_id(instance_id)))
+
+
+def list_activity_tasks(instance_id: str) -> list[ActivityTaskInfo]:
+    """Return an instance's activity tasks in issue order."""
+    store = client_store()
+    store.get_instance(known_id(instance_id))
+    tasks = ActivityTask.objects.using(store.alias).filter(instance_id=instance_id)
+    return [
+        ActivityTaskInfo(
+            key=t.key,
+            name=t.name,
+            queue=t.queue,
+            status=t.status,
+            seq=t.seq,
+            options=ActivityOptions.from_json(t.options or {}),
+            attempts=t.attempts,
+            failures=t.failures,
+            last_error=error_from_envelope(json.loads(t.last_error)) if t.last_error else None,
+        )
+        for t in tasks.order_by("seq", "id")
+    ]
+
+
+def _encode_token(started_at: datetime, instance_id: str) -> str:
+    raw = json.dumps([started_at.isoformat(), instance_id]).encode()
+    return base64.urlsafe_b64encode(raw).decode()
+
+
+def _decode_token(token: str) -> tuple[datetime, str]:
+    try:
+        started, instance_id = json.loads(base64.urlsafe_b64decode(token.encode()))
+        when = datetime.fromisoformat(started)
+        if when.tzinfo is None or not isinstance(instance_id, str):
+            raise ValueError("not a token find_instances issued")
+        return when, validate_instance_id(instance_id)
+    except (ValueError, TypeError, AttributeError, exc.WorkflowStartRejected) as error:
+        raise ValueError(f"invalid page_token {token!r}"[:300]) from error
+
+
+def find_instances(
+    *,
+    status: str | None = None,
+    workflow_name: str | None = None,
+    instance_id: str | None = None,
+    started_after: datetime | None = None,
+    started_before: datetime | None = None,
+    input_filters: dict[str, Any] | None = None,
+    limit: int = 50,
+    page_token: str | None = None,
+) -> InstancePage:
+    """List instances, newest first, with filters and cursor pagination.
+
+    ``workflow_name`` and ``instance_id`` are partial, case-insensitive matches.
+    ``input_filters`` maps dotted JSON paths (letters, digits, ``_`` and ``.``)
+    to exact values; a malformed path raises ``ValueError``. Values are always
+    bound as query parameters.
+    """
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
+        raise ValueError("limit must be an integer from 1 to 1000")
+    store = client_store()
+    qs = WorkflowInstance.objects.using(store.alias).all()
+    if status is not None:
+        if status not in WorkflowStatus.values:
+            raise ValueError(f"unknown status {status!r}")
+        qs = qs.filter(status=status)
+    if workflow_name:
+        qs = qs.filter(workflow_name__icontains=filter_text(workflow_name, "workflow_name"))
+    if instance_id:
+        qs = qs.filter(instance_id__icontains=filter_text(instance_id, "instance_id"))
+    if started_after is not None:
+        qs = qs.filter(started_at__gt=started_after)
+    if started_before is not None:
+        qs = qs.filter(started_at__lt=started_before)
+    if input_filters:
+        if not isinstance(input_filters, dict):
+            raise ValueError("input_filters must be a dict of dotted paths to values")
+        conditions: list[Any] = []
+        for path, value in input_filters.items():
+            if (
+                not isinstance(path, str)
+                or len(path) > MAX_FILTER_PATH_CHARS
+                or path.count(".") >= MAX_FILTER_PATH_SEGMENTS
+                or not _PATH_RE.fullmatch(path)
+            ):
+                raise ValueError(
+                    f"invalid input filter path {path!r}: use letters, digits, _ and ., "
+                    f"at most {MAX_FILTER_PATH_SEGMENTS} segments and "
+                    f"{MAX_FILTER_PATH_CHARS} characters"[:400]
+                )
+            try:
+                encoded = store.codec.encode(value, "input filter value")
+            except (TypeError, ValueError) as error:
+                raise ValueError(f"input filter value for {path!r} is not JSON") from error
+            if contains_nul(encoded):
+                raise ValueError(f"input filter value for {path!r} contains a NUL character")
+            conditions.append(input_value_equals(qs.query, path.split("."), json.loads(encoded)))
+        qs = qs.filter(*conditions)
+    if page_token:
+        started, last_id = _decode_token(page_token)
+        qs = qs.filter(Q(started_at__lt=started) | Q(started_at=started, instance_id__lt=last_id))
+    rows = list(qs.order_by("-started_at", "-instance_id")[: limit + 1])
+    has_more = len(rows) > limit
+    rows = rows[:limit]
+    token = _encode_token(rows[-1].started_at, rows[-1].instance_id) if has_more else None
+    return InstancePage([_describe(r) for r in rows], token, has_more)
+
+
+def iter_instances(*, limit: int, **filters: Any) -> Iterator[WorkflowDescription]:
+    """Yield up to ``limit`` instances, newest first, one page of :func:`find_instances` at a time.
+
+    ``filters`` are those of :func:`find_instances`; each page holds at most 1,000.
+    """
+    token: str | None = None
+    while limit > 0:
+        page = find_instances(**filters, limit=min(limit, 1000), page_token=token)
+        yield from page.instances
+        limit -= len(page.instances)
+        token = page.next_page_token
+        if not page.has_more or token is None:
+            return
+
+
+adescribe = sync_to_async(describe)
+afind_instances = sync_to_async(find_instances)
+alist_activity_tasks = sync_to_async(list_activity_tasks)

@@ -1,0 +1,299 @@
+"""History operations: export an instance, check code against histories, answer queries.
+
+``export_history`` reads one consistent snapshot of an instance: its metadata,
+its command history and its signals' delivery and consumption positions, but no
+lease or owner. The ``signals`` section holds no payloads, but a consumed
+signal's payload is the value its ``receive`` recorded, so it is in
+``events[].data`` like every other recorded value; ``redact=True`` replaces
+every value by its size and a keyed hash. ``replay_history`` runs the registered
+workflow code read-only against a history (:mod:`selvedge_django.engine.replay`)
+and raises :class:`ReplayError` on divergence; ``query`` replays the same way and
+asks a query handler at the point where replay stops. None of them takes a
+lease, writes anything or fires hooks.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from collections.abc import Callable, Iterator, Sequence
+from datetime import timedelta
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.utils import timezone
+from django.utils.crypto import salted_hmac
+
+from .. import exceptions as exc
+from ..conf import get_settings
+from ..engine.durations import optional_seconds
+from ..engine.portable import (
+    ABSENT,
+    RecordedEvent,
+    RecordedHistory,
+    RecordedInstance,
+    RecordedSignal,
+    parse_history,
+    recorded_value,
+)
+from ..engine.replay import ReplayRuntime, answer_query, check_replay
+from ..models import HistoryEvent, SignalMessage, WorkflowInstance, WorkflowStatus
+from ..registry import get_workflow, registered_workflow_names
+from ..runtime import client_codec
+from ..store import DjangoStore
+from .base import client_store, known_id
+
+__all__ = [
+    "REDACTED",
+    "aexport_history",
+    "aquery",
+    "export_history",
+    "history_rows",
+    "query",
+    "redacted",
+    "replay_check",
+    "replay_history",
+    "replay_instance",
+]
+
+
+def history_rows(
+    store: DjangoStore, instance_id: str, *, max_events: int, max_signals: int
+) -> tuple[WorkflowInstance, list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """Read an instance, its history rows and its signals' positions in one snapshot.
+
+    A bounded read model (storage owns the SQL): raises :class:`HistoryLimitExceeded`
+    after reading one row past ``max_events`` rows or ``max_signals`` signals.
+    """
+    settings = get_settings()
+    with store.read_snapshot():
+        inst = store.get_instance(instance_id)
+        rows = list(
+            HistoryEvent.objects.using(store.alias)
+            .filter(instance_id=instance_id)
+            .order_by("id")
+            .values_list(
+                "seq", "key", "command", "event_type", "data", "reservation", "delivered_seq"
+            )[: max_events + 1]
+        )
+        signals = list(
+            SignalMessage.objects.using(store.alias)
+            .filter(instance_id=instance_id)
+            .order_by("id")
+            .values_list("id", "channel", "delivered_seq", "consumed_seq")[: max_signals + 1]
+        )
+    if len(rows) > max_events or len(signals) > max_signals:
+        raise exc.HistoryLimitExceeded(
+            instance_id,
+            "MAX_HISTORY_EVENTS",
+            settings.max_history_events,
+            f"the history of workflow instance {instance_id!r} is larger than "
+            f"MAX_HISTORY_EVENTS ({settings.max_history_events}) and MAX_PENDING_SIGNALS "
+            f"({settings.max_pending_signals}) allow a read to load",
+        )
+    return inst, rows, signals
+
+
+REDACTED = "$redacted"
+
+
+def redacted(text: str) -> dict[str, Any]:
+    """What a redacted export shows of a stored value: its size and a keyed hash.
+
+    The hash is an HMAC-SHA256 keyed with the project's ``SECRET_KEY``, so equal
+    values show equal hashes within one deployment, and whoever holds the export
+    cannot test guesses (a card number, an email address) against it.
+    """
+    digest = salted_hmac("selvedge_django.history.redacted", text, algorithm="sha256")
+    return {REDACTED: {"bytes": len(text.encode("utf-8")), "hmac_sha256": digest.hexdigest()}}
+
+
+def _redacted_text(text: str) -> str:
+    marker = redacted(text)[REDACTED]
+    return f"(redacted: {marker['bytes']} bytes, hmac-sha256 {marker['hmac_sha256']})"
+
+
+def export_history(instance_id: str, *, redact: bool = False) -> RecordedHistory:
+    """Read one consistent snapshot of an instance as a portable history.
+
+    Every recorded value is in it, consumed signal payloads included (in
+    ``events[].data``). With ``redact=True`` each value (input, output or error,
+    every event's ``data`` and ``reservation``) is replaced by
+    ``{"$redacted": {"bytes": N, "hmac_sha256": "..."}}`` and a cancel reason by
+    a note of the same; ids, names, keys, channels and positions stay. A redacted
+    export is for sharing and inspection: it cannot be replayed.
+
+    What it reads is bounded: a history of more than ``MAX_HISTORY_EVENTS``
+    commands (and its close), or more signals than its commands and
+    ``MAX_PENDING_SIGNALS`` can account for, raises :class:`HistoryLimitExceeded`
+    after reading one row past the limit.
+    """
+    known_id(instance_id)
+    settings = get_settings()
+    inst, rows, signals = history_rows(
+        client_store(),
+        instance_id,
+        max_events=settings.max_history_events + 1,  # the commands and the close
+        max_signals=settings.max_history_events + 1 + settings.max_pending_signals,
+    )
+    value = (lambda text: ABSENT if text is None else redacted(text)) if redact else recorded_value
+    output: Any = ABSENT
+    if inst.status == "completed" and inst.output is not None:
+        output = value(inst.output)
+    elif inst.error is not None:
+        output = value(inst.error)
+    input_value: Any = inst.input
+    if redact:
+        input_value = redacted(json.dumps(inst.input, separators=(",", ":"), ensure_ascii=False))
+    reason = inst.cancel_reason
+    if redact and reason:
+        reason = _redacted_text(reason)
+    return RecordedHistory(
+        instance=RecordedInstance(
+            instance_id=inst.instance_id,
+            workflow_name=inst.workflow_name,
+            status=inst.status,
+            input=input_value,
+            output=output,
+            cancel_requested=inst.cancel_requested,
+            cancel_reason=reason,
+            parent_instance_id=inst.parent_instance_id,
+            parent_key=inst.parent_key,
+        ),
+        events=[
+            RecordedEvent(
+                seq=seq or 0,
+                key=key,
+                command=command,
+                event_type=event_type,
+                data=value(data),
+                reservation=value(reservation),
+                delivered_seq=delivered or 0,
+            )
+            for seq, key, command, event_type, data, reservation, delivered in rows
+        ],
+        signals=[
+            RecordedSignal(sid, channel, delivered or 0, consumed or 0)
+            for sid, channel, delivered, consumed in signals
+        ],
+    )
+
+
+# -- replay checks and queries -----------------------------------------------------------
+
+
+def _replay_runtime() -> ReplayRuntime:
+    settings = get_settings()
+    return ReplayRuntime(client_codec(settings), settings.clock)
+
+
+def _workflow_function(history: RecordedHistory) -> Callable[[Any, Any], Any]:
+    definition = get_workflow(history.instance.workflow_name)
+    if definition is None:
+        raise exc.WorkflowNotRegistered(history.instance.workflow_name)
+    return definition.fn
+
+
+def replay_history(history: RecordedHistory) -> None:
+    """Check the registered workflow code against a recorded history.
+
+    A running history may stop at its recorded frontier; a closed one must reach
+    the recorded close with the same outcome, unless something other than its
+    code closed it (a terminate, or too many storage errors): then, as for a
+    running one, only its commands must match. Raises :class:`ReplayError` whose
+    ``divergence`` is a :class:`NondeterminismError` (commands) or a
+    :class:`ReplayOutcomeError` (outcome), and whose ``workflow_error`` is the
+    error the replayed code raised, if any.
+    """
+    check_replay(history, _workflow_function(history), _replay_runtime())
+
+
+def replay_instance(instance_id: str) -> None:
+    """Export an instance and check the registered workflow code against it."""
+    replay_history(export_history(instance_id))
+
+
+def replay_check(
+    files: Sequence[tuple[str, bytes]] = (),
+    *,
+    recent: timedelta = timedelta(days=7),
+    limit: int = 1000,
+) -> Iterator[tuple[str, exc.SelvedgeError | None]]:
+    """Check the registered workflow code against histories; yield (label, error or None).
+
+    With ``files`` ((name, ``selvedge.history/v1`` text) pairs) it checks those; an
+    unreadable one yields its :class:`UnsupportedHistoryFormat`. Without, it
+    checks the running instances of registered workflows (oldest first) and those
+    closed within ``recent`` (newest first), at most ``limit`` of each. A check
+    that fails yields the :class:`SelvedgeError` (a :class:`ReplayError` on
+    divergence); the next one still runs.
+    """
+    if files:
+        sources: list[tuple[str, Callable[[], RecordedHistory]]] = [
+            (name, functools.partial(parse_history, data)) for name, data in files
+        ]
+    else:
+        sources = [
+            (instance_id, functools.partial(export_history, instance_id))
+            for instance_id in _replay_candidates(recent, limit)
+        ]
+    for label, load in sources:
+        try:
+            replay_history(load())
+        except exc.SelvedgeError as error:
+            yield label, error
+        else:
+            yield label, None
+
+
+def _replay_candidates(recent: timedelta, limit: int) -> list[str]:
+    base = WorkflowInstance.objects.using(get_settings().database).filter(
+        workflow_name__in=registered_workflow_names()
+    )
+    ids = list(
+        base.filter(status=WorkflowStatus.RUNNING)
+        .order_by("started_at")
+        .values_list("instance_id", flat=True)[:limit]
+    )
+    if recent.total_seconds() > 0:
+        ids += list(
+            base.exclude(status=WorkflowStatus.RUNNING)
+            .filter(closed_at__gte=timezone.now() - recent)
+            .order_by("-closed_at")
+            .values_list("instance_id", flat=True)[:limit]
+        )
+    return ids
+
+
+def query(instance_id: str, name: str, *, timeout: float | timedelta | None = None) -> Any:
+    """Answer a query from one snapshot replay: no lease, no writes, no hooks.
+
+    Replay stops before the first unrecorded command or blocking wait (or at the
+    close) and the handler registered under ``name`` at that point runs there.
+    The answer passes through JSON.
+
+    ``timeout`` (seconds or a ``timedelta``, counted from the call) is checked at
+    every command boundary of the replay, as the seeds check a caller's
+    cancellation: once it has passed, the replay stops there and
+    :class:`QueryTimeout` (a ``TimeoutError``) is raised without running the
+    handler. Workflow code between two commands, and the handler itself, are not
+    interrupted.
+    """
+    seconds = optional_seconds(timeout, "query timeout")
+    deadline = None if seconds is None else time.monotonic() + seconds
+    if not isinstance(name, str) or not 1 <= len(name.encode("utf-8")) <= 255:
+        raise exc.QueryNotFound(str(name))
+    history = export_history(instance_id)
+    return answer_query(
+        history,
+        _workflow_function(history),
+        _replay_runtime(),
+        name,
+        deadline=deadline,
+        seconds=seconds,
+    )
+
+
+aquery = sync_to_async(query)
+aexport_history = sync_to_async(export_history)
