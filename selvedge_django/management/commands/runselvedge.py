@@ -16,6 +16,7 @@ import signal
 import socket
 import sys
 import threading
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -23,6 +24,46 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ... import exceptions as exc
 from .. import schedules_cli
+
+
+def json_argument(what: str) -> Callable[[str], Any]:
+    """An argparse type: the argument's JSON value (``what`` names it in the error)."""
+
+    def parse(text: str) -> Any:
+        try:
+            return json.loads(text)
+        except (ValueError, RecursionError) as error:
+            raise argparse.ArgumentTypeError(f"{what} is not JSON: {error}") from error
+
+    return parse
+
+
+def positive_int(flag: str) -> Callable[[str], int]:
+    """An argparse type: an integer of at least 1 (``flag`` names it in the error)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{flag} must be at least 1, not {value}")
+        return value
+
+    return parse
+
+
+def prune_batch_size(text: str) -> int:
+    """An argparse type: a prune batch size, from 1 to the most one batch deletes."""
+    from ...operations import MAX_PRUNE_BATCH
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if not 1 <= value <= MAX_PRUNE_BATCH:
+        raise argparse.ArgumentTypeError(f"--batch-size must be from 1 to {MAX_PRUNE_BATCH}")
+    return value
 
 
 def _csv(value: str) -> list[str]:
@@ -70,7 +111,9 @@ class Command(BaseCommand):
 
         start = sub.add_parser("start", help="start a workflow by name")
         start.add_argument("name")
-        start.add_argument("input", nargs="?", default=None, help="JSON input")
+        start.add_argument(
+            "input", nargs="?", type=json_argument("input"), default=None, help="JSON input"
+        )
         start.add_argument("--id", dest="instance_id", default=None)
         start.add_argument(
             "--allow-unregistered",
@@ -83,8 +126,12 @@ class Command(BaseCommand):
             "--status", choices=["running", "completed", "failed", "cancelled"], default=None
         )
         listing.add_argument("--workflow", default=None, help="part of a workflow name")
-        listing.add_argument("--since", default=None, help="started within, e.g. 1h or 7d")
-        listing.add_argument("--limit", type=int, default=50, help="at most this many (50)")
+        listing.add_argument(
+            "--since", type=parse_duration, default=None, help="started within, e.g. 1h or 7d"
+        )
+        listing.add_argument(
+            "--limit", type=positive_int("--limit"), default=50, help="at most this many (50)"
+        )
 
         tasks = sub.add_parser("tasks", help="print an instance's activity tasks as JSON")
         tasks.add_argument("instance_id")
@@ -123,7 +170,9 @@ class Command(BaseCommand):
         sig = sub.add_parser("signal", help="send a signal with a JSON payload")
         sig.add_argument("instance_id")
         sig.add_argument("channel")
-        sig.add_argument("payload", nargs="?", default="null", help="JSON payload")
+        sig.add_argument(
+            "payload", nargs="?", type=json_argument("payload"), default="null", help="JSON payload"
+        )
 
         check = sub.add_parser(
             "replay-check",
@@ -133,18 +182,21 @@ class Command(BaseCommand):
         check.add_argument("files", nargs="*", help="selvedge.history/v1 files to check")
         check.add_argument(
             "--recent",
+            type=parse_duration,
             default="7d",
             help="also check instances closed within this duration (default 7d; 0 for none)",
         )
         check.add_argument("--limit", type=int, default=1000, help="instances per status")
 
         prune = sub.add_parser("prune", help="delete closed instances older than a duration")
-        prune.add_argument("--older-than", required=True, help="e.g. 30d, 12h, 90m, 3600")
+        prune.add_argument(
+            "--older-than", type=parse_duration, required=True, help="e.g. 30d, 12h, 90m, 3600"
+        )
         prune.add_argument(
             "--status", action="append", choices=["completed", "failed", "cancelled"]
         )
         prune.add_argument("--workflow", default=None)
-        prune.add_argument("--batch-size", type=int, default=500)
+        prune.add_argument("--batch-size", type=prune_batch_size, default=500)
 
         schedules_cli.add_parser(sub, _add_common_options)
 
@@ -263,22 +315,17 @@ class Command(BaseCommand):
 
     def handle_start(self, **options: Any) -> None:
         from ... import operations
-
-        value = None
-        if options["input"] is not None:
-            try:
-                value = json.loads(options["input"])
-            except (ValueError, RecursionError) as error:
-                raise CommandError(f"input is not JSON: {error}") from error
-        name = options["name"]
         from ...registry import get_workflow
 
+        name = options["name"]
         if get_workflow(name) is None and not options["allow_unregistered"]:
             raise CommandError(
                 f"workflow {name!r} is not registered in this process (a typo?); pass "
                 "--allow-unregistered to start it for workers of another service"
             )
-        instance_id = operations.start_workflow(name, value, instance_id=options["instance_id"])
+        instance_id = operations.start_workflow(
+            name, options["input"], instance_id=options["instance_id"]
+        )
         self.stdout.write(f"started {instance_id}")
 
     def handle_list(self, **options: Any) -> None:
@@ -286,60 +333,27 @@ class Command(BaseCommand):
 
         from ... import operations
 
-        limit = options["limit"]
-        if limit < 1:
-            raise CommandError("--limit must be at least 1")
         since = options["since"]
-        started_after = timezone.now() - parse_duration(since) if since else None
-        token: str | None = None
-        while limit > 0:
-            page = operations.find_instances(
-                status=options["status"],
-                workflow_name=options["workflow"],
-                started_after=started_after,
-                limit=min(limit, 1000),
-                page_token=token,
-            )
-            for description in page.instances:
-                self.stdout.write(json.dumps(description.to_json()))
-            limit -= len(page.instances)
-            token = page.next_page_token
-            if not page.has_more or token is None:
-                break
+        for description in operations.iter_instances(
+            status=options["status"],
+            workflow_name=options["workflow"],
+            started_after=None if since is None else timezone.now() - since,
+            limit=options["limit"],
+        ):
+            self.stdout.write(json.dumps(description.to_json()))
 
     def handle_tasks(self, **options: Any) -> None:
         from ... import operations
-        from ...engine.codec import error_to_envelope
 
         tasks = operations.list_activity_tasks(options["instance_id"])
-        self.stdout.write(
-            json.dumps(
-                [
-                    {
-                        "key": t.key,
-                        "name": t.name,
-                        "queue": t.queue,
-                        "status": t.status,
-                        "seq": t.seq,
-                        "options": t.options.to_json(),
-                        "attempts": t.attempts,
-                        "failures": t.failures,
-                        "last_error": error_to_envelope(t.last_error, with_traceback=False)
-                        if t.last_error is not None
-                        else None,
-                    }
-                    for t in tasks
-                ],
-                indent=2,
-            )
-        )
+        self.stdout.write(json.dumps([task.to_json() for task in tasks], indent=2))
 
     def handle_query(self, **options: Any) -> None:
         from django.core.serializers.json import DjangoJSONEncoder
 
-        from ...history import query
+        from ... import operations
 
-        answer = query(options["instance_id"], options["name"])
+        answer = operations.query(options["instance_id"], options["name"])
         self.stdout.write(json.dumps(answer, indent=2, cls=DjangoJSONEncoder))
 
     def handle_describe(self, **options: Any) -> None:
@@ -350,27 +364,15 @@ class Command(BaseCommand):
 
     def handle_result(self, **options: Any) -> None:
         from ... import operations
-        from ...engine.codec import error_to_envelope
 
         result = operations.get_workflow_result(options["instance_id"])
-        self.stdout.write(
-            json.dumps(
-                {
-                    "instance_id": result.instance_id,
-                    "status": result.status,
-                    "output": result.output,
-                    "error": error_to_envelope(result.error, with_traceback=False)
-                    if result.error is not None
-                    else None,
-                },
-                indent=2,
-            )
-        )
+        self.stdout.write(json.dumps(result.to_json(), indent=2))
 
     def handle_export_history(self, **options: Any) -> None:
-        from ...history import export_history
+        from ... import operations
 
-        text = export_history(options["instance_id"], redact=options["redact"]).to_json(indent=2)
+        history = operations.export_history(options["instance_id"], redact=options["redact"])
+        text = history.to_json(indent=2)
         if options["output"]:
             with open(options["output"], "w", encoding="utf-8") as handle:
                 handle.write(text)
@@ -396,84 +398,45 @@ class Command(BaseCommand):
     def handle_signal(self, **options: Any) -> None:
         from ... import operations
 
-        try:
-            payload = json.loads(options["payload"])
-        except (ValueError, RecursionError) as error:
-            raise CommandError(f"payload is not JSON: {error}") from error
-        operations.signal(options["instance_id"], options["channel"], payload)
+        operations.signal(options["instance_id"], options["channel"], options["payload"])
         self.stdout.write(f"signalled {options['instance_id']} on {options['channel']!r}")
 
     def handle_replay_check(self, **options: Any) -> None:
-        from django.utils import timezone
+        from ... import operations
 
-        from ...history import export_history, parse_history, replay_history
-        from ...models import WorkflowInstance, WorkflowStatus
-        from ...registry import registered_workflow_names
-
-        failures: list[str] = []
-        checked = 0
-
-        def check(label: str, load: Any) -> None:
-            nonlocal checked
-            checked += 1
-            try:
-                replay_history(load())
-            except exc.SelvedgeError as error:
-                failures.append(label)
-                unreadable = isinstance(error, exc.UnsupportedHistoryFormat)
-                self.stdout.write(f"{'INVALID' if unreadable else 'DIVERGED'} {label}: {error}")
-                cause = getattr(error, "divergence", None)
-                if cause is not None and cause is not error:
-                    self.stdout.write(f"    {type(cause).__name__}: {cause}")
-            else:
-                self.stdout.write(f"ok {label}")
-
+        files = []
         for path in options["files"]:
             try:
                 with open(path, "rb") as handle:
-                    data = handle.read()
+                    files.append((path, handle.read()))
             except OSError as error:
                 raise CommandError(f"cannot read {path}: {error}") from error
-            check(path, lambda data=data: parse_history(data))
-        if not options["files"]:
-            names = registered_workflow_names()
-            limit = options["limit"]
-            from ...conf import get_settings
-
-            base = WorkflowInstance.objects.using(get_settings().database).filter(
-                workflow_name__in=names
-            )
-            ids = list(
-                base.filter(status=WorkflowStatus.RUNNING)
-                .order_by("started_at")
-                .values_list("instance_id", flat=True)[:limit]
-            )
-            recent = parse_duration(options["recent"])
-            if recent.total_seconds() > 0:
-                ids += list(
-                    base.exclude(status=WorkflowStatus.RUNNING)
-                    .filter(closed_at__gte=timezone.now() - recent)
-                    .order_by("-closed_at")
-                    .values_list("instance_id", flat=True)[:limit]
-                )
-            for instance_id in ids:
-                check(instance_id, lambda instance_id=instance_id: export_history(instance_id))
-        self.stdout.write(f"checked {checked}, diverged {len(failures)}")
-        if failures:
-            raise CommandError(f"{len(failures)} of {checked} histories diverged")
+        checked = diverged = 0
+        for label, problem in operations.replay_check(
+            files, recent=options["recent"], limit=options["limit"]
+        ):
+            checked += 1
+            if problem is None:
+                self.stdout.write(f"ok {label}")
+                continue
+            diverged += 1
+            unreadable = isinstance(problem, exc.UnsupportedHistoryFormat)
+            self.stdout.write(f"{'INVALID' if unreadable else 'DIVERGED'} {label}: {problem}")
+            cause = getattr(problem, "divergence", None)
+            if cause is not None and cause is not problem:
+                self.stdout.write(f"    {type(cause).__name__}: {cause}")
+        self.stdout.write(f"checked {checked}, diverged {diverged}")
+        if diverged:
+            raise CommandError(f"{diverged} of {checked} histories diverged")
 
     def handle_prune(self, **options: Any) -> None:
         from ... import operations
-
-        older = parse_duration(options["older_than"])
-        if not 1 <= options["batch_size"] <= operations.MAX_PRUNE_BATCH:
-            raise CommandError(f"--batch-size must be from 1 to {operations.MAX_PRUNE_BATCH}")
 
         def progress(total: int) -> None:
             self.stdout.write(f"deleted {total} so far")
 
         total = operations.prune(
-            older,
+            options["older_than"],
             statuses=options["status"],
             workflow_name=options["workflow"],
             batch_size=options["batch_size"],
@@ -559,7 +522,7 @@ class StopSignals:
 
 
 def parse_duration(text: str) -> timedelta:
-    """Parse ``30d``, ``12h``, ``90m``, ``45s`` or plain seconds into a timedelta."""
+    """An argparse type: ``30d``, ``12h``, ``90m``, ``45s`` or plain seconds as a timedelta."""
     value = text.strip().lower()
     units = {"d": 86400, "h": 3600, "m": 60, "s": 1}
     factor = 1
@@ -569,7 +532,9 @@ def parse_duration(text: str) -> timedelta:
     try:
         seconds = float(value) * factor
     except ValueError:
-        raise CommandError(f"invalid duration {text!r}: use e.g. 30d, 12h, 90m or 3600") from None
+        raise argparse.ArgumentTypeError(
+            f"invalid duration {text!r}: use e.g. 30d, 12h, 90m or 3600"
+        ) from None
     if seconds < 0 or seconds != seconds or seconds == float("inf"):
-        raise CommandError(f"invalid duration {text!r}")
+        raise argparse.ArgumentTypeError(f"invalid duration {text!r}")
     return timedelta(seconds=seconds)
