@@ -272,7 +272,7 @@ class InstanceActionsAdmin(ReadOnlyAdmin):
 
     def perform_export(self, request: HttpRequest, obj: WorkflowInstance) -> str:
         """Export one history: redacted unless the user may view payloads."""
-        from ..history import export_history
+        from ..operations import export_history
 
         redact = not self.has_payloads_permission(request)
         text = export_history(obj.instance_id, redact=redact).to_json(indent=2)
