@@ -198,3 +198,19 @@ def test_importing_the_package_imports_no_models() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == ""
+
+
+def test_the_modules_that_moved_keep_their_old_import_paths() -> None:
+    from selvedge_django import history, operations, schedules
+    from selvedge_django.engine import portable, replay
+
+    assert history.export_history is operations.export_history is sv.export_history
+    assert history.parse_history is portable.parse_history is sv.parse_history
+    assert history.query is operations.query is sv.query
+    assert history.replay_history is operations.replay_history is sv.replay_history
+    assert history.RecordedHistory is portable.RecordedHistory is sv.RecordedHistory
+    assert history.ReplayRuntime is replay.ReplayRuntime
+    assert schedules.create_schedule is operations.create_schedule is sv.create_schedule
+    assert schedules.alist_schedules is operations.alist_schedules
+    with pytest.raises(AttributeError):
+        schedules.no_such_name  # noqa: B018
