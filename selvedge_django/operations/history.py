@@ -63,8 +63,9 @@ def history_rows(
 ) -> tuple[WorkflowInstance, list[tuple[Any, ...]], list[tuple[Any, ...]]]:
     """Read an instance, its history rows and its signals' positions in one snapshot.
 
-    A bounded read model (storage owns the SQL): raises :class:`HistoryLimitExceeded`
-    after reading one row past ``max_events`` rows or ``max_signals`` signals.
+    A bounded read model that belongs with storage's other reads. Raises
+    :class:`HistoryLimitExceeded` after reading one row past ``max_events`` rows
+    or ``max_signals`` signals.
     """
     settings = get_settings()
     with store.read_snapshot():
