@@ -78,9 +78,7 @@ def test_one_busy_workflow_type_does_not_starve_another(make_worker: object) -> 
             timeout=90,
         )
         # The busy type kept the batch full all along.
-        assert (
-            WorkflowInstance.objects.filter(instance_id__in=busy, status="running").count() == 40
-        )
+        assert WorkflowInstance.objects.filter(instance_id__in=busy, status="running").count() == 40
     finally:
         for iid in busy:
             sv.cancel_workflow(iid)
