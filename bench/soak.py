@@ -8,7 +8,7 @@
 
 Not part of CI. It runs from the repository root with the project's virtualenv
 and the test settings (``tests/settings.py``, which register the ``fault.*``
-workflows of ``tests/testapp/workflows.py``) on a database of its own: a fresh
+workflows of ``tests/testapp/workflows/``) on a database of its own: a fresh
 PostgreSQL database ``selvedge_soak_<pid>`` (dropped at the end unless
 ``--keep``) or a SQLite file in a temporary directory.
 

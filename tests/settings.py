@@ -89,7 +89,7 @@ SELVEDGE = {
     "TIMER_CHECK_INTERVAL": 0.05,
     "SHUTDOWN_TIMEOUT": 10,
 }
-# Worker subprocesses of tests/test_scale.py: a short leader lease (takeover tests)
+# Worker subprocesses of tests/processes/test_scale.py: a short leader lease (takeover tests)
 # and slow polling (so that only a notification can explain a prompt wake-up).
 if os.environ.get("SELVEDGE_TEST_LEADER_LEASE"):
     _lease = float(os.environ["SELVEDGE_TEST_LEADER_LEASE"])
@@ -101,7 +101,7 @@ if os.environ.get("SELVEDGE_TEST_POLL_INTERVAL"):
         SELVEDGE[_key] = _poll
     SELVEDGE["MAX_POLL_INTERVAL"] = _poll
 
-# Worker subprocesses of tests/test_pgbouncer.py: the engine's alias goes through a
+# Worker subprocesses of tests/processes/test_pgbouncer.py: the engine's alias goes through a
 # pgbouncer in transaction mode on this port, and the listener has a direct connection
 # (unless SELVEDGE_TEST_PGBOUNCER_LISTEN=pooled: the set-up that cannot work).
 if DB == "postgres" and os.environ.get("SELVEDGE_TEST_PGBOUNCER_PORT"):
@@ -111,15 +111,15 @@ if DB == "postgres" and os.environ.get("SELVEDGE_TEST_PGBOUNCER_PORT"):
     if os.environ.get("SELVEDGE_TEST_PGBOUNCER_LISTEN") != "pooled":
         SELVEDGE["LISTEN_DATABASE"] = "direct"
 
-# Fault tests (tests/test_crash_matrix.py, tests/test_faults.py, bench/soak.py) arm faults
-# in worker subprocesses (SELVEDGE_FAULTS) and give them extra SELVEDGE keys, such as
-# short leases (SELVEDGE_TEST_OVERRIDES, a JSON object).
+# Fault tests (tests/processes/test_crash_matrix.py, tests/processes/test_faults.py,
+# bench/soak.py) arm faults in worker subprocesses (SELVEDGE_FAULTS) and give them extra
+# SELVEDGE keys, such as short leases (SELVEDGE_TEST_OVERRIDES, a JSON object).
 if os.environ.get("SELVEDGE_FAULTS"):
     INSTALLED_APPS.append("tests.faultapp.FaultInjectionConfig")
 SELVEDGE.update(json.loads(os.environ.get("SELVEDGE_TEST_OVERRIDES") or "{}"))
 
-# The suite runs transactional activities on SQLite on purpose (tests/test_settings.py checks
-# the warning itself).
+# The suite runs transactional activities on SQLite on purpose
+# (tests/integration/test_settings.py checks the warning itself).
 SILENCED_SYSTEM_CHECKS = ["selvedge.W003"]
 
 LOGGING = {

@@ -1,6 +1,6 @@
 """The replay engine: pure Python, no Django, no import cycle.
 
-Modules import only the ones listed before them (``tests/test_engine.py`` checks
+Modules import only the ones listed before them (``tests/engine/test_engine.py`` checks
 it, and that nothing here imports Django):
 
 - ``codec``, ``durations``, ``identifiers``: payload encoding and error envelopes,

@@ -1,6 +1,6 @@
 """Audit finished runs of ``fault.flow``: completed, lost or doubled.
 
-Shared by the process-fault tests (tests/test_faults.py) and the soak
+Shared by the process-fault tests (tests/processes/test_faults.py) and the soak
 (bench/soak.py). Each instance is started with ``{"tag": <its own id>}`` and
 sent the signals 1 and 2 on ``go``.
 

@@ -1,0 +1,144 @@
+"""The example project is safe to copy: settings from the environment, orders behind a login.
+
+Each test runs a short script under the example project's own settings
+(``example_project/config/settings.py``) in a subprocess, on a fresh SQLite file,
+with Django's test client; no worker is needed (starting a workflow and
+signalling it only write rows).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get("SELVEDGE_TEST_DB", "sqlite") != "sqlite",
+    reason="the example project runs on its own SQLite file: the SQLite run covers it",
+)
+
+
+def run_example(tmp_path: Path, script: str, **env: str) -> subprocess.CompletedProcess[str]:
+    full_env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in ("DEBUG", "SECRET_KEY", "DJANGO_SETTINGS_MODULE", "DATABASE_URL")
+    }
+    full_env.update(
+        DJANGO_SETTINGS_MODULE="config.settings",
+        PYTHONPATH=str(ROOT / "example_project"),
+        DATABASE_URL=f"sqlite:///{tmp_path / 'shop.sqlite3'}",
+        **env,
+    )
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)],
+        cwd=str(tmp_path),
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+SHOP_SCRIPT = """
+import json
+import django
+django.setup()
+from django.core.management import call_command
+call_command("migrate", verbosity=0)
+from django.contrib.auth.models import User
+from django.test import Client
+from shop.models import Order, Product
+
+alice = User.objects.create_user("alice", password="pw-alice-1")
+bob = User.objects.create_user("bob", password="pw-bob-1")
+clerk = User.objects.create_user("clerk", password="pw-clerk-1", is_staff=True)
+
+def client(user=None):
+    c = Client()
+    if user is not None:
+        c.force_login(user)
+    return c
+
+mug = Product.objects.get(sku="mug")
+out = {}
+anonymous = client()
+out["anonymous_index"] = anonymous.get("/").status_code
+out["anonymous_place"] = anonymous.post(
+    "/orders/", {"product": mug.pk, "quantity": 1, "customer_email": "a@example.com", "card": "ok"}
+).status_code
+out["orders_after_anonymous"] = Order.objects.count()
+
+placed = client(alice).post(
+    "/orders/", {"product": mug.pk, "quantity": 1, "customer_email": "a@example.com", "card": "ok"}
+)
+order = Order.objects.get()
+out["alice_place"] = placed.status_code
+out["owner"] = order.customer.username
+out["alice_reads"] = client(alice).get(f"/orders/{order.pk}/").status_code
+out["bob_reads"] = client(bob).get(f"/orders/{order.pk}/").status_code
+out["bob_progress"] = client(bob).get(f"/orders/{order.pk}/progress/").status_code
+out["bob_index_lists_it"] = f"/orders/{order.pk}/" in client(bob).get("/").content.decode()
+out["alice_index_lists_it"] = f"/orders/{order.pk}/" in client(alice).get("/").content.decode()
+out["bob_cancels"] = client(bob).post(f"/orders/{order.pk}/cancel/").status_code
+out["bob_approves"] = client(bob).post(f"/orders/{order.pk}/approve/").status_code
+out["alice_approves"] = client(alice).post(f"/orders/{order.pk}/approve/").status_code
+from selvedge_django.models import SignalMessage
+out["signals_before_staff"] = SignalMessage.objects.count()
+out["clerk_approves"] = client(clerk).post(f"/orders/{order.pk}/approve/").status_code
+out["signals_after_staff"] = SignalMessage.objects.count()
+out["clerk_reads"] = client(clerk).get(f"/orders/{order.pk}/").status_code
+from selvedge_django.models import WorkflowInstance
+out["cancel_requested"] = WorkflowInstance.objects.get().cancel_requested
+out["demo_banner"] = "demo" in client(alice).get("/").content.decode().lower()
+print(json.dumps(out))
+"""
+
+
+def test_the_shop_needs_a_login_and_keeps_each_order_to_its_owner(tmp_path: Path) -> None:
+    done = run_example(tmp_path, SHOP_SCRIPT, DEBUG="1", ALLOWED_HOSTS="testserver")
+    assert done.returncode == 0, done.stdout + done.stderr
+    out: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["anonymous_index"] == 302  # to the login page
+    assert (out["anonymous_place"], out["orders_after_anonymous"]) == (302, 0)
+    assert (out["alice_place"], out["owner"], out["alice_reads"]) == (302, "alice", 200)
+    # Another customer can neither see, nor cancel, nor approve it.
+    assert (out["bob_reads"], out["bob_progress"], out["bob_cancels"]) == (404, 404, 404)
+    assert (out["bob_index_lists_it"], out["alice_index_lists_it"]) == (False, True)
+    assert out["bob_approves"] == 404
+    # Approving a payment is the shop staff's job, not the customer's.
+    assert out["alice_approves"] == 403
+    assert out["signals_before_staff"] == 0
+    assert (out["clerk_approves"], out["signals_after_staff"], out["clerk_reads"]) == (302, 1, 200)
+    assert out["cancel_requested"] is False
+    assert out["demo_banner"] is True
+
+
+SETTINGS_SCRIPT = """
+import json
+from django.conf import settings
+print(json.dumps({"debug": settings.DEBUG, "secret_key": settings.SECRET_KEY}))
+"""
+
+
+def test_the_example_settings_refuse_to_run_without_a_secret_key_unless_debug(
+    tmp_path: Path,
+) -> None:
+    refused = run_example(tmp_path, SETTINGS_SCRIPT)
+    assert refused.returncode != 0
+    assert "SECRET_KEY" in refused.stderr
+    production = run_example(tmp_path, SETTINGS_SCRIPT, SECRET_KEY="from-the-environment")
+    assert production.returncode == 0, production.stderr
+    assert json.loads(production.stdout) == {"debug": False, "secret_key": "from-the-environment"}
+    demo = run_example(tmp_path, SETTINGS_SCRIPT, DEBUG="1")
+    assert demo.returncode == 0, demo.stderr
+    values = json.loads(demo.stdout)
+    assert values["debug"] is True and "demo" in values["secret_key"]

@@ -1,0 +1,215 @@
+"""The package root is the public API: pinned, importable, and free of models at import."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import selvedge_django as sv
+from tests.conftest import ROOT
+
+# Changing this list changes the public API: update it on purpose, with the docs.
+EXPECTED_ALL = [
+    "ActivityCancelled",
+    "ActivityDefinition",
+    "ActivityInfo",
+    "ActivityNameConflict",
+    "ActivityOptions",
+    "ActivityTaskInfo",
+    "ActivityTimeoutError",
+    "ApplicationError",
+    "Cancelled",
+    "ChildHandle",
+    "ExecutionStorageError",
+    "Fenced",
+    "Future",
+    "HistoryKeyConflict",
+    "HistoryLimitExceeded",
+    "InboxFull",
+    "InstanceClosed",
+    "InstancePage",
+    "InvalidSchedule",
+    "InvalidSignalChannel",
+    "InvalidSignalPayload",
+    "LeaseLost",
+    "NondeterminismError",
+    "NotActivityContext",
+    "PayloadTooDeep",
+    "PayloadTooLarge",
+    "QueryCommandError",
+    "QueryFailed",
+    "QueryNotFound",
+    "QueryTimeout",
+    "ReceiveTimeout",
+    "RecordedEvent",
+    "RecordedHistory",
+    "RecordedInstance",
+    "RecordedSignal",
+    "ReplayDecodeError",
+    "ReplayError",
+    "ReplayOutcomeError",
+    "RetryExhaustedError",
+    "RetryPolicy",
+    "ScheduleAlreadyExists",
+    "ScheduleDescription",
+    "ScheduleNotFound",
+    "ScopeCancelled",
+    "SelvedgeError",
+    "Timer",
+    "UnsupportedHistoryFormat",
+    "WorkflowAlreadyCancelled",
+    "WorkflowAlreadyCompleted",
+    "WorkflowAlreadyFailed",
+    "WorkflowAlreadyStarted",
+    "WorkflowCancelled",
+    "WorkflowContext",
+    "WorkflowDefinition",
+    "WorkflowDescription",
+    "WorkflowNameConflict",
+    "WorkflowNotFound",
+    "WorkflowNotRegistered",
+    "WorkflowPanicError",
+    "WorkflowResult",
+    "WorkflowStartRejected",
+    "WorkflowStatus",
+    "WorkflowTerminated",
+    "abackfill_schedule",
+    "acancel_workflow",
+    "acreate_schedule",
+    "activity",
+    "activity_cancelled",
+    "activity_info",
+    "adelete_schedule",
+    "adescribe",
+    "adescribe_schedule",
+    "aexport_history",
+    "afind_instances",
+    "aget_workflow_result",
+    "alist_activity_tasks",
+    "alist_schedules",
+    "apause_schedule",
+    "aquery",
+    "asignal",
+    "astart_workflow",
+    "aterminate_workflow",
+    "atrigger_schedule",
+    "aunpause_schedule",
+    "aupdate_schedule",
+    "await_workflow",
+    "backfill_schedule",
+    "cancel_workflow",
+    "create_schedule",
+    "delete_schedule",
+    "describe",
+    "describe_schedule",
+    "export_history",
+    "find_instances",
+    "get_workflow_result",
+    "heartbeat",
+    "hooks",
+    "list_activity_tasks",
+    "list_schedules",
+    "parse_history",
+    "pause_schedule",
+    "query",
+    "replay_history",
+    "replay_instance",
+    "signal",
+    "start_workflow",
+    "terminate_workflow",
+    "trigger_schedule",
+    "unpause_schedule",
+    "update_schedule",
+    "wait_workflow",
+    "workflow",
+]
+
+
+def test_all_is_pinned() -> None:
+    assert sorted(sv.__all__) == EXPECTED_ALL
+    assert len(sv.__all__) == len(set(sv.__all__))
+
+
+@pytest.mark.parametrize("name", EXPECTED_ALL)
+def test_every_exported_name_resolves(name: str) -> None:
+    value = getattr(sv, name)
+    assert value is not None
+    assert name in dir(sv)
+
+
+def test_unknown_names_raise_attribute_error() -> None:
+    with pytest.raises(AttributeError):
+        sv.no_such_name  # noqa: B018
+
+
+def test_error_tree() -> None:
+    errors = [
+        getattr(sv, name)
+        for name in EXPECTED_ALL
+        if isinstance(getattr(sv, name), type) and issubclass(getattr(sv, name), BaseException)
+    ]
+    assert len(errors) > 30
+    for cls in errors:
+        if issubclass(cls, sv.Cancelled):
+            # Like asyncio.CancelledError: ``except Exception`` does not swallow it.
+            assert not issubclass(cls, Exception), cls
+        else:
+            assert issubclass(cls, sv.SelvedgeError), cls
+    assert issubclass(sv.WorkflowNotFound, LookupError)
+    assert issubclass(sv.ActivityTimeoutError, TimeoutError)
+    assert issubclass(sv.ReceiveTimeout, TimeoutError)
+    for closed in (
+        sv.WorkflowAlreadyCompleted,
+        sv.WorkflowAlreadyFailed,
+        sv.WorkflowAlreadyCancelled,
+    ):
+        assert issubclass(closed, sv.InstanceClosed)
+    assert issubclass(sv.InvalidSchedule, ValueError)
+    assert issubclass(sv.ScheduleAlreadyExists, sv.InvalidSchedule)
+    assert issubclass(sv.ScheduleNotFound, LookupError)
+    assert issubclass(sv.WorkflowCancelled, sv.Cancelled)
+    assert issubclass(sv.ScopeCancelled, sv.Cancelled)
+
+
+def test_errors_use_their_docstring_as_default_message() -> None:
+    assert str(sv.WorkflowStartRejected()) == "The start was refused before any row was written."
+    assert sv.ApplicationError("boom", type="T").message == "boom"
+
+
+def test_importing_the_package_imports_no_models() -> None:
+    code = (
+        "import sys\n"
+        "import selvedge_django as sv\n"
+        "assert sv.activity and sv.workflow and sv.RetryPolicy\n"
+        "loaded = [m for m in ('selvedge_django.models', 'selvedge_django.operations',\n"
+        "                      'selvedge_django.store', 'django.db.models') if m in sys.modules]\n"
+        "print(','.join(loaded))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=str(ROOT),
+        env={"PYTHONPATH": str(ROOT), "DJANGO_SETTINGS_MODULE": "tests.settings", "PATH": ""},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == ""
+
+
+def test_the_modules_that_moved_keep_their_old_import_paths() -> None:
+    from selvedge_django import history, operations, schedules
+    from selvedge_django.engine import portable, replay
+
+    assert history.export_history is operations.export_history is sv.export_history
+    assert history.parse_history is portable.parse_history is sv.parse_history
+    assert history.query is operations.query is sv.query
+    assert history.replay_history is operations.replay_history is sv.replay_history
+    assert history.RecordedHistory is portable.RecordedHistory is sv.RecordedHistory
+    assert history.ReplayRuntime is replay.ReplayRuntime
+    assert schedules.create_schedule is operations.create_schedule is sv.create_schedule
+    assert schedules.alist_schedules is operations.alist_schedules
+    with pytest.raises(AttributeError):
+        schedules.no_such_name  # noqa: B018

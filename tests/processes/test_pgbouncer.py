@@ -1,0 +1,206 @@
+"""Worker processes behind a real pgbouncer in transaction pooling mode.
+
+Each test starts its own pgbouncer (Debian's ``pgbouncer`` package; ``.ci/run``
+installs it when missing and run as root) on a free port, with a generated
+configuration pointing at the test's PostgreSQL and fewer server connections than
+the workers open client connections, so that transactions of different workers
+share server sessions. The workers connect through it (``DATABASE``), with
+``DISABLE_SERVER_SIDE_CURSORS``; ``LISTEN`` cannot work through transaction
+pooling (the session that listened goes back to the pool after the statement), so
+their listener has a direct connection of its own (``LISTEN_DATABASE``), which is
+the set-up docs/deployment.md describes.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from django.db import connection
+from django.test import override_settings
+
+import selvedge_django as sv
+from tests.conftest import WorkerProcess, wait_until
+
+from .test_scale import four_processes_share_workflows
+
+PGBOUNCER = os.environ.get("SELVEDGE_PGBOUNCER") or shutil.which("pgbouncer")
+if PGBOUNCER is None and os.path.exists("/usr/sbin/pgbouncer"):
+    PGBOUNCER = "/usr/sbin/pgbouncer"
+
+pytestmark = [
+    pytest.mark.skipif(connection.vendor != "postgresql", reason="pgbouncer is for PostgreSQL"),
+    pytest.mark.skipif(
+        PGBOUNCER is None, reason="no pgbouncer (Debian's pgbouncer package; SELVEDGE_PGBOUNCER)"
+    ),
+    pytest.mark.slow,
+]
+
+POOL_SIZE = 8  # server connections for the test database, shared by every worker
+
+
+class Bouncer:
+    """A pgbouncer process in transaction mode in front of the test's PostgreSQL."""
+
+    def __init__(self) -> None:
+        settings = connection.settings_dict
+        self.dbname = str(settings["NAME"])
+        self.user = str(settings["USER"])
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        # pgbouncer refuses to run as root: as root it is told to switch to the
+        # server's own account, which must be able to read and write this folder.
+        self.dir = Path(tempfile.mkdtemp(prefix="selvedge-pgbouncer-"))
+        self.dir.chmod(0o777)
+        target = f"host={settings['HOST'] or '127.0.0.1'} port={settings['PORT'] or 5432}"
+        target += f" user={self.user}"
+        if settings.get("PASSWORD"):
+            target += f" password={settings['PASSWORD']}"
+        self.ini = self.dir / "pgbouncer.ini"
+        self.ini.write_text(
+            "[databases]\n"
+            f"* = {target}\n"
+            "[pgbouncer]\n"
+            "listen_addr = 127.0.0.1\n"
+            f"listen_port = {self.port}\n"
+            "unix_socket_dir =\n"
+            "auth_type = any\n"
+            f"admin_users = {self.user}\n"
+            "pool_mode = transaction\n"
+            f"default_pool_size = {POOL_SIZE}\n"
+            "max_client_conn = 1000\n"
+            "ignore_startup_parameters = extra_float_digits,options\n"
+            f"logfile = {self.dir / 'pgbouncer.log'}\n"
+        )
+        self.ini.chmod(0o644)
+        command = [str(PGBOUNCER)]
+        if os.geteuid() == 0:
+            account = "postgres"
+            try:
+                pwd.getpwnam(account)
+            except KeyError:
+                account = "nobody"
+            command += ["-u", account]
+        self.proc = subprocess.Popen(
+            [*command, str(self.ini)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
+        )
+        wait_until(self._answers, timeout=20, interval=0.1)
+
+    def connect(self, dbname: str) -> object:
+        import psycopg
+
+        return psycopg.connect(
+            host="127.0.0.1",
+            port=self.port,
+            dbname=dbname,
+            user=self.user,
+            autocommit=True,
+            connect_timeout=5,
+        )
+
+    def _answers(self) -> bool:
+        if self.proc.poll() is not None:
+            log = (self.dir / "pgbouncer.log").read_text(errors="replace")
+            raise AssertionError(f"pgbouncer exited ({self.proc.returncode}):\n{log}")
+        try:
+            with self.connect(self.dbname) as conn:  # type: ignore[attr-defined]
+                conn.execute("SELECT 1")
+            return True
+        except Exception:
+            return False
+
+    def transactions(self) -> int:
+        """Transactions pgbouncer passed to the test database so far (``SHOW STATS``)."""
+        with self.connect("pgbouncer") as conn:  # type: ignore[attr-defined]
+            cursor = conn.execute("SHOW STATS")
+            columns = [c.name for c in cursor.description]
+            for row in cursor.fetchall():
+                stats = dict(zip(columns, row, strict=True))
+                if stats["database"] == self.dbname:
+                    return int(stats["total_xact_count"])
+        return 0
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture
+def pgbouncer(tdb: None) -> Iterator[Bouncer]:
+    bouncer = Bouncer()
+    try:
+        yield bouncer
+    finally:
+        bouncer.stop()
+
+
+def test_four_worker_processes_through_transaction_pooling_lose_and_double_nothing(
+    pgbouncer: Bouncer, worker_process: Callable[..., WorkerProcess]
+) -> None:
+    """test_scale.py's four-process race, every worker connection through pgbouncer."""
+    before = pgbouncer.transactions()
+    four_processes_share_workflows(
+        worker_process, 200, env={"SELVEDGE_TEST_PGBOUNCER_PORT": str(pgbouncer.port)}
+    )
+    # Every step went through the pool: at least a start-to-close's worth per workflow.
+    assert pgbouncer.transactions() - before >= 200 * 5
+
+
+def test_wake_ups_pass_with_a_direct_listener_and_notify_through_the_pool(
+    pgbouncer: Bouncer, worker_process: Callable[..., WorkerProcess]
+) -> None:
+    """With polls a minute apart, a prompt result needs both notifications: the start's
+    (sent here, heard by the worker's direct listener) and the close's (sent by the
+    worker through pgbouncer, heard by this process's listener)."""
+    slow = 60.0
+    env = {
+        "SELVEDGE_TEST_PGBOUNCER_PORT": str(pgbouncer.port),
+        "SELVEDGE_TEST_POLL_INTERVAL": str(slow),
+    }
+    proc = worker_process("--worker-id", "pooled", env=env)
+    time.sleep(1.0)  # past the loops' first poll: from now on they sleep for a minute
+    with override_settings(SELVEDGE={**settings_selvedge(), "WAIT_POLL_INTERVAL": slow}):
+        for n in range(3):
+            started = time.monotonic()
+            result = sv.wait_workflow(sv.start_workflow("scale.three", f"pooled{n}"), timeout=30)
+            assert (result.status, result.output) == ("completed", 6), result.error
+            assert time.monotonic() - started < 10  # a sixth of one poll interval
+    assert proc.terminate() == 0
+
+
+def test_a_listener_behind_transaction_pooling_hears_nothing(
+    pgbouncer: Bouncer, worker_process: Callable[..., WorkerProcess]
+) -> None:
+    """Why LISTEN_DATABASE: the same worker listening through pgbouncer misses the start."""
+    slow = 60.0
+    env = {
+        "SELVEDGE_TEST_PGBOUNCER_PORT": str(pgbouncer.port),
+        "SELVEDGE_TEST_PGBOUNCER_LISTEN": "pooled",
+        "SELVEDGE_TEST_POLL_INTERVAL": str(slow),
+    }
+    proc = worker_process("--worker-id", "deaf", env=env)
+    time.sleep(1.0)  # past the loops' first poll
+    instance_id = sv.start_workflow("scale.three", "deaf")
+    with pytest.raises(TimeoutError):
+        sv.wait_workflow(instance_id, timeout=5)  # no wake-up: found at the next poll only
+    assert proc.terminate() == 0
+
+
+def settings_selvedge() -> dict[str, object]:
+    from django.conf import settings
+
+    return dict(settings.SELVEDGE)

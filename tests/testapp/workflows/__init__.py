@@ -1,0 +1,38 @@
+"""Workflows and activities the test suite and its worker processes share, one module a topic.
+
+Importing the package, as the app's autodiscovery does in every process, registers them
+all. The registered names (``test.add``, ``cancel.wait``, ...) are what the tests start and
+what the checked-in histories record: a move between modules keeps them.
+"""
+
+from . import (
+    activities,
+    basics,
+    cancellation,
+    children,
+    disclosure,
+    faults,
+    limits,
+    poison,
+    scale,
+    schedules,
+    terminate,
+    waits,
+    worker,
+)
+
+__all__ = [
+    "activities",
+    "basics",
+    "cancellation",
+    "children",
+    "disclosure",
+    "faults",
+    "limits",
+    "poison",
+    "scale",
+    "schedules",
+    "terminate",
+    "waits",
+    "worker",
+]
