@@ -1083,17 +1083,26 @@ def test_the_leader_fails_a_lapse_that_exhausts_the_retry_budget(
 def test_one_elected_leader_and_a_successor_when_it_stops(
     make_worker: Callable[..., Any],
 ) -> None:
-    leader_settings = {"leader_lease_duration": 1.0, "leader_heartbeat_interval": 0.2}
+    # A lease long enough that a loaded machine's late heartbeat cannot lose it, with
+    # heartbeats well inside it.
+    leader_settings = {"leader_lease_duration": 3.0, "leader_heartbeat_interval": 0.2}
     workers = [make_worker(worker_id=f"lead-{i}", **leader_settings) for i in range(2)]
     store = DjangoStore("default", Codec())
-    owner = wait_until(lambda: store.lock_owner(LEADER_LOCK))
+
+    def led_by() -> str | None:
+        # The lock row commits before its taker notes that it leads: wait for both.
+        holder = store.lock_owner(LEADER_LOCK)
+        leading = [w.worker_id for w in workers if w.leader.is_leader]
+        return holder if holder and leading == [holder] else None
+
+    owner = wait_until(led_by)
     assert owner in ("lead-0", "lead-1")
 
     def exactly_one() -> None:
         assert [w.worker_id for w in workers if w.leader.is_leader] == [owner]
         assert store.lock_owner(LEADER_LOCK) == owner
 
-    observe(1.5, exactly_one)  # longer than the lease: the leader renews it
+    observe(3.5, exactly_one)  # longer than the lease: the leader renews it
     leader = next(w for w in workers if w.worker_id == owner)
     other = next(w for w in workers if w.worker_id != owner)
     leader.stop(timeout=5)
