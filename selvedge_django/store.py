@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -513,6 +514,7 @@ class DjangoStore(RecoveryStoreMixin, TaskSweepMixin, RenewalMixin, StoreBase):
             )
         current_step = f"activity {task.name}"
         guarded = observe_cancel and claim_owner is not None
+        claimed_at = time.monotonic()
         try:
             task_id = self._reserve(fence, row, fields, current_step, release, guarded)
         except exc.Fenced:
@@ -534,6 +536,7 @@ class DjangoStore(RecoveryStoreMixin, TaskSweepMixin, RenewalMixin, StoreBase):
             claim_ttl=ttl,
             start_to_close_timeout=task.start_to_close_timeout,
             heartbeat_timeout=task.heartbeat_timeout,
+            claimed_at=claimed_at,
         )
         return row, claimed
 
@@ -662,6 +665,7 @@ class DjangoStore(RecoveryStoreMixin, TaskSweepMixin, RenewalMixin, StoreBase):
         """
         if not ids:
             return []
+        claimed_at = time.monotonic()
         before = list(ActivityTask.objects.using(self.alias).filter(id__in=ids).order_by("id"))
         ttls: dict[int, tuple[float, float | None, float | None]] = {}
         for task in before:
@@ -709,6 +713,7 @@ class DjangoStore(RecoveryStoreMixin, TaskSweepMixin, RenewalMixin, StoreBase):
                     claim_ttl=ttl,
                     start_to_close_timeout=start_to_close,
                     heartbeat_timeout=heartbeat,
+                    claimed_at=claimed_at,
                 )
             )
         return claimed

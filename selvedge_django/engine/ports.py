@@ -151,6 +151,10 @@ class ClaimedTask:
     start_to_close_timeout: float | None
     heartbeat_timeout: float | None
     attempt_deadline_ms: int | None = None
+    # The monotonic time just before the statement that took the claim: the database
+    # measures the attempt's deadline from a moment after it, so a deadline measured
+    # from here never passes later on this worker than in the database.
+    claimed_at: float | None = None
 
 
 @dataclass(frozen=True)

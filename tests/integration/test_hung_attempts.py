@@ -12,15 +12,19 @@ background, are logged once and listed by ``Worker.hung_attempts()``.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from django.db import connections
 
 import selvedge_django as sv
 from selvedge_django.models import ActivityTask
-from selvedge_django.worker import HungAttempt
+from selvedge_django.testing import run_until_idle
+from selvedge_django.worker import HungAttempt, Worker
 from tests.conftest import wait_until
 from tests.testapp.models import Ledger
 
@@ -130,3 +134,38 @@ def test_a_hung_background_attempt_is_counted_and_keeps_its_thread(
     assert entries("bg") == ["wait:bg:1:end", "wait:bg:1:start", "wait:bg:2:end", "wait:bg:2:start"]
     assert sv.get_workflow_result(instance_id).output == "bg:2"
     assert len([r for r in caplog.records if "still runs" in r.getMessage()]) == 1  # once
+
+
+def test_an_attempts_deadline_runs_from_its_claim_not_from_its_threads_start(
+    tdb: None, marker: Path
+) -> None:
+    """The database measures start_to_close from the claim; a busy machine or a full pool
+    may start the attempt's thread well after it. The worker's deadline must not pass
+    later than the database's, else the claim lapses first and a hung attempt is reported
+    as a lost claim rather than as past its deadline."""
+    instance_id = start_hung("claimed", marker, {"start_to_close_timeout": 30}, background=True)
+    run_until_idle(Worker(activity_queues=[]))  # reserves the task, claims nothing
+    worker = Worker(max_concurrent_activities=1)
+    before = time.monotonic()
+    (claimed,) = worker.store.claim_tasks(worker.worker_id, 1, ["act.wait"])
+    after = time.monotonic()
+    assert claimed.claim.instance_id == instance_id
+    assert claimed.claimed_at is not None and before <= claimed.claimed_at <= after
+
+    def run_attempt() -> None:
+        try:
+            worker.runtime.run_claimed(claimed)
+        finally:
+            connections.close_all()
+
+    attempt = threading.Thread(target=run_attempt)
+    attempt.start()  # later than the claim, as from a pool
+    try:
+        ((_, state),) = wait_until(worker.runtime.active_attempts)
+        assert state.deadline_monotonic is not None
+        assert before + 30 <= state.deadline_monotonic <= after + 30
+    finally:
+        marker.unlink()
+        attempt.join(30)
+    assert not attempt.is_alive()
+    assert entries("claimed") == ["wait:claimed:1:end", "wait:claimed:1:start"]
