@@ -373,7 +373,7 @@ class WorkerRuntime:
         definition = get_activity(task.name)
         claim = task.claim
         if claimed_at is None:
-            claimed_at = task.claimed_at if task.claimed_at is not None else time.monotonic()
+            claimed_at = time.monotonic()
         if definition is None:
             self.store.release_task(claim)
             return None
@@ -390,7 +390,8 @@ class WorkerRuntime:
         # start, which a busy machine or a full pool may delay well after it.
         state = AttemptState(
             info,
-            deadline_monotonic=claimed_at + task.start_to_close_timeout
+            deadline_monotonic=(task.claimed_at if task.claimed_at is not None else claimed_at)
+            + task.start_to_close_timeout
             if task.start_to_close_timeout is not None
             else None,
         )
