@@ -1,0 +1,506 @@
+"""The package's architecture, checked: layers, no import cycle, small modules, dialects in two.
+
+The layers, bottom up (the README's "Architecture" draws them)::
+
+    surfaces      admin/ management/ checks apps testing/ contrib/ the public API
+    operations    operations/: start, signal, cancel, results, find, history, prune, ...
+    worker        worker/: the supervisor, one module per loop, the runtime, the handoff
+    definitions   registry, schedules: what workflows and schedules exist
+    storage       storage/: the portable store, one subclass per database
+    foundations   conf models signals hooks ...: Django-level, below the store
+    engine        engine/: pure, no Django
+    errors        exceptions: the error tree, which imports nothing
+
+Each ``import`` inside ``selvedge_django`` is an arrow. The test fails on an arrow up
+a layer, on an import cycle, on an engine module that imports Django or anything
+outside the engine but the error tree, on a module longer than ``MAX_LINES``, on a
+dialect test (``vendor ==``, ``one_statement``, ``can_return_columns_from_insert``)
+outside the two dialect modules, and on SQL text in a function body outside the
+storage modules that hold statements. Imports inside functions and under
+``TYPE_CHECKING`` count: a lazy import hides a cycle from Python, not from a reader.
+Modules are read with ``ast``, never imported.
+
+``KNOWN`` lists the violations that were there when the test was written, each with
+what removes it; an entry that no longer occurs fails too, so the list only shrinks.
+"""
+
+from __future__ import annotations
+
+import ast
+import fnmatch
+import pkgutil
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+PACKAGE = "selvedge_django"
+ROOT = Path(__file__).resolve().parents[2] / PACKAGE
+MAX_LINES = 600
+
+# Bottom up: a module may import its own layer and the layers below. Each entry is a
+# module or a package (its prefix); every module of the package must be in one.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("errors", ("exceptions",)),
+    ("engine", ("engine",)),
+    (
+        "foundations",
+        (
+            "conf",
+            "models",
+            "migrations",
+            "signals",
+            "hooks",
+            "input_filters",
+            "discovery",
+            "schedule_slots",
+        ),
+    ),
+    # Until the storage move lands: the flat store modules, and the worker's runtime
+    # and start handoff at the package root.
+    (
+        "storage",
+        (
+            "storage",
+            "store",
+            "store_base",
+            "store_recovery",
+            "store_renewals",
+            "store_schedules",
+            "store_tasks",
+            "store_waits",
+            "storage_errors",
+            "notify",
+        ),
+    ),
+    ("definitions", ("registry", "schedules")),
+    ("worker", ("worker", "runtime", "local_starts")),
+    ("operations", ("operations",)),
+    (
+        "surfaces",
+        (
+            "admin",
+            "management",
+            "checks",
+            "apps",
+            "testing",
+            "pytest_plugin",
+            "contrib",
+            "workflows",
+            "history",  # the old import path of operations.history and engine.portable
+        ),
+    ),
+]
+# The package's own __init__: the public API, which re-exports every layer.
+TOP = "surfaces"
+# What the engine may import from outside itself: the error tree (which imports nothing).
+ENGINE_MAY_IMPORT = {f"{PACKAGE}.exceptions"}
+DJANGO = {"django", "asgiref"}
+DIALECT_MODULES = {f"{PACKAGE}.storage.postgresql", f"{PACKAGE}.storage.sqlite"}
+DIALECT_NAMES = {"one_statement", "can_return_columns_from_insert"}
+# Where hand-written SQL may be spelled out: the named statements and the dialects.
+SQL_MODULES = {f"{PACKAGE}.storage.sql", *DIALECT_MODULES}
+SQL_START = re.compile(r"\s*(SELECT|INSERT\s+INTO|UPDATE|DELETE\s+FROM|WITH|LOCK|PRAGMA)\s")
+
+# Violations known when the test was written (patterns of keys) -> what removes them.
+KNOWN: dict[str, str] = {
+    "*: selvedge_django.store": "the storage move: storage/ replaces the flat store modules",
+    "*: selvedge_django.store_*": "the storage move: storage/ replaces the flat store modules",
+    "*: selvedge_django.runtime": "the storage move: runtime.py goes to worker/, in parts",
+    # The whole set, so that a module joining the loop is a new violation.
+    (
+        "cycle: selvedge_django.local_starts selvedge_django.operations.schedules"
+        " selvedge_django.runtime selvedge_django.schedules selvedge_django.store"
+        " selvedge_django.store_recovery selvedge_django.worker.activities"
+        " selvedge_django.worker.dispatcher selvedge_django.worker.leader"
+        " selvedge_django.worker.renewer selvedge_django.worker.scheduler"
+        " selvedge_django.worker.supervisor selvedge_django.worker.timers"
+    ): "the storage move: the store's on_closed callback instead of local_starts",
+    "*: selvedge_django.apps": "the storage move: the SQLite connection set-up in storage/",
+    "dialect: selvedge_django.checks": "the storage move: the SQLite checks ask storage/",
+    "dialect: selvedge_django.operations.base": "the storage move: the store knows if it notifies",
+    "dialect: selvedge_django.schedules": "the storage move: the store knows if it notifies",
+    "upward: selvedge_django.store* -> selvedge_django.local_starts": (
+        "the storage move: the store's on_closed callback"
+    ),
+    "upward: selvedge_django.schedules -> selvedge_django.runtime": (
+        "schedules gets its store from storage (as the operations do), not the worker's runtime"
+    ),
+    "upward: selvedge_django.schedules -> selvedge_django.operations.schedules": (
+        "the old import path of the schedule operations (schedules.__getattr__) goes"
+    ),
+}
+
+
+def known(key: str) -> bool:
+    return any(fnmatch.fnmatchcase(key, pattern) for pattern in KNOWN)
+
+
+@dataclass(frozen=True)
+class Arrow:
+    """``source`` imports ``target`` at ``path:line``."""
+
+    source: str
+    target: str
+    path: str
+    line: int
+
+    def __str__(self) -> str:
+        return f"{self.source} imports {self.target} ({self.path}:{self.line})"
+
+
+@dataclass
+class Module:
+    name: str
+    path: str
+    is_package: bool
+    tree: ast.Module
+    lines: int
+
+
+@dataclass
+class Package:
+    """The modules of the package under ``root`` and the arrows between them."""
+
+    root: Path
+    modules: dict[str, Module] = field(default_factory=dict)
+    arrows: list[Arrow] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.walk(self.root, PACKAGE)
+        for module in self.modules.values():
+            for target, line in self.imports(module):
+                inner = self.owner(target)
+                if inner is not None and inner != module.name:
+                    self.arrows.append(Arrow(module.name, inner, module.path, line))
+
+    def walk(self, directory: Path, name: str) -> None:
+        """Parse every module under ``directory``; ``pkgutil`` lists them."""
+        if (directory / "__init__.py").exists():
+            self.parse(name, directory / "__init__.py", is_package=True)
+        for info in pkgutil.iter_modules([str(directory)]):
+            if info.ispkg:
+                self.walk(directory / info.name, f"{name}.{info.name}")
+            else:
+                self.parse(f"{name}.{info.name}", directory / f"{info.name}.py", is_package=False)
+        # pkgutil skips a folder of modules without an __init__.py (a namespace package).
+        for child in sorted(directory.iterdir()):
+            if (
+                child.is_dir()
+                and child.name.isidentifier()
+                and not (child / "__init__.py").exists()
+                and any(child.glob("*.py"))
+            ):
+                self.walk(child, f"{name}.{child.name}")
+
+    def parse(self, name: str, path: Path, *, is_package: bool) -> None:
+        text = path.read_text(encoding="utf-8")
+        shown = str(path.relative_to(self.root.parent))
+        tree = ast.parse(text, shown)
+        self.modules[name] = Module(name, shown, is_package, tree, len(text.splitlines()))
+
+    def imports(self, module: Module) -> Iterator[tuple[str, int]]:
+        """Yield the absolute dotted name of everything ``module`` imports, with its line."""
+        for node in ast.walk(module.tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    yield alias.name, node.lineno
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    parts = module.name.split(".")
+                    if not module.is_package:
+                        parts = parts[:-1]
+                    parts = parts[: len(parts) - node.level + 1]
+                    base = ".".join([*parts, *([node.module] if node.module else [])])
+                else:
+                    base = node.module or ""
+                for alias in node.names:
+                    # "from . import x" imports the module x when there is one.
+                    name = f"{base}.{alias.name}"
+                    yield (name if name in self.modules else base), node.lineno
+
+    def owner(self, target: str) -> str | None:
+        """The module of the package that ``target`` (a module, or a name in one) is."""
+        while target not in self.modules:
+            if "." not in target:
+                return None
+            target = target.rsplit(".", 1)[0]
+        return target
+
+    def violations(self) -> dict[str, str]:
+        """Every violation, keyed as KNOWN is, with the message that explains it."""
+        found: dict[str, str] = {}
+        for name in self.modules:
+            if layer(name) is None:
+                found[f"layer: {name}"] = f"{name} is in no layer: add it to LAYERS"
+        for arrow in self.arrows:
+            source, target = layer(arrow.source), layer(arrow.target)
+            if source is None or target is None:
+                continue
+            if rank(target) > rank(source):
+                found[f"upward: {arrow.source} -> {arrow.target}"] = (
+                    f"{arrow}: {source} imports {target}, a layer above it"
+                )
+            if source == "engine" and target != "engine" and arrow.target not in ENGINE_MAY_IMPORT:
+                found[f"engine: {arrow.source} -> {arrow.target}"] = (
+                    f"{arrow}: the engine imports nothing outside itself but the error tree"
+                )
+        for module in self.modules.values():
+            if layer(module.name) == "engine":
+                for target, line in self.imports(module):
+                    if target.split(".")[0] in DJANGO:
+                        found[f"django: {module.name}"] = (
+                            f"{module.path}:{line}: the engine imports {target}"
+                        )
+            if module.lines > MAX_LINES and ".migrations." not in module.name:
+                found[f"size: {module.name}"] = (
+                    f"{module.path} has {module.lines} lines, more than {MAX_LINES}"
+                )
+            lines = sorted(set(dialect_tests(module.tree)))
+            if lines and module.name not in DIALECT_MODULES:
+                found[f"dialect: {module.name}"] = (
+                    f"{module.path}, line {', '.join(map(str, lines))}: a dialect test outside"
+                    " storage/postgresql.py and storage/sqlite.py (the store subclass of each"
+                    " database overrides what differs)"
+                )
+            lines = sorted(set(sql_in_functions(module.tree)))
+            if lines and module.name not in SQL_MODULES:
+                found[f"sql: {module.name}"] = (
+                    f"{module.path}, line {', '.join(map(str, lines))}: SQL text in a function"
+                    " body (name the statement in storage/sql.py)"
+                )
+        for members, loop in self.cycles():
+            chain = "".join(f"\n    {arrow}" for arrow in loop)
+            found[f"cycle: {' '.join(members)}"] = (
+                f"import cycle among {', '.join(members)}; one loop:{chain}"
+            )
+        return found
+
+    def cycles(self) -> list[tuple[list[str], list[Arrow]]]:
+        """Each set of modules that import each other in a loop, and its shortest loop."""
+        graph: dict[str, list[Arrow]] = {name: [] for name in self.modules}
+        for arrow in self.arrows:
+            graph[arrow.source].append(arrow)
+        index: dict[str, int] = {}
+        low: dict[str, int] = {}
+        stack: list[str] = []
+        found: list[set[str]] = []
+
+        def visit(name: str) -> None:  # Tarjan's strongly connected components
+            index[name] = low[name] = len(index)
+            stack.append(name)
+            for arrow in graph[name]:
+                if arrow.target not in index:
+                    visit(arrow.target)
+                    low[name] = min(low[name], low[arrow.target])
+                elif arrow.target in stack:
+                    low[name] = min(low[name], index[arrow.target])
+            if low[name] == index[name]:
+                component = {stack.pop()}
+                while name not in component:
+                    component.add(stack.pop())
+                if len(component) > 1:
+                    found.append(component)
+
+        for name in sorted(graph):
+            if name not in index:
+                visit(name)
+        return [(sorted(c), shortest_loop(graph, min(c), c)) for c in found]
+
+
+def shortest_loop(graph: dict[str, list[Arrow]], start: str, within: set[str]) -> list[Arrow]:
+    """The shortest chain of imports from ``start`` back to it, inside ``within``."""
+    paths: dict[str, list[Arrow]] = {start: []}
+    queue = [start]
+    while queue:
+        name = queue.pop(0)
+        for arrow in sorted(graph[name], key=lambda a: (a.target, a.line)):
+            if arrow.target == start:
+                return [*paths[name], arrow]
+            if arrow.target in within and arrow.target not in paths:
+                paths[arrow.target] = [*paths[name], arrow]
+                queue.append(arrow.target)
+    raise AssertionError(f"no loop through {start}")
+
+
+def layer(name: str) -> str | None:
+    """The layer of the module ``name``: its longest matching entry in LAYERS."""
+    relative = name.removeprefix(PACKAGE).removeprefix(".")
+    if not relative:
+        return TOP
+    best: tuple[int, str] | None = None
+    for label, prefixes in LAYERS:
+        for prefix in prefixes:
+            if (relative == prefix or relative.startswith(f"{prefix}.")) and (
+                best is None or len(prefix) > best[0]
+            ):
+                best = (len(prefix), label)
+    return None if best is None else best[1]
+
+
+def rank(label: str) -> int:
+    return [name for name, _ in LAYERS].index(label)
+
+
+def dialect_tests(tree: ast.AST) -> Iterator[int]:
+    """Lines that test the database: ``x.vendor == ...``, ``one_statement``, features."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare) and any(
+            isinstance(op, (ast.Eq, ast.NotEq)) for op in node.ops
+        ):
+            if any(
+                (isinstance(side, ast.Attribute) and side.attr == "vendor")
+                or (isinstance(side, ast.Name) and side.id == "vendor")
+                for side in (node.left, *node.comparators)
+            ):
+                yield node.lineno
+        elif (isinstance(node, ast.Attribute) and node.attr in DIALECT_NAMES) or (
+            isinstance(node, (ast.FunctionDef, ast.Name))
+            and getattr(node, "name", getattr(node, "id", "")) in DIALECT_NAMES
+        ):
+            yield node.lineno
+
+
+def sql_in_functions(tree: ast.AST) -> Iterator[int]:
+    """Lines in function bodies where a string or f-string starts an SQL statement."""
+    for function in ast.walk(tree):
+        if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(function):
+                if isinstance(node, ast.JoinedStr) and node.values:
+                    head = node.values[0]
+                    text = head.value if isinstance(head, ast.Constant) else ""
+                elif isinstance(node, ast.Constant):
+                    text = node.value
+                else:
+                    continue
+                if isinstance(text, str) and SQL_START.match(text):
+                    yield node.lineno
+
+
+PACKAGE_NOW = Package(ROOT)
+VIOLATIONS = PACKAGE_NOW.violations()
+
+
+def check(*kinds: str) -> None:
+    """Fail with every violation of these kinds that KNOWN does not list, one a line."""
+    problems = sorted(
+        message
+        for key, message in VIOLATIONS.items()
+        if key.split(":", 1)[0] in kinds and not known(key)
+    )
+    if problems:
+        pytest.fail("\n".join(problems), pytrace=False)
+
+
+def test_every_module_is_in_a_layer() -> None:
+    assert len(PACKAGE_NOW.modules) > 50
+    check("layer")
+
+
+def test_no_import_points_up_a_layer() -> None:
+    check("upward")
+
+
+def test_the_engine_imports_no_django_and_nothing_outside_itself() -> None:
+    check("engine", "django")
+
+
+def test_no_import_cycle() -> None:
+    check("cycle")
+
+
+def test_no_module_is_longer_than_600_lines() -> None:
+    check("size")
+
+
+def test_dialect_tests_only_in_the_dialect_modules() -> None:
+    check("dialect")
+
+
+def test_sql_only_in_the_statement_and_dialect_modules() -> None:
+    check("sql")
+
+
+def test_every_known_violation_still_occurs() -> None:
+    """A violation fixed leaves KNOWN, so that it cannot come back unnoticed.
+
+    An entry about modules that are gone is fixed by their removal: it is skipped.
+    """
+    fixed = []
+    for pattern in KNOWN:
+        names = re.findall(r"selvedge_django[\w.]*", pattern.replace("*", ""))
+        if not any(fnmatch.fnmatchcase(key, pattern) for key in VIOLATIONS) and all(
+            any(module.startswith(name) for module in PACKAGE_NOW.modules) for name in names
+        ):
+            fixed.append(pattern)
+    if fixed:
+        pytest.fail("fixed, remove from KNOWN: " + ", ".join(fixed), pytrace=False)
+
+
+def test_the_checks_find_each_kind_of_violation(tmp_path: Path) -> None:
+    """On a small package made to break every rule, each check reports it and where."""
+    root = tmp_path / PACKAGE
+    files = {
+        "__init__.py": "",
+        "exceptions.py": "",
+        "engine/commands.py": "from . import context\nimport django.db\n",
+        "engine/context.py": "def f():\n    from .commands import x\n",
+        "engine/codec.py": "from ..models import Thing\nfrom .. import exceptions\n",
+        "models.py": "",
+        "storage/__init__.py": "",
+        "storage/store.py": (
+            "from ..worker import handoff\n"
+            "def claim(self):\n"
+            "    if self.vendor == 'postgresql':\n"
+            "        return self.execute(f'SELECT 1 FROM t WHERE id = {self.id}')\n"
+        ),
+        "storage/sqlite.py": "def claim(self):\n    return self.vendor == 'sqlite'\n",
+        "worker/__init__.py": "",
+        "worker/handoff.py": "x = 1\n" * (MAX_LINES + 1),
+    }
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    found = Package(root).violations()
+    assert set(found) == {
+        "cycle: selvedge_django.engine.commands selvedge_django.engine.context",
+        "django: selvedge_django.engine.commands",
+        "engine: selvedge_django.engine.codec -> selvedge_django.models",
+        "upward: selvedge_django.engine.codec -> selvedge_django.models",
+        "upward: selvedge_django.storage.store -> selvedge_django.worker.handoff",
+        "dialect: selvedge_django.storage.store",
+        "sql: selvedge_django.storage.store",
+        "size: selvedge_django.worker.handoff",
+    }
+    assert found["cycle: selvedge_django.engine.commands selvedge_django.engine.context"] == (
+        "import cycle among selvedge_django.engine.commands, selvedge_django.engine.context;"
+        " one loop:"
+        "\n    selvedge_django.engine.commands imports selvedge_django.engine.context"
+        " (selvedge_django/engine/commands.py:1)"
+        "\n    selvedge_django.engine.context imports selvedge_django.engine.commands"
+        " (selvedge_django/engine/context.py:2)"
+    )
+    assert found["upward: selvedge_django.storage.store -> selvedge_django.worker.handoff"] == (
+        "selvedge_django.storage.store imports selvedge_django.worker.handoff"
+        " (selvedge_django/storage/store.py:1): storage imports worker, a layer above it"
+    )
+    assert "line 3:" in found["dialect: selvedge_django.storage.store"]
+    assert "line 4:" in found["sql: selvedge_django.storage.store"]
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("selvedge_django", "surfaces"),
+        ("selvedge_django.engine.replay", "engine"),
+        ("selvedge_django.storage.postgresql", "storage"),
+        ("selvedge_django.schedule_slots", "foundations"),
+        ("selvedge_django.schedules", "definitions"),
+        ("selvedge_django.operations.schedules", "operations"),
+        ("selvedge_django.admin.options", "surfaces"),
+    ],
+)
+def test_a_module_is_in_the_layer_of_its_longest_entry(name: str, expected: str) -> None:
+    assert layer(name) == expected
