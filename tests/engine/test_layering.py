@@ -125,7 +125,7 @@ KNOWN: dict[str, str] = {
     "upward: selvedge_django.store* -> selvedge_django.local_starts": (
         "the storage move: the store's on_closed callback"
     ),
-    "upward: selvedge_django.schedules -> selvedge_django.runtime": (
+    "upward: selvedge_django.schedules -> selvedge_django.*runtime": (
         "schedules gets its store from storage (as the operations do), not the worker's runtime"
     ),
     "upward: selvedge_django.schedules -> selvedge_django.operations.schedules": (
