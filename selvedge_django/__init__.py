@@ -33,6 +33,7 @@ from .exceptions import (
     InvalidSchedule,
     InvalidSignalChannel,
     InvalidSignalPayload,
+    InvalidWorkflowState,
     LeaseLost,
     NondeterminismError,
     NotActivityContext,
@@ -74,6 +75,7 @@ if TYPE_CHECKING:
         RecordedSignal,
         parse_history,
     )
+    from .lifecycle import aresume_workflow, resume_workflow
     from .models import WorkflowStatus
     from .operations import (
         ActivityTaskInfo,
@@ -149,6 +151,7 @@ __all__ = [
     "InvalidSchedule",
     "InvalidSignalChannel",
     "InvalidSignalPayload",
+    "InvalidWorkflowState",
     "LeaseLost",
     "NondeterminismError",
     "NotActivityContext",
@@ -207,6 +210,7 @@ __all__ = [
     "alist_schedules",
     "apause_schedule",
     "aquery",
+    "aresume_workflow",
     "asignal",
     "astart_workflow",
     "aterminate_workflow",
@@ -232,6 +236,7 @@ __all__ = [
     "query",
     "replay_history",
     "replay_instance",
+    "resume_workflow",
     "signal",
     "start_workflow",
     "terminate_workflow",
@@ -276,6 +281,8 @@ _LAZY = {
     "start_workflow": "selvedge_django.operations",
     "terminate_workflow": "selvedge_django.operations",
     "aterminate_workflow": "selvedge_django.operations",
+    "resume_workflow": "selvedge_django.lifecycle",
+    "aresume_workflow": "selvedge_django.lifecycle",
     "wait_workflow": "selvedge_django.operations",
     "ScheduleDescription": "selvedge_django.operations",
     "abackfill_schedule": "selvedge_django.operations",

@@ -416,6 +416,16 @@ class ScopeCancelled(Cancelled):
     """A local cancellation scope was cancelled."""
 
 
+class InvalidWorkflowState(SelvedgeError):
+    """The operation does not apply to the instance in its current state (a resume or
+    fork of a running instance, for one)."""
+
+    def __init__(self, instance_id: str = "", status: str = "", message: str = "") -> None:
+        self.instance_id = instance_id
+        self.status = status
+        super().__init__(message or f"workflow instance {instance_id!r} is {status}")
+
+
 class WorkflowTerminated(SelvedgeError):
     """An operator terminated the workflow: it was closed as failed without running its code."""
 

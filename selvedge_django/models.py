@@ -75,6 +75,13 @@ class WorkflowInstance(models.Model):
     started_at = models.DateTimeField()
     updated_at = models.DateTimeField()
     closed_at = models.DateTimeField(null=True, blank=True)
+    generation = models.IntegerField(
+        default=1,
+        db_default=1,
+        help_text="history generations from 1: a resume archives rows and starts the next",
+    )
+    resumed_count = models.IntegerField(default=0, db_default=0)
+    forked_from = models.CharField(max_length=255, default="", db_default="", blank=True)
 
     objects = WorkflowInstanceQuerySet.as_manager()
 
@@ -87,6 +94,8 @@ class WorkflowInstance(models.Model):
             ("export_history", _("Can export workflow history")),
             ("view_payloads", _("Can view workflow inputs, outputs and signal payloads")),
             ("terminate_workflowinstance", _("Can terminate workflow instances")),
+            ("resume_workflowinstance", _("Can resume workflow instances")),
+            ("fork_workflowinstance", _("Can fork workflow instances")),
         ]
         indexes = [
             models.Index(
@@ -148,6 +157,46 @@ class HistoryEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.instance_id}:{self.key}"
+
+
+class ArchivedHistoryEvent(models.Model):
+    """A history row a resume moved out of the current generation, kept as it was.
+
+    ``generation`` is the generation the row belonged to; ``task`` is a JSON
+    summary of the activity task the row owned (status, attempts, failures, last
+    error), whose row the re-run replaces. Pruning deletes these with their
+    instance; nothing else does.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    instance = models.ForeignKey(
+        WorkflowInstance, on_delete=models.CASCADE, related_name="archived_history"
+    )
+    generation = models.IntegerField()
+    event_id = models.BigIntegerField(help_text="the row's id in the history table")
+    key = models.CharField(max_length=255)
+    seq = models.BigIntegerField(null=True, blank=True)
+    command = models.CharField(max_length=32)
+    event_type = models.CharField(max_length=32)
+    data = models.TextField(null=True, blank=True)
+    reservation = models.TextField(null=True, blank=True)
+    delivered_seq = models.BigIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField()
+    arrived_at = models.DateTimeField(null=True, blank=True)
+    archived_at = models.DateTimeField()
+    task = models.TextField(null=True, blank=True, help_text="JSON summary of its activity task")
+
+    class Meta:
+        verbose_name = _("archived history event")
+        ordering = ("instance", "generation", "event_id")
+        constraints = [
+            models.UniqueConstraint(
+                fields=["instance", "generation", "key"], name="sv_archive_key_uniq"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.instance_id}:{self.key} (generation {self.generation})"
 
 
 class ActivityTaskStatus(models.TextChoices):

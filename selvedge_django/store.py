@@ -59,6 +59,7 @@ from .store_base import (
 )
 from .store_recovery import RecoveryStoreMixin
 from .store_renewals import RenewalMixin
+from .store_resume import ResumeStoreMixin
 from .store_tasks import TaskSweepMixin
 
 __all__ = [
@@ -91,7 +92,7 @@ class InstanceHead:
     parent_key: str
 
 
-class DjangoStore(RecoveryStoreMixin, TaskSweepMixin, RenewalMixin, StoreBase):
+class DjangoStore(ResumeStoreMixin, RecoveryStoreMixin, TaskSweepMixin, RenewalMixin, StoreBase):
     """Durable operations over the Django ORM for one database alias."""
 
     # -- instances ----------------------------------------------------------------------

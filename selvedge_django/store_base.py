@@ -20,6 +20,7 @@ from .engine.codec import Codec
 from .engine.events import Fence, HistoryRow
 from .models import (
     ActivityTask,
+    ArchivedHistoryEvent,
     HistoryEvent,
     SignalMessage,
     TimerSubscription,
@@ -292,6 +293,7 @@ class StoreBase:
             task=quote(ActivityTask._meta.db_table),
             signal=quote(SignalMessage._meta.db_table),
             timer=quote(TimerSubscription._meta.db_table),
+            archive=quote(ArchivedHistoryEvent._meta.db_table),
         )
 
     def now_sql(self, plus_seconds: float = 0.0) -> Sql:

@@ -487,6 +487,9 @@ class WaitStoreMixin(StoreBase):
                         updated_at=now,
                     )
             except IntegrityError:
+                attached = self._reattach_child(fence, row, child)
+                if attached is not None:
+                    return attached
                 data = error_data(exc.WorkflowAlreadyStarted(child.instance_id))
                 HistoryEvent.objects.using(self.alias).filter(
                     instance_id=fence.instance_id, key=row.key
@@ -503,6 +506,49 @@ class WaitStoreMixin(StoreBase):
             else:
                 self.after_commit("runnable")
             return stored
+
+    def _reattach_child(self, fence: Fence, row: HistoryRow, child: ChildSpec) -> HistoryRow | None:
+        """A child start whose id is taken by this very child: re-attach to it.
+
+        A resumed (or re-run) parent starts again, under the same key, a child it
+        started in an archived part of its history. When the existing instance is
+        that child (this parent, this key, the same workflow), its outcome is the
+        command's: a closed child's arrives now (recorded, undelivered, the parent
+        woken), a running child's arrives at its close, as for any child. None when
+        the id belongs to another instance.
+        """
+        found = (
+            WorkflowInstance.objects.using(self.alias)
+            .filter(
+                instance_id=child.instance_id,
+                parent_instance_id=fence.instance_id,
+                parent_key=row.key,
+                workflow_name=child.workflow_name,
+            )
+            .values_list("status", "output", "error")
+            .first()
+        )
+        if found is None:
+            return None
+        status, output, error = found
+        if status == WorkflowStatus.RUNNING:
+            return row
+        event = {
+            WorkflowStatus.COMPLETED: EV_CHILD_COMPLETED,
+            WorkflowStatus.FAILED: EV_CHILD_FAILED,
+            WorkflowStatus.CANCELLED: EV_CHILD_CANCELLED,
+        }[WorkflowStatus(status)]
+        data = output if status == WorkflowStatus.COMPLETED else error
+        HistoryEvent.objects.using(self.alias).filter(
+            instance_id=fence.instance_id, key=row.key, data__isnull=True
+        ).update(event_type=event, data=data, arrived_at=timezone.now())
+        wake = self.wake_sql()
+        self._execute(
+            f"UPDATE {{instance}} SET {wake.sql} WHERE instance_id = %s",
+            [*wake.params, fence.instance_id],
+        )
+        # An arrival, as a child closing now would make it: the next wait delivers it.
+        return row
 
     def _wake_waiting_parent(
         self, iid: str, parent: tuple[str, str] | None

@@ -61,6 +61,11 @@ class WorkflowDescription:
     # instance is held back from dispatch, longer after each (0 and "" otherwise).
     execution_errors: int = 0
     execution_error: str = ""
+    # History generations from 1 (a resume starts the next), how many resumes, and the
+    # instance this one was forked from (None when it was not).
+    generation: int = 1
+    resumed_count: int = 0
+    forked_from: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -75,6 +80,9 @@ class WorkflowDescription:
             "updated_at": self.updated_at.isoformat(),
             "execution_errors": self.execution_errors,
             "execution_error": self.execution_error,
+            "generation": self.generation,
+            "resumed_count": self.resumed_count,
+            "forked_from": self.forked_from,
         }
 
 
@@ -131,6 +139,9 @@ def _describe(inst: WorkflowInstance) -> WorkflowDescription:
         updated_at=inst.updated_at,
         execution_errors=inst.execution_errors,
         execution_error=inst.execution_error,
+        generation=inst.generation,
+        resumed_count=inst.resumed_count,
+        forked_from=inst.forked_from or None,
     )
 
 

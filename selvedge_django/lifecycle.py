@@ -1,0 +1,69 @@
+"""Recovery operations: resume a closed instance in place.
+
+Like the rest of the operations layer, these are what the client API, the admin
+and ``manage.py runselvedge`` call; each is one transaction of the store, joins
+the caller's ``transaction.atomic()`` and wakes workers only after commit.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from asgiref.sync import sync_to_async
+from django.db import transaction
+
+from . import operations
+from .store_resume import ResumeOutcome
+
+__all__ = ["aresume_workflow", "resume_workflow"]
+
+logger = logging.getLogger("selvedge_django.lifecycle")
+
+
+def resume_workflow(instance_id: str, *, from_key: str | None = None, reason: str = "") -> int:
+    """Run a closed instance again, in place, with the current code; return its new
+    generation.
+
+    The history rows from ``from_key`` on (default: the first row whose recorded
+    outcome is the failure that closed the run; for a run closed otherwise, a
+    terminate or a cancellation, only the close) and the close row move to the
+    archive, never deleted, under the generation they belonged to; when the
+    close left a row earlier than that without a value (a terminated run's open
+    activity, timer or child) or filled it with its cancellation, the cut moves
+    back to that row. The instance is ``running`` again under a new lease epoch
+    (a worker still holding the old one is fenced) and the next generation; its
+    cancel request is withdrawn. It replays from the start: the rows before the
+    cut return their recorded values and the archived steps run again (an
+    archived activity gets a new task, so a fresh retry budget; an archived
+    sleep sleeps its full duration again from the re-run; a child the re-run
+    starts again under the same id and workflow re-attaches to the existing
+    instance and receives its outcome, so a child's result is never lost).
+    Signals that archived rows consumed return to the inbox in their original
+    order. ``reason`` is logged.
+
+    Raises :class:`WorkflowNotFound`, :class:`InvalidWorkflowState` (the instance
+    is running) or :class:`HistoryKeyConflict` (``from_key`` is not in its
+    current history).
+    """
+    reason = operations._reason(reason)
+    instance_id = operations.known_id(instance_id)
+    if from_key is not None and not isinstance(from_key, str):
+        raise TypeError("from_key must be a string")
+    store = operations._store()
+    outcome: ResumeOutcome = store.resume(instance_id, from_key)
+
+    def resumed() -> None:
+        logger.info(
+            "resumed %s (%s) as generation %d, archived %s%s",
+            instance_id,
+            outcome.workflow_name,
+            outcome.generation,
+            ", ".join(outcome.archived_keys),
+            f": {reason}" if reason else "",
+        )
+
+    transaction.on_commit(resumed, using=store.alias)
+    return outcome.generation
+
+
+aresume_workflow = sync_to_async(resume_workflow)

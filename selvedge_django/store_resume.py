@@ -1,0 +1,255 @@
+"""Store operations that bring a closed instance back: resume (in place).
+
+Mixed into :class:`selvedge_django.store.DjangoStore`; each public method is one
+transaction that takes the instance row first and is guarded by the status it
+read. Nothing recorded is deleted: the rows a resume takes out of the current
+history move, as they were, to the archive table under the generation they
+belonged to.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from . import exceptions as exc
+from .engine.events import (
+    CLOSE_KEY,
+    EV_ACTIVITY_CANCELLED,
+    EV_ACTIVITY_FAILED,
+    EV_CHILD_FAILED,
+    EV_CHILD_START_FAILED,
+    EV_TIMER_CANCELLED,
+)
+from .models import WorkflowStatus
+from .store_base import StoreBase
+
+__all__ = ["CLOSED_UNFINISHED_MESSAGE", "ResumeOutcome", "ResumeStoreMixin"]
+
+# The message of the cancellation a close writes into the rows it left unfinished.
+CLOSED_UNFINISHED_MESSAGE = "workflow closed before it finished"
+
+# Event types whose value can be the failure that closed the run.
+_FAILURE_EVENTS = (EV_ACTIVITY_FAILED, EV_CHILD_FAILED, EV_CHILD_START_FAILED)
+# Event types a close writes into the rows it leaves unfinished.
+_CLOSE_FILLED_EVENTS = (EV_ACTIVITY_CANCELLED, EV_TIMER_CANCELLED)
+
+# -- statements ----------------------------------------------------------------------------
+
+# What a resume reads of the instance (after taking its row lock on PostgreSQL).
+SELECT_RESUME_HEAD = (
+    "SELECT status, workflow_name, generation, error FROM {instance} WHERE instance_id = %s"
+)
+# The rows that decide where a resume cuts: the close, the requested key, failures, and
+# rows a close left without a value or filled with its cancellation. Bounded by what
+# failed or was left open, not by the history's length.
+SELECT_RESUME_CANDIDATES = (
+    "SELECT id, key, seq, event_type, data FROM {history} WHERE instance_id = %s"
+    " AND (key = %s OR key = %s OR data IS NULL OR event_type IN (%s, %s, %s, %s, %s))"
+    " ORDER BY id"
+)
+# Running again under a new lease epoch and the next generation, guarded by the status
+# and generation that were read.
+RESUME_INSTANCE = (
+    "UPDATE {instance} SET status = %s, output = NULL, error = NULL, lease_owner = '',"
+    " lease_expires_ms = NULL, lease_epoch = lease_epoch + 1, runnable = %s,"
+    " ready_ms = {now}, closed_at = NULL, cancel_requested = %s, cancel_reason = '',"
+    " execution_errors = 0, execution_error = '', current_step = '',"
+    " generation = generation + 1, resumed_count = resumed_count + 1, updated_at = %s"
+    " WHERE instance_id = %s AND status = %s AND generation = %s"
+)
+# Copy the rows from the cut on into the archive, as they are.
+ARCHIVE_ROWS = (
+    "INSERT INTO {archive} (instance_id, generation, event_id, key, seq, command, event_type,"
+    " data, reservation, delivered_seq, created_at, arrived_at, archived_at, task)"
+    " SELECT instance_id, %s, id, key, seq, command, event_type, data, reservation,"
+    " delivered_seq, created_at, arrived_at, %s, NULL FROM {history}"
+    " WHERE instance_id = %s AND id >= %s"
+)
+# The activity tasks of the archived rows (their summary goes with the archived row).
+SELECT_ARCHIVED_TASKS = (
+    "SELECT key, name, queue, status, attempts, failures, last_error FROM {task}"
+    " WHERE instance_id = %s AND key IN"
+    " (SELECT key FROM {history} WHERE instance_id = %s AND id >= %s)"
+)
+# One archived row's task summary.
+ARCHIVE_TASK = (
+    "UPDATE {archive} SET task = %s WHERE instance_id = %s AND generation = %s AND key = %s"
+)
+# The archived rows' tasks leave the task table: the re-run reserves its own.
+DELETE_ARCHIVED_TASKS = (
+    "DELETE FROM {task} WHERE instance_id = %s AND key IN"
+    " (SELECT key FROM {history} WHERE instance_id = %s AND id >= %s)"
+)
+# Signals consumed or delivered by the archived part go back to the inbox (their ids,
+# and so their order, unchanged).
+RETURN_SIGNALS = (
+    "UPDATE {signal} SET delivered_seq = NULL, consumed_seq = NULL, consumed_key = ''"
+    " WHERE instance_id = %s AND (consumed_seq >= %s OR delivered_seq >= %s OR consumed_key IN"
+    " (SELECT key FROM {history} WHERE instance_id = %s AND id >= %s))"
+)
+# Values of kept rows that the archived part delivered are undelivered again: the re-run
+# delivers them at its own waits.
+UNDELIVER_ROWS = (
+    "UPDATE {history} SET delivered_seq = NULL"
+    " WHERE instance_id = %s AND id < %s AND delivered_seq >= %s"
+)
+# The keys one generation archived, in their order.
+SELECT_ARCHIVED_KEYS = (
+    "SELECT key FROM {archive} WHERE instance_id = %s AND generation = %s ORDER BY event_id"
+)
+# The archived rows leave the current history (their copy is in the archive).
+REMOVE_ARCHIVED_ROWS = "DELETE FROM {history} WHERE instance_id = %s AND id >= %s"
+
+
+@dataclass(frozen=True)
+class ResumeOutcome:
+    """What a resume did: the workflow, the generation now running, the keys archived."""
+
+    workflow_name: str
+    generation: int
+    archived_keys: tuple[str, ...]
+
+
+def _error_identity(text: str | None) -> tuple[Any, Any] | None:
+    """(type, message) of an error envelope's JSON text; None when it is not one."""
+    if not text:
+        return None
+    try:
+        envelope = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(envelope, dict) or "type" not in envelope:
+        return None
+    return envelope.get("type"), envelope.get("message")
+
+
+def _closed_unfinished(event_type: str, data: str | None) -> bool:
+    """Whether a row holds the cancellation a close wrote into what it left unfinished."""
+    if event_type not in _CLOSE_FILLED_EVENTS:
+        return False
+    identity = _error_identity(data)
+    return identity is not None and identity[1] == CLOSED_UNFINISHED_MESSAGE
+
+
+class ResumeStoreMixin(StoreBase):
+    """Resume: archive the history from a key on and run the instance again."""
+
+    def resume(self, instance_id: str, from_key: str | None) -> ResumeOutcome:
+        """Run a closed instance again, in place, in one transaction.
+
+        The cut is ``from_key`` (default: the first row holding the failure that
+        closed the run; only the close for a run that did not fail on a recorded
+        step) or, when earlier, the first row the close left without a value or
+        filled with its cancellation (a terminated run's open activity, timer or
+        child). Every row from the cut on, the close included, moves to the
+        archive under the current generation, with a summary of its activity task
+        (whose row goes, so the re-run reserves a fresh one with a fresh retry
+        budget); signals the archived part consumed or delivered return to the
+        inbox in their order; values of kept rows it delivered are undelivered.
+        The instance is running and runnable under a new lease epoch and the next
+        generation, with its cancel request withdrawn. Raises
+        :class:`WorkflowNotFound`, :class:`InvalidWorkflowState` (running) or
+        :class:`HistoryKeyConflict` (``from_key`` is not in the history).
+        """
+        with self.atomic():
+            self._lock_instance(instance_id)
+            head = self._fetch(SELECT_RESUME_HEAD, [instance_id])
+            if not head:
+                raise exc.WorkflowNotFound(instance_id)
+            status, workflow_name, generation, error = head[0]
+            if status == WorkflowStatus.RUNNING:
+                raise exc.InvalidWorkflowState(
+                    instance_id, str(status), f"workflow instance {instance_id!r} is running"
+                )
+            cut_id, cut_seq = self._resume_cut(instance_id, from_key, str(status), error)
+            now = self._now_param()
+            resumed = self._execute(
+                self._with_now(RESUME_INSTANCE),
+                [
+                    str(WorkflowStatus.RUNNING),
+                    True,
+                    *self.now_sql().params,
+                    False,
+                    now,
+                    instance_id,
+                    str(status),
+                    generation,
+                ],
+            )
+            if resumed != 1:  # pragma: no cover - the row lock makes this unreachable
+                raise exc.InvalidWorkflowState(instance_id, str(status))
+            self._execute(ARCHIVE_ROWS, [generation, now, instance_id, cut_id])
+            archived_keys = self._archive_tasks(instance_id, int(generation), cut_id)
+            # A cut at the close (no position) leaves every consumption and delivery.
+            seq_bound = cut_seq if cut_seq is not None else 2**62
+            self._execute(RETURN_SIGNALS, [instance_id, seq_bound, seq_bound, instance_id, cut_id])
+            self._execute(UNDELIVER_ROWS, [instance_id, cut_id, seq_bound])
+            self._execute(REMOVE_ARCHIVED_ROWS, [instance_id, cut_id])
+            self.after_commit("runnable")
+        return ResumeOutcome(str(workflow_name), int(generation) + 1, archived_keys)
+
+    def _with_now(self, sql: str) -> str:
+        return sql.replace("{now}", self.now_sql().sql)
+
+    def _resume_cut(
+        self, instance_id: str, from_key: str | None, status: str, error: str | None
+    ) -> tuple[int, int | None]:
+        """The id and position of the first row a resume archives."""
+        rows = self._fetch(
+            SELECT_RESUME_CANDIDATES,
+            [
+                instance_id,
+                CLOSE_KEY,
+                from_key if from_key is not None else CLOSE_KEY,
+                *_FAILURE_EVENTS,
+                *_CLOSE_FILLED_EVENTS,
+            ],
+        )
+        by_key = {str(key): (int(row_id), seq) for row_id, key, seq, _, _ in rows}
+        if CLOSE_KEY not in by_key:  # pragma: no cover - every close writes its row
+            raise exc.InvalidWorkflowState(instance_id, status, "the instance has no close row")
+        cut: tuple[int, int | None] = by_key[CLOSE_KEY]
+        if from_key is not None:
+            if from_key not in by_key:
+                raise exc.HistoryKeyConflict(
+                    f"history key {from_key!r} is not in the current history of {instance_id!r}"
+                )
+            cut = by_key[from_key]
+        elif status == WorkflowStatus.FAILED:
+            closing = _error_identity(error)
+            for row_id, _key, seq, event_type, data in rows:
+                if (
+                    event_type in _FAILURE_EVENTS
+                    and closing is not None
+                    and _error_identity(data) == closing
+                ):
+                    cut = (int(row_id), seq)
+                    break
+        for row_id, key, seq, event_type, data in rows:
+            if key == CLOSE_KEY or int(row_id) >= cut[0]:
+                break
+            if data is None or _closed_unfinished(str(event_type), data):
+                cut = (int(row_id), seq)
+                break
+        return cut
+
+    def _archive_tasks(self, instance_id: str, generation: int, cut_id: int) -> tuple[str, ...]:
+        """Summarise the archived rows' tasks on their archive rows and remove them;
+        return the archived keys."""
+        tasks = self._fetch(SELECT_ARCHIVED_TASKS, [instance_id, instance_id, cut_id])
+        for key, name, queue, status, attempts, failures, last_error in tasks:
+            summary = {
+                "name": name,
+                "queue": queue,
+                "status": status,
+                "attempts": attempts,
+                "failures": failures,
+                "last_error": last_error,
+            }
+            self._execute(ARCHIVE_TASK, [json.dumps(summary), instance_id, generation, key])
+        if tasks:
+            self._execute(DELETE_ARCHIVED_TASKS, [instance_id, instance_id, cut_id])
+        keys = self._fetch(SELECT_ARCHIVED_KEYS, [instance_id, generation])
+        return tuple(str(key) for (key,) in keys)

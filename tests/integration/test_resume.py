@@ -1,0 +1,357 @@
+"""resume_workflow: a closed instance runs again in place (SPEC section 11).
+
+The rows from the cut on and the close move to the archive under the generation
+they belonged to (nothing is deleted); the instance runs under a new lease epoch
+and the next generation and replays with the current code: kept rows return
+their values, archived steps run again. Every statement of the resume's
+transaction is failed in turn: each failure leaves the instance exactly as it
+was, and the resume that follows works.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.db import connection, connections
+
+import selvedge_django as sv
+from selvedge_django.models import (
+    ActivityTask,
+    ArchivedHistoryEvent,
+    HistoryEvent,
+    SignalMessage,
+    WorkflowInstance,
+)
+from selvedge_django.operations import _store
+from selvedge_django.testing import FaultInjector, InjectedFault, run_until_idle
+from selvedge_django.worker import Worker
+from tests.testapp.workflows import recovery as resume_flows
+
+QUIET = {"run_local_starts": False}
+
+
+@pytest.fixture(autouse=True)
+def broken() -> Iterator[set[str]]:
+    resume_flows.BROKEN.clear()
+    resume_flows.RUNS.clear()
+    yield resume_flows.BROKEN
+    resume_flows.BROKEN.clear()
+    resume_flows.RUNS.clear()
+
+
+def drive(instance_id: str, *, status: str | None = None, timeout: float = 30.0) -> str:
+    """Run an inline worker until the instance is closed (or has ``status``)."""
+    deadline = time.monotonic() + timeout
+    worker = Worker(**QUIET)
+    while True:
+        run_until_idle(worker)
+        current = WorkflowInstance.objects.get(instance_id=instance_id).status
+        if (status is None and current != "running") or current == status:
+            return current
+        assert time.monotonic() < deadline, f"{instance_id} still {current}"
+
+
+def history(instance_id: str) -> list[tuple[str, str]]:
+    return list(
+        HistoryEvent.objects.filter(instance_id=instance_id)
+        .order_by("id")
+        .values_list("key", "event_type")
+    )
+
+
+def archived(instance_id: str) -> list[tuple[int, str, str]]:
+    return list(
+        ArchivedHistoryEvent.objects.filter(instance_id=instance_id)
+        .order_by("generation", "event_id")
+        .values_list("generation", "key", "event_type")
+    )
+
+
+def state(instance_id: str) -> dict[str, Any]:
+    """Everything a resume may change, to compare before and after a failed one."""
+    inst = WorkflowInstance.objects.filter(instance_id=instance_id).values().get()
+    inst.pop("updated_at")
+    return {
+        "instance": inst,
+        "history": list(HistoryEvent.objects.filter(instance_id=instance_id).values()),
+        "archive": list(ArchivedHistoryEvent.objects.filter(instance_id=instance_id).values()),
+        "tasks": list(ActivityTask.objects.filter(instance_id=instance_id).values()),
+        "signals": list(SignalMessage.objects.filter(instance_id=instance_id).values()),
+    }
+
+
+def failed_order(name: str = "o-1") -> str:
+    resume_flows.BROKEN.add("charge")
+    iid = sv.start_workflow("resume.order", name, instance_id=name)
+    sv.signal(iid, "go", {"by": "ops"})
+    assert drive(iid) == "failed"
+    return iid
+
+
+def test_resume_reruns_the_failed_step_with_a_fresh_budget_and_keeps_the_rest(
+    tdb: None,
+) -> None:
+    iid = failed_order()
+    before = WorkflowInstance.objects.get(instance_id=iid)
+    assert resume_flows.RUNS == {"reserve": 1, "charge": 2}
+    recorded = history(iid)
+    failed_key = next(key for key, event in recorded if event == "ActivityFailed")
+    resume_flows.BROKEN.clear()
+
+    assert sv.resume_workflow(iid, reason="card fixed") == 2
+    inst = WorkflowInstance.objects.get(instance_id=iid)
+    assert (inst.status, inst.generation, inst.resumed_count) == ("running", 2, 1)
+    assert inst.lease_epoch == before.lease_epoch + 1
+    assert (inst.error, inst.closed_at, inst.runnable) == (None, None, True)
+    # The failed step and the close are archived under generation 1, with the task's
+    # summary; the rows before it stay.
+    assert archived(iid) == [(1, failed_key, "ActivityFailed"), (1, "$close", "WorkflowFailed")]
+    task = json.loads(ArchivedHistoryEvent.objects.get(instance_id=iid, key=failed_key).task)
+    assert (task["name"], task["status"], task["attempts"], task["failures"]) == (
+        "resume.charge",
+        "failed",
+        2,
+        2,
+    )
+    assert history(iid) == [row for row in recorded if row[0] not in (failed_key, "$close")]
+
+    assert drive(iid) == "completed"
+    result = sv.get_workflow_result(iid)
+    assert result.output == {
+        "reserved": "reserved o-1",
+        "go": {"by": "ops"},
+        "charged": "charged o-1",
+    }
+    # reserve returned its recorded value; charge ran again once, under a new task.
+    assert resume_flows.RUNS == {"reserve": 1, "charge": 3}
+    (new_task,) = ActivityTask.objects.filter(instance_id=iid, key=failed_key)
+    assert (new_task.status, new_task.attempts, new_task.failures) == ("completed", 1, 0)
+    description = sv.describe(iid)
+    assert (description.generation, description.resumed_count, description.forked_from) == (
+        2,
+        1,
+        None,
+    )
+    sv.replay_instance(iid)
+
+
+def test_a_failed_run_resumed_before_the_fix_fails_again_and_is_archived_twice(
+    tdb: None,
+) -> None:
+    iid = failed_order()
+    sv.resume_workflow(iid)
+    assert drive(iid) == "failed"
+    resume_flows.BROKEN.clear()
+    assert sv.resume_workflow(iid) == 3
+    assert drive(iid) == "completed"
+    generations = [generation for generation, _, _ in archived(iid)]
+    assert generations == [1, 1, 2, 2]
+    # Exactly once per generation: each key at most once in each.
+    rows = archived(iid)
+    assert len({(g, k) for g, k, _ in rows}) == len(rows)
+
+
+def test_signals_consumed_by_archived_rows_return_to_the_inbox_in_order(tdb: None) -> None:
+    resume_flows.BROKEN.add("charge")
+    iid = sv.start_workflow("resume.signals", None)
+    sv.signal(iid, "in", "first")
+    sv.signal(iid, "in", "second")
+    assert drive(iid) == "failed"
+    first_receive = next(key for key, event in history(iid) if event == "SignalReceived")
+    resume_flows.BROKEN.clear()
+    sv.resume_workflow(iid, from_key=first_receive)
+    pending = list(
+        SignalMessage.objects.filter(instance_id=iid)
+        .order_by("id")
+        .values_list("payload", "delivered_seq", "consumed_seq", "consumed_key")
+    )
+    assert pending == [('"first"', None, None, ""), ('"second"', None, None, "")]
+    assert drive(iid) == "completed"
+    assert sv.get_workflow_result(iid).output == ["first", "second"]
+    sv.replay_instance(iid)
+
+
+def test_a_child_started_again_re_attaches_to_the_existing_instance(tdb: None) -> None:
+    resume_flows.BROKEN.add("charge")
+    iid = sv.start_workflow("resume.parent", "p", instance_id="p")
+    assert drive(iid) == "failed"
+    assert WorkflowInstance.objects.get(instance_id="p-child").status == "failed"
+    resume_flows.BROKEN.clear()
+    # The child first: its own re-run completes it; the parent's failed row then
+    # re-attaches to it and receives that outcome.
+    sv.resume_workflow("p-child")
+    assert drive("p-child") == "completed"
+    sv.resume_workflow(iid)
+    assert drive(iid) == "completed"
+    assert sv.get_workflow_result(iid).output == "charged p"
+    assert WorkflowInstance.objects.filter(parent_instance_id=iid).count() == 1
+    sv.replay_instance(iid)
+
+
+def test_a_resumed_parent_re_attaches_to_a_running_child(tdb: None) -> None:
+    resume_flows.BROKEN.add("charge")
+    iid = sv.start_workflow("resume.parent", "q", instance_id="q")
+    assert drive(iid) == "failed"
+    sv.resume_workflow(iid)
+    sv.resume_workflow("q-child")
+    resume_flows.BROKEN.clear()
+    assert drive(iid) == "completed"
+    assert sv.get_workflow_result(iid).output == "charged q"
+
+
+def test_a_terminated_run_resumes_from_its_first_unfinished_row(tdb: None) -> None:
+    iid = sv.start_workflow("terminate.everything", None)
+    run_until_idle(Worker(activity_queues=[""], run_local_starts=False))
+    keys = [key for key, _ in history(iid)]
+    sv.terminate_workflow(iid, reason="stuck")
+    sv.resume_workflow(iid)
+    # The child, the activity and the timer were left open by the terminate: the cut
+    # moves to the first of them, so each runs again (the child re-attaches).
+    assert [key for _, key, _ in archived(iid)] == [*keys, "$close"]
+    assert history(iid) == []
+    assert not ActivityTask.objects.filter(instance_id=iid).exists()
+    run_until_idle(Worker(activity_queues=[""], run_local_starts=False))
+    inst = WorkflowInstance.objects.get(instance_id=iid)
+    assert inst.status == "running"
+    assert [key for key, _ in history(iid)] == keys
+    assert ActivityTask.objects.get(instance_id=iid).status == "queued"
+    assert WorkflowInstance.objects.filter(parent_instance_id=iid).count() == 1
+
+
+def test_a_run_that_failed_on_its_own_error_archives_only_the_close(tdb: None) -> None:
+    resume_flows.BROKEN.update({"charge", "caught"})
+    iid = sv.start_workflow("resume.caught", "c")
+    assert drive(iid) == "failed"
+    kept = history(iid)[:-1]
+    resume_flows.BROKEN.clear()
+    sv.resume_workflow(iid)
+    assert archived(iid) == [(1, "$close", "WorkflowFailed")]
+    assert history(iid) == kept
+    assert drive(iid) == "completed"
+    assert resume_flows.RUNS["charge"] == 2  # the caught failure stays recorded
+
+
+def test_resume_rejects_running_unknown_and_bad_keys_writing_nothing(tdb: None) -> None:
+    running = sv.start_workflow("resume.signals", None)
+    with pytest.raises(sv.InvalidWorkflowState):
+        sv.resume_workflow(running)
+    with pytest.raises(sv.WorkflowNotFound):
+        sv.resume_workflow("nobody")
+    iid = failed_order()
+    before = state(iid)
+    with pytest.raises(sv.HistoryKeyConflict):
+        sv.resume_workflow(iid, from_key="no-such-key")
+    with pytest.raises(TypeError):
+        sv.resume_workflow(iid, reason=3)  # type: ignore[arg-type]
+    assert state(iid) == before
+
+
+def test_a_worker_holding_the_old_epoch_cannot_write_after_a_resume(tdb: None) -> None:
+    resume_flows.BROKEN.add("charge")
+    iid = sv.start_workflow("resume.signals", None)
+    store = _store()
+    fence = store.acquire(iid, "stale-worker", 30)
+    assert fence is not None
+    sv.terminate_workflow(iid)
+    sv.resume_workflow(iid)
+    from selvedge_django.engine.store import HistoryRow
+
+    with pytest.raises(sv.Fenced):
+        store.record_command(fence, HistoryRow(key="x", seq=0, command="now", data="1"))
+    assert history(iid) == []
+
+
+def test_a_signal_sent_around_a_resume_is_kept(tdb: None) -> None:
+    resume_flows.BROKEN.add("charge")
+    iid = sv.start_workflow("resume.signals", None)
+    sv.signal(iid, "in", "first")
+    sv.signal(iid, "in", "second")
+    assert drive(iid) == "failed"
+    with pytest.raises(sv.InstanceClosed):
+        sv.signal(iid, "in", "while closed")
+    resume_flows.BROKEN.clear()
+    first_receive = next(key for key, event in history(iid) if event == "SignalReceived")
+    sv.resume_workflow(iid, from_key=first_receive)
+    sv.signal(iid, "in", "after")
+    assert drive(iid) == "completed"
+    assert sv.get_workflow_result(iid).output == ["first", "second"]
+    assert SignalMessage.objects.filter(instance_id=iid, consumed_seq__isnull=True).count() == 1
+
+
+def test_aresume_workflow(tdb: None) -> None:
+    iid = failed_order("a-1")
+    resume_flows.BROKEN.clear()
+
+    async def view() -> int:
+        try:
+            return await sv.aresume_workflow(iid)
+        finally:
+            await sync_to_async(connections.close_all)()
+
+    assert asyncio.run(view()) == 2
+
+
+def resume_statements(iid: str) -> int:
+    """How many statements one resume of ``iid`` runs (then undone by a rollback)."""
+    injector = FaultInjector(trace=True).install()
+    try:
+        with pytest.raises(InjectedFault):
+            # Fail the last statement so nothing commits, after counting the rest.
+            injector.fail_statement(r"DELETE FROM .*history", operation="resume")
+            sv.resume_workflow(iid)
+        return max(s.step for s in injector.statements if s.operation == "resume")
+    finally:
+        injector.uninstall()
+
+
+def test_a_failing_statement_at_each_step_of_a_resume_leaves_everything_as_it_was(
+    tdb: None,
+) -> None:
+    resume_flows.BROKEN.add("charge")
+    iid = sv.start_workflow("resume.signals", None)
+    sv.signal(iid, "in", "first")
+    sv.signal(iid, "in", "second")
+    assert drive(iid) == "failed"
+    first_receive = next(key for key, event in history(iid) if event == "SignalReceived")
+    before = state(iid)
+    steps = resume_statements(iid)
+    assert steps >= 8
+    assert state(iid) == before
+    for step in range(1, steps + 1):
+        injector = FaultInjector().install()
+        try:
+            fault = injector.fail_statement(None, operation="resume", step=step)
+            with pytest.raises(InjectedFault):
+                sv.resume_workflow(iid, from_key=first_receive)
+            assert fault.fired == 1
+        finally:
+            injector.uninstall()
+        assert state(iid) == before, f"step {step} left a partial write"
+    resume_flows.BROKEN.clear()
+    sv.resume_workflow(iid, from_key=first_receive)
+    assert drive(iid) == "completed"
+    sv.replay_instance(iid)
+    assert connection.vendor in ("sqlite", "postgresql")
+
+
+def test_an_ambiguous_commit_of_a_resume_is_seen_by_the_next_call(tdb: None) -> None:
+    iid = failed_order()
+    injector = FaultInjector().install()
+    try:
+        injector.fail_after_commit(r"DELETE FROM .*history", operation="resume")
+        with pytest.raises(InjectedFault):
+            sv.resume_workflow(iid)
+    finally:
+        injector.uninstall()
+    # Committed: a second resume is refused, nothing is archived twice.
+    with pytest.raises(sv.InvalidWorkflowState):
+        sv.resume_workflow(iid)
+    assert [g for g, _, _ in archived(iid)] == [1, 1]
+    resume_flows.BROKEN.clear()
+    assert drive(iid) == "completed"
