@@ -75,7 +75,7 @@ if TYPE_CHECKING:
         RecordedSignal,
         parse_history,
     )
-    from .lifecycle import aresume_workflow, resume_workflow
+    from .lifecycle import afork_workflow, aresume_workflow, fork_workflow, resume_workflow
     from .models import WorkflowStatus
     from .operations import (
         ActivityTaskInfo,
@@ -205,6 +205,7 @@ __all__ = [
     "adescribe_schedule",
     "aexport_history",
     "afind_instances",
+    "afork_workflow",
     "aget_workflow_result",
     "alist_activity_tasks",
     "alist_schedules",
@@ -226,6 +227,7 @@ __all__ = [
     "describe_schedule",
     "export_history",
     "find_instances",
+    "fork_workflow",
     "get_workflow_result",
     "heartbeat",
     "hooks",
@@ -283,6 +285,8 @@ _LAZY = {
     "aterminate_workflow": "selvedge_django.operations",
     "resume_workflow": "selvedge_django.lifecycle",
     "aresume_workflow": "selvedge_django.lifecycle",
+    "fork_workflow": "selvedge_django.lifecycle",
+    "afork_workflow": "selvedge_django.lifecycle",
     "wait_workflow": "selvedge_django.operations",
     "ScheduleDescription": "selvedge_django.operations",
     "abackfill_schedule": "selvedge_django.operations",

@@ -1,4 +1,4 @@
-"""Recovery operations: resume a closed instance in place.
+"""Recovery operations: resume a closed instance in place, fork a run into a new one.
 
 Like the rest of the operations layer, these are what the client API, the admin
 and ``manage.py runselvedge`` call; each is one transaction of the store, joins
@@ -15,7 +15,7 @@ from django.db import transaction
 from . import operations
 from .store_resume import ResumeOutcome
 
-__all__ = ["aresume_workflow", "resume_workflow"]
+__all__ = ["afork_workflow", "aresume_workflow", "fork_workflow", "resume_workflow"]
 
 logger = logging.getLogger("selvedge_django.lifecycle")
 
@@ -66,4 +66,41 @@ def resume_workflow(instance_id: str, *, from_key: str | None = None, reason: st
     return outcome.generation
 
 
+def fork_workflow(
+    instance_id: str, *, from_key: str | None = None, new_instance_id: str | None = None
+) -> str:
+    """Start a new instance that replays a copy of another's history before ``from_key``,
+    and return its id.
+
+    The new instance (default id ``<instance_id>/fork-<n>``) has the source's
+    workflow name and input, no parent, and ``describe(new).forked_from`` naming
+    the source. It holds a copy of the source's history rows before the cut
+    (``from_key``, or as for :func:`resume_workflow`; a completed source: every
+    row but the close) and of its signals, those the source consumed from the
+    cut on pending again, and runs the rest with the current code. The source is
+    read, never written, whatever its status. A child the copied part started
+    stays the source's; a child the fork starts again under an explicit id that
+    the source's child holds fails to start with :class:`WorkflowAlreadyStarted`
+    (default child ids derive from the parent's id, so a fork's differ).
+
+    Raises :class:`WorkflowNotFound`, :class:`HistoryKeyConflict` (``from_key``
+    is not in the source's history), :class:`WorkflowStartRejected` (an invalid
+    ``new_instance_id``) or :class:`WorkflowAlreadyStarted` (it is taken).
+    """
+    instance_id = operations.known_id(instance_id)
+    if from_key is not None and not isinstance(from_key, str):
+        raise TypeError("from_key must be a string")
+    if new_instance_id is not None:
+        new_instance_id = operations.validate_instance_id(new_instance_id)
+    store = operations._store()
+    new_id, name = store.fork(instance_id, from_key, new_instance_id)
+
+    def forked() -> None:
+        logger.info("forked %s (%s) as %s", instance_id, name, new_id)
+
+    transaction.on_commit(forked, using=store.alias)
+    return new_id
+
+
 aresume_workflow = sync_to_async(resume_workflow)
+afork_workflow = sync_to_async(fork_workflow)

@@ -1,4 +1,4 @@
-"""Store operations that bring a closed instance back: resume (in place).
+"""Store operations that bring a run back: resume (in place) and fork (a new instance).
 
 Mixed into :class:`selvedge_django.store.DjangoStore`; each public method is one
 transaction that takes the instance row first and is guarded by the status it
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import exceptions as exc
 from .engine.events import (
@@ -22,10 +22,16 @@ from .engine.events import (
     EV_CHILD_START_FAILED,
     EV_TIMER_CANCELLED,
 )
-from .models import WorkflowStatus
+from .engine.identifiers import check_instance_id
+from .models import WorkflowInstance, WorkflowStatus
 from .store_base import StoreBase
 
 __all__ = ["CLOSED_UNFINISHED_MESSAGE", "ResumeOutcome", "ResumeStoreMixin"]
+
+# An id past every row (the cut of a running source without a key).
+_PAST_ID = 2**62
+# A position past every recorded one (a cut at the close, or a running source's end).
+_PAST_EVERY_POSITION = 2**62
 
 # The message of the cancellation a close writes into the rows it left unfinished.
 CLOSED_UNFINISHED_MESSAGE = "workflow closed before it finished"
@@ -99,6 +105,33 @@ UNDELIVER_ROWS = (
 SELECT_ARCHIVED_KEYS = (
     "SELECT key FROM {archive} WHERE instance_id = %s AND generation = %s ORDER BY event_id"
 )
+# What a fork reads of its source.
+SELECT_FORK_SOURCE = (
+    "SELECT status, workflow_name, error, service_name FROM {instance} WHERE instance_id = %s"
+)
+# How many forks of the source exist (the default id of the next one counts from it).
+COUNT_FORKS = "SELECT count(*) FROM {instance} WHERE forked_from = %s"
+# The fork names its source.
+MARK_FORK = "UPDATE {instance} SET forked_from = %s WHERE instance_id = %s"
+# A copy of the source's rows before the cut, positions and values as they are.
+COPY_ROWS = (
+    "INSERT INTO {history} (instance_id, key, seq, command, event_type, data, reservation,"
+    " delivered_seq, created_at, arrived_at) SELECT %s, key, seq, command, event_type, data,"
+    " reservation, delivered_seq, %s, arrived_at FROM {history}"
+    " WHERE instance_id = %s AND id < %s AND key <> %s ORDER BY id"
+)
+# A copy of the source's signals, in their order; what the source consumed or delivered
+# from the cut on is pending again in the copy.
+COPY_SIGNALS = (
+    "INSERT INTO {signal} (instance_id, channel, payload, sent_at, delivered_seq,"
+    " consumed_seq, consumed_key)"
+    " SELECT %s, channel, payload, sent_at,"
+    " CASE WHEN delivered_seq < %s AND (consumed_seq IS NULL OR consumed_seq < %s)"
+    " THEN delivered_seq END,"
+    " CASE WHEN consumed_seq < %s THEN consumed_seq END,"
+    " CASE WHEN consumed_seq < %s THEN consumed_key ELSE '' END"
+    " FROM {signal} WHERE instance_id = %s ORDER BY id"
+)
 # The archived rows leave the current history (their copy is in the archive).
 REMOVE_ARCHIVED_ROWS = "DELETE FROM {history} WHERE instance_id = %s AND id >= %s"
 
@@ -134,7 +167,13 @@ def _closed_unfinished(event_type: str, data: str | None) -> bool:
 
 
 class ResumeStoreMixin(StoreBase):
-    """Resume: archive the history from a key on and run the instance again."""
+    """Resume: archive the history from a key on and run the instance again; fork."""
+
+    if TYPE_CHECKING:  # provided by DjangoStore
+
+        def create_instance(
+            self, instance_id: str, workflow_name: str, input_value: Any, *, service_name: str = ""
+        ) -> Any: ...
 
     def resume(self, instance_id: str, from_key: str | None) -> ResumeOutcome:
         """Run a closed instance again, in place, in one transaction.
@@ -183,12 +222,57 @@ class ResumeStoreMixin(StoreBase):
             self._execute(ARCHIVE_ROWS, [generation, now, instance_id, cut_id])
             archived_keys = self._archive_tasks(instance_id, int(generation), cut_id)
             # A cut at the close (no position) leaves every consumption and delivery.
-            seq_bound = cut_seq if cut_seq is not None else 2**62
+            seq_bound = cut_seq if cut_seq is not None else _PAST_EVERY_POSITION
             self._execute(RETURN_SIGNALS, [instance_id, seq_bound, seq_bound, instance_id, cut_id])
             self._execute(UNDELIVER_ROWS, [instance_id, cut_id, seq_bound])
             self._execute(REMOVE_ARCHIVED_ROWS, [instance_id, cut_id])
             self.after_commit("runnable")
         return ResumeOutcome(str(workflow_name), int(generation) + 1, archived_keys)
+
+    def fork(
+        self, instance_id: str, from_key: str | None, new_instance_id: str | None
+    ) -> tuple[str, str]:
+        """Start a new instance from a copy of another's history before a cut, in one
+        transaction; return (the new id, the workflow name).
+
+        The cut is as for :meth:`resume` (a completed source: every row but the
+        close; a running one: every row up to the first still waiting for a value).
+        The new instance has the source's workflow and input, no parent, and
+        ``forked_from`` set; it is runnable. The source's signals are copied in
+        their order, pending again from the cut on. The source is read, never
+        written. The default id is ``<instance_id>/fork-<n>``. Raises
+        :class:`WorkflowNotFound`, :class:`HistoryKeyConflict` or
+        :class:`WorkflowAlreadyStarted` (the new id is taken).
+        """
+        with self.atomic():
+            self._lock_instance(instance_id)
+            head = self._fetch(SELECT_FORK_SOURCE, [instance_id])
+            if not head:
+                raise exc.WorkflowNotFound(instance_id)
+            status, workflow_name, error, service_name = head[0]
+            input_value = (
+                WorkflowInstance.objects.using(self.alias)
+                .filter(instance_id=instance_id)
+                .values_list("input", flat=True)
+                .get()
+            )
+            cut_id, cut_seq = self._resume_cut(instance_id, from_key, str(status), error)
+            if new_instance_id is None:
+                (forks,) = self._fetch(COUNT_FORKS, [instance_id])[0]
+                new_instance_id = check_instance_id(
+                    f"{instance_id}/fork-{int(forks) + 1}", "fork id (the source's id and a count)"
+                )
+            self.create_instance(
+                new_instance_id, str(workflow_name), input_value, service_name=str(service_name)
+            )
+            self._execute(MARK_FORK, [instance_id, new_instance_id])
+            self._execute(
+                COPY_ROWS, [new_instance_id, self._now_param(), instance_id, cut_id, CLOSE_KEY]
+            )
+            bound = cut_seq if cut_seq is not None else _PAST_EVERY_POSITION
+            self._execute(UNDELIVER_ROWS, [new_instance_id, _PAST_ID, bound])
+            self._execute(COPY_SIGNALS, [new_instance_id, bound, bound, bound, bound, instance_id])
+        return new_instance_id, str(workflow_name)
 
     def _with_now(self, sql: str) -> str:
         return sql.replace("{now}", self.now_sql().sql)
@@ -208,9 +292,8 @@ class ResumeStoreMixin(StoreBase):
             ],
         )
         by_key = {str(key): (int(row_id), seq) for row_id, key, seq, _, _ in rows}
-        if CLOSE_KEY not in by_key:  # pragma: no cover - every close writes its row
-            raise exc.InvalidWorkflowState(instance_id, status, "the instance has no close row")
-        cut: tuple[int, int | None] = by_key[CLOSE_KEY]
+        # A running source (a fork) has no close: its end is past every row.
+        cut: tuple[int, int | None] = by_key.get(CLOSE_KEY, (_PAST_ID, None))
         if from_key is not None:
             if from_key not in by_key:
                 raise exc.HistoryKeyConflict(

@@ -355,3 +355,112 @@ def test_an_ambiguous_commit_of_a_resume_is_seen_by_the_next_call(tdb: None) -> 
     assert [g for g, _, _ in archived(iid)] == [1, 1]
     resume_flows.BROKEN.clear()
     assert drive(iid) == "completed"
+
+
+# -- fork ------------------------------------------------------------------------------
+
+
+def test_fork_copies_the_history_before_the_failure_and_leaves_the_source_untouched(
+    tdb: None,
+) -> None:
+    iid = failed_order("f-1")
+    before = state(iid)
+    resume_flows.BROKEN.clear()
+    new = sv.fork_workflow(iid)
+    assert new == "f-1/fork-1"
+    assert state(iid) == before
+    description = sv.describe(new)
+    assert (description.forked_from, description.workflow_name, description.status) == (
+        iid,
+        "resume.order",
+        "running",
+    )
+    failed_key = next(key for key, event in history(iid) if event == "ActivityFailed")
+    kept = [row for row in history(iid) if row[0] not in (failed_key, "$close")]
+    assert history(new) == kept
+    # The signal the copied receive consumed is copied with its position.
+    (copied,) = SignalMessage.objects.filter(instance_id=new)
+    assert copied.consumed_seq is not None
+    assert drive(new) == "completed"
+    assert resume_flows.RUNS == {"reserve": 1, "charge": 3}
+    assert sv.get_workflow_result(new).output["charged"] == "charged f-1"
+    assert state(iid) == before
+    sv.replay_instance(new)
+    assert sv.fork_workflow(iid, new_instance_id="mine") == "mine"
+    assert sv.fork_workflow(iid) == "f-1/fork-3"
+
+
+def test_fork_of_a_completed_run_from_a_key_reruns_from_there(tdb: None) -> None:
+    iid = sv.start_workflow("resume.signals", None)
+    sv.signal(iid, "in", "first")
+    sv.signal(iid, "in", "second")
+    assert drive(iid) == "completed"
+    # Every row but the close by default: the fork completes at once.
+    whole = sv.fork_workflow(iid)
+    assert history(whole) == history(iid)[:-1]
+    assert drive(whole) == "completed"
+    assert sv.get_workflow_result(whole).output == ["first", "second"]
+    first_receive = next(key for key, event in history(iid) if event == "SignalReceived")
+    partial = sv.fork_workflow(iid, from_key=first_receive)
+    pending = list(
+        SignalMessage.objects.filter(instance_id=partial)
+        .order_by("id")
+        .values_list("payload", "consumed_seq")
+    )
+    assert pending == [('"first"', None), ('"second"', None)]
+    assert drive(partial) == "completed"
+    assert sv.get_workflow_result(partial).output == ["first", "second"]
+
+
+def test_fork_rejects_unknown_sources_keys_and_taken_ids_writing_nothing(tdb: None) -> None:
+    iid = failed_order("f-2")
+    with pytest.raises(sv.WorkflowNotFound):
+        sv.fork_workflow("nobody")
+    with pytest.raises(sv.HistoryKeyConflict):
+        sv.fork_workflow(iid, from_key="nope")
+    with pytest.raises(sv.WorkflowAlreadyStarted):
+        sv.fork_workflow(iid, new_instance_id=iid)
+    with pytest.raises(sv.WorkflowStartRejected):
+        sv.fork_workflow(iid, new_instance_id="")
+    assert WorkflowInstance.objects.count() == 1
+
+
+def test_a_failing_statement_at_each_step_of_a_fork_writes_nothing(tdb: None) -> None:
+    iid = failed_order("f-3")
+    before = state(iid)
+    injector = FaultInjector(trace=True).install()
+    try:
+        sv.fork_workflow(iid, new_instance_id="probe")
+        steps = max(s.step for s in injector.statements if s.operation == "fork")
+    finally:
+        injector.uninstall()
+    WorkflowInstance.objects.filter(instance_id="probe").delete()
+    assert steps >= 6
+    for step in range(1, steps + 1):
+        injector = FaultInjector().install()
+        try:
+            fault = injector.fail_statement(None, operation="fork", step=step)
+            with pytest.raises(InjectedFault):
+                sv.fork_workflow(iid)
+            assert fault.fired == 1
+        finally:
+            injector.uninstall()
+        assert WorkflowInstance.objects.count() == 1, f"step {step} left a partial write"
+        assert not HistoryEvent.objects.exclude(instance_id=iid).exists()
+        assert not SignalMessage.objects.exclude(instance_id=iid).exists()
+    assert state(iid) == before
+    resume_flows.BROKEN.clear()
+    new = sv.fork_workflow(iid)
+    assert drive(new) == "completed"
+
+
+def test_afork_workflow(tdb: None) -> None:
+    iid = failed_order("f-4")
+
+    async def view() -> str:
+        try:
+            return await sv.afork_workflow(iid, new_instance_id="f-4b")
+        finally:
+            await sync_to_async(connections.close_all)()
+
+    assert asyncio.run(view()) == "f-4b"
