@@ -8,14 +8,28 @@ the caller's ``transaction.atomic()`` and wakes workers only after commit.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from datetime import timedelta
 
 from asgiref.sync import sync_to_async
 from django.db import transaction
+from django.utils import timezone
 
 from . import operations
+from .models import WorkflowInstance, WorkflowStatus
 from .store_resume import ResumeOutcome
 
-__all__ = ["afork_workflow", "aresume_workflow", "fork_workflow", "resume_workflow"]
+__all__ = [
+    "MAX_SELECTION_BATCH",
+    "afork_workflow",
+    "aresume_workflow",
+    "fork_workflow",
+    "resume_workflow",
+    "select_instances",
+]
+
+# The most instance ids one read of a bulk operation takes.
+MAX_SELECTION_BATCH = 100
 
 logger = logging.getLogger("selvedge_django.lifecycle")
 
@@ -104,3 +118,43 @@ def fork_workflow(
 
 aresume_workflow = sync_to_async(resume_workflow)
 afork_workflow = sync_to_async(fork_workflow)
+
+
+def select_instances(
+    *,
+    status: str,
+    workflow_name: str | None = None,
+    since: timedelta | None = None,
+    batch: int = MAX_SELECTION_BATCH,
+) -> Iterator[list[str]]:
+    """The ids of the instances a bulk operation acts on, in batches of at most ``batch``.
+
+    ``status`` is required; ``workflow_name`` is an exact name; ``since`` keeps
+    the instances that closed (a running one: started) within that duration. Ids
+    come in order, each batch read after the previous one was handed over (keyset
+    pagination on the id), so acting on a batch before asking for the next is
+    safe and each read is bounded.
+    """
+    if status not in WorkflowStatus.values:
+        raise ValueError(f"unknown status {status!r}: one of {', '.join(WorkflowStatus.values)}")
+    if not 1 <= batch <= MAX_SELECTION_BATCH:
+        raise ValueError(f"batch must be between 1 and {MAX_SELECTION_BATCH}")
+    qs = WorkflowInstance.objects.using(operations._store().alias).filter(status=status)
+    if workflow_name:
+        qs = qs.filter(workflow_name=workflow_name)
+    if since is not None:
+        field = "started_at" if status == WorkflowStatus.RUNNING else "closed_at"
+        qs = qs.filter(**{f"{field}__gte": timezone.now() - since})
+    after = ""
+    while True:
+        ids = list(
+            qs.filter(instance_id__gt=after)
+            .order_by("instance_id")
+            .values_list("instance_id", flat=True)[:batch]
+        )
+        if not ids:
+            return
+        yield ids
+        if len(ids) < batch:
+            return
+        after = ids[-1]

@@ -23,7 +23,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ... import exceptions as exc
-from .. import schedules_cli
+from .. import lifecycle_cli, schedules_cli
 
 
 def json_argument(what: str) -> Callable[[str], Any]:
@@ -160,12 +160,7 @@ class Command(BaseCommand):
         cancel.add_argument("instance_id")
         cancel.add_argument("--reason", default="")
 
-        terminate = sub.add_parser(
-            "terminate",
-            help="close a running instance at once as failed, without running its code",
-        )
-        terminate.add_argument("instance_id")
-        terminate.add_argument("--reason", default="")
+        lifecycle_cli.add_parsers(sub)
 
         sig = sub.add_parser("signal", help="send a signal with a JSON payload")
         sig.add_argument("instance_id")
@@ -387,13 +382,13 @@ class Command(BaseCommand):
         self.stdout.write(f"cancel requested for {options['instance_id']}")
 
     def handle_terminate(self, **options: Any) -> None:
-        from ... import operations
+        lifecycle_cli.handle(self, "terminate", options, parse_duration)
 
-        try:
-            operations.terminate_workflow(options["instance_id"], options["reason"])
-        except ValueError as error:
-            raise CommandError(str(error)) from error
-        self.stdout.write(f"terminated {options['instance_id']}")
+    def handle_resume(self, **options: Any) -> None:
+        lifecycle_cli.handle(self, "resume", options, parse_duration)
+
+    def handle_fork(self, **options: Any) -> None:
+        lifecycle_cli.handle(self, "fork", options, parse_duration)
 
     def handle_signal(self, **options: Any) -> None:
         from ... import operations

@@ -1,0 +1,119 @@
+"""``runselvedge resume``, ``fork`` and ``terminate``: one instance, or many.
+
+Each takes an instance id, or a selection (``--status``, ``--workflow NAME``,
+``--since 1h``) to act on every instance it finds, in bounded batches, each
+instance in its own transaction; ``--dry-run`` prints what would be done. One
+line per action. Repeating a bulk resume is harmless: what it resumed is no
+longer failed, so the second run finds nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from django.core.management.base import CommandError
+
+from .. import exceptions as exc
+
+__all__ = ["add_parsers", "handle"]
+
+# The status each operation selects by default.
+_DEFAULT_STATUS = {"resume": "failed", "fork": "failed", "terminate": "running"}
+
+
+def add_parsers(sub: Any) -> None:
+    """Add ``resume``, ``fork`` and ``terminate`` to ``runselvedge``'s subparsers (which
+    then get Django's common options, as every subcommand does)."""
+    helps = {
+        "resume": "run closed instances again in place, archiving from the failure (or --from)",
+        "fork": "start new instances from a copy of others' history before the failure",
+        "terminate": "close running instances at once as failed, without running their code",
+    }
+    for name, text in helps.items():
+        parser = sub.add_parser(name, help=text)
+        parser.add_argument("instance_id", nargs="?", default=None)
+        if name in ("resume", "fork"):
+            parser.add_argument("--from", dest="from_key", default=None, help="history key")
+        if name == "fork":
+            parser.add_argument("--id", dest="new_id", default=None, help="the new instance id")
+        if name in ("resume", "terminate"):
+            parser.add_argument("--reason", default="")
+        parser.add_argument(
+            "--status",
+            default=None,
+            help=f"act on every instance in this status (default {_DEFAULT_STATUS[name]}"
+            " with --workflow or --since)",
+        )
+        parser.add_argument("--workflow", default=None, help="only this workflow (exact name)")
+        parser.add_argument(
+            "--since", default=None, help="only those closed (running: started) within, e.g. 1h"
+        )
+        parser.add_argument(
+            "--dry-run", action="store_true", help="print what would be done, change nothing"
+        )
+
+
+def handle(
+    command: Any, name: str, options: dict[str, Any], parse_duration: Callable[[str], timedelta]
+) -> None:
+    """Run ``name`` on the instance given, or on every selected one."""
+    from .. import lifecycle
+
+    many = any(options[flag] is not None for flag in ("status", "workflow", "since"))
+    if many == (options["instance_id"] is not None):
+        raise CommandError("give an instance id, or --status/--workflow/--since (not both)")
+    if many and (options.get("from_key") or options.get("new_id")):
+        raise CommandError("--from and --id apply to one instance")
+    if not many:
+        _act(command, name, options["instance_id"], options, strict=True)
+        return
+    since = parse_duration(options["since"]) if options["since"] else None
+    status = options["status"] or _DEFAULT_STATUS[name]
+    done = 0
+    try:
+        batches = lifecycle.select_instances(
+            status=status, workflow_name=options["workflow"], since=since
+        )
+        for batch in batches:
+            for instance_id in batch:
+                done += _act(command, name, instance_id, options, strict=False)
+    except ValueError as error:
+        raise CommandError(str(error)) from error
+    verb = "would act on" if options["dry_run"] else "acted on"
+    command.stdout.write(f"{name}: {verb} {done} instance(s)")
+
+
+def _act(
+    command: Any, name: str, instance_id: str, options: dict[str, Any], *, strict: bool
+) -> int:
+    """One operation on one instance; 1 when done. In a bulk run (``strict`` False), an
+    instance another operator changed meanwhile is reported and skipped."""
+    from .. import lifecycle, operations
+
+    if options["dry_run"]:
+        command.stdout.write(f"would {name} {instance_id}")
+        return 1
+    try:
+        if name == "resume":
+            generation = lifecycle.resume_workflow(
+                instance_id, from_key=options["from_key"], reason=options["reason"]
+            )
+            command.stdout.write(f"resumed {instance_id} (generation {generation})")
+        elif name == "fork":
+            new_id = lifecycle.fork_workflow(
+                instance_id, from_key=options["from_key"], new_instance_id=options["new_id"]
+            )
+            command.stdout.write(f"forked {instance_id} as {new_id}")
+        else:
+            operations.terminate_workflow(instance_id, options["reason"])
+            command.stdout.write(f"terminated {instance_id}")
+    except (exc.InvalidWorkflowState, exc.InstanceClosed) as error:
+        if strict:
+            raise
+        command.stdout.write(f"skipped {instance_id}: {error}")
+        return 0
+    except ValueError as error:
+        raise CommandError(str(error)) from error
+    return 1
