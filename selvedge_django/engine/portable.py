@@ -143,21 +143,46 @@ class RecordedInstance:
 
 
 @dataclass
+class RecordedArchivedEvent(RecordedEvent):
+    """A row a resume archived: the generation it belonged to, and when it was archived
+    (ISO 8601). Listed in ``archived[]``; never replayed."""
+
+    generation: int = 1
+    archived_at: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()
+        out["generation"] = self.generation
+        out["archived_at"] = self.archived_at
+        return out
+
+
+@dataclass
 class RecordedHistory:
-    """A portable snapshot of everything needed to replay one instance."""
+    """A portable snapshot of everything needed to replay one instance.
+
+    ``archived`` lists the rows earlier generations archived (resumes), oldest
+    generation first; an export without any has no ``archived`` field, exactly
+    as before resumes existed. Replay reads ``events`` only: the current
+    generation is what replays.
+    """
 
     instance: RecordedInstance
     events: list[RecordedEvent] = field(default_factory=list)
     signals: list[RecordedSignal] = field(default_factory=list)
     format: str = FORMAT
+    archived: list[RecordedArchivedEvent] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "format": self.format,
             "instance": self.instance.to_dict(),
             "events": [event.to_dict() for event in self.events],
             "signals": [signal.to_dict() for signal in self.signals],
         }
+        if self.archived:
+            out["archived"] = [event.to_dict() for event in self.archived]
+        return out
 
     def to_json(self, indent: int | None = None) -> str:
         """Serialise as ``selvedge.history/v1`` JSON."""
@@ -176,7 +201,7 @@ class RecordedHistory:
 
 # -- parse ------------------------------------------------------------------------------
 
-_TOP = {"format", "instance", "events", "signals"}
+_TOP = {"format", "instance", "events", "signals", "archived"}
 _INSTANCE = {
     "instance_id": str,
     "workflow_name": str,
@@ -298,6 +323,7 @@ def parse_history(data: str | bytes | bytearray) -> RecordedHistory:
         raise _fail(f"field instance.status has unknown value {inst['status']!r}")
     events_raw = _list(doc, "events")
     signals_raw = _list(doc, "signals")
+    archived = _parse_archived(_list(doc, "archived"))
     events: list[RecordedEvent] = []
     keys: set[str] = set()
     for index, raw in enumerate(events_raw):
@@ -341,4 +367,40 @@ def parse_history(data: str | bytes | bytearray) -> RecordedHistory:
         ),
         events=events,
         signals=signals,
+        archived=archived,
     )
+
+
+_ARCHIVED = {**_EVENT, "generation": int, "archived_at": str}
+
+
+def _parse_archived(items: list[Any]) -> list[RecordedArchivedEvent]:
+    """Strictly decode the ``archived`` section, as the events are."""
+    out: list[RecordedArchivedEvent] = []
+    seen: set[tuple[int, str]] = set()
+    for index, raw in enumerate(items):
+        where = f"archived[{index}]"
+        required = {*_EVENT_REQUIRED, "generation", "archived_at"}
+        event = _check_object(raw, where, _ARCHIVED, required, _ZERO_EVENT)
+        if event.get("data_type", "json") not in ("json", ""):
+            raise _fail(f"field {where}.data_type is unsupported")
+        if event.get("binary") is not None:
+            raise _fail(f"field {where}.binary is unsupported")
+        identity = (event["generation"], event["key"])
+        if identity in seen:
+            raise _fail(f"{where} repeats key {event['key']!r} in generation {identity[0]}")
+        seen.add(identity)
+        out.append(
+            RecordedArchivedEvent(
+                seq=event["seq"],
+                key=event["key"],
+                command=event["command"],
+                event_type=event["event_type"],
+                data=event.get("data", ABSENT),
+                reservation=event.get("reservation", ABSENT),
+                delivered_seq=event.get("delivered_seq", 0),
+                generation=event["generation"],
+                archived_at=event["archived_at"],
+            )
+        )
+    return out

@@ -30,6 +30,7 @@ from ..conf import get_settings
 from ..engine.durations import optional_seconds
 from ..engine.portable import (
     ABSENT,
+    RecordedArchivedEvent,
     RecordedEvent,
     RecordedHistory,
     RecordedInstance,
@@ -38,7 +39,13 @@ from ..engine.portable import (
     recorded_value,
 )
 from ..engine.replay import ReplayRuntime, answer_query, check_replay
-from ..models import HistoryEvent, SignalMessage, WorkflowInstance, WorkflowStatus
+from ..models import (
+    ArchivedHistoryEvent,
+    HistoryEvent,
+    SignalMessage,
+    WorkflowInstance,
+    WorkflowStatus,
+)
 from ..registry import get_workflow, registered_workflow_names
 from ..runtime import client_codec
 from ..store import DjangoStore
@@ -96,6 +103,52 @@ def history_rows(
     return inst, rows, signals
 
 
+def archived_rows(
+    store: DjangoStore, instance_id: str, value: Callable[[str | None], Any], limit: int
+) -> list[RecordedArchivedEvent]:
+    """The rows an instance's resumes archived, oldest generation first; at most ``limit``
+    (:class:`HistoryLimitExceeded` past it)."""
+    rows = list(
+        ArchivedHistoryEvent.objects.using(store.alias)
+        .filter(instance_id=instance_id)
+        .order_by("generation", "event_id")
+        .values_list(
+            "seq",
+            "key",
+            "command",
+            "event_type",
+            "data",
+            "reservation",
+            "delivered_seq",
+            "generation",
+            "archived_at",
+        )[: limit + 1]
+    )
+    if len(rows) > limit:
+        raise exc.HistoryLimitExceeded(
+            instance_id,
+            "MAX_HISTORY_EVENTS",
+            limit,
+            f"workflow instance {instance_id!r} has more than {limit} archived history rows",
+        )
+    out: list[RecordedArchivedEvent] = []
+    for seq, key, command, event_type, data, reservation, delivered, generation, at in rows:
+        out.append(
+            RecordedArchivedEvent(
+                seq=seq or 0,
+                key=key,
+                command=command,
+                event_type=event_type,
+                data=value(data),
+                reservation=value(reservation),
+                delivered_seq=delivered or 0,
+                generation=generation,
+                archived_at=at.isoformat(),
+            )
+        )
+    return out
+
+
 REDACTED = "$redacted"
 
 
@@ -132,13 +185,16 @@ def export_history(instance_id: str, *, redact: bool = False) -> RecordedHistory
     """
     known_id(instance_id)
     settings = get_settings()
-    inst, rows, signals = history_rows(
-        client_store(),
-        instance_id,
-        max_events=settings.max_history_events + 1,  # the commands and the close
-        max_signals=settings.max_history_events + 1 + settings.max_pending_signals,
-    )
+    store = client_store()
     value = (lambda text: ABSENT if text is None else redacted(text)) if redact else recorded_value
+    with store.read_snapshot():
+        inst, rows, signals = history_rows(
+            store,
+            instance_id,
+            max_events=settings.max_history_events + 1,  # the commands and the close
+            max_signals=settings.max_history_events + 1 + settings.max_pending_signals,
+        )
+        archived = archived_rows(store, instance_id, value, settings.max_history_events + 1)
     output: Any = ABSENT
     if inst.status == "completed" and inst.output is not None:
         output = value(inst.output)
@@ -178,6 +234,7 @@ def export_history(instance_id: str, *, redact: bool = False) -> RecordedHistory
             RecordedSignal(sid, channel, delivered or 0, consumed or 0)
             for sid, channel, delivered, consumed in signals
         ],
+        archived=archived,
     )
 
 

@@ -464,3 +464,39 @@ def test_afork_workflow(tdb: None) -> None:
             await sync_to_async(connections.close_all)()
 
     assert asyncio.run(view()) == "f-4b"
+
+
+# -- export and replay -----------------------------------------------------------------
+
+
+def test_the_export_lists_archived_rows_with_their_generation_and_replays_the_current(
+    tdb: None,
+) -> None:
+    iid = failed_order("x-1")
+    plain = sv.export_history(iid).to_dict()
+    assert "archived" not in plain
+    resume_flows.BROKEN.clear()
+    sv.resume_workflow(iid)
+    assert drive(iid) == "completed"
+    history_ = sv.export_history(iid)
+    document = json.loads(history_.to_json())
+    assert [(a["generation"], a["key"]) for a in document["archived"]] == [
+        (1, next(k for k, e in archived_rows(iid) if e == "ActivityFailed")),
+        (1, "$close"),
+    ]
+    assert document["archived"][0]["event_type"] == "ActivityFailed"
+    assert document["archived"][0]["archived_at"]
+    assert [e["key"] for e in document["events"]] == [k for k, _ in history(iid)]
+    parsed = sv.parse_history(history_.to_json())
+    assert parsed.to_dict() == document
+    sv.replay_history(parsed)
+    sv.replay_instance(iid)
+    redacted = sv.export_history(iid, redact=True).to_dict()
+    assert "$redacted" in json.dumps(redacted["archived"][0]["data"])
+    bad = dict(document, archived=[dict(document["archived"][0], extra=1)])
+    with pytest.raises(sv.UnsupportedHistoryFormat):
+        sv.parse_history(json.dumps(bad))
+
+
+def archived_rows(instance_id: str) -> list[tuple[str, str]]:
+    return [(key, event) for _, key, event in archived(instance_id)]
