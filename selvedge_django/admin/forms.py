@@ -1,4 +1,4 @@
-"""The admin's forms: what a cancel, terminate, signal or schedule asks for.
+"""The admin's forms: what a cancel, terminate, resume, fork, signal or schedule asks for.
 
 They validate as the operations layer does, so a bad value is refused on the
 form, with its message, before any operation runs.
@@ -40,6 +40,53 @@ class TerminateForm(forms.Form):
         max_length=10_000,
         widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
         help_text="Recorded as the reason of the instance's WorkflowTerminated error.",
+    )
+
+
+class ResumeForm(forms.Form):
+    """A resume's reason (logged) and, optionally, the history key to archive from."""
+
+    from_key = forms.CharField(
+        required=False,
+        max_length=255,
+        strip=False,
+        label=_("From key"),
+        help_text=_(
+            "Archive the history from this key on. Empty: from the row that recorded the"
+            " failure that closed the run (for a run closed otherwise, only the close)."
+        ),
+        widget=forms.TextInput(attrs={"size": 60}),
+    )
+    reason = forms.CharField(
+        required=False,
+        max_length=10_000,
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
+        label=_("Reason"),
+        help_text=_("Written to the admin log with the resume."),
+    )
+
+
+class ForkForm(forms.Form):
+    """A fork's history key (optional) and new instance id (optional)."""
+
+    from_key = forms.CharField(
+        required=False,
+        max_length=255,
+        strip=False,
+        label=_("From key"),
+        help_text=_(
+            "Copy the history before this key. Empty: before the failure (a completed run:"
+            " every row but the close)."
+        ),
+        widget=forms.TextInput(attrs={"size": 60}),
+    )
+    new_instance_id = forms.CharField(
+        required=False,
+        max_length=255,
+        strip=False,
+        label=_("New instance id"),
+        help_text=_("Empty: <instance id>/fork-<n>."),
+        widget=forms.TextInput(attrs={"size": 60}),
     )
 
 

@@ -27,7 +27,7 @@ from django.utils.translation import gettext_lazy as _
 from ..conf import get_settings
 from ..models import ActivityTask, SystemLock, WorkflowInstance, WorkflowStatus
 from ..registry import get_workflow
-from .actions import TEMPLATE_DIR, InstanceActionsAdmin
+from .actions import TEMPLATE_DIR
 from .base import APP, ReadOnlyAdmin
 from .display import (
     EMPTY,
@@ -43,11 +43,12 @@ from .display import (
     truncate,
 )
 from .filters import InstanceChangeList, WorkflowNameFilter
+from .recovery import RecoveryActionsAdmin
 from .sections import instance_sections
 
 
 @admin.register(WorkflowInstance)
-class WorkflowInstanceAdmin(InstanceActionsAdmin):
+class WorkflowInstanceAdmin(RecoveryActionsAdmin):
     """Instances: list, detail (history, tasks, timers, signals, children) and actions."""
 
     list_display = (
@@ -69,7 +70,14 @@ class WorkflowInstanceAdmin(InstanceActionsAdmin):
     search_help_text = _("An exact instance id, or part of one (ignoring case).")
     ordering = ("-started_at", "-instance_id")
     list_per_page = 100
-    actions = ("cancel_instances", "terminate_instances", "signal_instances", "export_instances")
+    actions = (
+        "cancel_instances",
+        "terminate_instances",
+        "resume_instances",
+        "fork_instances",
+        "signal_instances",
+        "export_instances",
+    )
     change_form_template = f"{TEMPLATE_DIR}/change_form.html"
     fieldsets = (
         (
@@ -88,6 +96,9 @@ class WorkflowInstanceAdmin(InstanceActionsAdmin):
                     "started_at",
                     "updated_at",
                     "closed_at",
+                    "generation",
+                    "resumed_count",
+                    "forked_from",
                 )
             },
         ),
@@ -268,6 +279,12 @@ class WorkflowInstanceAdmin(InstanceActionsAdmin):
             else "",
             "terminate_url": reverse(f"{site}:{APP}_workflowinstance_terminate", args=(quoted,))
             if running and self.has_terminate_permission(request)
+            else "",
+            "resume_url": reverse(f"{site}:{APP}_workflowinstance_resume", args=(quoted,))
+            if not running and self.has_resume_permission(request)
+            else "",
+            "fork_url": reverse(f"{site}:{APP}_workflowinstance_fork", args=(quoted,))
+            if self.has_fork_permission(request)
             else "",
             "signal_url": reverse(f"{site}:{APP}_workflowinstance_signal", args=(quoted,))
             if running and self.has_signal_permission(request)

@@ -14,6 +14,7 @@ from django.db.models.functions import Cast, Coalesce, Length, Substr
 
 from ..models import (
     ActivityTask,
+    ArchivedHistoryEvent,
     HistoryEvent,
     SignalMessage,
     TimerSubscription,
@@ -161,7 +162,28 @@ def instance_sections(
         .values_list("instance_id", "workflow_name", "status", "parent_key")[:SECTION_ROWS]
     ]
 
+    archived = [
+        {
+            "generation": generation,
+            "seq": seq,
+            "key": truncate(key, ID_CHARS),
+            "event_type": event_type,
+            "data": None if data is None else truncate(data, CELL_CHARS),
+            "size": size,
+            "archived_at": archived_at,
+        }
+        for generation, seq, key, event_type, data, size, archived_at in (
+            ArchivedHistoryEvent.objects.using(alias)
+            .filter(instance_id=iid)
+            .order_by("generation", "event_id")
+            .annotate(data_head=Substr("data", 1, cut), data_size=Length("data"))
+            .values_list(
+                "generation", "seq", "key", "event_type", "data_head", "data_size", "archived_at"
+            )[:SECTION_ROWS]
+        )
+    ]
     return {
+        "archived": archived,
         "history": history,
         "history_count": history_count,
         "history_truncated": history_count > len(history),
