@@ -75,7 +75,6 @@ if TYPE_CHECKING:
         RecordedSignal,
         parse_history,
     )
-    from .lifecycle import afork_workflow, aresume_workflow, fork_workflow, resume_workflow
     from .models import WorkflowStatus
     from .operations import (
         ActivityTaskInfo,
@@ -283,10 +282,10 @@ _LAZY = {
     "start_workflow": "selvedge_django.operations",
     "terminate_workflow": "selvedge_django.operations",
     "aterminate_workflow": "selvedge_django.operations",
-    "resume_workflow": "selvedge_django.lifecycle",
-    "aresume_workflow": "selvedge_django.lifecycle",
-    "fork_workflow": "selvedge_django.lifecycle",
-    "afork_workflow": "selvedge_django.lifecycle",
+    "resume_workflow": "selvedge_django.operations",
+    "aresume_workflow": "selvedge_django.operations",
+    "fork_workflow": "selvedge_django.operations",
+    "afork_workflow": "selvedge_django.operations",
     "wait_workflow": "selvedge_django.operations",
     "ScheduleDescription": "selvedge_django.operations",
     "abackfill_schedule": "selvedge_django.operations",

@@ -14,8 +14,8 @@ from django.utils import timezone
 
 import selvedge_django as sv
 from selvedge_django.engine.codec import error_to_envelope
-from selvedge_django.lifecycle import MAX_SELECTION_BATCH
 from selvedge_django.models import ArchivedHistoryEvent, HistoryEvent, WorkflowInstance
+from selvedge_django.operations.recovery import MAX_SELECTION_BATCH
 from selvedge_django.testing import run_until_idle
 from selvedge_django.worker import Worker
 from tests.testapp import resume_flows

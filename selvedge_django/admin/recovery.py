@@ -20,8 +20,8 @@ from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
 from .. import exceptions as exc
-from .. import lifecycle
 from ..models import WorkflowInstance
+from ..operations import recovery as lifecycle
 from .actions import InstanceActionsAdmin
 from .base import PERM_FORK, PERM_RESUME
 from .display import ID_CHARS, VALUE_CHARS, truncate

@@ -59,7 +59,7 @@ def handle(
     command: Any, name: str, options: dict[str, Any], parse_duration: Callable[[str], timedelta]
 ) -> None:
     """Run ``name`` on the instance given, or on every selected one."""
-    from .. import lifecycle
+    from ..operations import recovery as lifecycle
 
     many = any(options[flag] is not None for flag in ("status", "workflow", "since"))
     if many == (options["instance_id"] is not None):
@@ -90,7 +90,8 @@ def _act(
 ) -> int:
     """One operation on one instance; 1 when done. In a bulk run (``strict`` False), an
     instance another operator changed meanwhile is reported and skipped."""
-    from .. import lifecycle, operations
+    from .. import operations
+    from ..operations import recovery as lifecycle
 
     if options["dry_run"]:
         command.stdout.write(f"would {name} {instance_id}")

@@ -8,6 +8,7 @@ status by hand. One module per job:
 - ``results``: the result now, or a (sync or async) wait for the close;
 - ``find``: describe one instance, list its activity tasks, find instances;
 - ``history``: export a portable history, replay checks, queries;
+- ``recovery``: resume a closed instance in place, fork one into a new instance;
 - ``prune``: delete old closed instances in bounded batches;
 - ``schedules``: create, change, pause, trigger, backfill, describe schedules;
 - ``base``: the client store and the id and text rules every lookup shares.
@@ -67,6 +68,13 @@ from .prune import (
     MAX_PRUNE_BATCH,
     prune,
 )
+from .recovery import (
+    afork_workflow,
+    aresume_workflow,
+    fork_workflow,
+    resume_workflow,
+    select_instances,
+)
 from .results import (
     WorkflowResult,
     aget_workflow_result,
@@ -119,11 +127,13 @@ __all__ = [
     "adescribe_schedule",
     "aexport_history",
     "afind_instances",
+    "afork_workflow",
     "aget_workflow_result",
     "alist_activity_tasks",
     "alist_schedules",
     "apause_schedule",
     "aquery",
+    "aresume_workflow",
     "asignal",
     "astart_workflow",
     "aterminate_workflow",
@@ -140,6 +150,7 @@ __all__ = [
     "describe_schedule",
     "export_history",
     "find_instances",
+    "fork_workflow",
     "get_workflow_result",
     "iter_instances",
     "known_id",
@@ -153,6 +164,8 @@ __all__ = [
     "replay_check",
     "replay_history",
     "replay_instance",
+    "resume_workflow",
+    "select_instances",
     "signal",
     "start_workflow",
     "terminate_workflow",

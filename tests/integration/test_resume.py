@@ -28,7 +28,7 @@ from selvedge_django.models import (
     SignalMessage,
     WorkflowInstance,
 )
-from selvedge_django.operations import _store
+from selvedge_django.operations import client_store as _store
 from selvedge_django.testing import FaultInjector, InjectedFault, run_until_idle
 from selvedge_django.worker import Worker
 from tests.testapp.workflows import recovery as resume_flows

@@ -15,9 +15,9 @@ from asgiref.sync import sync_to_async
 from django.db import transaction
 from django.utils import timezone
 
-from . import operations
-from .models import WorkflowInstance, WorkflowStatus
-from .store_resume import ResumeOutcome
+from ..models import WorkflowInstance, WorkflowStatus
+from ..store_resume import ResumeOutcome
+from .base import client_store, known_id, reason_text, validate_instance_id
 
 __all__ = [
     "MAX_SELECTION_BATCH",
@@ -31,7 +31,7 @@ __all__ = [
 # The most instance ids one read of a bulk operation takes.
 MAX_SELECTION_BATCH = 100
 
-logger = logging.getLogger("selvedge_django.lifecycle")
+logger = logging.getLogger("selvedge_django.operations")
 
 
 def resume_workflow(instance_id: str, *, from_key: str | None = None, reason: str = "") -> int:
@@ -59,11 +59,11 @@ def resume_workflow(instance_id: str, *, from_key: str | None = None, reason: st
     is running) or :class:`HistoryKeyConflict` (``from_key`` is not in its
     current history).
     """
-    reason = operations._reason(reason)
-    instance_id = operations.known_id(instance_id)
+    reason = reason_text(reason)
+    instance_id = known_id(instance_id)
     if from_key is not None and not isinstance(from_key, str):
         raise TypeError("from_key must be a string")
-    store = operations._store()
+    store = client_store()
     outcome: ResumeOutcome = store.resume(instance_id, from_key)
 
     def resumed() -> None:
@@ -101,12 +101,12 @@ def fork_workflow(
     is not in the source's history), :class:`WorkflowStartRejected` (an invalid
     ``new_instance_id``) or :class:`WorkflowAlreadyStarted` (it is taken).
     """
-    instance_id = operations.known_id(instance_id)
+    instance_id = known_id(instance_id)
     if from_key is not None and not isinstance(from_key, str):
         raise TypeError("from_key must be a string")
     if new_instance_id is not None:
-        new_instance_id = operations.validate_instance_id(new_instance_id)
-    store = operations._store()
+        new_instance_id = validate_instance_id(new_instance_id)
+    store = client_store()
     new_id, name = store.fork(instance_id, from_key, new_instance_id)
 
     def forked() -> None:
@@ -139,7 +139,7 @@ def select_instances(
         raise ValueError(f"unknown status {status!r}: one of {', '.join(WorkflowStatus.values)}")
     if not 1 <= batch <= MAX_SELECTION_BATCH:
         raise ValueError(f"batch must be between 1 and {MAX_SELECTION_BATCH}")
-    qs = WorkflowInstance.objects.using(operations._store().alias).filter(status=status)
+    qs = WorkflowInstance.objects.using(client_store().alias).filter(status=status)
     if workflow_name:
         qs = qs.filter(workflow_name=workflow_name)
     if since is not None:
