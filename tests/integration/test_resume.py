@@ -260,7 +260,7 @@ def test_a_worker_holding_the_old_epoch_cannot_write_after_a_resume(tdb: None) -
     assert fence is not None
     sv.terminate_workflow(iid)
     sv.resume_workflow(iid)
-    from selvedge_django.engine.store import HistoryRow
+    from selvedge_django.engine.events import HistoryRow
 
     with pytest.raises(sv.Fenced):
         store.record_command(fence, HistoryRow(key="x", seq=0, command="now", data="1"))
