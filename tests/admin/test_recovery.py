@@ -13,10 +13,10 @@ from django.test import Client
 
 import selvedge_django as sv
 from selvedge_django.models import WorkflowInstance
-from tests.testapp import resume_flows
+from tests.integration.test_resume import drive, failed_order
+from tests.testapp.workflows import recovery as resume_flows
 
 from .test_admin import CHANGELIST, VIEW, html, logs, url
-from .test_resume import drive, failed_order
 
 RESUME = "resume_workflowinstance"
 FORK = "fork_workflowinstance"

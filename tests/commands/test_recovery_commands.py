@@ -18,9 +18,8 @@ from selvedge_django.models import ArchivedHistoryEvent, HistoryEvent, WorkflowI
 from selvedge_django.operations.recovery import MAX_SELECTION_BATCH
 from selvedge_django.testing import run_until_idle
 from selvedge_django.worker import Worker
-from tests.testapp import resume_flows
-
-from .test_resume import drive, failed_order
+from tests.integration.test_resume import drive, failed_order
+from tests.testapp.workflows import recovery as resume_flows
 
 
 @pytest.fixture(autouse=True)
