@@ -383,11 +383,11 @@ def run_one(db: str, n: int, trace: bool, resumptions: int | None, futures: bool
         import django
 
         import selvedge_django
-        from selvedge_django.store import DjangoStore
+        from selvedge_django.storage import check_vendor
 
         workload = define_futures_workload() if futures else define_workload()
         counter = SqlCounter()
-        counter.track(DjangoStore, PHASES)
+        counter.track(check_vendor("default"), PHASES)  # the database's store class
         counter.install()
 
         print(f"== {db}: {info['version']} ==")

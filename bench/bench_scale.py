@@ -318,7 +318,7 @@ def measure_sleepers(db: str, n: int) -> dict[str, Any]:
 
     import selvedge_django as sv
     from selvedge_django.models import TimerSubscription, WorkflowInstance
-    from selvedge_django.store_base import NOTIFY_CHANNEL
+    from selvedge_django.storage.wakeups import NOTIFY_CHANNEL
 
     name = "bench.scale.sleep_until"
     with worker_processes(db, 1, "sleep") as (proc,), client_polling(db):
@@ -491,18 +491,19 @@ def measure_counts(units: int) -> dict[str, Any]:
     from bench.harness import SqlCounter, transactions
     from bench.workloads import BACKGROUND_QUEUE
     from selvedge_django.models import WorkflowInstance
-    from selvedge_django.store import DjangoStore
+    from selvedge_django.storage import check_vendor
     from selvedge_django.worker import Worker
 
     counter = SqlCounter()
     plumbing = {"atomic", "read_snapshot", "after_commit", "now_expr"}
-    for cls in DjangoStore.__mro__:
+    store_class = check_vendor("default")  # the database's store class
+    for cls in store_class.__mro__:
         names = [
             name
             for name, attr in vars(cls).items()
             if inspect.isfunction(attr) and not name.startswith("_") and name not in plumbing
         ]
-        counter.track(DjangoStore, names)
+        counter.track(store_class, names)
     counter.install()
 
     def inline_worker(**overrides: Any) -> Any:
@@ -616,7 +617,7 @@ def run_one(db: str, args: argparse.Namespace) -> dict[str, Any]:
         if "resume" in args.only:
             print("\nResume cost against history length (median of 4 after the first, inline)")
             results["resume"] = measure_resume(args.history, 5)
-        from selvedge_django.worker.notify import stop_listeners
+        from selvedge_django.storage.listener import stop_listeners
 
         stop_listeners()  # wait_workflow's LISTEN connection, before the database goes
         print(flush=True)

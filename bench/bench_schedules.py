@@ -51,7 +51,7 @@ def run(db: str, count: int, execute: bool) -> int:
         import selvedge_django as sv
         from selvedge_django.models import WorkflowInstance
         from selvedge_django.schedules import _store
-        from selvedge_django.store_base import set_clock_offset_ms
+        from selvedge_django.storage import set_clock_offset_ms
         from selvedge_django.worker import Worker
 
         if execute:
@@ -95,7 +95,7 @@ def run(db: str, count: int, execute: bool) -> int:
         finally:
             worker.stop(timeout=30)
             set_clock_offset_ms(0)
-            from selvedge_django.worker.notify import stop_listeners
+            from selvedge_django.storage.listener import stop_listeners
 
             stop_listeners()
         if started is None:

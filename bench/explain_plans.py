@@ -112,9 +112,9 @@ def explain_all() -> None:
 
     from selvedge_django.engine.codec import Codec
     from selvedge_django.operations import find_instances
-    from selvedge_django.store import DjangoStore
+    from selvedge_django.storage import store_for
 
-    store = DjangoStore("default", Codec())
+    store = store_for("default", Codec())
     names = [f"plans.wf{i}" for i in range(20)]
     operations = [
         ("dispatch: lease_batch", lambda: store.lease_batch("w1", 30, 100, names)),

@@ -125,8 +125,8 @@ def run(args: argparse.Namespace) -> None:
     from django.db.backends.signals import connection_created
 
     import bench.workloads  # noqa: F401 - registers the workflows
+    from selvedge_django.storage.listener import stop_listeners
     from selvedge_django.worker import Worker
-    from selvedge_django.worker.notify import stop_listeners
 
     timeline = Timeline()
     if args.trace:

@@ -34,45 +34,26 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         resolved = resolve_settings(raw)
     except ImproperlyConfigured as error:
         return [Error(str(error), hint="See the configuration reference.", id="selvedge.E003")]
-    connection = connections[resolved.database]
-    vendor = connection.vendor
-    if vendor not in ("sqlite", "postgresql"):
+    from .storage import database_checks, store_class
+
+    store = store_class(resolved.database)
+    if store is None:
         messages.append(
             Error(
-                f"Database {resolved.database!r} is {vendor}; selvedge_django supports "
-                "SQLite and PostgreSQL.",
+                f"Database {resolved.database!r} is {connections[resolved.database].vendor}; "
+                "selvedge_django supports SQLite and PostgreSQL.",
                 hint="Point SELVEDGE['DATABASE'] at a SQLite or PostgreSQL alias.",
                 id="selvedge.E001",
             )
         )
-    elif vendor == "sqlite":
-        mode = (connection.settings_dict.get("OPTIONS") or {}).get("transaction_mode")
-        if str(mode or "").upper() not in ("IMMEDIATE", "EXCLUSIVE"):
-            messages.append(
-                Warning(
-                    f"The selvedge database {resolved.database!r} is SQLite without "
-                    "transaction_mode IMMEDIATE: concurrent write transactions can fail with "
-                    "'database is locked' instead of waiting for each other.",
-                    hint=f"Set DATABASES[{resolved.database!r}]['OPTIONS']['transaction_mode'] "
-                    "= 'IMMEDIATE' (or 'EXCLUSIVE').",
-                    id="selvedge.W002",
-                )
-            )
-        messages += _transactional_on_sqlite(resolved.database)
-        name = str(connection.settings_dict.get("NAME") or "")
-        if not name or ":memory:" in name or "mode=memory" in name:
-            messages.append(
-                Warning(
-                    "The selvedge database is an in-memory SQLite database: it cannot use "
-                    "WAL and is not shared with worker threads of other connections.",
-                    hint="Use a SQLite file (or PostgreSQL) for workers.",
-                    id="selvedge.W001",
-                )
-            )
+        return messages
+    messages += database_checks(resolved.database)
+    if store.single_writer:
+        messages += _transactional_on_single_writer(resolved.database)
     return messages
 
 
-def _transactional_on_sqlite(alias: str) -> list[CheckMessage]:
+def _transactional_on_single_writer(alias: str) -> list[CheckMessage]:
     """selvedge.W003: transactional activities hold SQLite's write lock for their whole body."""
     from .registry import get_activity, registered_activity_names
 

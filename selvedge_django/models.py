@@ -8,8 +8,10 @@ expiry) is a datetime on the configured clock. JSON values that must keep
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
 from django.utils.translation import gettext_lazy as _
 
 
@@ -22,18 +24,23 @@ class WorkflowStatus(models.TextChoices):
     CANCELLED = "cancelled", _("Cancelled")
 
 
+# ``now_ms`` below is Unix milliseconds on the database clock: a number, or the store's
+# expression of the clock itself (``DbNowMs``), so the database compares with its own now.
+
+
 class WorkflowInstanceQuerySet(models.QuerySet["WorkflowInstance"]):
     def running(self) -> WorkflowInstanceQuerySet:
         return self.filter(status=WorkflowStatus.RUNNING)
 
-    def runnable(self) -> WorkflowInstanceQuerySet:
-        """Running, unowned and marked for dispatch."""
-        return self.filter(status=WorkflowStatus.RUNNING, runnable=True, lease_owner="")
-
-    def expired_leases(self, now_ms: int) -> WorkflowInstanceQuerySet:
-        """Running and owned, with a lease that expired before ``now_ms``."""
-        return self.filter(status=WorkflowStatus.RUNNING, lease_expires_ms__lt=now_ms).exclude(
-            lease_owner=""
+    def dispatchable(self, now_ms: Any) -> WorkflowInstanceQuerySet:
+        """What a dispatcher may lease: running, and unowned and marked for dispatch, or
+        owned under a lease that expired before ``now_ms``."""
+        return self.filter(
+            Q(status=WorkflowStatus.RUNNING)
+            & (
+                Q(runnable=True, lease_owner="")
+                | (Q(lease_expires_ms__lt=now_ms) & ~Q(lease_owner=""))
+            )
         )
 
 
@@ -208,11 +215,16 @@ class ActivityTaskStatus(models.TextChoices):
 
 
 class ActivityTaskQuerySet(models.QuerySet["ActivityTask"]):
-    def claimable(self, now_ms: int) -> ActivityTaskQuerySet:
-        """Queued and due, or running with a lapsed claim."""
+    def claimable(self, now_ms: Any) -> ActivityTaskQuerySet:
+        """What an activity worker may claim: queued and due, or running with a claim that
+        lapsed before ``now_ms`` and retries left (a lapse counts as a failure; the
+        leader's sweep fails a task whose lapse exhausts its attempts)."""
         return self.filter(
             Q(status=ActivityTaskStatus.QUEUED, not_before_ms__lte=now_ms)
-            | Q(status=ActivityTaskStatus.RUNNING, claim_expires_ms__lt=now_ms)
+            | (
+                Q(status=ActivityTaskStatus.RUNNING, claim_expires_ms__lt=now_ms)
+                & (Q(max_attempts=0) | Q(failures__lt=F("max_attempts") - 1))
+            )
         )
 
     def unfinished(self) -> ActivityTaskQuerySet:

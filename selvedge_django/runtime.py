@@ -23,7 +23,7 @@ from django.db import DatabaseError, connections
 
 from . import exceptions as exc
 from . import hooks as hooks_module
-from . import signals
+from . import local_starts, signals
 from .conf import SelvedgeSettings
 from .engine.activity import ActivityInfo, AttemptState, attempt_scope
 from .engine.codec import Codec, error_to_envelope
@@ -41,8 +41,9 @@ from .engine.ports import (
     TaskClaim,
 )
 from .registry import get_activity, get_workflow, registered_activity_names
-from .storage_errors import backoff_delay, describe, is_data_error
-from .store import DjangoStore, InstanceHead
+from .storage import InstanceHead, store_for
+from .storage import check_vendor as check_vendor
+from .storage.errors import backoff_delay, describe, is_data_error
 
 __all__ = ["HUNG_AFTER", "HungAttempt", "WorkerRuntime", "check_vendor", "client_codec"]
 
@@ -56,19 +57,6 @@ HUNG_AFTER = 1.0
 # a graceful shutdown (the claim is still held and renewed) and a claim the renewer
 # believes lost (the claim check of the write decides).
 _RECORDABLE = ("shutdown", "claim lost")
-
-SUPPORTED_VENDORS = ("sqlite", "postgresql")
-
-
-def check_vendor(alias: str) -> None:
-    """Refuse database vendors other than SQLite and PostgreSQL."""
-    from django.core.exceptions import ImproperlyConfigured
-
-    vendor = connections[alias].vendor
-    if vendor not in SUPPORTED_VENDORS:
-        raise ImproperlyConfigured(
-            f"selvedge_django supports SQLite and PostgreSQL; database {alias!r} is {vendor!r}"
-        )
 
 
 def client_codec(settings: SelvedgeSettings) -> Codec:
@@ -115,16 +103,13 @@ class WorkerRuntime:
     """Everything executions and attempts of one worker share."""
 
     def __init__(self, settings: SelvedgeSettings) -> None:
-        check_vendor(settings.database)
         self.settings = settings
         self.codec = client_codec(settings)
-        self.store = DjangoStore(settings.database, self.codec)
+        self.store = store_for(settings.database, self.codec, settings)
         self.store.lease_ttl = settings.lease.ttl
         self.store.activity_queues = settings.activity_queues
         self.store.activity_names = registered_activity_names
-        if settings.listen_notify is not None:
-            self.store.notify_enabled = settings.listen_notify and self.store.vendor == "postgresql"
-        self.store.listen_alias = settings.listen_database or settings.database
+        self.store.on_closed = local_starts.finished
         self.worker_id = settings.worker_id
         self.hooks = settings.hooks
         self.stopping = threading.Event()

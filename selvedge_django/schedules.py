@@ -4,7 +4,7 @@ A schedule starts a workflow for each of its slots (a five-field cron expression
 in an IANA timezone, or a fixed interval); the run of a slot is the instance
 ``<schedule name>@<slot as ISO 8601 UTC>``, started by the elected leader on the
 database clock (see :mod:`selvedge_django.schedule_slots` for the rules and
-:mod:`selvedge_django.store_schedules` for the transactions).
+:mod:`selvedge_django.storage.schedules` for the transactions).
 
 Every function validates its input before anything is written and raises
 :class:`~selvedge_django.InvalidSchedule` (nothing written) or
@@ -36,7 +36,7 @@ from .engine.identifiers import name_problem
 from .models import Schedule
 from .registry import WorkflowDefinition
 from .schedule_slots import OVERLAP_POLICIES, check_cron, check_timezone, jitter_offset_ms
-from .store_schedules import ScheduleStore, due_ms, rule_of
+from .storage.schedules import ScheduleStore, due_ms, rule_of
 
 __all__ = [
     "MAX_BACKFILL_SLOTS",
@@ -100,15 +100,13 @@ _client_lock = threading.Lock()
 def schedule_store() -> ScheduleStore:
     """The schedule store of the client API, rebuilt whenever the settings change."""
     global _client
-    from .runtime import check_vendor, client_codec
+    from .runtime import client_codec
+    from .storage import store_for
 
     settings = get_settings()
     with _client_lock:
         if _client is None or _client[0] is not settings:
-            check_vendor(settings.database)
-            store = ScheduleStore(settings.database, client_codec(settings))
-            if settings.listen_notify is not None:
-                store.notify_enabled = settings.listen_notify and store.vendor == "postgresql"
+            store = ScheduleStore(store_for(settings.database, client_codec(settings), settings))
             _client = (settings, store)
         return _client[1]
 

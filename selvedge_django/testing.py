@@ -66,7 +66,7 @@ class ControllableClock:
 
     def advance(self, delta: timedelta | float) -> datetime:
         """Move workflow time and the database clock forward by ``delta``."""
-        from .store import set_clock_offset_ms
+        from .storage.base import set_clock_offset_ms
 
         if not isinstance(delta, timedelta):
             delta = timedelta(seconds=float(delta))
@@ -80,7 +80,7 @@ class ControllableClock:
         return self()
 
     def reset_database_clock(self) -> None:
-        from .store import set_clock_offset_ms
+        from .storage.base import set_clock_offset_ms
 
         set_clock_offset_ms(0)
 
@@ -512,12 +512,17 @@ class FaultInjector:
 
 
 def _store_operation(frame: Any) -> tuple[str | None, str | None, Any]:
-    """The outermost public store method on the stack, the instance it acts on, its frame."""
+    """The outermost store operation on the stack, the instance it acts on, its frame.
+
+    Store operations are the methods marked with
+    :func:`selvedge_django.storage.base.operation` (their code objects).
+    """
+    from .storage.base import OPERATIONS
+
     found: tuple[str | None, str | None, Any] = (None, None, None)
     while frame is not None:
-        module = frame.f_globals.get("__name__", "")
-        name = frame.f_code.co_name
-        if module.startswith("selvedge_django.store") and not name.startswith("_"):
+        name = OPERATIONS.get(frame.f_code)
+        if name is not None:
             found = (name, _instance_of(frame.f_locals), frame)
         frame = frame.f_back
     return found

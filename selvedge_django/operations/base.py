@@ -6,10 +6,11 @@ import threading
 from typing import Any
 
 from .. import exceptions as exc
+from .. import local_starts
 from ..conf import get_settings
 from ..engine.identifiers import check_instance_id, instance_id_problem
-from ..runtime import check_vendor, client_codec
-from ..store import DjangoStore
+from ..runtime import client_codec
+from ..storage import DjangoStore, store_for
 
 __all__ = [
     "client_store",
@@ -29,11 +30,8 @@ def client_store() -> DjangoStore:
     settings = get_settings()
     with _stores_lock:
         if _client is None or _client[0] is not settings:
-            check_vendor(settings.database)
-            store = DjangoStore(settings.database, client_codec(settings))
-            if settings.listen_notify is not None:
-                store.notify_enabled = settings.listen_notify and store.vendor == "postgresql"
-            store.listen_alias = settings.listen_database or settings.database
+            store = store_for(settings.database, client_codec(settings), settings)
+            store.on_closed = local_starts.finished
             _client = (settings, store)
         return _client[1]
 

@@ -48,7 +48,7 @@ from ..models import (
 )
 from ..registry import get_workflow, registered_workflow_names
 from ..runtime import client_codec
-from ..store import DjangoStore
+from ..storage import DjangoStore
 from .base import client_store, known_id
 
 __all__ = [

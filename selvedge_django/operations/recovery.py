@@ -16,7 +16,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from ..models import WorkflowInstance, WorkflowStatus
-from ..store_resume import ResumeOutcome
+from ..storage.resume import ResumeOutcome
 from .base import client_store, known_id, reason_text, validate_instance_id
 
 __all__ = [

@@ -20,8 +20,8 @@ from ..conf import get_settings
 from ..engine.codec import error_from_envelope, error_to_envelope
 from ..local_starts import running_here
 from ..models import WorkflowStatus
-from ..notify import Waker
-from ..store import DjangoStore
+from ..storage import DjangoStore
+from ..storage.wakeups import Waker
 from .base import client_store, known_id
 
 __all__ = [
@@ -89,7 +89,7 @@ def wait_workflow(instance_id: str, timeout: float | None = None) -> WorkflowRes
     topic = f"closed:{instance_id}"
     store.bus.subscribe(topic, waker)
     if store.notify_enabled:
-        from ..worker.notify import ensure_listener
+        from ..storage.listener import ensure_listener
 
         ensure_listener(store.listen_alias, store.bus)
     # An execution handed to a worker of this process is running: no need to read
@@ -133,7 +133,7 @@ def _subscribe_closed(instance_id: str, waker: Waker) -> tuple[DjangoStore, bool
     store = client_store()
     store.bus.subscribe(f"closed:{instance_id}", waker)
     if store.notify_enabled:
-        from ..worker.notify import ensure_listener
+        from ..storage.listener import ensure_listener
 
         ensure_listener(store.listen_alias, store.bus)
     return store, not running_here(instance_id)

@@ -36,7 +36,7 @@ from ..schedules import (
     schedule_store,
     slot_state,
 )
-from ..store_schedules import rule_of
+from ..storage.schedules import rule_of
 
 __all__ = [
     "ScheduleDescription",

@@ -6,8 +6,8 @@ import functools
 import time
 from typing import TYPE_CHECKING
 
-from ..notify import Bus
 from ..registry import registered_activity_names
+from ..storage.wakeups import Bus
 from .base import Loop
 from .pool import ThreadPool
 

@@ -14,7 +14,7 @@ import threading
 
 from django.db import close_old_connections, connections
 
-from ..notify import Bus, Waker
+from ..storage.wakeups import Bus, Waker
 
 __all__ = ["Loop", "drop_broken_connections"]
 

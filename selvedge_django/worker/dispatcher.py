@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from ..notify import Bus
 from ..registry import registered_workflow_names
+from ..storage.wakeups import Bus
 from .base import Loop
 from .pool import ThreadPool
 

@@ -15,7 +15,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from ..notify import Bus
+from ..storage.wakeups import Bus
 from .base import Loop
 from .scheduler import ScheduleDuty
 

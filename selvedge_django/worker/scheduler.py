@@ -3,7 +3,7 @@
 The leader loop calls :meth:`ScheduleDuty.run_once` while it holds the leader
 lock; every worker calls :meth:`ScheduleDuty.sync` when it starts, to create or
 update the schedules of ``SELVEDGE["SCHEDULES"]``. Each batch is one
-transaction (see :mod:`selvedge_django.store_schedules`); the start hooks fire
+transaction (see :mod:`selvedge_django.storage.schedules`); the start hooks fire
 after it commits.
 """
 
@@ -16,7 +16,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError
 
 from .. import exceptions as exc
-from ..store_schedules import ScheduleStore
+from ..storage.schedules import ScheduleStore
 
 if TYPE_CHECKING:
     from ..runtime import WorkerRuntime
@@ -31,9 +31,7 @@ class ScheduleDuty:
 
     def __init__(self, runtime: WorkerRuntime) -> None:
         self.runtime = runtime
-        base = runtime.store
-        self.store = ScheduleStore(base.alias, base.codec)
-        self.store.notify_enabled = base.notify_enabled
+        self.store = ScheduleStore(runtime.store)
         self.synced = False
 
     def sync(self) -> None:

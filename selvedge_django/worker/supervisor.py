@@ -12,6 +12,7 @@ from ..conf import get_settings
 from ..engine.events import Fence
 from ..engine.ports import ExecutionSnapshot
 from ..runtime import HungAttempt, WorkerRuntime
+from ..storage.listener import acquire_listener, release_listener
 from .activities import ActivityPoller
 from .base import Loop
 from .dispatcher import Dispatcher
@@ -94,9 +95,7 @@ class Worker:
         self.resumptions.start()
         self.activities.start()
         if self.store.notify_enabled:
-            from .notify import ensure_listener
-
-            self.listener = ensure_listener(self.store.listen_alias, self.store.bus)
+            self.listener = acquire_listener(self.store.listen_alias, self.store.bus)
         for loop in self.loops:
             stop = self._stop_renewals if loop is self.renewer else self._stop
             thread = threading.Thread(
@@ -175,6 +174,9 @@ class Worker:
             thread.join(5.0)
         self.resumptions.shutdown(1.0)
         self.activities.shutdown(1.0)
+        if self.listener is not None:
+            release_listener(self.listener)  # the last reference stops its thread
+            self.listener = None
         self._started = False
         logger.info("worker %s stopped", self.worker_id, extra={"worker_id": self.worker_id})
 

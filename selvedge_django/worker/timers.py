@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from ..notify import Bus
+from ..storage.wakeups import Bus
 from .base import Loop
 
 if TYPE_CHECKING:

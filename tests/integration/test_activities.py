@@ -33,7 +33,7 @@ from selvedge_django.engine.events import HistoryRow
 from selvedge_django.engine.ports import TaskSpec
 from selvedge_django.hooks import HookEvent, WorkflowHooks
 from selvedge_django.models import ActivityTask, HistoryEvent, WorkflowInstance
-from selvedge_django.store import DjangoStore
+from selvedge_django.storage import store_for
 from selvedge_django.testing import ControllableClock, run_until_idle
 from selvedge_django.worker import Worker
 from selvedge_django.worker.leader import LEADER_LOCK
@@ -79,7 +79,7 @@ def instance(instance_id: str) -> WorkflowInstance:
 
 
 def db_now_ms() -> int:
-    return DjangoStore("default", Codec()).now_ms()
+    return store_for("default", Codec()).now_ms()
 
 
 def observe(seconds: float, check: Callable[[], None], interval: float = 0.05) -> int:
@@ -241,7 +241,7 @@ def test_get_runs_a_claimable_task_inline(clock: ControllableClock) -> None:
 def test_get_suspends_while_another_worker_holds_the_task(clock: ControllableClock) -> None:
     instance_id = start("act.step", {"tag": "held"}, **{"async": True})
     assert drive(clock, activity_queues=[]) == 1  # reserved; nobody here serves its queue
-    store = DjangoStore("default", Codec())
+    store = store_for("default", Codec())
     (other,) = store.claim_tasks("other-worker", 10, ["act.step"])
 
     # A signal wakes the instance on a worker that serves every queue: get() finds the
@@ -985,7 +985,7 @@ def test_schedule_to_start_after_a_release_is_measured_from_the_release(
     )
     drive(clock, activity_queues=[])
     clock.advance(8)
-    store = DjangoStore("default", Codec())
+    store = store_for("default", Codec())
     (claimed,) = store.claim_tasks("leaving", 1, ["act.step"])
     clock.advance(8)  # 16 s after the reservation, 8 s into the claim
     assert store.release_task(claimed.claim)  # a graceful release at shutdown
@@ -1005,7 +1005,7 @@ def test_schedule_to_start_after_a_lapse_is_measured_from_the_lapse(
         "act.step", {"tag": "lap"}, {"queue": "s2s-q", "schedule_to_start_timeout": 10}
     )
     drive(clock, activity_queues=[])
-    store = DjangoStore("default", Codec())
+    store = store_for("default", Codec())
     store.lease_ttl = 5
     (claimed,) = store.claim_tasks("dies", 1, ["act.step"])  # its claim lapses in 5 s
     clock.advance(9)  # lapsed 4 s ago, but no leader has swept yet
@@ -1028,7 +1028,7 @@ def test_a_lapsed_claim_counts_as_a_failure_and_is_reclaimed_at_once(
     # act.step's policy backs off 10 s after a failure; a lapse is retried without backoff.
     instance_id = start("act.step", {"tag": "lapse"}, {"queue": "lapse-q"})
     drive(clock, activity_queues=[])
-    store = DjangoStore("default", Codec())
+    store = store_for("default", Codec())
     store.lease_ttl = 5
     (dead,) = store.claim_tasks("dead-worker", 1, ["act.step"])
     clock.advance(4.9)
@@ -1059,7 +1059,7 @@ def test_the_leader_fails_a_lapse_that_exhausts_the_retry_budget(
         options["heartbeat_timeout"] = heartbeat
     instance_id = start("act.step", {"tag": "gone"}, options)
     drive(clock, activity_queues=[])
-    store = DjangoStore("default", Codec())
+    store = store_for("default", Codec())
     store.lease_ttl = 5
     store.claim_tasks("dead-worker", 1, ["act.step"])
     clock.advance(5.1)
@@ -1087,7 +1087,7 @@ def test_one_elected_leader_and_a_successor_when_it_stops(
     # heartbeats well inside it.
     leader_settings = {"leader_lease_duration": 3.0, "leader_heartbeat_interval": 0.2}
     workers = [make_worker(worker_id=f"lead-{i}", **leader_settings) for i in range(2)]
-    store = DjangoStore("default", Codec())
+    store = store_for("default", Codec())
 
     def led_by() -> str | None:
         # The lock row commits before its taker notes that it leads: wait for both.
@@ -1113,7 +1113,7 @@ def test_one_elected_leader_and_a_successor_when_it_stops(
 def test_only_the_leader_records_timeouts_and_a_silent_leader_is_replaced(
     clock: ControllableClock, make_worker: Callable[..., Any]
 ) -> None:
-    store = DjangoStore("default", Codec())
+    store = store_for("default", Codec())
     # A leader that died: it holds the lock (for 30 s) but sweeps nothing.
     assert store.try_lock(LEADER_LOCK, "silent", 30)
     instance_id = start(
@@ -1193,7 +1193,7 @@ def test_an_interrupted_claim_acquisition_consumes_no_attempt_and_no_budget(
 ) -> None:
     instance_id = start("act.step", {"tag": "intr"}, {"queue": "intr-q"})
     drive(clock, activity_queues=[])
-    store = DjangoStore("default", Codec())
+    store = store_for("default", Codec())
     store.lease_ttl = 5
     if lapsed:
         store.claim_tasks("dead-worker", 1, ["act.step"])
@@ -1248,7 +1248,7 @@ def test_tasks_of_unregistered_activities_stay_queued_until_one_registers(
 ) -> None:
     scratch("act.scratch.late", "activity")
     instance_id = sv.start_workflow("test.worker.unserved", {})
-    store = DjangoStore("default", Codec())
+    store = store_for("default", Codec())
     fence = store.acquire(instance_id, "issuer", ttl=60)
     assert fence is not None
     spec = TaskSpec(

@@ -27,7 +27,7 @@ from selvedge_django.models import (
     TimerSubscription,
     WorkflowInstance,
 )
-from selvedge_django.store import DjangoStore
+from selvedge_django.storage import store_for
 from tests.conftest import wait_until
 from tests.testapp.models import Ledger
 
@@ -479,7 +479,7 @@ def _spec() -> TaskSpec:
 def test_close_cancels_tasks_timers_and_children_in_its_own_fenced_transaction(
     tdb: None, requested: bool
 ) -> None:
-    store = DjangoStore("default", Codec())
+    store = store_for("default", Codec())
     store.lease_ttl = 30.0
     iid = sv.start_workflow("cancel.store_only")
     fence = store.acquire(iid, "owner-a", ttl=60)

@@ -20,7 +20,7 @@ from selvedge_django.engine.codec import Codec
 from selvedge_django.engine.events import Fence, HistoryRow
 from selvedge_django.engine.ports import ChildSpec
 from selvedge_django.models import HistoryEvent, WorkflowInstance
-from selvedge_django.store import DjangoStore
+from selvedge_django.storage import store_for
 from tests.conftest import wait_until
 from tests.testapp.models import Ledger
 from tests.testapp.workflows import children as wf
@@ -107,7 +107,7 @@ def test_children_get_default_or_explicit_ids_parent_links_and_their_results(wor
 def test_a_child_start_commits_with_the_parents_command_in_one_fenced_transaction(
     tdb: None,
 ) -> None:
-    store = DjangoStore("default", Codec())
+    store = store_for("default", Codec())
     parent = sv.start_workflow("child.store_only")
     fence = store.acquire(parent, "owner-a", ttl=60)
     assert fence is not None

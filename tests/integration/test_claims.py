@@ -18,7 +18,7 @@ import pytest
 import selvedge_django as sv
 from selvedge_django.engine.codec import Codec
 from selvedge_django.models import ActivityTask, HistoryEvent
-from selvedge_django.store import DjangoStore
+from selvedge_django.storage import store_for
 from selvedge_django.testing import ControllableClock, FaultInjector, run_until_idle
 from selvedge_django.worker import Worker
 from tests.conftest import wait_until
@@ -66,7 +66,7 @@ def test_a_lapsed_claim_can_neither_complete_fail_retry_nor_release(
 ) -> None:
     instance_id = start("act.step", {"tag": "rule"}, {"queue": "rule-q"})
     drive(clock, activity_queues=[])
-    store = DjangoStore("default", Codec())
+    store = store_for("default", Codec())
     store.lease_ttl = 5
     (claimed,) = store.claim_tasks("slow-worker", 1, ["act.step"])
     clock.advance(5.1)  # lapsed, and nobody has reclaimed it yet
@@ -130,7 +130,7 @@ def test_a_vanished_worker_s_lapse_names_what_happened(
 ) -> None:
     instance_id = start("act.step", {"tag": "gone"}, {"queue": "gone-q", **options})
     drive(clock, activity_queues=[])
-    store = DjangoStore("default", Codec())
+    store = store_for("default", Codec())
     store.lease_ttl = 5
     store.claim_tasks("vanished", 1, ["act.step"])
     clock.advance(5.1)

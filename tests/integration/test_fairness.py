@@ -14,12 +14,12 @@ from django.db import connection
 import selvedge_django as sv
 from selvedge_django.engine.codec import Codec
 from selvedge_django.models import WorkflowInstance
-from selvedge_django.store import DjangoStore, set_clock_offset_ms
+from selvedge_django.storage import DjangoStore, set_clock_offset_ms, store_for
 from tests.conftest import wait_until
 
 
 def store() -> DjangoStore:
-    return DjangoStore(connection.alias, Codec())
+    return store_for(connection.alias, Codec())
 
 
 def test_lease_batch_takes_the_instances_runnable_longest_first(tdb: None) -> None:

@@ -441,9 +441,9 @@ def widest_statement(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     """Statements bind at most 8 values per IN list; yields [most parameters seen]."""
     from django.db import connection
 
-    from selvedge_django.store_waits import WaitStoreMixin
+    from selvedge_django.storage.base import StoreBase
 
-    monkeypatch.setattr(WaitStoreMixin, "DELIVERY_CHUNK", 8)
+    monkeypatch.setattr(StoreBase, "DELIVERY_CHUNK", 8)
     widest = [0]
 
     def spy(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
@@ -485,7 +485,7 @@ def test_a_read_first_delivery_binds_bounded_lists(tdb: None, widest_statement: 
     from selvedge_django.engine.codec import Codec
     from selvedge_django.engine.events import Arrivals
     from selvedge_django.engine.ports import Observation
-    from selvedge_django.store import DjangoStore
+    from selvedge_django.storage import store_for
 
     iid = sv.start_workflow("limits.wait_many", 50)
     rows = [
@@ -505,7 +505,7 @@ def test_a_read_first_delivery_binds_bounded_lists(tdb: None, widest_statement: 
     )
     signals = tuple(SignalMessage.objects.filter(instance_id=iid).values_list("id", "channel"))
     wanted = Arrivals(keys=tuple(f"k{n}" for n in range(0, 50, 2)), signals=signals[::2])
-    store = DjangoStore(connection.alias, Codec())
+    store = store_for(connection.alias, Codec())
     widest_statement[0] = 0  # (the bulk inserts above bind more)
     with store.atomic():
         delivered = store._deliver_read_first(iid, 99, Observation(99, deliver=wanted))

@@ -21,7 +21,7 @@ from django.db import connection, connections
 
 import selvedge_django as sv
 from selvedge_django.models import SignalMessage, WorkflowInstance
-from selvedge_django.store_base import NOTIFY_CHANNEL
+from selvedge_django.storage.wakeups import NOTIFY_CHANNEL
 from selvedge_django.worker import Worker
 
 pytestmark = pytest.mark.skipif(

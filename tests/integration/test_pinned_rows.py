@@ -24,7 +24,7 @@ from django.db import close_old_connections, connection, transaction
 import selvedge_django as sv
 from selvedge_django.engine.codec import Codec
 from selvedge_django.models import ActivityTask, TimerSubscription, WorkflowInstance
-from selvedge_django.store import DjangoStore
+from selvedge_django.storage import store_for
 from selvedge_django.testing import run_until_idle
 from selvedge_django.worker import Worker
 from tests.conftest import wait_until
@@ -169,7 +169,7 @@ def finished_within(work: Callable[[], Any], timeout: float) -> Any:
 
 @postgres_only
 def test_the_timer_poller_fires_around_an_instance_a_client_holds(tdb: None) -> None:
-    store = DjangoStore("default", Codec())
+    store = store_for("default", Codec())
     ids = [sv.start_workflow("cancel.wait", {"kind": "sleep"}) for _ in range(2)]
     run_until_idle(Worker())  # both sleep for an hour
     TimerSubscription.objects.filter(instance_id__in=ids).update(fire_at_ms=0)
@@ -185,7 +185,7 @@ def test_the_timer_poller_fires_around_an_instance_a_client_holds(tdb: None) -> 
 @pytest.mark.parametrize("due", ["lapsed", "schedule_to_start"])
 def test_the_leaders_sweep_goes_around_an_instance_a_client_holds(tdb: None, due: str) -> None:
     """An exhausted lapse or a schedule-to-start timeout of a held instance waits a round."""
-    store = DjangoStore("default", Codec())
+    store = store_for("default", Codec())
     options: dict[str, Any] = {"queue": "sweep-q", "retry_policy": {"max_attempts": 1}}
     if due == "schedule_to_start":
         options["schedule_to_start_timeout"] = 60

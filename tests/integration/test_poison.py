@@ -29,7 +29,7 @@ import selvedge_django as sv
 from selvedge_django.engine.codec import Codec
 from selvedge_django.engine.durations import MAX_DURATION_SECONDS, to_seconds
 from selvedge_django.models import ActivityTask, HistoryEvent, WorkflowInstance
-from selvedge_django.store import DjangoStore
+from selvedge_django.storage import store_for
 from selvedge_django.testing import (
     ControllableClock,
     FaultInjector,
@@ -63,7 +63,7 @@ def instance(instance_id: str) -> WorkflowInstance:
 
 
 def db_now_ms() -> int:
-    return DjangoStore("default", Codec()).now_ms()
+    return store_for("default", Codec()).now_ms()
 
 
 def held_back_ms(instance_id: str) -> int:

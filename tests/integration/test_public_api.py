@@ -189,7 +189,8 @@ def test_importing_the_package_imports_no_models() -> None:
         "import selvedge_django as sv\n"
         "assert sv.activity and sv.workflow and sv.RetryPolicy\n"
         "loaded = [m for m in ('selvedge_django.models', 'selvedge_django.operations',\n"
-        "                      'selvedge_django.store', 'django.db.models') if m in sys.modules]\n"
+        "                      'selvedge_django.storage', 'django.db.models')\n"
+        "          if m in sys.modules]\n"
         "print(','.join(loaded))\n"
     )
     result = subprocess.run(

@@ -30,7 +30,7 @@ from selvedge_django.models import (
     TimerSubscription,
     WorkflowInstance,
 )
-from selvedge_django.store import DjangoStore, set_clock_offset_ms
+from selvedge_django.storage import set_clock_offset_ms, store_for
 from selvedge_django.testing import ControllableClock, run_until_idle
 from selvedge_django.worker import Worker
 from tests.conftest import wait_until
@@ -98,7 +98,7 @@ def output_of(instance_id: str) -> Any:
 
 def complete_manual(instance_id: str, value: Any) -> None:
     """Complete the instance's ``wait.manual`` task as another worker would (an arrival)."""
-    store = DjangoStore("default", Codec())
+    store = store_for("default", Codec())
     (row,) = [r for r in rows(instance_id, "activity") if "wait.manual" in (r.reservation or "")]
     claimed = store.claim_task(instance_id, row.key, "another-worker")
     assert claimed is not None

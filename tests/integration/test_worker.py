@@ -21,7 +21,7 @@ from selvedge_django.engine.codec import Codec
 from selvedge_django.engine.events import Fence, HistoryRow
 from selvedge_django.engine.ports import CloseRequest, TaskSpec
 from selvedge_django.models import ActivityTask, HistoryEvent, WorkflowInstance
-from selvedge_django.store import DjangoStore, set_clock_offset_ms
+from selvedge_django.storage import DjangoStore, set_clock_offset_ms, store_for
 from tests.conftest import wait_until
 from tests.testapp.models import Ledger
 from tests.testapp.workflows import basics
@@ -384,7 +384,7 @@ def test_finally_runs_on_suspension_and_the_workflow_completes_later(
 
 
 def _store() -> DjangoStore:
-    store = DjangoStore("default", Codec())
+    store = store_for("default", Codec())
     store.lease_ttl = 5.0
     return store
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import selvedge_django as sv
 from selvedge_django.engine.codec import Codec
 from selvedge_django.models import ActivityTask, WorkflowInstance
-from selvedge_django.store import DjangoStore
+from selvedge_django.storage import store_for
 from tests.conftest import WorkerProcess, wait_until
 from tests.testapp.models import Ledger
 
@@ -19,7 +19,7 @@ BACKOFF = 5.0  # long enough for a new worker process to start within it
 
 
 def db_now_ms() -> int:
-    return DjangoStore("default", Codec()).now_ms()
+    return store_for("default", Codec()).now_ms()
 
 
 def entries(prefix: str) -> list[str]:

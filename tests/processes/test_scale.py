@@ -21,7 +21,7 @@ from django.db import connection
 
 import selvedge_django as sv
 from selvedge_django.models import ActivityTask, HistoryEvent, SystemLock, WorkflowInstance
-from selvedge_django.worker import notify
+from selvedge_django.storage import listener as notify
 from selvedge_django.worker.leader import LEADER_LOCK
 from tests.conftest import WorkerProcess, wait_until
 from tests.testapp.models import Ledger
@@ -214,8 +214,7 @@ def test_a_terminated_listener_reconnects_and_wake_ups_resume(
 
 
 def test_an_in_process_listener_reconnects_after_pg_terminate_backend(tdb: None) -> None:
-    from selvedge_django.notify import Bus, Waker
-    from selvedge_django.store_base import NOTIFY_CHANNEL
+    from selvedge_django.storage.wakeups import NOTIFY_CHANNEL, Bus, Waker
 
     bus = Bus()
     listener = notify.Listener("default", bus, reconnect_delay=0.1).start()

@@ -22,7 +22,7 @@ from django.db import connections
 import selvedge_django as sv
 from selvedge_django.engine.codec import Codec
 from selvedge_django.models import ActivityTask, HistoryEvent, WorkflowInstance
-from selvedge_django.store import DjangoStore
+from selvedge_django.storage import store_for
 from tests.conftest import WorkerProcess, wait_until
 from tests.testapp.models import Ledger
 
@@ -49,7 +49,7 @@ def task_of(instance_id: str) -> ActivityTask:
 
 
 def db_now_ms() -> int:
-    return DjangoStore("default", Codec()).now_ms()
+    return store_for("default", Codec()).now_ms()
 
 
 def renewed_past(task_id: int, ms: int) -> bool:

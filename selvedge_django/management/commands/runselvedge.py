@@ -261,7 +261,7 @@ class Command(BaseCommand):
         return worker
 
     def _stop_worker(self, worker: Any) -> None:
-        from ...worker.notify import stop_listeners
+        from ...storage.listener import stop_listeners
 
         self.stdout.write(f"selvedge worker {worker.worker_id} stopping")
         self.stdout.flush()

@@ -13,8 +13,8 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import exceptions as exc
-from .engine.events import (
+from .. import exceptions as exc
+from ..engine.events import (
     CLOSE_KEY,
     EV_ACTIVITY_CANCELLED,
     EV_ACTIVITY_FAILED,
@@ -22,9 +22,9 @@ from .engine.events import (
     EV_CHILD_START_FAILED,
     EV_TIMER_CANCELLED,
 )
-from .engine.identifiers import check_instance_id
-from .models import WorkflowInstance, WorkflowStatus
-from .store_base import StoreBase
+from ..engine.identifiers import check_instance_id
+from ..models import WorkflowInstance, WorkflowStatus
+from .base import StoreBase, operation
 
 __all__ = ["CLOSED_UNFINISHED_MESSAGE", "ResumeOutcome", "ResumeStoreMixin"]
 
@@ -175,6 +175,7 @@ class ResumeStoreMixin(StoreBase):
             self, instance_id: str, workflow_name: str, input_value: Any, *, service_name: str = ""
         ) -> Any: ...
 
+    @operation
     def resume(self, instance_id: str, from_key: str | None) -> ResumeOutcome:
         """Run a closed instance again, in place, in one transaction.
 
@@ -229,6 +230,7 @@ class ResumeStoreMixin(StoreBase):
             self.after_commit("runnable")
         return ResumeOutcome(str(workflow_name), int(generation) + 1, archived_keys)
 
+    @operation
     def fork(
         self, instance_id: str, from_key: str | None, new_instance_id: str | None
     ) -> tuple[str, str]:

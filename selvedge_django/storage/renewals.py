@@ -16,12 +16,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .engine.events import Fence
-from .engine.ports import TaskClaim
-from .models import ActivityTaskStatus, WorkflowStatus
-from .store_base import StoreBase
+from ..engine.events import Fence
+from ..engine.ports import TaskClaim
+from ..models import ActivityTaskStatus, WorkflowStatus
+from . import sql
+from .base import StoreBase, operation
 
-__all__ = ["RENEWAL_BATCH", "RenewalMixin"]
+__all__ = ["RENEWAL_BATCH", "Renewal", "RenewalStore"]
 
 # Rows per renewal statement (two or three parameters each).
 RENEWAL_BATCH = 200
@@ -32,9 +33,10 @@ RENEWAL_BATCH = 200
 Renewal = bool | None
 
 
-class RenewalMixin(StoreBase):
+class RenewalStore(StoreBase):
     """Batch renewals of leases and claims."""
 
+    @operation
     def renew_leases(self, fences: Sequence[Fence], ttl: float) -> dict[Fence, Renewal]:
         """Extend every unexpired matching lease of ``fences`` by ``ttl`` on the database clock.
 
@@ -44,20 +46,21 @@ class RenewalMixin(StoreBase):
         results: dict[Fence, Renewal] = {}
         for start in range(0, len(fences), RENEWAL_BATCH):
             chunk = list(fences[start : start + RENEWAL_BATCH])
-            match = " OR ".join(
-                ["(instance_id = %s AND lease_epoch = %s AND lease_owner = %s)"] * len(chunk)
-            )
+            match = sql.any_of(sql.LEASE_MATCH, len(chunk))
             params: list[Any] = []
             for fence in chunk:
                 params += [fence.instance_id, fence.epoch, fence.owner]
-            where, where_params = self._live(f"({match})", params, "lease_expires_ms")
-            where += " AND status = %s"
-            where_params.append(str(WorkflowStatus.RUNNING))
-            now = self.now_sql()
-            set_sql = f"lease_expires_ms = {now.sql} + %s"
-            set_params = [*now.params, round(ttl * 1000)]
+            clock = self.now_sql().params
+            where = sql.compose(sql.LIVE_LEASES, match=match)
+            where_params = [*params, *clock, str(WorkflowStatus.RUNNING)]
+            set_params = [*clock, round(ttl * 1000)]
             rows = self._renew(
-                "{instance}", "instance_id, lease_epoch", where, where_params, set_sql, set_params
+                "{instance}",
+                "instance_id, lease_epoch",
+                where,
+                where_params,
+                sql.RENEW_LEASE_SET,
+                set_params,
             )
             state = {(row[0], int(row[1])): bool(row[2]) for row in rows}
             for fence in chunk:
@@ -65,6 +68,7 @@ class RenewalMixin(StoreBase):
                 results[fence] = False if renewed is None else (True if renewed else None)
         return results
 
+    @operation
     def renew_claims(self, claims: Sequence[tuple[TaskClaim, float]]) -> dict[TaskClaim, Renewal]:
         """Extend every live claim of ``claims`` by its TTL, never past its attempt's deadline.
 
@@ -75,26 +79,17 @@ class RenewalMixin(StoreBase):
         results: dict[TaskClaim, Renewal] = {}
         for start in range(0, len(claims), RENEWAL_BATCH):
             chunk = list(claims[start : start + RENEWAL_BATCH])
-            match = " OR ".join(
-                ["(id = %s AND claim_epoch = %s AND claim_owner = %s)"] * len(chunk)
-            )
+            match = sql.any_of(sql.CLAIM_MATCH, len(chunk))
             params: list[Any] = []
             ttl_cases: list[Any] = []
             for claim, ttl in chunk:
                 params += [claim.task_id, claim.epoch, claim.owner]
                 ttl_cases += [claim.task_id, round(ttl * 1000)]
-            where, where_params = self._live(f"({match})", params, "claim_expires_ms")
-            where += " AND status = %s"
-            where_params.append(str(ActivityTaskStatus.RUNNING))
-            now = self.now_sql()
-            ttl_sql = "CASE id" + " WHEN %s THEN CAST(%s AS BIGINT)" * len(chunk) + " END"
-            expires = f"({now.sql} + {ttl_sql})"
-            expires_params = [*now.params, *ttl_cases]
-            # NULL < x is not true: a task without an attempt deadline gets the full TTL.
-            set_sql = (
-                f"claim_expires_ms = CASE WHEN attempt_deadline_ms < {expires}"
-                f" THEN attempt_deadline_ms ELSE {expires} END"
-            )
+            clock = self.now_sql().params
+            where = sql.compose(sql.LIVE_CLAIMS, match=match)
+            where_params = [*params, *clock, str(ActivityTaskStatus.RUNNING)]
+            expires_params = [*clock, *ttl_cases]
+            set_sql = sql.renew_claim_set(len(chunk))
             rows = self._renew(
                 "{task}",
                 "id, claim_epoch",
@@ -109,10 +104,6 @@ class RenewalMixin(StoreBase):
                 results[claim] = False if renewed is None else (True if renewed else None)
         return results
 
-    def _live(self, match: str, params: list[Any], expires_column: str) -> tuple[str, list[Any]]:
-        now = self.now_sql()
-        return f"{match} AND {expires_column} >= {now.sql}", [*params, *now.params]
-
     def _renew(
         self,
         table: str,
@@ -124,26 +115,4 @@ class RenewalMixin(StoreBase):
     ) -> list[tuple[Any, ...]]:
         """Renew the rows of ``table`` matching ``where``; return (*columns, renewed) per
         matching row, renewed false for a row another transaction holds (PostgreSQL)."""
-        key = columns.split(",")[0].strip()
-        if self.vendor == "postgresql":
-            # The locking read skips held rows; the outer reads see the statement's
-            # snapshot, where a skipped row still matches: reported as busy, not lost.
-            return self._fetch(
-                f"WITH l AS (SELECT {key} FROM {table} WHERE {where}"
-                " FOR NO KEY UPDATE SKIP LOCKED),"
-                f" u AS (UPDATE {table} SET {set_sql} WHERE {key} IN (SELECT {key} FROM l)"
-                f" RETURNING {columns})"
-                f" SELECT {columns}, 1 FROM u UNION ALL SELECT {columns}, 0 FROM {table}"
-                f" WHERE {where} AND {key} NOT IN (SELECT {key} FROM u)",
-                [*where_params, *set_params, *where_params],
-            )
-        # SQLite: one write transaction (the database's write lock) for the whole batch.
-        with self.atomic():
-            rows = self._fetch(f"SELECT {columns} FROM {table} WHERE {where}", where_params)
-            if rows:
-                marks = ", ".join(["%s"] * len(rows))
-                self._execute(
-                    f"UPDATE {table} SET {set_sql} WHERE {key} IN ({marks})",
-                    [*set_params, *(row[0] for row in rows)],
-                )
-        return [(*row, 1) for row in rows]
+        raise NotImplementedError

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 from django.db import DataError, IntegrityError
 
-from .conf import SelvedgeSettings
+from ..conf import SelvedgeSettings
 
 __all__ = ["backoff_delay", "describe", "is_data_error"]
+
 
 # Errors that a retry cannot cure: the database (or its driver) refused a value.
 # UnicodeError (a lone surrogate) is a ValueError; OverflowError is SQLite's answer to

@@ -1,83 +1,29 @@
-"""Store operations for leader duties: system locks and activity timeout sweeps."""
+"""The leader's activity timeout sweeps: lapsed claims, exhausted retries, schedule-to-start.
+
+Each task is handled in its own transaction that takes the instance row first
+when the failure arrives in its history; rows another transaction holds are
+skipped (not waited for) and handled at the next round.
+"""
 
 from __future__ import annotations
 
-from django.db import IntegrityError, transaction
-from django.db.models import Case, F, Q, Value, When
+from django.db.models import Case, F, Value, When
+from django.utils import timezone
 
-from . import exceptions as exc
-from .engine.events import EV_ACTIVITY_FAILED, error_data
-from .models import ActivityTask, ActivityTaskStatus, SystemLock
-from .store_base import StoreBase
+from .. import exceptions as exc
+from ..engine.events import EV_ACTIVITY_FAILED, error_data
+from ..models import ActivityTask, ActivityTaskStatus, HistoryEvent
+from .base import operation
+from .tasks import TaskStore, lapse_timeout
+from .wakeups import TOPIC_TASK
 
-__all__ = ["TaskSweepMixin", "lapse_timeout"]
-
-
-def lapse_timeout(
-    name: str,
-    attempt: int,
-    deadline_ms: int | None,
-    heartbeat_ms: int | None,
-    expired_ms: int | None,
-) -> exc.ActivityTimeoutError:
-    """What a lapsed claim stands for: its attempt deadline, a missed heartbeat, or else
-    only the lapse (the worker stopped renewing it: it vanished, stalled or lost the
-    database), ``kind="claim_lapsed"``."""
-    deadline_reached = deadline_ms is not None and (expired_ms is None or deadline_ms <= expired_ms)
-    if deadline_reached:
-        kind = "start_to_close"
-    elif heartbeat_ms is not None:
-        kind = "heartbeat"
-    else:
-        kind = "claim_lapsed"
-    return exc.ActivityTimeoutError(name, kind, attempt)
+__all__ = ["TaskTimeoutStore"]
 
 
-class TaskSweepMixin(StoreBase):
-    """System locks and the leader's activity timeout sweeps."""
+class TaskTimeoutStore(TaskStore):
+    """Timeouts of activity tasks, recorded by the leader."""
 
-    def try_lock(self, name: str, owner: str, ttl: float) -> bool:
-        """Take or renew a named lock; True while ``owner`` holds it."""
-        with self.atomic():
-            now = self.now_expr()
-            updated = (
-                SystemLock.objects.using(self.alias)
-                .filter(Q(name=name) & (Q(owner=owner) | Q(expires_ms__lt=now)))
-                .update(
-                    epoch=Case(When(owner=owner, then=F("epoch")), default=F("epoch") + 1),
-                    owner=owner,
-                    expires_ms=self.now_expr(ttl),
-                )
-            )
-            if updated:
-                return True
-            if SystemLock.objects.using(self.alias).filter(name=name).exists():
-                return False
-            try:
-                with transaction.atomic(using=self.alias):
-                    SystemLock.objects.using(self.alias).create(
-                        name=name, owner=owner, epoch=1, expires_ms=self.now_expr(ttl)
-                    )
-            except IntegrityError:
-                return False
-            return True
-
-    def unlock(self, name: str, owner: str) -> None:
-        SystemLock.objects.using(self.alias).filter(name=name, owner=owner).update(
-            owner="", expires_ms=0
-        )
-
-    def lock_owner(self, name: str) -> str | None:
-        """The current holder of a lock, or None when it is free or expired."""
-        row = (
-            SystemLock.objects.using(self.alias)
-            .filter(name=name, expires_ms__gte=self.now_expr())
-            .exclude(owner="")
-            .values_list("owner", flat=True)
-            .first()
-        )
-        return row
-
+    @operation
     def sweep_activity_timeouts(self, limit: int) -> int:
         """Requeue lapsed claims, fail exhausted ones and schedule-to-start timeouts."""
         done = 0
@@ -147,7 +93,7 @@ class TaskSweepMixin(StoreBase):
                             default=Value(None),
                         ),
                     )
-                    self.after_commit("task")
+                    self.after_commit(TOPIC_TASK)
             done += 1
         overdue = list(
             ActivityTask.objects.using(self.alias)
@@ -176,36 +122,9 @@ class TaskSweepMixin(StoreBase):
             done += 1
         return done
 
-    def _lock_task(self, task_id: int) -> bool:
-        """Lock a task row unless another transaction holds it (PostgreSQL; else True)."""
-        if self.vendor != "postgresql":
-            return True
-        return bool(
-            self._fetch(
-                "SELECT 1 FROM {task} WHERE id = %s FOR NO KEY UPDATE SKIP LOCKED", [task_id]
-            )
-        )
-
-    def _lapse_envelope(self, task: ActivityTask, attempt: int) -> str:
-        """The error of a lapsed claim (attempt ``attempt``) taken over by a new one."""
-        timeout = lapse_timeout(
-            task.name,
-            attempt,
-            task.attempt_deadline_ms,
-            task.heartbeat_timeout_ms,
-            task.claim_expires_ms,
-        )
-        return error_data(timeout)
-
     def _arrive_failure(self, instance_id: str, key: str, data: str) -> None:
-        from django.utils import timezone
-
-        from .models import HistoryEvent, WorkflowInstance, WorkflowStatus
-
+        """A timeout's failure arriving in the history row, and the instance's wake-up."""
         HistoryEvent.objects.using(self.alias).filter(
             instance_id=instance_id, key=key, data__isnull=True
         ).update(event_type=EV_ACTIVITY_FAILED, data=data, arrived_at=timezone.now())
-        WorkflowInstance.objects.using(self.alias).filter(
-            instance_id=instance_id, status=WorkflowStatus.RUNNING
-        ).update(**self.wake_fields())
-        self.after_commit("runnable")
+        self._wake(instance_id)

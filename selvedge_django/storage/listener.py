@@ -1,11 +1,17 @@
-"""PostgreSQL LISTEN/NOTIFY: wake-ups from other processes into the local bus.
+"""PostgreSQL LISTEN: wake-ups from other processes into the local bus.
 
-One listener per process and database holds its own connection (outside
+One listener per process, database and bus holds its own connection (outside
 Django's pool, in autocommit mode), listens on ``selvedge_wake`` and republishes
 each payload's topic (such as ``runnable`` or ``closed:<id>``) on the in-process
 bus, skipping those this process sent itself (its bus already had them). A lost
 connection is retried with backoff; meanwhile the pollers keep working, and
 nothing is lost because notifications are only hints.
+
+Workers and ``wait_workflow`` share it. It is reference-counted: a worker takes a
+reference with :func:`acquire_listener` when it starts and gives it back with
+:func:`release_listener` when it stops (the thread stops with the last reference);
+the client API's waits take one process-long reference with
+:func:`ensure_listener`.
 """
 
 from __future__ import annotations
@@ -17,10 +23,16 @@ from typing import Any
 
 from django.db import connections
 
-from ..notify import Bus
-from ..store_base import NOTIFY_CHANNEL, notify_topic
+from .wakeups import NOTIFY_CHANNEL, TOPIC_RUNNABLE, TOPIC_TASK, TOPIC_TIMER, Bus, notify_topic
 
-__all__ = ["Listener", "ensure_listener"]
+__all__ = [
+    "Listener",
+    "acquire_listener",
+    "ensure_listener",
+    "release_listener",
+    "stop_listeners",
+    "wait_until_connected",
+]
 
 logger = logging.getLogger("selvedge_django.notify")
 
@@ -90,7 +102,7 @@ class Listener:
             self.connected.set()
             # Whatever was missed while disconnected is found by the pollers; waking
             # everything once makes them look now.
-            for topic in ("runnable", "task", "timer"):
+            for topic in (TOPIC_RUNNABLE, TOPIC_TASK, TOPIC_TIMER):
                 self.bus.publish(topic)
             try:
                 while not self._stop.is_set():
@@ -113,34 +125,79 @@ class Listener:
         self.connected.clear()
 
 
-_listeners: dict[str, Listener] = {}
+# key -> (listener, references); a key is (alias, database name, bus).
+_listeners: dict[str, tuple[Listener, int]] = {}
+# The keys that hold the client API's process-long reference.
+_process_long: set[str] = set()
 _lock = threading.Lock()
 
 
-def ensure_listener(alias: str, bus: Bus) -> Listener:
-    """Start (once per process, database and bus) the listener on ``alias``'s connection.
+def _key(alias: str, bus: Bus) -> str:
+    return f"{alias}:{connections[alias].settings_dict.get('NAME')}:{id(bus)}"
+
+
+def _take(key: str, alias: str, bus: Bus) -> Listener:
+    """One more reference to the listener of ``key`` (under ``_lock``), started."""
+    listener, references = _listeners.get(key) or (Listener(alias, bus), 0)
+    _listeners[key] = (listener, references + 1)
+    listener.start()
+    return listener
+
+
+def acquire_listener(alias: str, bus: Bus) -> Listener:
+    """Take a reference to the listener on ``alias`` for ``bus``, starting it if needed.
 
     ``alias`` is ``SELVEDGE["LISTEN_DATABASE"]`` when set: a direct connection for the
     listener when the engine's own alias goes through a transaction-pooling proxy.
+    Give the reference back with :func:`release_listener`.
     """
-    key = f"{alias}:{connections[alias].settings_dict.get('NAME')}:{id(bus)}"
+    key = _key(alias, bus)
     with _lock:
-        listener = _listeners.get(key)
-        if listener is None:
-            listener = _listeners[key] = Listener(alias, bus)
-        listener.start()
-        return listener
+        return _take(key, alias, bus)
+
+
+def release_listener(listener: Listener) -> None:
+    """Give back a reference from :func:`acquire_listener`; the last one stops the thread."""
+    key = _key(listener.alias, listener.bus)
+    with _lock:
+        held = _listeners.get(key)
+        if held is None or held[0] is not listener:
+            return  # stopped by stop_listeners() meanwhile
+        if held[1] > 1:
+            _listeners[key] = (listener, held[1] - 1)
+            return
+        del _listeners[key]
+    listener.stop()
+
+
+def ensure_listener(alias: str, bus: Bus) -> Listener:
+    """The listener on ``alias`` for ``bus``, holding one reference for the rest of the process.
+
+    For the client API's waits: the first call takes the reference, later ones only
+    make sure the thread runs.
+    """
+    key = _key(alias, bus)
+    with _lock:
+        held = _listeners.get(key)
+        if held is not None and key in _process_long:
+            held[0].start()
+            return held[0]
+        _process_long.add(key)
+        return _take(key, alias, bus)
 
 
 def stop_listeners() -> None:
+    """Stop every listener of this process, whoever holds it (tests, command exit)."""
     with _lock:
-        listeners = list(_listeners.values())
+        listeners = [listener for listener, _ in _listeners.values()]
         _listeners.clear()
+        _process_long.clear()
     for listener in listeners:
         listener.stop()
 
 
 def wait_until_connected(listener: Listener, timeout: float) -> bool:
+    """Whether ``listener`` is connected within ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if listener.connected.wait(0.05):

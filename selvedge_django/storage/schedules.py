@@ -1,4 +1,4 @@
-"""Store operations for schedules: definitions, and the leader's firing of due slots.
+"""Schedule rows: definitions, and the leader's firing of due slots.
 
 A schedule row is its own aggregate: no instance path ever locks it, and every
 path here locks it first (then the instances it starts or cancels), so the lock
@@ -28,10 +28,13 @@ from django.db import IntegrityError
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
-from . import exceptions as exc
-from .models import Schedule, WorkflowInstance, WorkflowStatus
-from .schedule_slots import SlotRule, jitter_offset_ms, plan, slot_id, trigger_id
-from .store_base import StoreBase
+from .. import exceptions as exc
+from ..models import Schedule, WorkflowInstance, WorkflowStatus
+from ..schedule_slots import SlotRule, jitter_offset_ms, plan, slot_id, trigger_id
+from . import sql
+from .base import operation
+from .store import DjangoStore
+from .wakeups import TOPIC_RUNNABLE
 
 __all__ = ["FireResult", "ScheduleStore", "rule_of"]
 
@@ -44,37 +47,6 @@ INSERT_CHUNK = 100
 # A schedule whose plan cannot be made (a row edited by hand into nonsense) is
 # tried again this much later, with the error recorded on it.
 PLAN_ERROR_RETRY_MS = 60_000
-
-# -- named statements ---------------------------------------------------------------------
-# {schedule} and {instance} name the tables; {now} is the database clock in ms.
-
-# Whether the leader has anything to do: a slot due, or a held-back slot whose last run closed.
-DUE_PROBE = (
-    "SELECT 1 WHERE EXISTS (SELECT 1 FROM {schedule} WHERE paused = %s AND next_due_ms <= {now})"
-    " OR EXISTS (SELECT 1 FROM {schedule} s WHERE s.paused = %s"
-    " AND s.buffered_slot_ms IS NOT NULL AND NOT EXISTS (SELECT 1 FROM {instance} i"
-    " WHERE i.instance_id = s.last_run_id AND i.status = %s))"
-)
-# Start runs: rows whose id already exists are left alone; the new ids come back.
-START_RUNS = "INSERT INTO {instance} ({columns}) VALUES {rows} ON CONFLICT (instance_id) DO NOTHING"
-# The statuses of the schedules' last runs.
-RUN_STATUSES = "SELECT instance_id, status FROM {instance} WHERE instance_id IN ({ids})"
-# Take the last run's row for a cancel request, unless another transaction holds it.
-LOCK_RUN_NOWAIT = "SELECT 1 FROM {instance} WHERE instance_id = %s FOR NO KEY UPDATE SKIP LOCKED"
-# cancel_other: request cancellation of the last run (keeping an earlier request's
-# reason) and wake it ({wake}: StoreBase.wake_sql), as sv.cancel_workflow does.
-CANCEL_RUN = (
-    "UPDATE {instance} SET cancel_requested = %s,"
-    " cancel_reason = CASE WHEN cancel_requested THEN cancel_reason ELSE %s END, {wake}"
-    " WHERE instance_id = %s AND status = %s"
-)
-# The bookkeeping of one schedule after a plan or a start, under its version.
-RECORD = (
-    "UPDATE {schedule} SET next_slot_ms = %s, next_due_ms = %s, buffered_slot_ms = %s,"
-    " last_run_id = %s, last_run_ms = %s, recent_runs = %s, runs_started = runs_started + %s,"
-    " missed_runs = missed_runs + %s, overlap_skipped_runs = overlap_skipped_runs + %s,"
-    " last_error = %s, version = version + 1, updated_at = %s WHERE name = %s AND version = %s"
-)
 
 
 def _ceil_second_ms(moment: datetime | None) -> int | None:
@@ -131,39 +103,43 @@ class FireResult:
     started: list[tuple[str, str]] = field(default_factory=list)  # (run id, workflow name)
 
 
-class ScheduleStore(StoreBase):
-    """Schedule rows and the runs they start, on one database alias."""
+class ScheduleStore:
+    """Schedule rows and the runs they start, through a store of their database.
 
-    def _tables(self, sql: str) -> str:
-        quote = self.connection.ops.quote_name
-        return sql.format(
-            schedule=quote(Schedule._meta.db_table),
-            instance=quote(WorkflowInstance._meta.db_table),
-        )
+    Transactions, locks and statements are ``store``'s, so the dialect's own ways
+    (``BEGIN IMMEDIATE``, ``SKIP LOCKED``) apply here too.
+    """
+
+    def __init__(self, store: DjangoStore) -> None:
+        self.store = store
+        self.alias = store.alias
 
     def _schedules(self) -> Any:
         return Schedule.objects.using(self.alias)
 
     # -- definitions (the operations layer) ---------------------------------------------
 
+    @operation
     def get(self, name: str) -> Schedule:
         try:
             return self._schedules().get(name=name)
         except Schedule.DoesNotExist:
             raise exc.ScheduleNotFound(name) from None
 
+    @operation
     def all(self) -> list[Schedule]:
         return list(self._schedules().order_by("name"))
 
+    @operation
     def create(self, values: Callable[[int], dict[str, Any]], name: str) -> Schedule:
         """Insert schedule ``name`` with the columns ``values(now_ms)`` returns."""
-        with self.atomic():
+        with self.store.atomic():
             if self._schedules().filter(name=name).exists():
                 raise exc.ScheduleAlreadyExists(name)
             now = timezone.now()
-            row = Schedule(name=name, created_at=now, updated_at=now, **values(self.now_ms()))
+            row = Schedule(name=name, created_at=now, updated_at=now, **values(self.store.now_ms()))
             try:
-                with self.atomic():  # a savepoint: a racing create fails alone
+                with self.store.atomic():  # a savepoint: a racing create fails alone
                     row.save(using=self.alias, force_insert=True)
             except IntegrityError as error:
                 if self._schedules().filter(name=name).exists():
@@ -171,6 +147,7 @@ class ScheduleStore(StoreBase):
                 raise
         return row
 
+    @operation
     def change(
         self, name: str, values: Callable[[Schedule, int], dict[str, Any] | None]
     ) -> Schedule:
@@ -178,9 +155,9 @@ class ScheduleStore(StoreBase):
 
         ``values`` may raise (nothing is written) or return None (nothing to write).
         """
-        with self.atomic():
+        with self.store.atomic():
             row = self._locked(name)
-            changes = values(row, self.now_ms())
+            changes = values(row, self.store.now_ms())
             if not changes:
                 return row
             changes["updated_at"] = timezone.now()
@@ -191,8 +168,9 @@ class ScheduleStore(StoreBase):
                 setattr(row, key, value)
         return row
 
+    @operation
     def delete(self, name: str) -> None:
-        with self.atomic():
+        with self.store.atomic():
             deleted, _ = self._schedules().filter(name=name).delete()
         if not deleted:
             raise exc.ScheduleNotFound(name)
@@ -205,11 +183,12 @@ class ScheduleStore(StoreBase):
 
     # -- starts outside the slots' order: trigger and backfill --------------------------
 
+    @operation
     def trigger(self, name: str) -> tuple[str, str]:
         """Start a run of schedule ``name`` now (id with milliseconds); return (id, workflow)."""
-        with self.atomic():
+        with self.store.atomic():
             row = self._locked(name)
-            now = self.now_ms()
+            now = self.store.now_ms()
             for step in range(1000):  # two triggers in one millisecond take the next one
                 run_id = trigger_id(name, now + step)
                 if self._start_runs([(run_id, row)]):
@@ -219,9 +198,10 @@ class ScheduleStore(StoreBase):
             record = _Record(row, row.next_slot_ms, row.buffered_slot_ms, [run_id], 1)
             record.due_ms = row.next_due_ms
             self._record(record, now)
-            self.after_commit("runnable")
+            self.store.after_commit(TOPIC_RUNNABLE)
         return run_id, row.workflow_name
 
+    @operation
     def backfill(
         self, name: str, slots: Callable[[Schedule, int], list[int]]
     ) -> tuple[list[str], list[str], str]:
@@ -229,9 +209,9 @@ class ScheduleStore(StoreBase):
 
         Returns every slot's run id, the ids started now, and the workflow name.
         """
-        with self.atomic():
+        with self.store.atomic():
             row = self._locked(name)
-            now = self.now_ms()
+            now = self.store.now_ms()
             ids = [slot_id(name, slot) for slot in slots(row, now)]
             started: list[str] = []
             for first in range(0, len(ids), INSERT_CHUNK):
@@ -242,18 +222,18 @@ class ScheduleStore(StoreBase):
                 record.new_runs = len(started)
                 record.due_ms = row.next_due_ms
                 self._record(record, now)
-                self.after_commit("runnable")
+                self.store.after_commit(TOPIC_RUNNABLE)
         return ids, started, row.workflow_name
 
     # -- the leader's duty ----------------------------------------------------------------
 
+    @operation
     def probe_due(self) -> bool:
         """Whether any schedule needs the leader now (one read, no lock)."""
-        now = self.now_sql()
-        sql = DUE_PROBE.replace("{now}", now.sql)
-        params = [False, *now.params, False, str(WorkflowStatus.RUNNING)]
-        return bool(self._fetch(sql, params))
+        params = [False, *self.store.now_sql().params, False, str(WorkflowStatus.RUNNING)]
+        return bool(self.store._fetch(sql.SCHEDULES_DUE_PROBE, params))
 
+    @operation
     def fire_due(self, limit: int) -> FireResult:
         """Handle up to ``limit`` schedules that need it, in one transaction.
 
@@ -266,8 +246,8 @@ class ScheduleStore(StoreBase):
         result = FireResult()
         if limit <= 0 or not self.probe_due():
             return result
-        with self.atomic():
-            now = self.now_ms()
+        with self.store.atomic():
+            now = self.store.now_ms()
             rows = list(
                 self._schedules()
                 .due(now)
@@ -305,7 +285,7 @@ class ScheduleStore(StoreBase):
                 record.new_runs = sum(run_id in inserted for run_id in record.started)
                 self._record(record, now)
             if inserted:
-                self.after_commit("runnable")
+                self.store.after_commit(TOPIC_RUNNABLE)
             result.schedules = len(records)
             result.started = [
                 (run_id, row.workflow_name) for run_id, row in starts if run_id in inserted
@@ -356,15 +336,15 @@ class ScheduleStore(StoreBase):
 
     def _cancel(self, row: Schedule, now: int) -> bool:
         """Ask the last run of ``row`` to cancel (cancel_other); False if its row is busy."""
-        if self.vendor == "postgresql" and not self._fetch(LOCK_RUN_NOWAIT, [row.last_run_id]):
+        if not self.store._lock_instance(row.last_run_id, skip_locked=True):
             return False
         reason = f"schedule {row.name!r}: a newer slot is due (overlap cancel_other)"
-        wake = self.wake_sql()
-        if self._execute(
-            CANCEL_RUN.replace("{wake}", wake.sql),
+        wake = self.store.wake_sql()
+        if self.store._execute(
+            sql.CANCEL_RUN,
             [True, reason, *wake.params, row.last_run_id, str(WorkflowStatus.RUNNING)],
         ):
-            self.after_commit("runnable")
+            self.store.after_commit(TOPIC_RUNNABLE)
         return True
 
     def _statuses(self, run_ids: Sequence[str]) -> dict[str, str]:
@@ -372,8 +352,8 @@ class ScheduleStore(StoreBase):
         unique = sorted(set(run_ids))
         for first in range(0, len(unique), 500):
             chunk = unique[first : first + 500]
-            sql = RUN_STATUSES.replace("{ids}", ", ".join(["%s"] * len(chunk)))
-            found.update((str(i), str(s)) for i, s in self._fetch(sql, chunk))
+            statement = sql.compose(sql.RUN_STATUSES, ids=sql.marks(len(chunk)))
+            found.update((str(i), str(s)) for i, s in self.store._fetch(statement, chunk))
         return found
 
     def _start_runs(self, runs: Sequence[tuple[str, Schedule]]) -> list[str]:
@@ -384,7 +364,7 @@ class ScheduleStore(StoreBase):
         columns = ""
         rows: list[tuple[str, list[Any]]] = []
         for run_id, schedule in runs:
-            columns, marks, values = self._insert_parts(
+            columns, marks, values = self.store._insert_parts(
                 WorkflowInstance,
                 {
                     "instance_id": run_id,
@@ -392,24 +372,14 @@ class ScheduleStore(StoreBase):
                     "status": str(WorkflowStatus.RUNNING),
                     "input": schedule.input,
                     "runnable": True,
-                    "ready_ms": self.now_sql(),
+                    "ready_ms": self.store.now_sql(),
                     "started_at": now,
                     "updated_at": now,
                 },
                 skip_pk=False,
             )
             rows.append((f"({marks})", values))
-        insert = START_RUNS.replace("{columns}", columns)
-        if self.connection.features.can_return_columns_from_insert:
-            sql = insert.replace("{rows}", ", ".join(marks for marks, _ in rows))
-            params = [value for _, values in rows for value in values]
-            return [str(r[0]) for r in self._fetch(sql + " RETURNING instance_id", params)]
-        # SQLite before 3.35 has no RETURNING: one row at a time.
-        return [  # pragma: no cover
-            run_id
-            for (run_id, _), (marks, values) in zip(runs, rows, strict=True)
-            if self._execute(insert.replace("{rows}", marks), values)
-        ]
+        return self.store._insert_new(sql.compose(sql.START_RUNS, columns=columns), rows)
 
     def _record(self, record: _Record, now: int) -> None:
         """Write one schedule's bookkeeping under its version (a changed row rolls back)."""
@@ -419,8 +389,8 @@ class ScheduleStore(StoreBase):
         if record.started:
             last_run_id, last_run_ms = record.started[-1], now
             recent = [*reversed(record.started), *recent][:RECENT_RUNS]
-        updated = self._execute(
-            RECORD,
+        updated = self.store._execute(
+            sql.RECORD_SCHEDULE,
             [
                 record.next_slot_ms,
                 record.due_ms,
@@ -432,7 +402,7 @@ class ScheduleStore(StoreBase):
                 record.missed,
                 record.overlap_skipped,
                 record.last_error,
-                self._now_param(),
+                self.store._now_param(),
                 row.name,
                 row.version,
             ],

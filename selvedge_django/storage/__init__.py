@@ -1,0 +1,94 @@
+"""Storage: the durable operations of the engine over the Django ORM.
+
+Layout (see docs/architecture in the README): :mod:`.sql` names every
+hand-written statement; :mod:`.base` is the plumbing (clock, transactions,
+fences, wake-ups); :mod:`.instances`, :mod:`.children`, :mod:`.waits`,
+:mod:`.tasks`, :mod:`.task_timeouts`, :mod:`.renewals`, :mod:`.locks` and
+:mod:`.reads` are the parts :class:`~.store.DjangoStore` is made of;
+:mod:`.postgresql` and :mod:`.sqlite` hold everything that differs between the
+two databases (one subclass each), and :func:`store_for` picks the class once.
+:mod:`.schedules` stores schedule rows through a store, :mod:`.wakeups` is the
+in-process bus and the NOTIFY topics, :mod:`.listener` the PostgreSQL LISTEN
+thread, :mod:`.errors` what storage errors mean.
+
+Storage imports nothing of the worker, the operations layer or the registry: an
+upward need is a callback (``DjangoStore.on_closed``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from django.core.checks import CheckMessage
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connections
+
+from ..engine.codec import Codec
+from .base import DbNowMs, clock_offset_ms, set_clock_offset_ms
+from .postgresql import PostgresStore
+from .sqlite import SQLiteStore
+from .store import DjangoStore, InstanceHead
+
+if TYPE_CHECKING:
+    from ..conf import SelvedgeSettings
+
+__all__ = [
+    "DbNowMs",
+    "DjangoStore",
+    "InstanceHead",
+    "PostgresStore",
+    "SQLiteStore",
+    "check_vendor",
+    "clock_offset_ms",
+    "configure_connection",
+    "database_checks",
+    "set_clock_offset_ms",
+    "store_class",
+    "store_for",
+]
+
+# The store class of each supported database vendor.
+STORES: dict[str, type[DjangoStore]] = {"postgresql": PostgresStore, "sqlite": SQLiteStore}
+
+
+def store_class(alias: str) -> type[DjangoStore] | None:
+    """The store class for the database ``alias``, or None when it is not supported."""
+    return STORES.get(connections[alias].vendor)
+
+
+def check_vendor(alias: str) -> type[DjangoStore]:
+    """The store class for ``alias``; ImproperlyConfigured for other databases."""
+    cls = store_class(alias)
+    if cls is None:
+        raise ImproperlyConfigured(
+            "selvedge_django supports SQLite and PostgreSQL; database "
+            f"{alias!r} is {connections[alias].vendor!r}"
+        )
+    return cls
+
+
+def store_for(alias: str, codec: Codec, settings: SelvedgeSettings | None = None) -> DjangoStore:
+    """A new store for ``alias`` (cheap), of its database's class.
+
+    With ``settings``, the notification settings apply: ``LISTEN_NOTIFY`` (NOTIFY
+    only where the database has it) and ``LISTEN_DATABASE``.
+    """
+    store = check_vendor(alias)(alias, codec)
+    if settings is not None:
+        if settings.listen_notify is not None:
+            store.notify_enabled = settings.listen_notify and store.can_notify
+        store.listen_alias = settings.listen_database or settings.database
+    return store
+
+
+def configure_connection(sender: Any, connection: Any, **kwargs: Any) -> None:
+    """``connection_created`` receiver: the database's own connection set-up."""
+    cls = STORES.get(connection.vendor)
+    if cls is not None:
+        cls.connection_created(connection)
+
+
+def database_checks(alias: str) -> list[CheckMessage]:
+    """The system check messages of the engine's database itself (SQLite: W001, W002)."""
+    cls = store_class(alias)
+    return [] if cls is None else cls.database_checks(alias, connections[alias])

@@ -1,0 +1,520 @@
+"""Instance rows: starts, leases, snapshots, cancel requests, closes, terminate, backoff.
+
+Every method is one transaction (or one statement). Fenced writes start with a
+conditional update of the instance row that must touch exactly one row (the
+writer still holds the lease epoch). Lease expiry uses the database clock.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from operator import attrgetter
+from typing import Any
+
+from django.db import IntegrityError
+from django.db.models import F
+from django.utils import timezone
+
+from .. import exceptions as exc
+from ..engine.events import (
+    CLOSE_EVENT_BY_STATUS,
+    CLOSE_KEY,
+    CMD_CLOSE,
+    Fence,
+    HistoryRow,
+    SignalPosition,
+)
+from ..engine.ports import CloseRequest, ExecutionSnapshot
+from ..models import WorkflowInstance, WorkflowStatus
+from . import sql
+from .base import operation
+from .children import ChildStore
+from .wakeups import TOPIC_RUNNABLE, closed_topic
+
+__all__ = ["EXECUTION_ERROR_CHARS", "InstanceHead", "InstanceStore"]
+
+# The most of an error's text kept on the instance (``execution_error``).
+EXECUTION_ERROR_CHARS = 2000
+
+
+@dataclass(frozen=True)
+class InstanceHead:
+    """The instance row as an execution reads it (everything but the history)."""
+
+    workflow_name: str
+    input: Any
+    status: str
+    cancel_requested: bool
+    cancel_reason: str
+    parent_instance_id: str
+    parent_key: str
+
+
+class InstanceStore(ChildStore):
+    """Starts, leases, snapshots, cancel requests, closes and what holds an instance back."""
+
+    # -- starts -------------------------------------------------------------------------
+
+    @operation
+    def create_instance(
+        self,
+        instance_id: str,
+        workflow_name: str,
+        input_value: Any,
+        *,
+        service_name: str = "",
+        parent_instance_id: str = "",
+        parent_key: str = "",
+        started_at: datetime | None = None,
+        lease_owner: str | None = None,
+        lease_ttl: float | None = None,
+    ) -> Fence | None:
+        """Insert a runnable instance; a taken id raises WorkflowAlreadyStarted.
+
+        With ``lease_owner`` the instance is inserted already leased to that owner
+        (epoch 1, expiring ``lease_ttl`` seconds from now on the database clock) and not
+        runnable, and the fence is returned: the owner runs it without a dispatch,
+        and no dispatcher can take it before the owner does. Nobody is woken then.
+        """
+        now = self._now_param(started_at or timezone.now())
+        stored_input = self._input_field.get_db_prep_save(input_value, self.connection)
+        # One statement text whether leased or not (no owner: no expiry), so that
+        # statement-level tools (the fault injector, pg_stat_statements) see one start.
+        clock = self.now_sql().params
+        ttl = self.lease_ttl if lease_ttl is None else lease_ttl
+        leased = lease_owner is not None
+        params = [
+            instance_id,
+            workflow_name,
+            str(WorkflowStatus.RUNNING),
+            stored_input,
+            lease_owner or "",
+            1 if leased else 0,
+            leased,
+            *clock,
+            round(ttl * 1000),
+            not leased,
+            False,
+            "",
+            parent_instance_id,
+            parent_key,
+            service_name,
+            "",
+            now,
+            now,
+            *clock,
+        ]
+        try:
+            self._insert_instance(params, leased)
+        except IntegrityError as error:
+            raise exc.WorkflowAlreadyStarted(instance_id) from error
+        return None if lease_owner is None else Fence(instance_id, lease_owner, 1)
+
+    def _insert_instance(self, params: list[Any], leased: bool) -> None:
+        """Run the start's insert; a runnable start wakes the dispatchers after commit."""
+        with self.atomic():
+            self._execute(sql.INSERT_INSTANCE, params)
+            if not leased:
+                self.after_commit(TOPIC_RUNNABLE)
+
+    @property
+    def _input_field(self) -> Any:
+        return WorkflowInstance._meta.get_field("input")
+
+    # -- leases -------------------------------------------------------------------------
+
+    @operation
+    def acquire_batch(
+        self, owner: str, ttl: float, limit: int, names: Sequence[str] | None
+    ) -> list[Fence]:
+        """Lease up to ``limit`` dispatchable instances (runnable or expired) for ``owner``."""
+        return [fence for fence, _ in self.lease_batch(owner, ttl, limit, names)]
+
+    @operation
+    def lease_batch(
+        self, owner: str, ttl: float, limit: int, names: Sequence[str] | None
+    ) -> list[tuple[Fence, InstanceHead]]:
+        """Lease up to ``limit`` dispatchable instances and read their rows.
+
+        Dispatchable: running, and either owned under an expired lease (taken first:
+        an execution was interrupted), or unowned and runnable since ``ready_ms`` at
+        the latest, the one runnable longest first. So an instance that is runnable
+        again right after each execution waits behind those that waited longer, and
+        one busy workflow type cannot keep another from running; an instance held
+        back after an execution error (``ready_ms`` in the future) waits until then.
+        Each part walks its own partial index (``sv_inst_lease_idx``,
+        ``sv_inst_ready_idx``), whose conditions the statement repeats as literals.
+        The instance columns an execution needs come back with the lease, so loading
+        its snapshot then reads only the history. How concurrent dispatchers keep
+        apart is the dialect's (:meth:`_lease_rows`).
+        """
+        if limit <= 0 or (names is not None and not names):
+            return []
+        clock = self.now_sql().params
+        named = "" if names is None else sql.in_list("workflow_name", len(names))
+        name_params = [] if names is None else list(names)
+        where = [*clock, *name_params]
+        lease_params = [owner, *clock, round(ttl * 1000), False]
+        rows = self._lease_rows(owner, limit, named, where, lease_params)
+        return [(Fence(row[0], owner, row[1]), self._head(row[2:])) for row in rows]
+
+    def _lease_rows(
+        self, owner: str, limit: int, named: str, where: list[Any], lease_params: list[Any]
+    ) -> list[tuple[Any, ...]]:
+        """Lease the candidates; return (id, epoch, *HEAD_COLUMNS) per leased row.
+
+        ``named`` is the workflow-name condition of both parts (``where`` their
+        parameters: the clock, then the names), ``lease_params`` those of the lease.
+        """
+        raise NotImplementedError
+
+    def _head(self, row: Sequence[Any]) -> InstanceHead:
+        name, input_value, status, cancel_requested, reason, parent, parent_key = row
+        return InstanceHead(
+            workflow_name=name,
+            input=self._input_field.from_db_value(input_value, None, self.connection),
+            status=status,
+            cancel_requested=bool(cancel_requested),
+            cancel_reason=reason,
+            parent_instance_id=parent,
+            parent_key=parent_key,
+        )
+
+    @operation
+    def acquire(self, instance_id: str, owner: str, ttl: float) -> Fence | None:
+        """Lease one instance if it is dispatchable."""
+        instances = WorkflowInstance.objects.using(self.alias)
+        with self.atomic():
+            if (
+                not instances.filter(instance_id=instance_id)
+                .dispatchable(self.now_expr())
+                .update(
+                    lease_owner=owner,
+                    lease_epoch=F("lease_epoch") + 1,
+                    lease_expires_ms=self.now_expr(ttl),
+                    runnable=False,
+                )
+            ):
+                return None
+            epoch = (
+                instances.filter(instance_id=instance_id)
+                .values_list("lease_epoch", flat=True)
+                .get()
+            )
+        return Fence(instance_id, owner, epoch)
+
+    @operation
+    def renew_lease(self, fence: Fence, ttl: float) -> bool:
+        """Extend an unexpired matching lease on the database clock."""
+        return bool(
+            WorkflowInstance.objects.using(self.alias)
+            .filter(
+                instance_id=fence.instance_id,
+                lease_owner=fence.owner,
+                lease_epoch=fence.epoch,
+                status=WorkflowStatus.RUNNING,
+                lease_expires_ms__gte=self.now_expr(),
+            )
+            .update(lease_expires_ms=self.now_expr(ttl))
+        )
+
+    @operation
+    def release_lease(self, fence: Fence, runnable: bool = False) -> None:
+        """Clear a matching lease, keeping pending input runnable.
+
+        The execution ended without a storage error: its instance's count of them
+        in a row goes back to 0, in the same update. One statement that also says
+        whether input arrived meanwhile: only then is a dispatcher woken (every
+        worker's, through NOTIFY), not on every release.
+        """
+        rows = self._fetch(
+            sql.RELEASE_LEASE,
+            [
+                runnable,
+                *self.now_sql().params,
+                runnable,
+                fence.instance_id,
+                fence.owner,
+                fence.epoch,
+            ],
+        )
+        if rows and rows[0][0]:
+            self.after_commit(TOPIC_RUNNABLE)
+
+    # -- snapshots and commands ---------------------------------------------------------
+
+    @operation
+    def load_snapshot(
+        self,
+        instance_id: str,
+        head: InstanceHead | None = None,
+        *,
+        max_events: int | None = None,
+    ) -> ExecutionSnapshot:
+        """Read the instance (unless its ``head`` came with the lease) and its whole history.
+
+        The history and the delivered signals come back in one statement, in no
+        particular order: the engine indexes rows by key and position, and signals
+        by id (sorting 10,000 rows in the database was a tenth of loading them).
+        With ``max_events`` at most that many history rows plus one are read: more
+        than ``max_events`` means the history is over the limit (which rows came
+        back is then unspecified).
+        """
+        if head is None:
+            rows = self._fetch(sql.SELECT_HEAD, [instance_id])
+            if not rows:
+                raise exc.WorkflowNotFound(instance_id)
+            head = self._head(rows[0])
+        history: list[HistoryRow] = []
+        signals: list[SignalPosition] = []
+        params: list[Any]
+        if max_events is None:
+            statement, params = sql.SNAPSHOT, [instance_id, instance_id]
+        else:
+            statement, params = sql.SNAPSHOT_BOUNDED, [instance_id, max_events + 1, instance_id]
+        rows = self._fetch(statement, params)
+        for kind, row_id, key, seq, command, event_type, data, reserved, delivered in rows:
+            if kind == 0:
+                history.append(HistoryRow(key, seq, command, event_type, data, reserved, delivered))
+            else:
+                signals.append(SignalPosition(row_id, key, seq, delivered))
+        signals.sort(key=attrgetter("id"))
+        return ExecutionSnapshot(
+            instance_id=instance_id,
+            workflow_name=head.workflow_name,
+            input=head.input,
+            status=head.status,
+            cancel_requested=head.cancel_requested,
+            cancel_reason=head.cancel_reason,
+            parent_instance_id=head.parent_instance_id,
+            parent_key=head.parent_key,
+            history=history,
+            signals=signals,
+        )
+
+    @operation
+    def record_command(self, fence: Fence, row: HistoryRow) -> HistoryRow:
+        """Record a command's history row under the fence."""
+        with self.atomic():
+            self._fence(fence)
+            return self._insert_row(fence.instance_id, row)
+
+    # -- cancellation -------------------------------------------------------------------
+
+    @operation
+    def request_cancel(self, instance_id: str, reason: str) -> str:
+        """Store a durable cancel request and wake the instance; return its status."""
+        instances = WorkflowInstance.objects.using(self.alias)
+        with self.atomic():
+            status = (
+                instances.filter(instance_id=instance_id)
+                .select_for_update(no_key=True)
+                .values_list("status", flat=True)
+                .first()
+            )
+            if status is None:
+                raise exc.WorkflowNotFound(instance_id)
+            if status == WorkflowStatus.CANCELLED:
+                return str(status)
+            if status != WorkflowStatus.RUNNING:
+                raise exc.InstanceClosed.for_status(instance_id, status)
+            instances.filter(instance_id=instance_id, cancel_requested=False).update(
+                cancel_requested=True, cancel_reason=reason
+            )
+            instances.filter(instance_id=instance_id).update(**self.wake_fields())
+            self.after_commit(TOPIC_RUNNABLE)
+            return str(status)
+
+    @operation
+    def cancel_state(self, instance_id: str) -> tuple[bool, str]:
+        """(cancel requested, reason) of an instance; (False, "") when it does not exist."""
+        rows = self._fetch(sql.SELECT_CANCEL_STATE, [instance_id])
+        if not rows:
+            return False, ""
+        return bool(rows[0][0]), str(rows[0][1])
+
+    # -- close --------------------------------------------------------------------------
+
+    @operation
+    def close(self, fence: Fence, request: CloseRequest) -> str:
+        """Close the instance with everything closing implies, in one fenced transaction.
+
+        Returns the status written (a cancellation without a durable request closes
+        as failed).
+        """
+        with self.atomic():
+            # Lock order: a child's close takes its parent's row before its own (an
+            # ancestor before a descendant, as a parent's close cancelling its children
+            # does), and decides there whether the parent still waits for the outcome.
+            parent_waits = self._wake_waiting_parent(fence.instance_id, request.parent)
+            status = request.status
+            if status == WorkflowStatus.CANCELLED:
+                self._fence(fence)
+                requested = (
+                    WorkflowInstance.objects.using(self.alias)
+                    .filter(instance_id=fence.instance_id)
+                    .values_list("cancel_requested", flat=True)
+                    .get()
+                )
+                if not requested:
+                    status = WorkflowStatus.FAILED
+            statement, params = self._close_sql(fence, status, request)
+            # The fence check and the close are one conditional update.
+            if self._execute(statement, params) != 1:
+                raise self._fenced_error(fence)
+            data = request.output if status == WorkflowStatus.COMPLETED else request.error
+            self._insert_row(fence.instance_id, self._close_row(status, data))
+            if request.unfinished:
+                self._close_cleanup(fence.instance_id)
+            self._close_cascade(
+                fence.instance_id, status, data, children=request.children, parent=parent_waits
+            )
+            # A waiter in this process reads the row again once the handed-over execution
+            # is no longer marked running: unmark it before the wake-up goes out.
+            self._closed_on_commit(fence.instance_id)
+            self.after_commit(closed_topic(fence.instance_id))
+        return str(status)
+
+    def _close_sql(self, fence: Fence, status: str, request: CloseRequest) -> tuple[str, list[Any]]:
+        now = self._now_param()
+        return (
+            sql.CLOSE_UPDATE,
+            [
+                str(status),
+                request.output,
+                request.error,
+                False,
+                now,
+                now,
+                fence.instance_id,
+                fence.owner,
+                fence.epoch,
+                str(WorkflowStatus.RUNNING),
+            ],
+        )
+
+    @staticmethod
+    def _close_row(status: str, data: str | None) -> HistoryRow:
+        return HistoryRow(
+            key=CLOSE_KEY,
+            seq=None,
+            command=CMD_CLOSE,
+            event_type=CLOSE_EVENT_BY_STATUS[status],
+            data=data,
+        )
+
+    # -- instances that cannot go on ----------------------------------------------------
+
+    @operation
+    def execution_errors(self, fence: Fence) -> int | None:
+        """How many executions in a row ended on a storage error before the one ``fence``
+        holds; None when that lease is no longer held (or the instance closed)."""
+        rows = self._fetch(
+            sql.SELECT_EXECUTION_ERRORS,
+            [fence.instance_id, fence.owner, fence.epoch, str(WorkflowStatus.RUNNING)],
+        )
+        return int(rows[0][0]) if rows else None
+
+    @operation
+    def defer_execution(self, fence: Fence, errors: int, delay: float, message: str) -> bool:
+        """Release the lease of an execution that ended on a storage error, and hold the
+        instance back ``delay`` seconds (database clock), recording ``errors`` (the count
+        in a row, this one included) and ``message``, in one fenced update.
+
+        The instance stays runnable; dispatch takes it once ``ready_ms`` has passed,
+        and nothing that arrives meanwhile (a signal, a cancel request) brings that
+        forward. False when the lease was no longer held.
+        """
+        return (
+            self._execute(
+                sql.DEFER_EXECUTION,
+                [
+                    True,
+                    *self.now_sql().params,
+                    round(delay * 1000),
+                    errors,
+                    message[:EXECUTION_ERROR_CHARS],
+                    self._now_param(),
+                    fence.instance_id,
+                    fence.owner,
+                    fence.epoch,
+                    str(WorkflowStatus.RUNNING),
+                ],
+            )
+            == 1
+        )
+
+    @operation
+    def terminate(
+        self,
+        instance_id: str,
+        error: str,
+        closed_by: dict[str, Any],
+        *,
+        fence: Fence | None = None,
+    ) -> str:
+        """Close a running instance as failed at once, without running its code; return
+        its workflow name.
+
+        In one transaction: the status and ``error`` (an envelope), a new lease epoch
+        (an execution still running is fenced out at its next write), the close row,
+        the cancellation of unfinished tasks (a running attempt loses its claim), the
+        deletion of timers, cancel requests to running children and, for a child,
+        the outcome in a waiting parent's history. History rows still waiting for
+        a value are left as they are, and the close row records who closed the run
+        (``closed_by``, in its ``reservation``): so the close row alone is what a
+        resume has to archive. With ``fence``, only while that execution still holds
+        the lease (a worker failing its own instance: :class:`Fenced` otherwise).
+        Raises :class:`WorkflowNotFound` or :class:`InstanceClosed`.
+        """
+        with self.atomic():
+            rows = self._fetch(sql.SELECT_TERMINATE_HEAD, [instance_id])
+            if not rows:
+                raise exc.WorkflowNotFound(instance_id)
+            status, parent_id, parent_key, workflow_name = rows[0]
+            if status != WorkflowStatus.RUNNING:
+                raise exc.InstanceClosed.for_status(instance_id, status)
+            # Lock order: a waiting parent's row before this one, as a child's close does.
+            parent = self._wake_waiting_parent(instance_id, (str(parent_id), str(parent_key)))
+            now = self._now_param()
+            params: list[Any] = [
+                str(WorkflowStatus.FAILED),
+                error,
+                False,
+                now,
+                now,
+                instance_id,
+                str(WorkflowStatus.RUNNING),
+            ]
+            statement = sql.compose(
+                sql.TERMINATE_UPDATE, fenced="" if fence is None else sql.TERMINATE_FENCED
+            )
+            if fence is not None:
+                params += [fence.owner, fence.epoch]
+            if self._execute(statement, params) != 1:
+                if fence is not None:
+                    raise self._fenced_error(fence)
+                # Closed by its execution while this transaction waited for the row.
+                closed = self._fetch(sql.SELECT_STATUS, [instance_id])
+                raise exc.InstanceClosed.for_status(instance_id, closed[0][0])
+            self._insert_row(
+                instance_id,
+                HistoryRow(
+                    key=CLOSE_KEY,
+                    seq=None,
+                    command=CMD_CLOSE,
+                    event_type=CLOSE_EVENT_BY_STATUS[WorkflowStatus.FAILED],
+                    data=error,
+                    reservation=json.dumps({"closed_by": closed_by}),
+                ),
+            )
+            self._close_cleanup(instance_id, fill=False)
+            self._close_cascade(
+                instance_id, str(WorkflowStatus.FAILED), error, children=True, parent=parent
+            )
+            self._closed_on_commit(instance_id)
+            self.after_commit(closed_topic(instance_id))
+        return str(workflow_name)

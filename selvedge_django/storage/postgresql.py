@@ -1,0 +1,345 @@
+"""The PostgreSQL store: row locks, SKIP LOCKED, NOTIFY and one-statement writes.
+
+Only what differs from the portable :class:`~.store.DjangoStore`:
+
+* candidates are locked with ``FOR UPDATE SKIP LOCKED`` (dispatch, claims,
+  renewals, timer fires), so concurrent workers take different rows and nobody
+  waits for a row another transaction holds;
+* arrivals lock the instance row first (``FOR NO KEY UPDATE``), the lock order
+  of every write path;
+* wake-ups reach other processes through ``NOTIFY`` (skipped while the
+  notification queue is half full), sent in the writing transaction;
+* outside any transaction, the statements of a durable step chain as
+  data-modifying ``WITH`` queries into one statement, which is a transaction by
+  itself: the same all-or-nothing and the same fence, in one round trip instead
+  of a BEGIN, each statement and a COMMIT. Inside a caller's transaction the
+  portable path runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from django.db import DatabaseError, IntegrityError, transaction
+
+from ..engine.events import CLOSE_KEY, EV_ACTIVITY_COMPLETED, Fence, HistoryRow
+from ..engine.ports import CloseRequest, TaskClaim
+from ..models import ActivityTask, ActivityTaskStatus, WorkflowStatus
+from . import sql
+from .base import operation
+from .store import DjangoStore
+from .wakeups import (
+    NOTIFY_CHANNEL,
+    NOTIFY_QUEUE_CEILING,
+    TOPIC_RUNNABLE,
+    TOPIC_TASK,
+    closed_topic,
+    notify_payload,
+)
+
+__all__ = ["PostgresStore"]
+
+logger = logging.getLogger("selvedge_django.store")
+
+# -- statements only PostgreSQL runs ----------------------------------------------------------
+
+# One consistent read of several statements.
+SNAPSHOT_ISOLATION = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY"
+# The session's idle-in-transaction timeout (read once per connection).
+IDLE_TIMEOUT_SETTING = "SELECT setting FROM pg_settings WHERE name = %s"
+# Raise (or turn off) the idle-in-transaction timeout for the current transaction.
+SET_IDLE_TIMEOUT = "SELECT set_config('idle_in_transaction_session_timeout', %s, true)"
+# One NOTIFY call; NOTIFY_ALL sends {calls} unless the notification queue is too full.
+NOTIFY_CALL = "pg_notify(%s, %s)"
+NOTIFY_ALL = "SELECT {calls} WHERE pg_notification_queue_usage() < %s"
+# A scalar subquery sending {calls} once if the CTE {source} has a row.
+NOTIFY_FROM = (
+    "(SELECT count(*) FROM (SELECT {calls} FROM {source}"
+    " WHERE pg_notification_queue_usage() < %s LIMIT 1) n)"
+)
+# Lock an instance row the way a fence update does ({skip}: SKIP LOCKED or nothing).
+LOCK_INSTANCE = "SELECT 1 FROM {instance} WHERE instance_id = %s FOR NO KEY UPDATE{skip}"
+# Lock a task row unless another transaction holds it.
+LOCK_TASK = "SELECT 1 FROM {task} WHERE id = %s FOR NO KEY UPDATE SKIP LOCKED"
+# Dispatch in one statement: each part locks what it picks, skipping held rows.
+LEASE_BATCH = (
+    "WITH e AS (SELECT instance_id FROM {instance} WHERE {expired}"
+    " ORDER BY lease_expires_ms LIMIT %s FOR UPDATE SKIP LOCKED),"
+    " r AS (SELECT instance_id, ready_ms FROM {instance} WHERE {ready}"
+    " ORDER BY ready_ms LIMIT %s FOR UPDATE SKIP LOCKED),"
+    " c AS (SELECT instance_id FROM (SELECT instance_id, 0 AS part, 0 AS since"
+    " FROM e UNION ALL SELECT instance_id, 1, ready_ms FROM r) u"
+    " ORDER BY part, since LIMIT %s)"
+    f" {sql.LEASE_SET} WHERE instance_id IN (SELECT instance_id FROM c)"
+    f" RETURNING instance_id, lease_epoch, {sql.HEAD_COLUMNS}"
+)
+# Renew a batch: the locking read skips held rows; the outer reads see the statement's
+# snapshot, where a skipped row still matches: reported as busy (0), not lost.
+RENEW_BATCH = (
+    "WITH l AS (SELECT {key} FROM {table} WHERE {where} FOR NO KEY UPDATE SKIP LOCKED),"
+    " u AS (UPDATE {table} SET {set} WHERE {key} IN (SELECT {key} FROM l)"
+    " RETURNING {columns})"
+    " SELECT {columns}, 1 FROM u UNION ALL SELECT {columns}, 0 FROM {table}"
+    " WHERE {where} AND {key} NOT IN (SELECT {key} FROM u)"
+)
+# The due timers' and their instances' rows are locked, skipping held ones.
+DUE_TIMERS_LOCK = " FOR NO KEY UPDATE OF i, t SKIP LOCKED"
+# complete_task in one statement: the instance row first (i), then the claim-checked
+# task update (t), the history value (h) and the wake (w), then the NOTIFY.
+COMPLETE_TASK = (
+    "WITH i AS (SELECT instance_id FROM {instance} WHERE instance_id = %s"
+    " FOR NO KEY UPDATE),"
+    " t AS ({complete} AND EXISTS (SELECT 1 FROM i) RETURNING id),"
+    " h AS ({record} AND EXISTS (SELECT 1 FROM t) RETURNING id),"
+    " w AS ({wake} AND EXISTS (SELECT 1 FROM t) RETURNING instance_id)"
+    " SELECT (SELECT count(*) FROM t), (SELECT count(*) FROM w), {notify}"
+)
+# reserve_activity in one statement: fence (f), history row (h), task (t), then whether
+# the released instance is still runnable (r), and the NOTIFYs.
+RESERVE_ACTIVITY = (
+    "WITH f AS ({fence} RETURNING instance_id, runnable),"
+    " h AS ({history} RETURNING id),"
+    " t AS (INSERT INTO {task} ({columns}) SELECT {values} FROM h RETURNING id),"
+    " r AS (SELECT 1 FROM f WHERE runnable)"
+    " SELECT (SELECT count(*) FROM f), (SELECT count(*) FROM r), (SELECT id FROM t),"
+    " {notify}, {wake}"
+)
+# close in one statement: the fenced close (c), the close record (h) and the NOTIFY.
+CLOSE = (
+    "WITH c AS ({close} RETURNING instance_id), h AS ({history} RETURNING id)"
+    " SELECT (SELECT count(*) FROM c), {notify}"
+)
+
+
+class PostgresStore(DjangoStore):
+    """The store on PostgreSQL."""
+
+    NOW_MS = sql.NOW_MS_POSTGRESQL
+    can_notify = True
+    DUE_TIMERS_LOCK = DUE_TIMERS_LOCK
+
+    @property
+    def _one_statement(self) -> bool:
+        """Whether a fenced write may run as one statement: outside any transaction."""
+        return not self.connection.in_atomic_block
+
+    # -- plumbing ---------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _snapshot_transaction(self) -> Iterator[None]:
+        with transaction.atomic(using=self.alias):
+            with self.connection.cursor() as cursor:
+                cursor.execute(SNAPSHOT_ISOLATION)
+            yield
+
+    @operation
+    def allow_idle_transaction(self, seconds: float | None) -> None:
+        """Let the current transaction stay idle for ``seconds`` (None: any time).
+
+        A transactional attempt's body runs inside its transaction and may wait on other
+        things (the network, a sleep) between statements. With an
+        ``idle_in_transaction_session_timeout`` on the role or database, the server would
+        end the session each time the body waited longer, and the attempt could never
+        succeed. So the attempt's transaction (``SET LOCAL``, through ``set_config``)
+        raises that timeout to its start-to-close timeout plus a second, or turns it off
+        without one. Nothing is sent while the setting is off (the default): it is read
+        once per connection.
+        """
+        conn = self.connection
+        conn.ensure_connection()
+        raw = conn.connection
+        known = getattr(conn, "_selvedge_idle_timeout", None)
+        if known is None or known[0] is not raw:
+            rows = self._fetch(IDLE_TIMEOUT_SETTING, ["idle_in_transaction_session_timeout"])
+            known = (raw, int(rows[0][0]) if rows else 0)
+            conn._selvedge_idle_timeout = known
+        if known[1] == 0:
+            return
+        wanted = 0 if seconds is None else max(known[1], round(seconds * 1000) + 1000)
+        self._execute(SET_IDLE_TIMEOUT, [str(wanted)])
+
+    def _notify(self, topics: Sequence[str] | set[str]) -> None:
+        """Send ``topics`` in one statement, unless the notification queue is half full
+        (``NOTIFY_QUEUE_CEILING``), so that a full queue cannot fail the commit."""
+        ordered = sorted(topics)
+        statement = sql.compose(NOTIFY_ALL, calls=", ".join([NOTIFY_CALL] * len(ordered)))
+        params: list[Any] = []
+        for topic in ordered:
+            params += [NOTIFY_CHANNEL, notify_payload(topic)]
+        params.append(NOTIFY_QUEUE_CEILING)
+        try:
+            with self.connection.cursor() as cursor:
+                cursor.execute(statement, params)
+        except DatabaseError:  # a hint only: pollers will find the work
+            logger.debug("NOTIFY failed", exc_info=True)
+            if self.connection.in_atomic_block:
+                raise
+
+    def _notify_from(self, source: str, topics: Sequence[str]) -> tuple[str, list[Any]]:
+        """A scalar subquery sending ``topics`` once if the CTE ``source`` has a row."""
+        if not (self.notify_enabled and topics):
+            return "0", []
+        params: list[Any] = []
+        for topic in topics:
+            params += [NOTIFY_CHANNEL, notify_payload(topic)]
+        params.append(NOTIFY_QUEUE_CEILING)
+        calls = ", ".join([NOTIFY_CALL] * len(topics))
+        return sql.compose(NOTIFY_FROM, calls=calls, source=source), params
+
+    def _lock_instance(self, instance_id: str, *, skip_locked: bool = False) -> bool:
+        """``FOR NO KEY UPDATE`` is the lock a fence update takes: it queues behind fenced
+        writers without blocking the foreign-key checks of rows that reference the
+        instance (see :meth:`StoreBase._lock_instance`)."""
+        statement = sql.compose(LOCK_INSTANCE, skip=" SKIP LOCKED" if skip_locked else "")
+        locked = self._fetch(statement, [instance_id])
+        return bool(locked) or not skip_locked
+
+    def _lock_task(self, task_id: int) -> bool:
+        return bool(self._fetch(LOCK_TASK, [task_id]))
+
+    # -- dispatch and renewals ------------------------------------------------------------
+
+    def _lease_rows(
+        self, owner: str, limit: int, named: str, where: list[Any], lease_params: list[Any]
+    ) -> list[tuple[Any, ...]]:
+        # One statement (atomic in autocommit): each part locks what it picks.
+        statement = sql.compose(
+            LEASE_BATCH,
+            expired=sql.compose(sql.DISPATCH_EXPIRED, named=named),
+            ready=sql.compose(sql.DISPATCH_READY, named=named),
+        )
+        return self._fetch(statement, [*where, limit, *where, limit, limit, *lease_params])
+
+    def _renew(
+        self,
+        table: str,
+        columns: str,
+        where: str,
+        where_params: list[Any],
+        set_sql: str,
+        set_params: list[Any],
+    ) -> list[tuple[Any, ...]]:
+        key = columns.split(",")[0].strip()
+        statement = sql.compose(RENEW_BATCH, where=where, set=set_sql, columns=columns, key=key)
+        return self._fetch(
+            sql.compose(statement, table=table), [*where_params, *set_params, *where_params]
+        )
+
+    # -- one-statement writes -------------------------------------------------------------
+
+    def _insert_instance(self, params: list[Any], leased: bool) -> None:
+        if leased and self._one_statement:
+            self._execute(sql.INSERT_INSTANCE, params)  # nobody to wake: one statement
+            return
+        super()._insert_instance(params, leased)
+
+    @operation
+    def complete_task(
+        self,
+        claim: TaskClaim,
+        output: str,
+        *,
+        inline_fence: Fence | None = None,
+    ) -> bool:
+        """complete_task: the claim check, the value and the wake-up, as one statement."""
+        if not self._one_statement:
+            return super().complete_task(claim, output, inline_fence=inline_fence)
+        complete, params = self._complete_sql(claim)
+        (record, record_params), (wake, wake_params) = self._arrive_sql(
+            claim, EV_ACTIVITY_COMPLETED, output, inline_fence
+        )
+        notify, notify_params = self._notify_from("w", [TOPIC_RUNNABLE])
+        statement = sql.compose(
+            COMPLETE_TASK, complete=complete, record=record, wake=wake, notify=notify
+        )
+        claimed, woken, _ = self._fetch(
+            statement,
+            [claim.instance_id, *params, *record_params, *wake_params, *notify_params],
+        )[0]
+        if woken:
+            self._publish_now(TOPIC_RUNNABLE)
+        return bool(claimed)
+
+    def _reserve(
+        self,
+        fence: Fence,
+        row: HistoryRow,
+        fields: dict[str, Any],
+        current_step: str,
+        release: bool,
+        uncancelled: bool = False,
+    ) -> int:
+        """reserve_activity: fence, history row and task in one statement.
+
+        With ``release`` the fence update also releases the lease; dispatchers are
+        woken when the instance is still runnable (input arrived meanwhile).
+        """
+        if not self._one_statement:
+            return super()._reserve(fence, row, fields, current_step, release, uncancelled)
+        queued = fields["status"] == ActivityTaskStatus.QUEUED
+        fence_sql, fence_params = self._fence_sql(
+            fence, current_step, release=release, uncancelled=uncancelled
+        )
+        history_sql, history_params = self._history_insert_sql(fence.instance_id, row, "f")
+        columns, values, task_params = self._insert_parts(ActivityTask, fields, skip_pk=True)
+        notify, notify_params = self._notify_from("t", [TOPIC_TASK] if queued else [])
+        wake, wake_params = self._notify_from("r", [TOPIC_RUNNABLE] if release else [])
+        statement = sql.compose(
+            RESERVE_ACTIVITY,
+            fence=fence_sql,
+            history=history_sql,
+            columns=columns,
+            values=values,
+            notify=notify,
+            wake=wake,
+        )
+        try:
+            fenced, runnable, task_id, _, _ = self._fetch(
+                statement,
+                [*fence_params, *history_params, *task_params, *notify_params, *wake_params],
+            )[0]
+        except IntegrityError as error:
+            raise self._key_conflict(fence.instance_id, row.key) from error
+        if fenced != 1:
+            raise self._fenced_error(fence)
+        if queued:
+            self._publish_now(TOPIC_TASK)
+        if release and runnable:
+            self._publish_now(TOPIC_RUNNABLE)
+        return int(task_id)
+
+    @operation
+    def close(self, fence: Fence, request: CloseRequest) -> str:
+        """close: for the common case (nothing left to clean up, no parent, no children,
+        not a cancellation) the fenced update, the close record and the NOTIFY in one
+        statement."""
+        if not (
+            self._one_statement
+            and request.status != WorkflowStatus.CANCELLED
+            and not request.unfinished
+            and not request.children
+            and request.parent is not None
+            and not request.parent[0]
+        ):
+            return super().close(fence, request)
+        status = request.status
+        data = request.output if status == WorkflowStatus.COMPLETED else request.error
+        close_sql, close_params = self._close_sql(fence, status, request)
+        row_sql, row_params = self._history_insert_sql(
+            fence.instance_id, self._close_row(status, data), "c"
+        )
+        topic = closed_topic(fence.instance_id)
+        notify, notify_params = self._notify_from("c", [topic])
+        statement = sql.compose(CLOSE, close=close_sql, history=row_sql, notify=notify)
+        try:
+            closed, _ = self._fetch(statement, [*close_params, *row_params, *notify_params])[0]
+        except IntegrityError as error:
+            raise self._key_conflict(fence.instance_id, CLOSE_KEY) from error
+        if closed != 1:
+            raise self._fenced_error(fence)
+        self._closed(fence.instance_id)
+        self._publish_now(topic)
+        return str(status)

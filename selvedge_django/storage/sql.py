@@ -1,0 +1,330 @@
+"""Every hand-written statement of the portable store, by name, one comment each.
+
+Placeholders: ``{instance}``, ``{history}``, ``{task}``, ``{signal}``, ``{timer}``
+and ``{schedule}`` name the tables and ``{now}`` is the database clock in Unix
+milliseconds (one ``%s``: the test clock offset), all filled by
+``StoreBase._tables`` when the statement runs. Other placeholders are parts a
+method fills with :func:`compose` (an IN list, an optional condition). The
+statements only PostgreSQL or only SQLite runs live in
+:mod:`.postgresql` and :mod:`.sqlite`.
+"""
+
+from __future__ import annotations
+
+__all__ = ["compose", "in_list", "marks"]
+
+
+def compose(template: str, **parts: str) -> str:
+    """Fill the named ``{parts}`` of ``template``, leaving the table and clock names."""
+    for name, part in parts.items():
+        template = template.replace("{" + name + "}", part)
+    return template
+
+
+def marks(count: int) -> str:
+    """``%s, %s, ...``: ``count`` parameter marks."""
+    return ", ".join(["%s"] * count)
+
+
+def in_list(column: str, count: int) -> str:
+    """`` AND column IN (%s, ...)`` for ``count`` values; empty (every row) for none."""
+    if not count:
+        return ""
+    return f" AND {column} IN ({marks(count)})"
+
+
+# -- the clock -----------------------------------------------------------------------------
+
+# The database clock in ms on PostgreSQL: statement_timestamp() is stable within a
+# statement, so comparisons with it can drive index scans (clock_timestamp() cannot).
+NOW_MS_POSTGRESQL = "(CAST(EXTRACT(EPOCH FROM statement_timestamp()) * 1000 AS BIGINT) + %s)"
+# The database clock in ms on SQLite.
+NOW_MS_SQLITE = "(CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) + %s)"
+# A clock value plus a number of milliseconds.
+PLUS_MS = "({value} + %s)"
+# Read the database clock.
+SELECT_NOW = "SELECT {now}"
+
+# -- generic rows --------------------------------------------------------------------------
+
+# Insert one row of a model (StoreBase._insert).
+INSERT_ROW = "INSERT INTO {table} ({columns}) VALUES ({values})"
+# Insert one row of a model only if a condition holds, in the same statement.
+INSERT_ROW_IF = "INSERT INTO {table} ({columns}) SELECT {values} WHERE {condition}"
+# Appended to an INSERT or UPDATE to read columns of the rows it wrote.
+RETURNING = " RETURNING {columns}"
+# Appended to a fence update that releases the lease: was input left for a dispatch?
+RETURNING_RUNNABLE = " RETURNING runnable"
+
+# -- fences and history rows ---------------------------------------------------------------
+
+# The fence check: must touch exactly the writer's row (lease owner and epoch, running).
+FENCE_UPDATE = (
+    "UPDATE {instance} SET updated_at = %s{step}{release} WHERE instance_id = %s"
+    " AND lease_owner = %s AND lease_epoch = %s AND status = %s{uncancelled}"
+)
+# FENCE_UPDATE part: record the command being issued.
+FENCE_SET_STEP = ", current_step = %s"
+# FENCE_UPDATE part: release the lease (an execution that suspends ends a run of errors).
+FENCE_SET_RELEASE = (
+    ", lease_owner = '', lease_expires_ms = NULL, execution_errors = 0, execution_error = ''"
+)
+# FENCE_UPDATE part: only while no cancel request is recorded.
+FENCE_UNCANCELLED = " AND cancel_requested = %s"
+# The cancel request of an instance a fence still holds (after an uncancelled fence failed).
+CANCEL_REASON_UNDER_FENCE = (
+    "SELECT cancel_requested, cancel_reason FROM {instance} WHERE instance_id = %s"
+    " AND lease_owner = %s AND lease_epoch = %s AND status = %s"
+)
+# The columns of a history row insert, then VALUES or a SELECT from a CTE.
+_HISTORY_INSERT = (
+    "INSERT INTO {history} (instance_id, key, seq, command, event_type, data,"
+    " reservation, delivered_seq, created_at, arrived_at) "
+)
+_HISTORY_VALUES = "%s, %s, %s, %s, %s, %s, %s, %s, %s, NULL"
+# Insert one history row.
+HISTORY_INSERT = _HISTORY_INSERT + f"VALUES ({_HISTORY_VALUES})"
+# Insert one history row if the CTE {source} has a row (one-statement writes).
+HISTORY_INSERT_FROM = _HISTORY_INSERT + f"SELECT {_HISTORY_VALUES} FROM {{source}}"
+
+# -- becoming runnable ---------------------------------------------------------------------
+
+# The SET terms that mark an instance runnable; one already runnable keeps its place.
+WAKE_SET = "ready_ms = CASE WHEN runnable THEN ready_ms ELSE {now} END, runnable = %s"
+# Mark one instance runnable, whatever its lease (a parent re-attaching to its child).
+WAKE_INSTANCE = "UPDATE {instance} SET " + WAKE_SET + " WHERE instance_id = %s"
+# Mark one running instance runnable ({condition}: a further AND ...).
+WAKE_RUNNING = (
+    "UPDATE {instance} SET " + WAKE_SET + " WHERE instance_id = %s AND status = %s{condition}"
+)
+
+# -- instances -----------------------------------------------------------------------------
+
+# The instance columns an execution reads, in the order InstanceHead takes them.
+HEAD_COLUMNS = (
+    "workflow_name, input, status, cancel_requested, cancel_reason, parent_instance_id, parent_key"
+)
+# A start: runnable, or leased at once to a worker of this process (epoch 1, expiring
+# on the database clock). One text for both, so statement-level tools see one start.
+INSERT_INSTANCE = (
+    "INSERT INTO {instance} (instance_id, workflow_name, status, input, output,"
+    " error, lease_owner, lease_epoch, lease_expires_ms, runnable,"
+    " cancel_requested, cancel_reason, parent_instance_id, parent_key,"
+    " service_name, current_step, started_at, updated_at, closed_at, ready_ms)"
+    " VALUES (%s, %s, %s, %s, NULL, NULL, %s, %s, (CASE WHEN %s THEN {now} + %s END), %s,"
+    " %s, %s, %s, %s, %s, %s, %s, %s, NULL, {now})"
+)
+# An instance's result, for the client API.
+SELECT_RESULT = "SELECT status, output, error FROM {instance} WHERE instance_id = %s"
+# An instance's status.
+SELECT_STATUS = "SELECT status FROM {instance} WHERE instance_id = %s"
+# What an execution reads of its instance (when it did not come with the lease).
+SELECT_HEAD = f"SELECT {HEAD_COLUMNS} FROM {{instance}} WHERE instance_id = %s"
+# Dispatch, first part: running, owned under an expired lease ({named}: the names).
+DISPATCH_EXPIRED = (
+    "status = 'running' AND NOT (lease_owner = '') AND lease_expires_ms < {now}{named}"
+)
+# Dispatch, second part: running, unowned, runnable and ready ({named}: the names).
+DISPATCH_READY = "status = 'running' AND lease_owner = '' AND runnable AND ready_ms <= {now}{named}"
+# The SET of a dispatch: the lease to the owner, a new epoch, not runnable.
+LEASE_SET = (
+    "UPDATE {instance} SET lease_owner = %s, lease_epoch = lease_epoch + 1,"
+    " lease_expires_ms = {now} + %s, runnable = %s"
+)
+# Release a lease (input that arrived keeps it runnable); says whether it is runnable.
+RELEASE_LEASE = (
+    "UPDATE {instance} SET lease_owner = '', lease_expires_ms = NULL,"
+    " execution_errors = 0, execution_error = '',"
+    " ready_ms = CASE WHEN runnable OR NOT %s THEN ready_ms ELSE {now} END,"
+    " runnable = (runnable OR %s) WHERE instance_id = %s AND lease_owner = %s"
+    " AND lease_epoch = %s RETURNING runnable"
+)
+_SNAPSHOT_HISTORY = (
+    "SELECT 0, id, key, seq, command, event_type, data, reservation, delivered_seq"
+    " FROM {history} WHERE instance_id = %s"
+)
+_SNAPSHOT_SIGNALS = (
+    " UNION ALL SELECT 1, id, channel, delivered_seq, NULL, NULL, NULL, NULL,"
+    " consumed_seq FROM {signal} WHERE instance_id = %s AND delivered_seq IS NOT NULL"
+)
+# An instance's whole history and its delivered signals, in one statement.
+SNAPSHOT = _SNAPSHOT_HISTORY + _SNAPSHOT_SIGNALS
+# SNAPSHOT reading at most a number of history rows.
+SNAPSHOT_BOUNDED = f"SELECT * FROM ({_SNAPSHOT_HISTORY} LIMIT %s) bounded{_SNAPSHOT_SIGNALS}"
+# An instance's cancel request.
+SELECT_CANCEL_STATE = (
+    "SELECT cancel_requested, cancel_reason FROM {instance} WHERE instance_id = %s"
+)
+# The close: status, outcome, lease cleared, under the fence (one conditional update).
+CLOSE_UPDATE = (
+    "UPDATE {instance} SET status = %s, output = %s, error = %s, lease_owner = '',"
+    " lease_expires_ms = NULL, runnable = %s, current_step = '', closed_at = %s,"
+    " updated_at = %s"
+    " WHERE instance_id = %s AND lease_owner = %s AND lease_epoch = %s"
+    " AND status = %s"
+)
+# The storage errors in a row of an instance a lease still holds.
+SELECT_EXECUTION_ERRORS = (
+    "SELECT execution_errors FROM {instance} WHERE instance_id = %s"
+    " AND lease_owner = %s AND lease_epoch = %s AND status = %s"
+)
+# Release a lease after a storage error, holding the instance back (fenced).
+DEFER_EXECUTION = (
+    "UPDATE {instance} SET lease_owner = '', lease_expires_ms = NULL, runnable = %s,"
+    " ready_ms = {now} + %s, execution_errors = %s, execution_error = %s,"
+    " updated_at = %s WHERE instance_id = %s AND lease_owner = %s"
+    " AND lease_epoch = %s AND status = %s"
+)
+# What terminate reads first.
+SELECT_TERMINATE_HEAD = (
+    "SELECT status, parent_instance_id, parent_key, workflow_name FROM {instance}"
+    " WHERE instance_id = %s"
+)
+# Terminate: failed, a new lease epoch, lease cleared ({fenced}: TERMINATE_FENCED or nothing).
+TERMINATE_UPDATE = (
+    "UPDATE {instance} SET status = %s, output = NULL, error = %s, lease_owner = '',"
+    " lease_expires_ms = NULL, lease_epoch = lease_epoch + 1, runnable = %s,"
+    " closed_at = %s, updated_at = %s WHERE instance_id = %s AND status = %s{fenced}"
+)
+# TERMINATE_UPDATE part: only while this execution holds the lease.
+TERMINATE_FENCED = " AND lease_owner = %s AND lease_epoch = %s"
+
+# -- children ------------------------------------------------------------------------------
+
+# An instance's parent and the parent's command key.
+SELECT_PARENT = "SELECT parent_instance_id, parent_key FROM {instance} WHERE instance_id = %s"
+# WAKE_RUNNING part: the parent's child command still waits for an outcome.
+PARENT_WAITS = (
+    " AND EXISTS (SELECT 1 FROM {history} WHERE instance_id = %s AND key = %s"
+    " AND command = %s AND data IS NULL)"
+)
+
+# -- timers --------------------------------------------------------------------------------
+
+_TIMER_DUE = "t.fired = %s AND t.fire_at_ms <= {now}"
+# Whether any timer is due (the probe before a write transaction, SQLite).
+TIMER_DUE_PROBE = f"SELECT 1 FROM {{timer}} t WHERE {_TIMER_DUE} LIMIT 1"
+# The due timers with their instance's status and command ({lock}: the dialect's locks).
+DUE_TIMERS = (
+    "SELECT t.id, t.instance_id, t.key, t.expires_at, i.status, i.workflow_name,"
+    " h.command"
+    " FROM {timer} t JOIN {instance} i ON i.instance_id = t.instance_id"
+    " LEFT JOIN {history} h ON h.instance_id = t.instance_id AND h.key = t.key"
+    f" WHERE {_TIMER_DUE} ORDER BY t.fire_at_ms, t.id LIMIT %s{{lock}}"
+)
+# Give a history row still waiting for its value that value (an arrival).
+FILL_HISTORY = (
+    "UPDATE {history} SET event_type = %s, data = %s, arrived_at = %s"
+    " WHERE instance_id = %s AND key = %s AND data IS NULL"
+)
+# Milliseconds until the next armed timer is due.
+NEXT_TIMER_DUE = (
+    "SELECT fire_at_ms - {now} FROM {timer} WHERE fired = %s ORDER BY fire_at_ms LIMIT 1"
+)
+
+# -- signals and deliveries ----------------------------------------------------------------
+
+# A signal insert's condition: fewer pending signals than the inbox holds (bounded count).
+PENDING_SIGNALS_BELOW = (
+    "(SELECT COUNT(*) FROM (SELECT 1 FROM {signal} WHERE instance_id = %s"
+    " AND consumed_seq IS NULL LIMIT %s) pending) < %s"
+)
+# The oldest unconsumed signal of a channel.
+NEXT_SIGNAL = (
+    "SELECT id, channel, payload FROM {signal} WHERE instance_id = %s AND channel = %s"
+    " AND consumed_seq IS NULL ORDER BY id LIMIT 1"
+)
+# Consume one signal at a history position (unless consumed already).
+CONSUME_SIGNAL = (
+    "UPDATE {signal} SET consumed_seq = %s, consumed_key = %s"
+    " WHERE id = %s AND instance_id = %s AND consumed_seq IS NULL"
+)
+# Mark arrived history values delivered at a position ({keys}: all, or an IN list).
+DELIVER_HISTORY = (
+    "UPDATE {history} SET delivered_seq = %s WHERE instance_id = %s"
+    " AND delivered_seq IS NULL AND data IS NOT NULL AND seq IS NOT NULL"
+    "{keys} RETURNING id, key"
+)
+# Mark signals delivered at a position ({ids}: all, or an IN list).
+DELIVER_SIGNALS = (
+    "UPDATE {signal} SET delivered_seq = %s WHERE instance_id = %s"
+    " AND delivered_seq IS NULL{ids} RETURNING id, channel"
+)
+
+# -- activity tasks ------------------------------------------------------------------------
+
+# An activity outcome arriving in the history row still waiting for it.
+ARRIVE_HISTORY = (
+    "UPDATE {history} SET data = %s, event_type = %s, arrived_at = %s"
+    " WHERE instance_id = %s AND key = %s AND data IS NULL"
+)
+# WAKE_RUNNING part: unless this execution holds the lease (it reads the value itself).
+NOT_HELD_BY = " AND NOT (lease_owner = %s AND lease_epoch = %s)"
+# Complete a task under a live claim (owner, epoch, unexpired on the database clock).
+COMPLETE_TASK = (
+    "UPDATE {task} SET status = %s, claim_expires_ms = NULL WHERE id = %s"
+    " AND claim_owner = %s AND claim_epoch = %s AND status = %s"
+    " AND claim_expires_ms >= {now}"
+)
+
+# -- renewals ------------------------------------------------------------------------------
+
+
+def any_of(term: str, count: int) -> str:
+    """``(term OR term ...)``: ``count`` copies of one parenthesised condition."""
+    return "(" + " OR ".join([term] * count) + ")"
+
+
+# One lease of a renewal batch.
+LEASE_MATCH = "(instance_id = %s AND lease_epoch = %s AND lease_owner = %s)"
+# The leases of a batch still live ({match}: any_of(LEASE_MATCH)).
+LIVE_LEASES = "{match} AND lease_expires_ms >= {now} AND status = %s"
+# A renewed lease's expiry.
+RENEW_LEASE_SET = "lease_expires_ms = {now} + %s"
+# One claim of a renewal batch.
+CLAIM_MATCH = "(id = %s AND claim_epoch = %s AND claim_owner = %s)"
+# The claims of a batch still live ({match}: any_of(CLAIM_MATCH)).
+LIVE_CLAIMS = "{match} AND claim_expires_ms >= {now} AND status = %s"
+
+
+def renew_claim_set(count: int) -> str:
+    """A renewed claim's expiry: now plus its TTL (a CASE over ``count`` task ids), never
+    past the attempt's deadline (NULL < x is not true: no deadline, the full TTL)."""
+    ttl = "CASE id" + " WHEN %s THEN CAST(%s AS BIGINT)" * count + " END"
+    expires = f"({{now}} + {ttl})"
+    return (
+        f"claim_expires_ms = CASE WHEN attempt_deadline_ms < {expires}"
+        f" THEN attempt_deadline_ms ELSE {expires} END"
+    )
+
+
+# -- schedules -----------------------------------------------------------------------------
+
+# Whether the leader has anything to do: a slot due, or a held-back slot whose last run closed.
+SCHEDULES_DUE_PROBE = (
+    "SELECT 1 WHERE EXISTS (SELECT 1 FROM {schedule} WHERE paused = %s AND next_due_ms <= {now})"
+    " OR EXISTS (SELECT 1 FROM {schedule} s WHERE s.paused = %s"
+    " AND s.buffered_slot_ms IS NOT NULL AND NOT EXISTS (SELECT 1 FROM {instance} i"
+    " WHERE i.instance_id = s.last_run_id AND i.status = %s))"
+)
+# Start runs ({columns}, {rows}): rows whose id already exists are left alone.
+START_RUNS = "INSERT INTO {instance} ({columns}) VALUES {rows} ON CONFLICT (instance_id) DO NOTHING"
+# Appended to START_RUNS: the ids it inserted.
+RETURNING_INSTANCE_ID = " RETURNING instance_id"
+# The statuses of the schedules' last runs ({ids}: marks).
+RUN_STATUSES = "SELECT instance_id, status FROM {instance} WHERE instance_id IN ({ids})"
+# cancel_other: request cancellation of the last run (keeping an earlier request's
+# reason) and wake it, as sv.cancel_workflow does.
+CANCEL_RUN = (
+    "UPDATE {instance} SET cancel_requested = %s,"
+    " cancel_reason = CASE WHEN cancel_requested THEN cancel_reason ELSE %s END, "
+    + WAKE_SET
+    + " WHERE instance_id = %s AND status = %s"
+)
+# The bookkeeping of one schedule after a plan or a start, under its version.
+RECORD_SCHEDULE = (
+    "UPDATE {schedule} SET next_slot_ms = %s, next_due_ms = %s, buffered_slot_ms = %s,"
+    " last_run_id = %s, last_run_ms = %s, recent_runs = %s, runs_started = runs_started + %s,"
+    " missed_runs = missed_runs + %s, overlap_skipped_runs = overlap_skipped_runs + %s,"
+    " last_error = %s, version = version + 1, updated_at = %s WHERE name = %s AND version = %s"
+)

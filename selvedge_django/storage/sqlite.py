@@ -1,0 +1,311 @@
+"""The SQLite store: one writer at a time, BEGIN IMMEDIATE, WAL and its pragmas.
+
+Only what differs from the portable :class:`~.store.DjangoStore`:
+
+* a write transaction locks the whole database, so write transactions begin
+  ``IMMEDIATE`` (the write lock is taken up front and waited for with the busy
+  timeout: worker threads never see "database is locked"), no row needs a lock,
+  and a poll looks without locking first (a read in WAL mode blocks nobody), so
+  idle workers do not take the write lock several times a second;
+* the engine's connections run in WAL mode with a generous busy timeout
+  (:meth:`SQLiteStore.connection_created`), and the system checks warn about
+  set-ups that cannot work well (:meth:`SQLiteStore.database_checks`);
+* before SQLite 3.35 there is no ``UPDATE ... RETURNING``: the writes that read
+  back what they changed read first instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from django.core.checks import CheckMessage, Warning
+from django.db import transaction
+
+from ..engine.events import Arrivals, Fence
+from ..engine.ports import Observation
+from ..models import WorkflowInstance
+from . import sql
+from .base import operation
+from .store import DjangoStore
+from .wakeups import TOPIC_RUNNABLE
+
+__all__ = ["SQLiteStore"]
+
+# -- statements only SQLite runs ----------------------------------------------------------------
+
+# Whether dispatch would find anything (a read before the write lock).
+DISPATCH_PROBE = (
+    "SELECT 1 WHERE EXISTS (SELECT 1 FROM {instance} WHERE {ready})"
+    " OR EXISTS (SELECT 1 FROM {instance} WHERE {expired})"
+)
+# The candidates of a dispatch, expired leases first, then the longest runnable.
+DISPATCH_PICK = (
+    "SELECT instance_id FROM (SELECT instance_id, 0 AS part, 0 AS since"
+    " FROM (SELECT instance_id FROM {instance} WHERE {expired}"
+    " ORDER BY lease_expires_ms LIMIT %s) UNION ALL"
+    " SELECT instance_id, 1, ready_ms FROM (SELECT instance_id, ready_ms"
+    " FROM {instance} WHERE {ready} ORDER BY ready_ms LIMIT %s))"
+    " ORDER BY part, since LIMIT %s"
+)
+# Lease the picked candidates ({ids}: marks).
+DISPATCH_LEASE = sql.LEASE_SET + " WHERE instance_id IN ({ids})"
+# Read the leased rows back ({ids}: marks).
+DISPATCH_READ_BACK = (
+    f"SELECT instance_id, lease_epoch, {sql.HEAD_COLUMNS} FROM {{instance}}"
+    " WHERE lease_owner = %s AND instance_id IN ({ids})"
+)
+# The rows of a renewal batch still live.
+RENEW_SELECT = "SELECT {columns} FROM {table} WHERE {where}"
+# Renew the rows found ({ids}: marks).
+RENEW_UPDATE = "UPDATE {table} SET {set} WHERE {key} IN ({ids})"
+# Connection set-up of the engine's database.
+BUSY_TIMEOUT = "PRAGMA busy_timeout = 30000"
+JOURNAL_WAL = "PRAGMA journal_mode = WAL"
+SYNCHRONOUS = "PRAGMA synchronous = {level}"
+
+
+def _in_memory(name: str) -> bool:
+    return not name or ":memory:" in name or "mode=memory" in name
+
+
+class SQLiteStore(DjangoStore):
+    """The store on SQLite."""
+
+    NOW_MS = sql.NOW_MS_SQLITE
+    single_writer = True
+
+    @property
+    def _returning(self) -> bool:
+        """Whether this SQLite has ``UPDATE ... RETURNING`` (3.35 and later)."""
+        return bool(self.connection.features.can_return_columns_from_insert)
+
+    # -- transactions and probes ----------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _write_transaction(self) -> Iterator[None]:
+        """Begin IMMEDIATE: take the write lock first, waiting with the busy timeout."""
+        conn = self.connection
+        if conn.in_atomic_block:
+            with transaction.atomic(using=self.alias):
+                yield
+            return
+        previous = getattr(conn, "transaction_mode", None)
+        conn.ensure_connection()
+        conn.transaction_mode = "IMMEDIATE"
+        try:
+            with transaction.atomic(using=self.alias):
+                conn.transaction_mode = previous
+                yield
+        finally:
+            conn.transaction_mode = previous
+
+    @contextlib.contextmanager
+    def _snapshot_transaction(self) -> Iterator[None]:
+        """A deferred transaction: a consistent read that takes no write lock."""
+        conn = self.connection
+        previous = getattr(conn, "transaction_mode", None)
+        conn.ensure_connection()
+        conn.transaction_mode = None
+        try:
+            with transaction.atomic(using=self.alias):
+                conn.transaction_mode = previous
+                yield
+        finally:
+            conn.transaction_mode = previous
+
+    @operation
+    def worth_locking(self, queryset: Any) -> bool:
+        """Whether a poll should take the write lock: only if it will find work.
+
+        A write transaction locks the whole database, so an idle poll first looks
+        without locking (a read in WAL mode blocks nobody). That keeps idle workers
+        from taking the lock several times a second, and a worker stalled mid-poll
+        (paused, swapped out) from holding it.
+        """
+        if self.connection.in_atomic_block:
+            return True
+        return bool(queryset.exists())
+
+    def _worth_writing(self, probe: str, params: Sequence[Any]) -> bool:
+        if self.connection.in_atomic_block:
+            return True
+        return bool(self._fetch(probe, params))
+
+    # -- dispatch and renewals ------------------------------------------------------------
+
+    def _lease_rows(
+        self, owner: str, limit: int, named: str, where: list[Any], lease_params: list[Any]
+    ) -> list[tuple[Any, ...]]:
+        # Pick, lease, read back, in one write transaction. (Its UPDATE ... RETURNING
+        # reports no row count until the rows are read, which statement wrappers such as
+        # the fault injector's need.) A read first: a write transaction locks the whole
+        # database.
+        expired = sql.compose(sql.DISPATCH_EXPIRED, named=named)
+        ready = sql.compose(sql.DISPATCH_READY, named=named)
+        if not self._fetch(
+            sql.compose(DISPATCH_PROBE, expired=expired, ready=ready), [*where, *where]
+        ):
+            return []
+        with self.atomic():
+            picked = self._fetch(
+                sql.compose(DISPATCH_PICK, expired=expired, ready=ready),
+                [*where, limit, *where, limit, limit],
+            )
+            ids = [row[0] for row in picked]
+            if not ids:
+                return []
+            marks = sql.marks(len(ids))
+            self._execute(sql.compose(DISPATCH_LEASE, ids=marks), [*lease_params, *ids])
+            return self._fetch(sql.compose(DISPATCH_READ_BACK, ids=marks), [owner, *ids])
+
+    def _renew(
+        self,
+        table: str,
+        columns: str,
+        where: str,
+        where_params: list[Any],
+        set_sql: str,
+        set_params: list[Any],
+    ) -> list[tuple[Any, ...]]:
+        # One write transaction (the database's write lock) for the whole batch.
+        key = columns.split(",")[0].strip()
+        with self.atomic():
+            rows = self._fetch(
+                sql.compose(RENEW_SELECT, columns=columns, where=where, table=table), where_params
+            )
+            if rows:
+                statement = sql.compose(
+                    RENEW_UPDATE, set=set_sql, key=key, ids=sql.marks(len(rows)), table=table
+                )
+                self._execute(statement, [*set_params, *(row[0] for row in rows)])
+        return [(*row, 1) for row in rows]
+
+    # -- before SQLite 3.35: no RETURNING ---------------------------------------------------
+
+    @operation
+    def release_lease(self, fence: Fence, runnable: bool = False) -> None:
+        if self._returning:
+            super().release_lease(fence, runnable)
+            return
+        updated = (
+            WorkflowInstance.objects.using(self.alias)
+            .filter(
+                instance_id=fence.instance_id,
+                lease_owner=fence.owner,
+                lease_epoch=fence.epoch,
+            )
+            .update(
+                lease_owner="",
+                lease_expires_ms=None,
+                execution_errors=0,
+                execution_error="",
+                **(self.wake_fields() if runnable else {}),
+            )
+        )
+        if updated:
+            # An arrival during the execution may have left it runnable: dispatch again.
+            self.after_commit(TOPIC_RUNNABLE)
+
+    def _fence(
+        self,
+        fence: Fence,
+        current_step: str | None = None,
+        *,
+        release: bool = False,
+        uncancelled: bool = False,
+    ) -> None:
+        if not release or self._returning:
+            super()._fence(fence, current_step, release=release, uncancelled=uncancelled)
+            return
+        statement, params = self._fence_sql(
+            fence, current_step, release=release, uncancelled=uncancelled
+        )
+        if self._execute(statement, params) != 1:
+            raise self._fenced_error(fence)
+        self.after_commit(TOPIC_RUNNABLE)
+
+    def _insert_returning_id(self, statement: str, params: list[Any], pk: str) -> Any:
+        if self._returning:
+            return super()._insert_returning_id(statement, params, pk)
+        with self.connection.cursor() as cursor:
+            cursor.execute(statement, params)
+            return cursor.lastrowid if cursor.rowcount else None
+
+    def _deliver(self, iid: str, seq: int, observation: Observation) -> Arrivals:
+        if self._returning or not (observation.deliver_all or observation.deliver):
+            return super()._deliver(iid, seq, observation)
+        return self._deliver_read_first(iid, seq, observation)
+
+    def _insert_new(self, template: str, rows: list[tuple[str, list[Any]]]) -> list[str]:
+        if self._returning:
+            return super()._insert_new(template, rows)
+        # One row at a time: the ids of the rows actually inserted.
+        return [  # pragma: no cover
+            str(values[0])
+            for marks, values in rows
+            if self._execute(sql.compose(template, rows=marks), values)
+        ]
+
+    # -- set-up and checks ------------------------------------------------------------------
+
+    @classmethod
+    def connection_created(cls, connection: Any) -> None:
+        """Give the engine's connections WAL, a generous busy timeout and durable commits.
+
+        Only connections of the alias the engine uses (``SELVEDGE["DATABASE"]``) are
+        touched: other SQLite databases of the project keep their own settings. The
+        busy timeout only when the project set none (``OPTIONS["timeout"]``); WAL and
+        ``PRAGMA synchronous`` (``SELVEDGE["SQLITE_SYNCHRONOUS"]``, FULL by default)
+        only on a file. Every SQLite connection gets the JSON function
+        ``find_instances`` needs.
+        """
+        from django.core.exceptions import ImproperlyConfigured
+
+        from ..conf import get_settings
+        from ..input_filters import register_sqlite_function
+
+        register_sqlite_function(connection)  # harmless anywhere; find_instances needs it
+        try:
+            settings = get_settings()
+        except ImproperlyConfigured:
+            return  # the system checks report it; never break a connection over it
+        if connection.alias != settings.database:
+            return
+        name = str(connection.settings_dict.get("NAME") or "")
+        options = connection.settings_dict.get("OPTIONS") or {}
+        with connection.cursor() as cursor:
+            if "timeout" not in options:
+                cursor.execute(BUSY_TIMEOUT)
+            if not _in_memory(name):
+                cursor.execute(JOURNAL_WAL)
+                # A value from a fixed list (validated in conf), never user text.
+                cursor.execute(sql.compose(SYNCHRONOUS, level=settings.sqlite_synchronous))
+
+    @classmethod
+    def database_checks(cls, alias: str, connection: Any) -> list[CheckMessage]:
+        """selvedge.W002 (no IMMEDIATE transactions) and selvedge.W001 (in memory)."""
+        messages: list[CheckMessage] = []
+        mode = (connection.settings_dict.get("OPTIONS") or {}).get("transaction_mode")
+        if str(mode or "").upper() not in ("IMMEDIATE", "EXCLUSIVE"):
+            messages.append(
+                Warning(
+                    f"The selvedge database {alias!r} is SQLite without "
+                    "transaction_mode IMMEDIATE: concurrent write transactions can fail with "
+                    "'database is locked' instead of waiting for each other.",
+                    hint=f"Set DATABASES[{alias!r}]['OPTIONS']['transaction_mode'] "
+                    "= 'IMMEDIATE' (or 'EXCLUSIVE').",
+                    id="selvedge.W002",
+                )
+            )
+        if _in_memory(str(connection.settings_dict.get("NAME") or "")):
+            messages.append(
+                Warning(
+                    "The selvedge database is an in-memory SQLite database: it cannot use "
+                    "WAL and is not shared with worker threads of other connections.",
+                    hint="Use a SQLite file (or PostgreSQL) for workers.",
+                    id="selvedge.W001",
+                )
+            )
+        return messages

@@ -1,0 +1,540 @@
+"""Activity tasks, one aggregate: reservation, claims, outcomes, renewal of one claim.
+
+A task row belongs to one history key of one instance. Every write of an
+attempt's outcome is fenced by the claim (owner, claim epoch) and, where the
+outcome arrives in the instance's history, takes the instance row first (the
+lock order of every write path). Claims expire on the database clock. The
+leader's timeout sweeps are in :mod:`.task_timeouts`, batch renewals in
+:mod:`.renewals`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from django.db.models import Case, F, Q, Value, When
+
+from .. import exceptions as exc
+from ..engine.events import (
+    EV_ACTIVITY_CANCELLED,
+    EV_ACTIVITY_COMPLETED,
+    EV_ACTIVITY_FAILED,
+    Fence,
+    HistoryRow,
+    error_data,
+)
+from ..engine.ports import ClaimedTask, TaskClaim, TaskSpec
+from ..models import ActivityTask, ActivityTaskStatus
+from . import sql
+from .base import StoreBase, _ms, operation
+from .wakeups import TOPIC_RUNNABLE, TOPIC_TASK
+
+__all__ = ["TaskStore", "lapse_timeout"]
+
+
+def lapse_timeout(
+    name: str,
+    attempt: int,
+    deadline_ms: int | None,
+    heartbeat_ms: int | None,
+    expired_ms: int | None,
+) -> exc.ActivityTimeoutError:
+    """What a lapsed claim stands for: its attempt deadline, a missed heartbeat, or else
+    only the lapse (the worker stopped renewing it: it vanished, stalled or lost the
+    database), ``kind="claim_lapsed"``."""
+    deadline_reached = deadline_ms is not None and (expired_ms is None or deadline_ms <= expired_ms)
+    if deadline_reached:
+        kind = "start_to_close"
+    elif heartbeat_ms is not None:
+        kind = "heartbeat"
+    else:
+        kind = "claim_lapsed"
+    return exc.ActivityTimeoutError(name, kind, attempt)
+
+
+class TaskStore(StoreBase):
+    """Activity tasks: reserve with the command, claim, record outcomes, renew one claim."""
+
+    def _claim_ttl(self, start_to_close: float | None, heartbeat: float | None) -> float:
+        ttl = self.lease_ttl
+        if heartbeat is not None:
+            ttl = min(ttl, heartbeat)
+        if start_to_close is not None:
+            ttl = min(ttl, start_to_close)
+        return ttl
+
+    @operation
+    def reserve_activity(
+        self,
+        fence: Fence,
+        row: HistoryRow,
+        task: TaskSpec,
+        claim_owner: str | None,
+        *,
+        release: bool = False,
+        observe_cancel: bool = False,
+    ) -> tuple[HistoryRow, ClaimedTask | None]:
+        """Reserve the command and create its task (claimed inline when asked) atomically.
+
+        ``release`` also releases the lease in the same write. With ``observe_cancel``
+        an inline claim is taken only while no cancel request is recorded, checked by
+        the fence itself; after a request the reservation records the cancellation
+        that ``Future.get()`` would record, with a cancelled task, and claims nothing.
+        """
+        ttl = self._claim_ttl(task.start_to_close_timeout, task.heartbeat_timeout)
+        fields: dict[str, Any] = dict(
+            instance_id=fence.instance_id,
+            workflow_name=task.workflow_name,
+            key=row.key,
+            seq=row.seq or 0,
+            name=task.name,
+            input=task.input,
+            queue=task.queue,
+            options=task.options,
+            max_attempts=task.max_attempts,
+            schedule_to_start_ms=_ms(task.schedule_to_start_timeout),
+            start_to_close_ms=_ms(task.start_to_close_timeout),
+            heartbeat_timeout_ms=_ms(task.heartbeat_timeout),
+            not_before_ms=0,
+        )
+        if claim_owner is not None:
+            fields.update(
+                status=ActivityTaskStatus.RUNNING,
+                attempts=1,
+                claim_owner=claim_owner,
+                claim_epoch=1,
+                claim_expires_ms=self.now_sql(ttl),
+                claim_started_ms=self.now_sql(),
+                attempt_deadline_ms=None
+                if task.start_to_close_timeout is None
+                else self.now_sql(task.start_to_close_timeout),
+            )
+        else:
+            fields.update(
+                status=ActivityTaskStatus.QUEUED,
+                schedule_deadline_ms=None
+                if task.schedule_to_start_timeout is None
+                else self.now_sql(task.schedule_to_start_timeout),
+            )
+        current_step = f"activity {task.name}"
+        guarded = observe_cancel and claim_owner is not None
+        claimed_at = time.monotonic()
+        try:
+            task_id = self._reserve(fence, row, fields, current_step, release, guarded)
+        except exc.Fenced:
+            reason = self._cancel_reason_under(fence) if guarded else None
+            if reason is None:
+                raise
+            return self._reserve_cancelled(fence, row, task, current_step, reason), None
+        if claim_owner is None:
+            return row, None
+        claimed = ClaimedTask(
+            claim=TaskClaim(task_id, fence.instance_id, row.key, claim_owner, 1),
+            name=task.name,
+            workflow_name=task.workflow_name,
+            input=task.input,
+            options=task.options,
+            attempt=1,
+            failures=0,
+            max_attempts=task.max_attempts,
+            claim_ttl=ttl,
+            start_to_close_timeout=task.start_to_close_timeout,
+            heartbeat_timeout=task.heartbeat_timeout,
+            claimed_at=claimed_at,
+        )
+        return row, claimed
+
+    def _reserve(
+        self,
+        fence: Fence,
+        row: HistoryRow,
+        fields: dict[str, Any],
+        current_step: str,
+        release: bool,
+        uncancelled: bool = False,
+    ) -> int:
+        """Write the fence, the history row and the task; return the task's id."""
+        queued = fields["status"] == ActivityTaskStatus.QUEUED
+        with self.atomic():
+            self._fence(fence, current_step=current_step, release=release, uncancelled=uncancelled)
+            self._insert_row(fence.instance_id, row)
+            task_id = int(self._insert(ActivityTask, fields, returning_id=True))
+            if queued:
+                self.after_commit(TOPIC_TASK)
+        return task_id
+
+    def _reserve_cancelled(
+        self, fence: Fence, row: HistoryRow, task: TaskSpec, current_step: str, reason: str
+    ) -> HistoryRow:
+        """Reserve an activity issued after a cancel request: recorded as cancelled.
+
+        The same end state as a reservation followed by ``Future.get()`` observing
+        the request (the task cancelled before any attempt, the row filled with the
+        ``WorkflowCancelled`` and left for a delivery batch), in one write, so no
+        activity worker can claim the task in between.
+        """
+        cancelled = HistoryRow(
+            row.key,
+            row.seq,
+            row.command,
+            EV_ACTIVITY_CANCELLED,
+            error_data(exc.WorkflowCancelled(fence.instance_id, reason)),
+            row.reservation,
+        )
+        fields: dict[str, Any] = dict(
+            instance_id=fence.instance_id,
+            workflow_name=task.workflow_name,
+            key=row.key,
+            seq=row.seq or 0,
+            name=task.name,
+            input=task.input,
+            queue=task.queue,
+            options=task.options,
+            max_attempts=task.max_attempts,
+            schedule_to_start_ms=_ms(task.schedule_to_start_timeout),
+            start_to_close_ms=_ms(task.start_to_close_timeout),
+            heartbeat_timeout_ms=_ms(task.heartbeat_timeout),
+            not_before_ms=0,
+            status=ActivityTaskStatus.CANCELLED,
+        )
+        self._reserve(fence, cancelled, fields, current_step, release=False)
+        return cancelled
+
+    def _claimable(self) -> Any:
+        """The tasks an activity worker may claim now, in the queues this store serves."""
+        qs = ActivityTask.objects.using(self.alias).claimable(self.now_expr())
+        if self.activity_queues is not None:
+            qs = qs.filter(queue__in=list(self.activity_queues))
+        return qs
+
+    def _take_claims(self, ids: list[int], owner: str) -> list[ClaimedTask]:
+        """Claim the given task ids (already filtered and locked) and read them back in full.
+
+        Each row is updated once: on PostgreSQL a second update of a row this
+        transaction already changed queues the deferred foreign-key check of the task
+        for COMMIT, where it waits behind a fenced writer of the instance (a scope
+        cancel or close) that itself waits for this task row: a deadlock.
+        """
+        if not ids:
+            return []
+        claimed_at = time.monotonic()
+        before = list(ActivityTask.objects.using(self.alias).filter(id__in=ids).order_by("id"))
+        ttls: dict[int, tuple[float, float | None, float | None]] = {}
+        for task in before:
+            start_to_close = task.start_to_close_ms / 1000 if task.start_to_close_ms else None
+            heartbeat = task.heartbeat_timeout_ms / 1000 if task.heartbeat_timeout_ms else None
+            ttl = self._claim_ttl(start_to_close, heartbeat)
+            ttls[task.id] = (ttl, start_to_close, heartbeat)
+            fields: dict[str, Any] = dict(
+                status=ActivityTaskStatus.RUNNING,
+                attempts=F("attempts") + 1,
+                claim_owner=owner,
+                claim_epoch=F("claim_epoch") + 1,
+                claim_started_ms=self.now_expr(),
+                schedule_deadline_ms=None,
+                claim_expires_ms=self.now_expr(ttl),
+                attempt_deadline_ms=self.now_expr(start_to_close) if start_to_close else None,
+            )
+            if task.claim_expires_ms is not None:
+                # A lapsed claim taken over: its lapse is counted as a failure here.
+                fields["failures"] = F("failures") + 1
+                fields["last_error"] = self._lapse_envelope(task, task.attempts)
+            ActivityTask.objects.using(self.alias).filter(id=task.id).update(**fields)
+        read_back = {
+            task_id: (epoch, attempts, failures)
+            for task_id, epoch, attempts, failures in ActivityTask.objects.using(self.alias)
+            .filter(id__in=ids, claim_owner=owner)
+            .values_list("id", "claim_epoch", "attempts", "failures")
+        }
+        claimed: list[ClaimedTask] = []
+        for task in before:
+            if task.id not in read_back:
+                continue
+            epoch, attempts, failures = read_back[task.id]
+            ttl, start_to_close, heartbeat = ttls[task.id]
+            claimed.append(
+                ClaimedTask(
+                    claim=TaskClaim(task.id, task.instance_id, task.key, owner, epoch),
+                    name=task.name,
+                    workflow_name=task.workflow_name,
+                    input=task.input,
+                    options=task.options,
+                    attempt=attempts,
+                    failures=failures,
+                    max_attempts=task.max_attempts,
+                    claim_ttl=ttl,
+                    start_to_close_timeout=start_to_close,
+                    heartbeat_timeout=heartbeat,
+                    claimed_at=claimed_at,
+                )
+            )
+        return claimed
+
+    @operation
+    def claim_task(self, instance_id: str, key: str, owner: str) -> ClaimedTask | None:
+        """Claim one task of an instance inline, if due and servable here."""
+        names = self.activity_names()
+        with self.atomic():
+            qs = self._claimable().filter(instance_id=instance_id, key=key)
+            if names is not None:
+                qs = qs.filter(name__in=list(names))
+            ids = list(
+                qs.order_by().select_for_update(skip_locked=True).values_list("id", flat=True)[:1]
+            )
+            claimed = self._take_claims(ids, owner)
+        return claimed[0] if claimed else None
+
+    @operation
+    def claim_tasks(self, owner: str, limit: int, names: Sequence[str]) -> list[ClaimedTask]:
+        """Claim up to ``limit`` due tasks of registered activities, oldest first."""
+        if limit <= 0 or not names:
+            return []
+        if not self.worth_locking(self._claimable().filter(name__in=list(names))):
+            return []
+        with self.atomic():
+            ids = list(
+                self._claimable()
+                .filter(name__in=list(names))
+                .order_by("not_before_ms", "id")
+                .select_for_update(skip_locked=True)
+                .values_list("id", flat=True)[:limit]
+            )
+            return self._take_claims(ids, owner)
+
+    def _claim_filter(self, claim: TaskClaim, *, live: bool = False) -> Any:
+        """The task row an attempt still owns; ``live`` also requires an unexpired claim.
+
+        Every write of an attempt's outcome (complete, fail, retry, release) asks for a
+        live claim: a lapsed one goes through the lapse path instead (the lapse counts
+        as a failure and the task is claimable again at once, without backoff), so a
+        late attempt's error never becomes the outcome, nor its backoff the wait.
+        """
+        qs = ActivityTask.objects.using(self.alias).filter(
+            id=claim.task_id,
+            claim_owner=claim.owner,
+            claim_epoch=claim.epoch,
+            status=ActivityTaskStatus.RUNNING,
+        )
+        if live:
+            qs = qs.filter(claim_expires_ms__gte=self.now_expr())
+        return qs
+
+    def _arrive_sql(
+        self, claim: TaskClaim, event_type: str, data: str, inline_fence: Fence | None
+    ) -> tuple[tuple[str, list[Any]], tuple[str, list[Any]]]:
+        """The two updates of an arrival: the history value, and the wake of the instance."""
+        record = (
+            sql.ARRIVE_HISTORY,
+            [data, event_type, self._now_param(), claim.instance_id, claim.key],
+        )
+        if inline_fence is None:
+            return record, self._wake_sql(claim.instance_id)
+        # The execution that ran the attempt inline reads the value itself; any other
+        # holder (or none) must be woken.
+        wake, params = self._wake_sql(claim.instance_id, sql.NOT_HELD_BY)
+        return record, (wake, [*params, inline_fence.owner, inline_fence.epoch])
+
+    def _arrive(
+        self, claim: TaskClaim, event_type: str, data: str, inline_fence: Fence | None
+    ) -> None:
+        (record, record_params), (wake, wake_params) = self._arrive_sql(
+            claim, event_type, data, inline_fence
+        )
+        self._execute(record, record_params)
+        if self._execute(wake, wake_params):
+            self.after_commit(TOPIC_RUNNABLE)
+
+    def _complete_sql(self, claim: TaskClaim) -> tuple[str, list[Any]]:
+        """The claim-checked update that completes a task."""
+        return sql.COMPLETE_TASK, [
+            str(ActivityTaskStatus.COMPLETED),
+            claim.task_id,
+            claim.owner,
+            claim.epoch,
+            str(ActivityTaskStatus.RUNNING),
+            *self.now_sql().params,
+        ]
+
+    @operation
+    def complete_task(
+        self,
+        claim: TaskClaim,
+        output: str,
+        *,
+        inline_fence: Fence | None = None,
+    ) -> bool:
+        """Record a successful attempt; False when the claim was lost (late result)."""
+        complete, params = self._complete_sql(claim)
+        with self.atomic():
+            self._lock_instance(claim.instance_id)
+            if not self._execute(complete, params):
+                return False
+            self._arrive(claim, EV_ACTIVITY_COMPLETED, output, inline_fence)
+        return True
+
+    @operation
+    def fail_task(
+        self,
+        claim: TaskClaim,
+        error: str,
+        *,
+        count_failure: bool = True,
+        inline_fence: Fence | None = None,
+        last_error: str | None = None,
+    ) -> bool:
+        """Record a final failure (non-retryable or retries exhausted) of a live claim.
+
+        ``error`` is the outcome recorded in history; the task keeps ``last_error``
+        (default: the same), the error of the attempt itself.
+        """
+        with self.atomic():
+            self._lock_instance(claim.instance_id)
+            if not self._claim_filter(claim, live=True).update(
+                status=ActivityTaskStatus.FAILED,
+                claim_expires_ms=None,
+                last_error=error if last_error is None else last_error,
+                failures=F("failures") + (1 if count_failure else 0),
+            ):
+                return False
+            self._arrive(claim, EV_ACTIVITY_FAILED, error, inline_fence)
+        return True
+
+    @operation
+    def retry_task(self, claim: TaskClaim, error: str, delay: float) -> bool:
+        """Return the task of a live claim to the queue with one more failure and a
+        not-before time (False for a lost or lapsed claim)."""
+        with self.atomic():
+            if not self._claim_filter(claim, live=True).update(
+                status=ActivityTaskStatus.QUEUED,
+                claim_owner="",
+                claim_expires_ms=None,
+                failures=F("failures") + 1,
+                last_error=error,
+                not_before_ms=self.now_expr(delay),
+                schedule_deadline_ms=Case(
+                    When(
+                        schedule_to_start_ms__isnull=False,
+                        then=self.now_expr(delay) + F("schedule_to_start_ms"),
+                    ),
+                    default=Value(None),
+                ),
+            ):
+                return False
+            self.after_commit(TOPIC_TASK)
+        return True
+
+    @operation
+    def release_task(self, claim: TaskClaim) -> bool:
+        """Give a live claim back (shutdown): no failure counted, claimable again at once.
+
+        A lapsed claim is refused: its lapse was already a failure.
+        """
+        with self.atomic():
+            released = self._claim_filter(claim, live=True).update(
+                status=ActivityTaskStatus.QUEUED,
+                claim_owner="",
+                claim_expires_ms=None,
+                not_before_ms=0,
+                schedule_deadline_ms=Case(
+                    When(
+                        schedule_to_start_ms__isnull=False,
+                        then=self.now_expr() + F("schedule_to_start_ms"),
+                    ),
+                    default=Value(None),
+                ),
+            )
+            if released:
+                self.after_commit(TOPIC_TASK)
+        return bool(released)
+
+    @operation
+    def renew_task(self, claim: TaskClaim, ttl: float) -> bool:
+        """Extend a live claim, never past the attempt's start-to-close deadline."""
+        expires = self.now_expr(ttl)
+        return bool(
+            self._claim_filter(claim)
+            .filter(claim_expires_ms__gte=self.now_expr())
+            .update(
+                claim_expires_ms=Case(
+                    When(
+                        attempt_deadline_ms__isnull=False,
+                        attempt_deadline_ms__lt=expires,
+                        then=F("attempt_deadline_ms"),
+                    ),
+                    default=expires,
+                )
+            )
+        )
+
+    @operation
+    def claim_alive(self, claim: TaskClaim) -> bool:
+        return self._claim_filter(claim).exists()
+
+    @operation
+    def claim_live(self, claim: TaskClaim) -> bool:
+        """Whether ``claim`` is still its attempt's and unexpired."""
+        return bool(self._claim_filter(claim, live=True).exists())
+
+    @operation
+    def extend_claim_under_lock(self, claim: TaskClaim, ttl: float) -> bool:
+        """Extend a claim still this attempt's, expired or not, within its deadline (SQLite).
+
+        Only for a transaction that holds SQLite's write lock since it found the claim
+        live (a transactional attempt): nobody else could write since then, so nobody
+        can have acted on the claim's expiry, and the extension is the renewal the
+        renewer could not make. Never past the attempt's start-to-close deadline: an
+        attempt past it has timed out.
+        """
+        now = self.now_expr()
+        expires = self.now_expr(ttl)
+        return bool(
+            self._claim_filter(claim)
+            .filter(Q(attempt_deadline_ms__isnull=True) | Q(attempt_deadline_ms__gte=now))
+            .update(
+                claim_expires_ms=Case(
+                    When(
+                        attempt_deadline_ms__isnull=False,
+                        attempt_deadline_ms__lt=expires,
+                        then=F("attempt_deadline_ms"),
+                    ),
+                    default=expires,
+                )
+            )
+        )
+
+    @operation
+    def next_task_due_ms(self, names: Sequence[str]) -> int | None:
+        """Milliseconds until the next queued task becomes due (None: nothing queued)."""
+        if not names:
+            return None
+        qs = ActivityTask.objects.using(self.alias).filter(
+            status=ActivityTaskStatus.QUEUED, name__in=list(names)
+        )
+        if self.activity_queues is not None:
+            qs = qs.filter(queue__in=list(self.activity_queues))
+        first = qs.order_by("not_before_ms").values_list("not_before_ms", flat=True).first()
+        if first is None:
+            return None
+        return max(0, first - self.now_ms())
+
+    @operation
+    def list_tasks(self, instance_id: str) -> list[ActivityTask]:
+        """An instance's tasks in issue order."""
+        return list(
+            ActivityTask.objects.using(self.alias)
+            .filter(instance_id=instance_id)
+            .order_by("seq", "id")
+        )
+
+    def _lapse_envelope(self, task: ActivityTask, attempt: int) -> str:
+        """The error of a lapsed claim (attempt ``attempt``) taken over by a new one."""
+        timeout = lapse_timeout(
+            task.name,
+            attempt,
+            task.attempt_deadline_ms,
+            task.heartbeat_timeout_ms,
+            task.claim_expires_ms,
+        )
+        return error_data(timeout)

@@ -1,0 +1,351 @@
+"""Waits: timers, signals and observations (delivery batches).
+
+Every method is one transaction. Arrivals (timer fires, signals) never need the
+lease; observations always do (they start with the fence check).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any, ClassVar
+
+from django.db import transaction
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from .. import exceptions as exc
+from ..engine.events import CMD_RECEIVE, EV_TIMER_EXPIRED, Arrivals, Fence, HistoryRow
+from ..engine.ports import Observation, ObservationResult, SignalMessage
+from ..models import (
+    ActivityTask,
+    ActivityTaskStatus,
+    HistoryEvent,
+    TimerSubscription,
+    WorkflowInstance,
+    WorkflowStatus,
+)
+from ..models import (
+    SignalMessage as SignalRow,
+)
+from . import sql
+from .base import Sql, operation
+from .children import ChildStore
+from .wakeups import TOPIC_RUNNABLE, TOPIC_TIMER
+
+__all__ = ["WaitStore"]
+
+
+class WaitStore(ChildStore):
+    """Timers, signals and observations."""
+
+    #: Appended to the due-timer read: how concurrent pollers keep apart (row locks).
+    DUE_TIMERS_LOCK: ClassVar[str] = ""
+
+    # -- timers -------------------------------------------------------------------------
+
+    @operation
+    def reserve_timer(
+        self, fence: Fence, row: HistoryRow, expires_at: datetime, delay: float
+    ) -> HistoryRow:
+        """Reserve a sleep or timed receive and arm its timer, in one fenced transaction.
+
+        The timer fires ``delay`` seconds from now on the database clock (``fire_at_ms``),
+        and records ``expires_at``, the workflow time the configured clock gave.
+        """
+        with self.atomic():
+            self._fence(fence, current_step=f"{row.command} until {expires_at.isoformat()}")
+            stored = self._insert_row(fence.instance_id, row)
+            if stored is row:
+                self._insert(
+                    TimerSubscription,
+                    {
+                        "instance_id": fence.instance_id,
+                        "key": row.key,
+                        "expires_at": expires_at,
+                        "fire_at_ms": self.now_sql(max(0.0, delay)),
+                    },
+                    returning_id=True,  # (the id column is left to the database)
+                )
+                self.after_commit(TOPIC_TIMER)
+            return stored
+
+    @operation
+    def timer_fired(self, instance_id: str, key: str) -> bool:
+        return (
+            TimerSubscription.objects.using(self.alias)
+            .filter(instance_id=instance_id, key=key, fired=True)
+            .exists()
+        )
+
+    @operation
+    def fire_due_timers(self, limit: int, fired: list[tuple[str, str, str]] | None = None) -> int:
+        """Fire up to ``limit`` timers due on the database clock, in one transaction.
+
+        Returns how many were handled; ``fired`` collects (instance id, key, workflow
+        name) of the timers that woke a running instance (those of closed instances
+        are discarded).
+
+        Lock order: the instance row first, as on every other write path (a fence,
+        a close, an activity arrival), then its timer rows, then its history rows.
+        On PostgreSQL one statement picks the due timers together with their
+        instance rows and locks both, skipping instances another transaction holds
+        (their timers fire at the next round), so a fire never waits for, nor
+        deadlocks with, an execution observing its timed receive or closing.
+        """
+        clock = self.now_sql().params
+        params: list[Any] = [False, *clock]
+        # A read first where a write transaction locks the whole database.
+        if not self._worth_writing(sql.TIMER_DUE_PROBE, params):
+            return 0
+        with self.atomic():
+            due = self._fetch(
+                sql.compose(sql.DUE_TIMERS, lock=self.DUE_TIMERS_LOCK), [*params, limit]
+            )
+            if not due:
+                return 0
+            delete_ids: list[int] = []
+            mark_ids: list[int] = []
+            woken: set[str] = set()
+            for timer_id, instance_id, key, expires_at, status, workflow_name, command in due:
+                if status != WorkflowStatus.RUNNING:
+                    delete_ids.append(timer_id)  # closed: discarded, no history, no wake
+                    continue
+                if command == CMD_RECEIVE:
+                    mark_ids.append(timer_id)
+                else:
+                    self._execute(
+                        sql.FILL_HISTORY,
+                        [
+                            EV_TIMER_EXPIRED,
+                            json.dumps(self._aware(expires_at).isoformat()),
+                            self._now_param(),
+                            instance_id,
+                            key,
+                        ],
+                    )
+                    delete_ids.append(timer_id)
+                woken.add(instance_id)
+                if fired is not None:
+                    fired.append((instance_id, key, workflow_name))
+            if delete_ids:
+                TimerSubscription.objects.using(self.alias).filter(id__in=delete_ids).delete()
+            if mark_ids:
+                TimerSubscription.objects.using(self.alias).filter(id__in=mark_ids).update(
+                    fired=True
+                )
+            if woken:
+                WorkflowInstance.objects.using(self.alias).filter(
+                    instance_id__in=woken, status=WorkflowStatus.RUNNING
+                ).update(**self.wake_fields())
+                self.after_commit(TOPIC_RUNNABLE)
+            return len(due)
+
+    @staticmethod
+    def _aware(value: Any) -> datetime:
+        """A datetime column read by a hand-written statement, as an aware UTC datetime."""
+        if isinstance(value, str):  # SQLite returns the stored text
+            parsed = parse_datetime(value)
+            if parsed is None:
+                raise ValueError(f"not a datetime: {value!r}")
+            value = parsed
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+    @operation
+    def next_timer_due_ms(self) -> int | None:
+        """Milliseconds until the next timer fires on the database clock (None: none armed)."""
+        rows = self._fetch(sql.NEXT_TIMER_DUE, [*self.now_sql().params, False])
+        return max(0, int(rows[0][0])) if rows else None
+
+    # -- signals ------------------------------------------------------------------------
+
+    @operation
+    def append_signal(
+        self, instance_id: str, channel: str, payload: str, *, max_pending: int | None = None
+    ) -> int:
+        """Append a signal while the instance runs, and wake it.
+
+        Marking the instance runnable comes first: that update also locks the row,
+        so a close committing meanwhile is seen (no signal lands on a closed instance).
+        With ``max_pending`` the insert is conditional on the instance holding fewer
+        unconsumed signals (counted by the insert itself, after the lock, so
+        concurrent signals cannot overshoot); otherwise :class:`InboxFull` is raised
+        and nothing is written.
+        """
+        where = None
+        if max_pending is not None:
+            # The partial index of pending signals answers the count; LIMIT bounds it.
+            where = Sql(
+                self._tables(sql.PENDING_SIGNALS_BELOW), [instance_id, max_pending, max_pending]
+            )
+        with self.atomic():
+            if not self._wake(instance_id):
+                rows = self._fetch(sql.SELECT_STATUS, [instance_id])
+                if not rows:
+                    raise exc.WorkflowNotFound(instance_id)
+                raise exc.InstanceClosed.for_status(instance_id, rows[0][0])
+            signal_id = self._insert(
+                SignalRow,
+                {"instance_id": instance_id, "channel": channel, "payload": payload},
+                returning_id=True,
+                where=where,
+            )
+            if signal_id is None:
+                assert max_pending is not None
+                raise exc.InboxFull(instance_id, max_pending)
+            return int(signal_id)
+
+    @operation
+    def next_signal(self, instance_id: str, channel: str) -> SignalMessage | None:
+        rows = self._fetch(sql.NEXT_SIGNAL, [instance_id, channel])
+        return SignalMessage(*rows[0]) if rows else None
+
+    @operation
+    def signal_payload(self, signal_id: int) -> str | None:
+        return (
+            SignalRow.objects.using(self.alias)
+            .filter(id=signal_id)
+            .values_list("payload", flat=True)
+            .first()
+        )
+
+    # -- observations -------------------------------------------------------------------
+
+    @operation
+    def arrivals(self, instance_id: str) -> Arrivals:
+        keys = (
+            HistoryEvent.objects.using(self.alias)
+            .filter(instance_id=instance_id, delivered_seq__isnull=True, data__isnull=False)
+            .exclude(seq__isnull=True)
+        )
+        signals = SignalRow.objects.using(self.alias).filter(
+            instance_id=instance_id, delivered_seq__isnull=True
+        )
+        return Arrivals(
+            keys=tuple(keys.order_by("id").values_list("key", flat=True)),
+            signals=tuple(signals.order_by("id").values_list("id", "channel")),
+        )
+
+    @operation
+    def observe(self, fence: Fence, observation: Observation) -> ObservationResult:
+        iid = fence.instance_id
+        seq = observation.seq
+        with self.atomic():
+            self._fence(fence)
+            consumed = True
+            if observation.consume is not None:
+                consumed = bool(
+                    self._execute(
+                        sql.CONSUME_SIGNAL,
+                        [
+                            seq,
+                            (
+                                observation.record or observation.fill or HistoryRow("", None, "")
+                            ).key,
+                            observation.consume,
+                            iid,
+                        ],
+                    )
+                )
+                if not consumed:
+                    transaction.set_rollback(True, using=self.alias)
+                    return ObservationResult(None, Arrivals(), consumed=False)
+            stored: HistoryRow | None = None
+            if observation.record is not None:
+                stored = self._insert_row(iid, observation.record)
+            elif observation.fill is not None:
+                fill = observation.fill
+                HistoryEvent.objects.using(self.alias).filter(
+                    instance_id=iid, key=fill.key, data__isnull=True
+                ).update(event_type=fill.event_type, data=fill.data, arrived_at=timezone.now())
+                stored = self.get_row(iid, fill.key)
+            if observation.retire_timer is not None:
+                TimerSubscription.objects.using(self.alias).filter(
+                    instance_id=iid, key=observation.retire_timer
+                ).delete()
+            for key, event_type, data in observation.fill_cancelled:
+                HistoryEvent.objects.using(self.alias).filter(
+                    instance_id=iid, key=key, data__isnull=True
+                ).update(event_type=event_type, data=data, delivered_seq=seq)
+            for keys in self._chunks(list(observation.cancel_tasks)):
+                ActivityTask.objects.using(self.alias).filter(
+                    instance_id=iid, key__in=keys
+                ).unfinished().update(
+                    status=ActivityTaskStatus.CANCELLED, claim_owner="", claim_expires_ms=None
+                )
+                TimerSubscription.objects.using(self.alias).filter(
+                    instance_id=iid, key__in=keys
+                ).delete()
+            if observation.cancel_children:
+                self._request_child_cancel(
+                    iid,
+                    list(observation.cancel_children),
+                    observation.cancel_reason or "cancelled by parent",
+                )
+            delivered = self._deliver(iid, seq, observation)
+        return ObservationResult(stored, delivered, consumed)
+
+    def _deliver(self, iid: str, seq: int, observation: Observation) -> Arrivals:
+        """Mark a delivery batch (everything arrived, or exactly what a predicate saw)."""
+        key_lists: list[list[Any]]
+        signal_lists: list[list[Any]]
+        if observation.deliver_all:
+            key_lists, signal_lists = [[]], [[]]
+        elif observation.deliver is not None:
+            wanted = observation.deliver
+            if not wanted.keys and not wanted.signals:
+                return Arrivals()
+            key_lists = self._chunks(list(wanted.keys))
+            signal_lists = self._chunks([sid for sid, _ in wanted.signals])
+        else:
+            return Arrivals()
+        key_rows: list[tuple[Any, ...]] = []
+        signal_rows: list[tuple[Any, ...]] = []
+        for keys in key_lists:
+            key_rows += self._fetch(
+                sql.compose(sql.DELIVER_HISTORY, keys=sql.in_list("key", len(keys))),
+                [seq, iid, *keys],
+            )
+        for ids in signal_lists:
+            signal_rows += self._fetch(
+                sql.compose(sql.DELIVER_SIGNALS, ids=sql.in_list("id", len(ids))),
+                [seq, iid, *ids],
+            )
+        return Arrivals(
+            keys=tuple(key for _, key in sorted(key_rows)),
+            signals=tuple((int(sid), str(channel)) for sid, channel in sorted(signal_rows)),
+        )
+
+    def _deliver_read_first(self, iid: str, seq: int, observation: Observation) -> Arrivals:
+        """_deliver without UPDATE ... RETURNING: read the batch, then mark it (the SQLite
+        store uses it before SQLite 3.35)."""
+        events = HistoryEvent.objects.using(self.alias).filter(
+            instance_id=iid, delivered_seq__isnull=True, data__isnull=False, seq__isnull=False
+        )
+        signals = SignalRow.objects.using(self.alias).filter(
+            instance_id=iid, delivered_seq__isnull=True
+        )
+        if observation.deliver_all:
+            keys = tuple(events.order_by("id").values_list("key", flat=True))
+            sigs = tuple(signals.order_by("id").values_list("id", "channel"))
+        else:
+            assert observation.deliver is not None
+            wanted = observation.deliver
+            found: list[tuple[int, str]] = []
+            for part in self._chunks(list(wanted.keys)):
+                found += events.filter(key__in=part).values_list("id", "key")
+            keys = tuple(key for _, key in sorted(found))
+            sigs = tuple(
+                sorted(
+                    signal
+                    for part in self._chunks([sid for sid, _ in wanted.signals])
+                    for signal in signals.filter(id__in=part).values_list("id", "channel")
+                )
+            )
+        for part in self._chunks(list(keys)):
+            events.filter(key__in=part).update(delivered_seq=seq)
+        for part in self._chunks([sid for sid, _ in sigs]):
+            signals.filter(id__in=part).update(delivered_seq=seq)
+        return Arrivals(keys=keys, signals=sigs)
