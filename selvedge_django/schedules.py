@@ -100,8 +100,8 @@ _client_lock = threading.Lock()
 def schedule_store() -> ScheduleStore:
     """The schedule store of the client API, rebuilt whenever the settings change."""
     global _client
-    from .runtime import client_codec
     from .storage import store_for
+    from .worker.runtime import client_codec
 
     settings = get_settings()
     with _client_lock:
@@ -265,7 +265,7 @@ def _workflow_name(workflow: object) -> str:
 
 
 def _input(value: Any) -> Any:
-    from .runtime import client_codec
+    from .worker.runtime import client_codec
 
     codec = client_codec(get_settings())
     try:

@@ -6,11 +6,11 @@ import threading
 from typing import Any
 
 from .. import exceptions as exc
-from .. import local_starts
 from ..conf import get_settings
 from ..engine.identifiers import check_instance_id, instance_id_problem
-from ..runtime import client_codec
 from ..storage import DjangoStore, store_for
+from ..worker import handoff
+from ..worker.runtime import client_codec
 
 __all__ = [
     "client_store",
@@ -31,7 +31,7 @@ def client_store() -> DjangoStore:
     with _stores_lock:
         if _client is None or _client[0] is not settings:
             store = store_for(settings.database, client_codec(settings), settings)
-            store.on_closed = local_starts.finished
+            store.on_closed = handoff.finished
             _client = (settings, store)
         return _client[1]
 

@@ -47,8 +47,8 @@ from ..models import (
     WorkflowStatus,
 )
 from ..registry import get_workflow, registered_workflow_names
-from ..runtime import client_codec
 from ..storage import DjangoStore
+from ..worker.runtime import client_codec
 from .base import client_store, known_id
 
 __all__ = [

@@ -23,9 +23,9 @@ from ..engine.codec import contains_nul
 from ..engine.events import error_data
 from ..engine.identifiers import check_workflow_name, valid_channel
 from ..engine.ports import ExecutionSnapshot
-from ..local_starts import local_worker
 from ..models import WorkflowStatus
 from ..registry import WorkflowDefinition, get_workflow
+from ..worker.handoff import local_worker
 from .base import client_store, known_id, reason_text, validate_instance_id
 
 __all__ = [

@@ -18,10 +18,10 @@ from asgiref.sync import sync_to_async
 
 from ..conf import get_settings
 from ..engine.codec import error_from_envelope, error_to_envelope
-from ..local_starts import running_here
 from ..models import WorkflowStatus
 from ..storage import DjangoStore
 from ..storage.wakeups import Waker
+from ..worker.handoff import running_here
 from .base import client_store, known_id
 
 __all__ = [

@@ -11,7 +11,7 @@ from .base import Loop
 from .pool import ThreadPool
 
 if TYPE_CHECKING:
-    from ..runtime import WorkerRuntime
+    from .runtime import WorkerRuntime
 
 __all__ = ["Dispatcher"]
 

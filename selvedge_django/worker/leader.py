@@ -20,7 +20,7 @@ from .base import Loop
 from .scheduler import ScheduleDuty
 
 if TYPE_CHECKING:
-    from ..runtime import WorkerRuntime
+    from .runtime import WorkerRuntime
 
 __all__ = ["LEADER_LOCK", "Leader"]
 

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from ..engine.activity import AttemptState
     from ..engine.events import Fence
     from ..engine.ports import ClaimedTask, TaskClaim
-    from ..runtime import WorkerRuntime
+    from .runtime import WorkerRuntime
 
 __all__ = ["Renewer"]
 

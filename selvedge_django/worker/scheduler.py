@@ -19,7 +19,7 @@ from .. import exceptions as exc
 from ..storage.schedules import ScheduleStore
 
 if TYPE_CHECKING:
-    from ..runtime import WorkerRuntime
+    from .runtime import WorkerRuntime
 
 __all__ = ["ScheduleDuty"]
 

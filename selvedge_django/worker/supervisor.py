@@ -7,18 +7,18 @@ import threading
 import time
 from typing import Any
 
-from .. import local_starts as local
 from ..conf import get_settings
 from ..engine.events import Fence
 from ..engine.ports import ExecutionSnapshot
-from ..runtime import HungAttempt, WorkerRuntime
 from ..storage.listener import acquire_listener, release_listener
+from . import handoff
 from .activities import ActivityPoller
 from .base import Loop
 from .dispatcher import Dispatcher
 from .leader import Leader
 from .pool import ThreadPool
 from .renewer import Renewer
+from .runtime import HungAttempt, WorkerRuntime
 from .timers import TimerPoller
 
 __all__ = ["Worker"]
@@ -104,7 +104,7 @@ class Worker:
             thread.start()
             self._threads.append(thread)
         if self.settings.run_local_starts:
-            local.register(self)
+            handoff.register(self, self.store.identity)
         logger.info("worker %s started", self.worker_id, extra={"worker_id": self.worker_id})
         return self
 
@@ -125,7 +125,7 @@ class Worker:
         """
         if not self.runtime.stopping.is_set() and self.resumptions.free_slots() > 0:
             self.runtime.hold(fence, leased_at)
-            local.started_here(fence.instance_id)
+            handoff.started_here(fence.instance_id)
             self.resumptions.submit(self._run_local, fence, leased_at, snapshot)
             return
         # If even that fails, the lease expires by itself and a dispatcher takes it then.
@@ -147,7 +147,7 @@ class Worker:
             return
         timeout = self.settings.shutdown_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
-        local.unregister(self)
+        handoff.unregister(self, self.store.identity)
         self.runtime.stopping.set()
         self._stop.set()
         for loop in self.loops:
@@ -184,7 +184,7 @@ class Worker:
         try:
             self.runtime.execute(fence, leased_at, snapshot)
         finally:
-            local.finished(fence.instance_id)
+            handoff.finished(fence.instance_id)
 
     def wait(self, stop: threading.Event) -> None:
         """Block until ``stop`` is set (used by ``runselvedge worker``)."""

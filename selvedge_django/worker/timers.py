@@ -9,7 +9,7 @@ from ..storage.wakeups import Bus
 from .base import Loop
 
 if TYPE_CHECKING:
-    from ..runtime import WorkerRuntime
+    from .runtime import WorkerRuntime
 
 __all__ = ["TimerPoller"]
 

@@ -1,0 +1,447 @@
+"""The Django-side runtime an execution runs in: store, codec, clock, leases, attempts.
+
+One :class:`WorkerRuntime` belongs to one :class:`~selvedge_django.worker.Worker`
+(or to the client API, which never runs workflow code). It keeps each held
+lease's *belief*: the monotonic deadline until which the holder may trust its
+lease without asking the database (renewal start + TTL - MARGIN - MAX_SKEW).
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import logging
+import threading
+import time
+from typing import Any
+
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import connections
+
+from .. import exceptions as exc
+from .. import hooks as hooks_module
+from .. import signals
+from ..conf import SelvedgeSettings
+from ..engine.codec import Codec, error_to_envelope
+from ..engine.context import WorkflowContext
+from ..engine.events import Fence
+from ..engine.execution import Execution
+from ..engine.ports import CloseRequest, ExecutionOutcome, ExecutionSnapshot, HistoryLimits
+from ..registry import get_workflow, registered_activity_names
+from ..storage import InstanceHead, store_for
+from ..storage.errors import backoff_delay, describe, is_data_error
+from . import handoff
+from .attempts import HUNG_AFTER, AttemptRunner, HungAttempt
+
+__all__ = ["HUNG_AFTER", "HungAttempt", "WorkerRuntime", "client_codec"]
+
+logger = logging.getLogger("selvedge_django.worker")
+
+
+def client_codec(settings: SelvedgeSettings) -> Codec:
+    return Codec(DjangoJSONEncoder, settings.max_payload_bytes)
+
+
+class WorkerRuntime(AttemptRunner):
+    """Everything executions and attempts of one worker share (attempts: AttemptRunner)."""
+
+    def __init__(self, settings: SelvedgeSettings) -> None:
+        self.settings = settings
+        self.codec = client_codec(settings)
+        self.store = store_for(settings.database, self.codec, settings)
+        self.store.lease_ttl = settings.lease.ttl
+        self.store.activity_queues = settings.activity_queues
+        self.store.activity_names = registered_activity_names
+        self.store.on_closed = handoff.finished
+        self.worker_id = settings.worker_id
+        self.hooks = settings.hooks
+        self.stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._beliefs: dict[Fence, float] = {}
+        self._init_attempts()
+        # Monotonic times at which instances this worker held back after a storage error
+        # become dispatchable again (the dispatcher polls then).
+        self._deferred: list[float] = []
+
+    # -- engine Runtime protocol --------------------------------------------------------
+
+    @property
+    def history_limits(self) -> HistoryLimits:
+        return HistoryLimits(self.settings.max_history_events, self.settings.max_history_bytes)
+
+    def clock(self) -> Any:
+        return self.settings.clock()
+
+    def lease_valid(self, fence: Fence) -> bool:
+        with self._lock:
+            deadline = self._beliefs.get(fence)
+        return deadline is not None and time.monotonic() < deadline
+
+    def tasks_reserved(self) -> None:
+        """New queued tasks: the store already wakes local activity workers on commit."""
+
+    def next_deferred_in(self) -> float | None:
+        """Seconds until an instance this worker held back may be dispatched (None: none)."""
+        now = time.monotonic()
+        with self._lock:
+            while self._deferred and self._deferred[0] <= now - 1.0:
+                heapq.heappop(self._deferred)  # dispatched by now, here or elsewhere
+            if not self._deferred:
+                return None
+            return max(0.0, self._deferred[0] - now)
+
+    def fire(self, hook: str, **fields: Any) -> None:
+        hooks_module.fire(self.hooks, hook, worker_id=self.worker_id, **fields)
+        signals.send(hook, **fields)
+
+    # -- leases -------------------------------------------------------------------------
+
+    def hold(self, fence: Fence, renewal_started: float) -> None:
+        with self._lock:
+            self._beliefs[fence] = renewal_started + self.settings.lease.belief
+
+    def drop(self, fence: Fence) -> None:
+        with self._lock:
+            self._beliefs.pop(fence, None)
+
+    def held_fences(self) -> list[Fence]:
+        with self._lock:
+            return list(self._beliefs)
+
+    def renew_leases(self, fences: list[Fence]) -> dict[Fence, bool | None] | None:
+        """Renew leases in one statement and move their beliefs forward.
+
+        Per fence: True when renewed, False when the lease is lost (the renewal
+        matched no row: the belief is dropped), None when another transaction holds
+        the instance row (skipped): the belief is left as it was (it still bounds what
+        the holder may trust) and the caller tries again soon. Returns None when the
+        statement failed, with the same meaning for every fence.
+        """
+        started = time.monotonic()
+        try:
+            results = self.store.renew_leases(fences, self.settings.lease.ttl)
+        except Exception:
+            logger.warning("renewal of %d leases failed", len(fences), exc_info=True)
+            self.drop_broken_connection()
+            return None
+        belief = self.settings.lease.belief
+        with self._lock:
+            for fence, ok in results.items():
+                if ok is not None and fence in self._beliefs:
+                    self._beliefs[fence] = started + belief if ok else 0.0
+        return results
+
+    def give_up(self, fence: Fence) -> bool:
+        """Stop holding a lease without a write: it is no longer renewed and lapses.
+
+        The execution's next write raises LeaseLost (no belief is left), and once the
+        lease has expired any dispatcher may lease the instance again. For an
+        execution stuck in a hung inline attempt. Returns whether it was held.
+        """
+        with self._lock:
+            return self._beliefs.pop(fence, None) is not None
+
+    # -- connections --------------------------------------------------------------------
+
+    def drop_broken_connection(self) -> None:
+        """After a database error, close this thread's connection if it no longer works."""
+        conn = connections[self.store.alias]
+        if conn.connection is not None and not conn.in_atomic_block and not conn.is_usable():
+            conn.close()
+
+    # -- executions ---------------------------------------------------------------------
+
+    def execute(
+        self,
+        fence: Fence,
+        renewal_started: float,
+        snapshot: ExecutionSnapshot | None = None,
+        head: InstanceHead | None = None,
+    ) -> ExecutionOutcome | None:
+        """Run one execution of a leased instance to suspension, close or abandonment.
+
+        ``snapshot`` is given for an instance this process just started (nothing to
+        read); otherwise the snapshot is loaded under the lease, reading only the
+        history when the lease brought the instance row (``head``). A lease already
+        held (handed over before the execution got a thread) keeps its belief.
+        """
+        with self._lock:
+            if fence not in self._beliefs:
+                self._beliefs[fence] = renewal_started + self.settings.lease.belief
+        try:
+            return self._execute(fence, snapshot, head)
+        finally:
+            self.drop(fence)
+
+    def _execute(
+        self, fence: Fence, snapshot: ExecutionSnapshot | None, head: InstanceHead | None
+    ) -> ExecutionOutcome | None:
+        store = self.store
+        if snapshot is None:
+            try:
+                snapshot = store.load_snapshot(
+                    fence.instance_id, head, max_events=self.settings.max_history_events
+                )
+            except exc.WorkflowNotFound:
+                return None
+            except Exception as error:
+                failure = self._after_storage_error(fence, error)
+                if failure is None:
+                    return ExecutionOutcome("abandoned", error=error)
+                name = head.workflow_name if head is not None else ""
+                self.fire(
+                    "on_workflow_failed",
+                    error=failure,
+                    duration=0.0,
+                    instance_id=fence.instance_id,
+                    workflow_name=name,
+                )
+                return ExecutionOutcome("failed", error=failure)
+        definition = get_workflow(snapshot.workflow_name)
+        if definition is None or snapshot.status != "running":
+            # Another worker that registers the workflow will take it.
+            store.release_lease(fence, runnable=definition is None)
+            return None
+        if len(snapshot.history) > self.settings.max_history_events:
+            return self._fail_oversized(fence, snapshot)
+        if len(snapshot.history) > self.settings.history_warning_threshold:
+            logger.warning(
+                "instance %s has %d history events (threshold %d)",
+                fence.instance_id,
+                len(snapshot.history),
+                self.settings.history_warning_threshold,
+                extra={"instance_id": fence.instance_id},
+            )
+        base = dict(instance_id=fence.instance_id, workflow_name=snapshot.workflow_name)
+        if snapshot.history:
+            self.fire("on_workflow_replayed", **base)
+        execution = Execution(self, snapshot, fence)
+        started = time.monotonic()
+        outcome = execution.run(definition.fn, WorkflowContext(execution, execution.root_scope))
+        try:
+            self._finish(execution, outcome)
+        except exc.Fenced:
+            logger.info("execution of %s was fenced out at close", fence.instance_id)
+            outcome.kind = "abandoned"  # nothing was closed: no close hooks
+        except Exception as error:
+            # The close or the release failed (or committed, and the connection was lost
+            # before it said so: then the lease is no longer held, and nothing is done).
+            failure = self._after_storage_error(fence, error)
+            outcome.kind = "abandoned" if failure is None else "failed"
+            outcome.error = error if failure is None else failure
+        if outcome.kind in ("completed", "failed", "cancelled"):
+            self.fire(
+                f"on_workflow_{outcome.kind}",
+                error=outcome.error,
+                duration=time.monotonic() - started,
+                **base,
+            )
+        elif outcome.kind == "suspended":
+            self.fire("on_workflow_suspended", **base)
+        return outcome
+
+    def _fail_oversized(self, fence: Fence, snapshot: ExecutionSnapshot) -> ExecutionOutcome:
+        """Fail an instance whose history is already over MAX_HISTORY_EVENTS, without replay.
+
+        Only ``MAX_HISTORY_EVENTS + 1`` rows were loaded, so the workflow code cannot
+        run; the close cancels whatever tasks, timers and children it may still have.
+        """
+        limit = self.settings.max_history_events
+        error = exc.HistoryLimitExceeded(
+            fence.instance_id,
+            "MAX_HISTORY_EVENTS",
+            limit,
+            f"the history of workflow instance {fence.instance_id!r} holds more than "
+            f"{limit} events (MAX_HISTORY_EVENTS); the instance is failed without replaying",
+        )
+        request = CloseRequest(
+            "failed",
+            None,
+            json.dumps(error_to_envelope(error, codec=self.codec, with_traceback=False)),
+            unfinished=True,
+            children=True,
+            parent=(snapshot.parent_instance_id, snapshot.parent_key),
+        )
+        outcome = ExecutionOutcome("failed", error=error)
+        if not self.lease_valid(fence):
+            self._release_quietly(fence, runnable=True)
+            outcome.kind = "abandoned"
+            return outcome
+        try:
+            outcome.kind = self.store.close(fence, request)
+        except exc.Fenced:
+            outcome.kind = "abandoned"
+            return outcome
+        logger.warning(
+            "workflow %s failed: history over MAX_HISTORY_EVENTS (%d)",
+            fence.instance_id,
+            limit,
+            extra={"instance_id": fence.instance_id},
+        )
+        self.fire(
+            "on_workflow_failed",
+            error=error,
+            duration=0.0,
+            instance_id=fence.instance_id,
+            workflow_name=snapshot.workflow_name,
+        )
+        return outcome
+
+    def _finish(self, execution: Execution, outcome: ExecutionOutcome) -> None:
+        fence = execution.fence
+        assert fence is not None
+        if outcome.kind == "suspended":
+            if not execution.released:
+                self.store.release_lease(fence)
+            return
+        if execution.released:
+            # Only code that swallowed the suspension of a background execute() gets here:
+            # the lease went with the reservation, so nothing can be closed now.
+            logger.warning(
+                "execution of %s ended (%s) after its lease was released with an activity's"
+                " reservation: workflow code swallowed the suspension; the instance runs"
+                " again when the activity completes",
+                fence.instance_id,
+                outcome.kind,
+                extra={"instance_id": fence.instance_id},
+            )
+            outcome.kind = "abandoned"  # nothing was closed: no close hooks
+            return
+        if outcome.kind == "abandoned":
+            error = outcome.error
+            if isinstance(error, exc.Fenced):
+                return
+            if error is None or isinstance(error, exc.LeaseLost | exc.HistoryKeyConflict):
+                logger.warning("execution of %s abandoned: %r", fence.instance_id, error)
+                self._release_quietly(fence, runnable=True)
+                return
+            # A store operation failed: replaying at once could fail the same way forever.
+            failure = self._after_storage_error(fence, error)
+            if failure is not None:
+                outcome.kind, outcome.error = "failed", failure
+            return
+        request = execution.close_request(outcome)
+        if not self.lease_valid(fence):
+            logger.warning("lease on %s lost before close; not closing", fence.instance_id)
+            self._release_quietly(fence, runnable=True)
+            outcome.kind = "abandoned"  # nothing was closed: no close hooks
+            return
+        status = self.store.close(fence, request)
+        outcome.kind = status
+        if status == "failed":
+            logger.info(
+                "workflow %s failed: %s",
+                fence.instance_id,
+                outcome.error,
+                extra={"instance_id": fence.instance_id},
+            )
+
+    def _after_storage_error(
+        self,
+        fence: Fence,
+        error: BaseException,
+    ) -> exc.ExecutionStorageError | None:
+        """Fail or hold back an instance whose execution ended on a storage error.
+
+        A data error fails the instance at once, and so does the error that makes
+        ``MAX_EXECUTION_ERRORS`` in a row, with :class:`ExecutionStorageError`;
+        any other releases the lease with the instance held back
+        (:func:`~selvedge_django.storage_errors.backoff_delay`). When even that
+        cannot be written, the lease is left to lapse: the instance is taken again
+        only after ``LEASE["TTL"]``, never at once. Returns the failure when this
+        closed the instance (the caller fires the hook), else None.
+        """
+        settings = self.settings
+        iid = fence.instance_id
+        message = describe(error)
+        # Most often the connection died while the thread was idle (a restart, a
+        # terminated session): count and hold back on a new one.
+        self.drop_broken_connection()
+        try:
+            before = self.store.execution_errors(fence)
+        except Exception:
+            logger.warning(
+                "execution of %s ended on a storage error (%s), and its error count could not"
+                " be read; the lease is left to lapse",
+                iid,
+                message,
+                exc_info=True,
+                extra={"instance_id": iid},
+            )
+            self.drop_broken_connection()
+            return None
+        if before is None:
+            # The lease is gone (or the write that failed was a close that committed).
+            return None
+        errors = before + 1
+        data = is_data_error(error)
+        limit = settings.max_execution_errors
+        if data or (limit is not None and errors >= limit):
+            failure = exc.ExecutionStorageError(
+                iid,
+                errors,
+                data,
+                f"the database refused the writes of workflow instance {iid!r}"
+                + (
+                    " (a value it cannot store)"
+                    if data
+                    else f" {errors} times in a row (MAX_EXECUTION_ERRORS)"
+                )
+                + f"; the last error: {message}",
+            )
+            if self._close_failed(fence, failure, {"storage_errors": errors}):
+                return failure
+        delay = backoff_delay(settings, errors)
+        try:
+            held = self.store.defer_execution(fence, errors, delay, message)
+        except Exception:
+            logger.warning(
+                "could not hold back %s after a storage error; the lease is left to lapse",
+                iid,
+                exc_info=True,
+                extra={"instance_id": iid},
+            )
+            self.drop_broken_connection()
+            return None
+        if held:
+            with self._lock:
+                heapq.heappush(self._deferred, time.monotonic() + delay)
+            logger.warning(
+                "execution of %s ended on a storage error (%d in a row); it runs again in"
+                " %.1f s: %s",
+                iid,
+                errors,
+                delay,
+                message,
+                extra={"instance_id": iid},
+            )
+        return None
+
+    def _close_failed(
+        self,
+        fence: Fence,
+        error: exc.ExecutionStorageError,
+        closed_by: dict[str, Any],
+    ) -> bool:
+        """Fail the instance ``fence`` holds with ``error``, as a terminate does (its
+        history rows left as they are); True when it closed."""
+        iid = fence.instance_id
+        envelope = json.dumps(error_to_envelope(error, codec=self.codec, with_traceback=False))
+        if not self.lease_valid(fence):
+            return False
+        try:
+            self.store.terminate(iid, envelope, closed_by, fence=fence)
+        except (exc.Fenced, exc.InstanceClosed, exc.WorkflowNotFound):
+            return False
+        except Exception:
+            logger.warning("could not fail %s", iid, exc_info=True, extra={"instance_id": iid})
+            self.drop_broken_connection()
+            return False
+        logger.error("workflow %s failed: %s", iid, error, extra={"instance_id": iid})
+        return True
+
+    def _release_quietly(self, fence: Fence, *, runnable: bool) -> None:
+        try:
+            self.store.release_lease(fence, runnable=runnable)
+        except Exception:
+            logger.warning("could not release the lease on %s", fence.instance_id, exc_info=True)
