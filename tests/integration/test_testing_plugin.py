@@ -69,7 +69,8 @@ def test_an_unrelated_pytest_run_is_not_disturbed_by_the_plugin(tmp_path: Path) 
     assert "error" not in output.lower(), output
     # Importing the plugin imports no Django models.
     code = (
-        "import sys, selvedge_django.pytest_plugin\nprint('selvedge_django.models' in sys.modules)"
+        "import sys, selvedge_django.testing.pytest_plugin\n"
+        "print('selvedge_django.models' in sys.modules)"
     )
     done = _run(["-c", code], tmp_path, _clean_env())
     assert done.returncode == 0, done.stderr

@@ -1,18 +1,9 @@
-"""Testing helpers for projects that use selvedge_django.
+"""The fault injector: chosen database statements fail, or the process ends around them.
 
-* :class:`ControllableClock` drives ``ctx.now()``, timer expiry and the database
-  clock seen by leases, claims and task deadlines together: ``advance()`` moves
-  them all, so a workflow that sleeps a week is tested in milliseconds.
-* :func:`run_until_idle` runs a worker's loops in the calling thread until
-  nothing is runnable.
-* :class:`SelvedgeTestMixin` gives a Django ``TransactionTestCase`` both, for
-  ``manage.py test``; pytest users get the fixtures ``selvedge_clock`` and
-  ``selvedge_worker`` from the plugin (``selvedge_django.pytest_plugin``).
-* :class:`FaultInjector` makes chosen database statements fail, or ends the
-  process just before one or right after its transaction commits, to test
-  what survives a crash at any step.
-
-This module never imports pytest.
+Statements are attributed to the outermost *store operation* on the stack: the
+store's methods marked with :func:`selvedge_django.storage.base.operation`
+(``operation="complete_task"`` in a :class:`Fault`), not whatever module they
+live in.
 """
 
 from __future__ import annotations
@@ -24,164 +15,21 @@ import re
 import sys
 import threading
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.db import OperationalError
-
-if TYPE_CHECKING:
-    from .worker import Worker
 
 __all__ = [
     "FAULTS_ENV",
     "FAULT_EXIT_STATUS",
-    "ControllableClock",
     "Fault",
     "FaultInjector",
     "InjectedFault",
-    "SelvedgeTestMixin",
     "Statement",
     "install_faults_from_env",
-    "installed_clock",
-    "run_until_idle",
 ]
-
-
-class ControllableClock:
-    """A clock that only moves when told to; callable like ``timezone.now``."""
-
-    def __init__(self, start: datetime | None = None) -> None:
-        self._lock = threading.Lock()
-        self._now = (start or datetime(2030, 1, 1, tzinfo=UTC)).astimezone(UTC)
-        self._offset = timedelta(0)
-
-    def __call__(self) -> datetime:
-        with self._lock:
-            return self._now
-
-    def now(self) -> datetime:
-        return self()
-
-    def advance(self, delta: timedelta | float) -> datetime:
-        """Move workflow time and the database clock forward by ``delta``."""
-        from .storage.base import set_clock_offset_ms
-
-        if not isinstance(delta, timedelta):
-            delta = timedelta(seconds=float(delta))
-        if delta < timedelta(0):
-            raise ValueError("a ControllableClock only moves forward")
-        with self._lock:
-            self._now += delta
-            self._offset += delta
-            offset_ms = int(self._offset.total_seconds() * 1000)
-        set_clock_offset_ms(offset_ms)
-        return self()
-
-    def reset_database_clock(self) -> None:
-        from .storage.base import set_clock_offset_ms
-
-        set_clock_offset_ms(0)
-
-
-def run_until_idle(worker: Worker, max_rounds: int = 1000) -> int:
-    """Run an unstarted worker's loops in this thread until a round does nothing.
-
-    Executions and activity attempts run inline, one at a time, so a test can
-    advance a :class:`ControllableClock` between calls and observe each step.
-    Each round also does the leader's duties: it records the activity timeouts
-    that passed and starts the runs of due schedules, so advancing past a
-    deadline or a slot is seen here too. Returns the number of units of work done.
-    """
-    if worker.started:
-        raise RuntimeError("run_until_idle drives an unstarted Worker")
-    worker.resumptions.inline = True
-    worker.activities.inline = True
-    limit = worker.settings.max_workflows_per_batch
-    total = 0
-    for _ in range(max_rounds):
-        done = sum(loop.run_once() for loop in worker.work_loops())
-        done += worker.store.sweep_activity_timeouts(limit)
-        done += worker.leader.schedules.run_once()
-        total += done
-        if done == 0:
-            return total
-    raise RuntimeError(f"still busy after {max_rounds} rounds")
-
-
-@contextlib.contextmanager
-def installed_clock(start: datetime | None = None) -> Iterator[ControllableClock]:
-    """Install a new ControllableClock as ``SELVEDGE["CLOCK"]`` for the block.
-
-    On leaving, the settings are restored and the database clock is reset.
-    """
-    from django.conf import settings
-    from django.test import override_settings
-
-    clock = ControllableClock(start)
-    raw: dict[str, Any] = dict(getattr(settings, "SELVEDGE", None) or {})
-    raw["CLOCK"] = clock
-    with override_settings(SELVEDGE=raw):
-        try:
-            yield clock
-        finally:
-            clock.reset_database_clock()
-
-
-class SelvedgeTestMixin:
-    """For ``manage.py test``: a controllable clock and a worker run in the test's thread.
-
-    Mix it into a ``django.test.TransactionTestCase`` (workers commit their own
-    transactions, which a ``TestCase`` would wrap in one that never commits)::
-
-        class ReminderTests(SelvedgeTestMixin, TransactionTestCase):
-            def test_reply(self):
-                instance_id = sv.start_workflow("reminder", "Ada")
-                self.run_until_idle()
-                self.advance(timedelta(days=7))  # moves the clock, then runs
-
-    Each test gets ``self.selvedge_clock`` (a :class:`ControllableClock`
-    installed as ``SELVEDGE["CLOCK"]``) and ``self.selvedge_worker`` (an
-    unstarted ``Worker``, made on first use, that :meth:`run_until_idle` drives).
-    """
-
-    selvedge_clock: ControllableClock
-
-    def setUp(self) -> None:
-        from django.test import TestCase
-
-        if isinstance(self, TestCase):
-            raise TypeError(
-                f"{type(self).__name__}: SelvedgeTestMixin needs a TransactionTestCase; "
-                "a TestCase wraps each test in a transaction that never commits"
-            )
-        super().setUp()  # type: ignore[misc]
-        stack = contextlib.ExitStack()
-        self.addCleanup(stack.close)  # type: ignore[attr-defined]
-        self.selvedge_clock = stack.enter_context(installed_clock())
-        self._selvedge_worker: Worker | None = None
-
-    @property
-    def selvedge_worker(self) -> Worker:
-        """The unstarted Worker this test drives (made with the test's clock)."""
-        if self._selvedge_worker is None:
-            from .worker import Worker
-
-            self._selvedge_worker = Worker()
-        return self._selvedge_worker
-
-    def run_until_idle(self) -> int:
-        """Run workflows, activities and due timers until nothing is runnable."""
-        return run_until_idle(self.selvedge_worker)
-
-    def advance(self, delta: timedelta | float) -> int:
-        """Move the clock forward by ``delta``, then run until nothing is runnable."""
-        self.selvedge_clock.advance(delta)
-        return self.run_until_idle()
-
-
-# -- fault injection -------------------------------------------------------------------
 
 #: The environment variable :meth:`FaultInjector.to_env` writes and
 #: :func:`install_faults_from_env` reads (JSON), to arm faults in a worker subprocess.
@@ -517,7 +365,7 @@ def _store_operation(frame: Any) -> tuple[str | None, str | None, Any]:
     Store operations are the methods marked with
     :func:`selvedge_django.storage.base.operation` (their code objects).
     """
-    from .storage.base import OPERATIONS
+    from ..storage.base import OPERATIONS
 
     found: tuple[str | None, str | None, Any] = (None, None, None)
     while frame is not None:

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from .testing import ControllableClock
-    from .worker import Worker
+    from ..worker import Worker
+    from .clock import ControllableClock
 
 __all__ = ["selvedge_clock", "selvedge_worker"]
 
@@ -25,7 +25,7 @@ __all__ = ["selvedge_clock", "selvedge_worker"]
 @pytest.fixture
 def selvedge_clock() -> Iterator[ControllableClock]:
     """A ControllableClock installed as the SELVEDGE CLOCK for the test."""
-    from .testing import installed_clock
+    from .clock import installed_clock
 
     with installed_clock() as clock:
         yield clock
@@ -34,7 +34,7 @@ def selvedge_clock() -> Iterator[ControllableClock]:
 @pytest.fixture
 def selvedge_worker(transactional_db: None) -> Iterator[Worker]:
     """A started Worker on the test database, stopped after the test."""
-    from .worker import Worker
+    from ..worker import Worker
 
     worker = Worker()
     worker.start()
