@@ -24,7 +24,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 
 from ..engine.codec import Codec
-from .base import DbNowMs, clock_offset_ms, set_clock_offset_ms
+from .clock import DbNowMs, clock_offset_ms, set_clock_offset_ms
 from .postgresql import PostgresStore
 from .sqlite import SQLiteStore
 from .store import DjangoStore, InstanceHead

@@ -17,7 +17,7 @@ from types import CodeType
 from typing import Any, ClassVar, TypeVar
 
 from django.db import IntegrityError, connections, transaction
-from django.db.models import Case, F, Func, IntegerField, Value, When
+from django.db.models import Case, F, Value, When
 from django.db.models.expressions import Combinable
 from django.utils import timezone
 
@@ -35,17 +35,10 @@ from ..models import (
     WorkflowStatus,
 )
 from . import sql
+from .clock import DbNowMs, clock_offset_ms
 from .wakeups import TOPIC_RUNNABLE, Bus, bus_for
 
-__all__ = [
-    "OPERATIONS",
-    "DbNowMs",
-    "Sql",
-    "StoreBase",
-    "clock_offset_ms",
-    "operation",
-    "set_clock_offset_ms",
-]
+__all__ = ["OPERATIONS", "Sql", "StoreBase", "operation"]
 
 logger = logging.getLogger("selvedge_django.store")
 
@@ -67,50 +60,6 @@ def operation(method: _F) -> _F:
     target = getattr(method, "__wrapped__", method)
     OPERATIONS[target.__code__] = method.__name__
     return method
-
-
-# Added to the database clock by every store in this process. Only
-# selvedge_django.testing changes it, to move lease, claim and task deadlines
-# forward without waiting.
-_clock_offset_ms = 0
-
-
-def set_clock_offset_ms(offset_ms: int) -> None:
-    """Shift the database clock seen by this process's stores (tests only)."""
-    global _clock_offset_ms
-    _clock_offset_ms = int(offset_ms)
-
-
-def clock_offset_ms() -> int:
-    """The current shift of the database clock (see :func:`set_clock_offset_ms`)."""
-    return _clock_offset_ms
-
-
-class DbNowMs(Func):
-    """The database clock in Unix milliseconds (plus a test offset).
-
-    Compiled per database by Django (``as_postgresql``, ``as_sqlite``); any other
-    database is rejected at start by the system checks and by ``store_for``.
-    """
-
-    output_field = IntegerField()
-
-    def __init__(self, offset_ms: int = 0) -> None:
-        super().__init__()
-        self.offset_ms = int(offset_ms)
-
-    def as_sql(  # type: ignore[override]
-        self, compiler: Any, connection: Any, **extra: Any
-    ) -> tuple[str, list[Any]]:  # pragma: no cover - rejected at start by the system checks
-        raise exc.SelvedgeError(f"unsupported database vendor {connection.vendor!r}")
-
-    def as_postgresql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
-        return sql.NOW_MS_POSTGRESQL, [self.offset_ms]
-
-    def as_sqlite(  # type: ignore[override]
-        self, compiler: Any, connection: Any, **extra: Any
-    ) -> tuple[str, list[Any]]:
-        return sql.NOW_MS_SQLITE, [self.offset_ms]
 
 
 class Sql:
@@ -182,7 +131,7 @@ class StoreBase:
     @operation
     def now_expr(self, plus_seconds: float = 0.0) -> Combinable:
         """The database clock (plus ``plus_seconds``) as an ORM expression."""
-        expr = DbNowMs(_clock_offset_ms)
+        expr = DbNowMs(clock_offset_ms())
         if plus_seconds:
             return expr + Value(round(plus_seconds * 1000))
         return expr
@@ -200,9 +149,9 @@ class StoreBase:
         if plus_seconds:
             return Sql(
                 sql.compose(sql.PLUS_MS, value=self.NOW_MS),
-                [_clock_offset_ms, round(plus_seconds * 1000)],
+                [clock_offset_ms(), round(plus_seconds * 1000)],
             )
-        return Sql(self.NOW_MS, [_clock_offset_ms])
+        return Sql(self.NOW_MS, [clock_offset_ms()])
 
     @operation
     @contextlib.contextmanager
@@ -563,7 +512,7 @@ class StoreBase:
         (``ready_ms`` in the future) keeps its backoff, whatever arrives meanwhile.
         SET expressions read the row as it was before the update.
         """
-        return Sql(self._tables(sql.WAKE_SET), [_clock_offset_ms, True])
+        return Sql(self._tables(sql.WAKE_SET), [clock_offset_ms(), True])
 
     @operation
     def wake_fields(self) -> dict[str, Any]:
@@ -577,7 +526,7 @@ class StoreBase:
         """The statement of :meth:`_wake` (``condition`` is a further ``AND ...``)."""
         return (
             sql.compose(sql.WAKE_RUNNING, condition=condition),
-            [_clock_offset_ms, True, instance_id, str(WorkflowStatus.RUNNING)],
+            [clock_offset_ms(), True, instance_id, str(WorkflowStatus.RUNNING)],
         )
 
     def _wake(self, instance_id: str, condition: str = "", params: Sequence[Any] = ()) -> int:

@@ -29,7 +29,7 @@ from ..engine.ports import ClaimedTask, TaskClaim, TaskSpec
 from ..models import ActivityTask, ActivityTaskStatus
 from . import sql
 from .base import StoreBase, _ms, operation
-from .wakeups import TOPIC_RUNNABLE, TOPIC_TASK
+from .wakeups import TOPIC_TASK
 
 __all__ = ["TaskStore", "lapse_timeout"]
 
@@ -325,26 +325,30 @@ class TaskStore(StoreBase):
         self, claim: TaskClaim, event_type: str, data: str, inline_fence: Fence | None
     ) -> tuple[tuple[str, list[Any]], tuple[str, list[Any]]]:
         """The two updates of an arrival: the history value, and the wake of the instance."""
-        record = (
-            sql.ARRIVE_HISTORY,
-            [data, event_type, self._now_param(), claim.instance_id, claim.key],
-        )
+        condition, params = self._not_held_by(inline_fence)
+        wake, wake_params = self._wake_sql(claim.instance_id, condition)
+        return self._arrive_record(claim, event_type, data), (wake, [*wake_params, *params])
+
+    def _arrive_record(self, claim: TaskClaim, event_type: str, data: str) -> tuple[str, list[Any]]:
+        """The history value of an outcome, into the row still waiting for it."""
+        params = [data, event_type, self._now_param(), claim.instance_id, claim.key]
+        return sql.ARRIVE_HISTORY, params
+
+    @staticmethod
+    def _not_held_by(inline_fence: Fence | None) -> tuple[str, list[Any]]:
+        """The wake condition of an arrival: the execution that ran the attempt inline
+        reads the value itself; any other holder (or none) must be woken."""
         if inline_fence is None:
-            return record, self._wake_sql(claim.instance_id)
-        # The execution that ran the attempt inline reads the value itself; any other
-        # holder (or none) must be woken.
-        wake, params = self._wake_sql(claim.instance_id, sql.NOT_HELD_BY)
-        return record, (wake, [*params, inline_fence.owner, inline_fence.epoch])
+            return "", []
+        return sql.NOT_HELD_BY, [inline_fence.owner, inline_fence.epoch]
 
     def _arrive(
         self, claim: TaskClaim, event_type: str, data: str, inline_fence: Fence | None
     ) -> None:
-        (record, record_params), (wake, wake_params) = self._arrive_sql(
-            claim, event_type, data, inline_fence
-        )
-        self._execute(record, record_params)
-        if self._execute(wake, wake_params):
-            self.after_commit(TOPIC_RUNNABLE)
+        """An outcome arriving: the history value, then the wake of the instance."""
+        record, params = self._arrive_record(claim, event_type, data)
+        self._execute(record, params)
+        self._wake(claim.instance_id, *self._not_held_by(inline_fence))
 
     def _complete_sql(self, claim: TaskClaim) -> tuple[str, list[Any]]:
         """The claim-checked update that completes a task."""

@@ -28,7 +28,7 @@ class ControllableClock:
 
     def advance(self, delta: timedelta | float) -> datetime:
         """Move workflow time and the database clock forward by ``delta``."""
-        from ..storage.base import set_clock_offset_ms
+        from ..storage.clock import set_clock_offset_ms
 
         if not isinstance(delta, timedelta):
             delta = timedelta(seconds=float(delta))
@@ -42,7 +42,7 @@ class ControllableClock:
         return self()
 
     def reset_database_clock(self) -> None:
-        from ..storage.base import set_clock_offset_ms
+        from ..storage.clock import set_clock_offset_ms
 
         set_clock_offset_ms(0)
 

@@ -1,0 +1,56 @@
+"""The database clock: leases, claims and task deadlines use it, never the local clock."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import Func, IntegerField
+
+from .. import exceptions as exc
+from . import sql
+
+__all__ = ["DbNowMs", "clock_offset_ms", "set_clock_offset_ms"]
+
+
+# Added to the database clock by every store in this process. Only
+# selvedge_django.testing changes it, to move lease, claim and task deadlines
+# forward without waiting.
+_clock_offset_ms = 0
+
+
+def set_clock_offset_ms(offset_ms: int) -> None:
+    """Shift the database clock seen by this process's stores (tests only)."""
+    global _clock_offset_ms
+    _clock_offset_ms = int(offset_ms)
+
+
+def clock_offset_ms() -> int:
+    """The current shift of the database clock (see :func:`set_clock_offset_ms`)."""
+    return _clock_offset_ms
+
+
+class DbNowMs(Func):
+    """The database clock in Unix milliseconds (plus a test offset).
+
+    Compiled per database by Django (``as_postgresql``, ``as_sqlite``); any other
+    database is rejected at start by the system checks and by ``store_for``.
+    """
+
+    output_field = IntegerField()
+
+    def __init__(self, offset_ms: int = 0) -> None:
+        super().__init__()
+        self.offset_ms = int(offset_ms)
+
+    def as_sql(  # type: ignore[override]
+        self, compiler: Any, connection: Any, **extra: Any
+    ) -> tuple[str, list[Any]]:  # pragma: no cover - rejected at start by the system checks
+        raise exc.SelvedgeError(f"unsupported database vendor {connection.vendor!r}")
+
+    def as_postgresql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
+        return sql.NOW_MS_POSTGRESQL, [self.offset_ms]
+
+    def as_sqlite(  # type: ignore[override]
+        self, compiler: Any, connection: Any, **extra: Any
+    ) -> tuple[str, list[Any]]:
+        return sql.NOW_MS_SQLITE, [self.offset_ms]

@@ -1,0 +1,127 @@
+"""The storage package's own rules: one dialect per subclass, named statements, marked
+operations, bounded modules, and a LISTEN thread shared by reference."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+import selvedge_django
+from selvedge_django import storage
+from selvedge_django.engine.codec import Codec
+from selvedge_django.storage.base import OPERATIONS, StoreBase
+from selvedge_django.storage.store import DjangoStore
+
+PACKAGE = Path(selvedge_django.__file__).parent
+DIALECTS = {"storage/postgresql.py", "storage/sqlite.py"}
+# What a dialect test looks like: a vendor comparison, or a capability branch.
+DIALECT_TEST = re.compile(r"vendor\s*[!=]=|\bone_statement\b|can_return_columns_from_insert")
+SQL_WORDS = re.compile(r"\b(SELECT|UPDATE|INSERT INTO|DELETE FROM)\b")
+
+
+def _modules(folder: str = "") -> list[Path]:
+    root = PACKAGE / folder
+    return sorted(p for p in root.rglob("*.py") if "migrations" not in p.parts)
+
+
+def test_no_module_tests_the_database_outside_the_dialect_modules() -> None:
+    found = [
+        f"{path.relative_to(PACKAGE)}:{number}: {line.strip()}"
+        for path in _modules()
+        if str(path.relative_to(PACKAGE)) not in DIALECTS
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if DIALECT_TEST.search(line)
+    ]
+    assert not found, "\n".join(found)
+
+
+def test_statements_are_built_only_in_sql_py_and_the_dialect_modules() -> None:
+    """No string literal inside a function of a storage part holds SQL (docstrings aside)."""
+    allowed = {"storage/sql.py", *DIALECTS}
+    found = []
+    for path in _modules("storage"):
+        if str(path.relative_to(PACKAGE)) in allowed:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for function in ast.walk(tree):
+            if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            docstring = ast.get_docstring(function, clean=False)
+            for node in ast.walk(function):
+                if (
+                    isinstance(node, ast.Constant)
+                    and isinstance(node.value, str)
+                    and node.value != docstring
+                    and SQL_WORDS.search(node.value)
+                ):
+                    found.append(f"{path.name}:{node.lineno}: {node.value[:60]!r}")
+    assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize("folder", ["storage", "worker", "testing"])
+def test_no_module_is_over_600_lines(folder: str) -> None:
+    sizes = {
+        str(path.relative_to(PACKAGE)): len(path.read_text(encoding="utf-8").splitlines())
+        for path in _modules(folder)
+    }
+    assert {name: n for name, n in sizes.items() if n > 600} == {}
+
+
+def test_every_public_store_method_is_a_marked_operation() -> None:
+    """The fault injector names statements after marked operations: a new public method
+    of a store class that was not marked would issue statements named after nothing."""
+    classes = [
+        cls
+        for cls in (storage.PostgresStore, storage.SQLiteStore)
+        for cls in cls.__mro__
+        if issubclass(cls, StoreBase)
+    ]
+    unmarked = sorted(
+        f"{cls.__name__}.{name}"
+        for cls in set(classes)
+        for name, attr in vars(cls).items()
+        if not name.startswith("_")
+        and inspect.isfunction(attr)
+        and getattr(attr, "__wrapped__", attr).__code__ not in OPERATIONS
+    )
+    assert unmarked == []
+    assert "complete_task" in OPERATIONS.values()
+
+
+def test_store_for_picks_the_class_of_the_database(tdb: None) -> None:
+    store = storage.store_for(connection.alias, Codec())
+    assert isinstance(store, DjangoStore)
+    assert type(store) is storage.STORES[connection.vendor]
+    assert type(store) is not DjangoStore
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="LISTEN exists on PostgreSQL only")
+def test_the_listener_stops_with_its_last_reference(tdb: None) -> None:
+    from selvedge_django.storage import listener
+    from selvedge_django.storage.wakeups import Bus
+
+    bus = Bus()
+    first = listener.acquire_listener(connection.alias, bus)
+    second = listener.acquire_listener(connection.alias, bus)
+    try:
+        assert first is second
+        assert listener.wait_until_connected(first, 10)
+        listener.release_listener(first)
+        assert first._thread is not None and first._thread.is_alive()
+    finally:
+        listener.release_listener(second)
+    assert first._thread is not None and not first._thread.is_alive()
+    # A process-long reference (the client API's waits) is taken once and kept.
+    kept = listener.ensure_listener(connection.alias, bus)
+    try:
+        assert listener.ensure_listener(connection.alias, bus) is kept
+        worker = listener.acquire_listener(connection.alias, bus)
+        listener.release_listener(worker)
+        assert kept._thread is not None and kept._thread.is_alive()
+    finally:
+        listener.stop_listeners()
