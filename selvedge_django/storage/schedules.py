@@ -114,6 +114,11 @@ class ScheduleStore:
         self.store = store
         self.alias = store.alias
 
+    @operation
+    def now_ms(self) -> int:
+        """The database clock in Unix milliseconds (the clock slots are due on)."""
+        return self.store.now_ms()
+
     def _schedules(self) -> Any:
         return Schedule.objects.using(self.alias)
 
