@@ -1,7 +1,7 @@
 """Renews held leases and live activity claims before they expire.
 
 Each round renews every lease that is due in one statement and every claim that
-is due in another (:meth:`~selvedge_django.store.DjangoStore.renew_leases`,
+is due in another (:meth:`~selvedge_django.storage.store.DjangoStore.renew_leases`,
 ``renew_claims``). A row another transaction holds (a client's signal or cancel
 still open in ``transaction.atomic()``) is skipped, not waited for, and tried
 again at the next round (PostgreSQL), so one held row never delays the renewal
@@ -21,7 +21,7 @@ last successful claim or renewal statement plus the claim TTL).
 
 An attempt that keeps running after it had to stop (past its start-to-close
 deadline, its claim lost, a heartbeat missed) for longer than
-:data:`~selvedge_django.runtime.HUNG_AFTER` is *hung*: it is logged once and
+:data:`~selvedge_django.worker.attempts.HUNG_AFTER` is *hung*: it is logged once and
 counted by ``Worker.hung_attempts()``. Its claim is no longer renewed, and when
 it runs inline the execution's lease is given up too, so that another execution
 can resume the instance with the outcome of the attempt that replaced it.
