@@ -109,19 +109,9 @@ KNOWN: dict[str, str] = {
     "*: selvedge_django.store": "the storage move: storage/ replaces the flat store modules",
     "*: selvedge_django.store_*": "the storage move: storage/ replaces the flat store modules",
     "*: selvedge_django.runtime": "the storage move: runtime.py goes to worker/, in parts",
-    # The whole set, so that a module joining the loop is a new violation.
-    (
-        "cycle: selvedge_django.local_starts selvedge_django.operations.schedules"
-        " selvedge_django.runtime selvedge_django.schedules selvedge_django.store"
-        " selvedge_django.store_recovery selvedge_django.worker.activities"
-        " selvedge_django.worker.dispatcher selvedge_django.worker.leader"
-        " selvedge_django.worker.renewer selvedge_django.worker.scheduler"
-        " selvedge_django.worker.supervisor selvedge_django.worker.timers"
-    ): "the storage move: the store's on_closed callback instead of local_starts",
-    "*: selvedge_django.apps": "the storage move: the SQLite connection set-up in storage/",
-    "dialect: selvedge_django.checks": "the storage move: the SQLite checks ask storage/",
-    "dialect: selvedge_django.operations.base": "the storage move: the store knows if it notifies",
-    "dialect: selvedge_django.schedules": "the storage move: the store knows if it notifies",
+    "cycle: selvedge_django.operations.schedules selvedge_django.schedules": (
+        "the old import path of the schedule operations (schedules.__getattr__) goes"
+    ),
     "upward: selvedge_django.store* -> selvedge_django.local_starts": (
         "the storage move: the store's on_closed callback"
     ),
