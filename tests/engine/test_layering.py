@@ -58,25 +58,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "schedule_slots",
         ),
     ),
-    # Until the storage move lands: the flat store modules, and the worker's runtime
-    # and start handoff at the package root.
-    (
-        "storage",
-        (
-            "storage",
-            "store",
-            "store_base",
-            "store_recovery",
-            "store_renewals",
-            "store_schedules",
-            "store_tasks",
-            "store_waits",
-            "storage_errors",
-            "notify",
-        ),
-    ),
+    ("storage", ("storage",)),
     ("definitions", ("registry", "schedules")),
-    ("worker", ("worker", "runtime", "local_starts")),
+    ("worker", ("worker",)),
     ("operations", ("operations",)),
     (
         "surfaces",
@@ -86,7 +70,6 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "checks",
             "apps",
             "testing",
-            "pytest_plugin",
             "contrib",
             "workflows",
             "history",  # the old import path of operations.history and engine.portable
@@ -106,16 +89,10 @@ SQL_START = re.compile(r"\s*(SELECT|INSERT\s+INTO|UPDATE|DELETE\s+FROM|WITH|LOCK
 
 # Violations known when the test was written (patterns of keys) -> what removes them.
 KNOWN: dict[str, str] = {
-    "*: selvedge_django.store": "the storage move: storage/ replaces the flat store modules",
-    "*: selvedge_django.store_*": "the storage move: storage/ replaces the flat store modules",
-    "*: selvedge_django.runtime": "the storage move: runtime.py goes to worker/, in parts",
     "cycle: selvedge_django.operations.schedules selvedge_django.schedules": (
         "the old import path of the schedule operations (schedules.__getattr__) goes"
     ),
-    "upward: selvedge_django.store* -> selvedge_django.local_starts": (
-        "the storage move: the store's on_closed callback"
-    ),
-    "upward: selvedge_django.schedules -> selvedge_django.*runtime": (
+    "upward: selvedge_django.schedules -> selvedge_django.worker.runtime": (
         "schedules gets its store from storage (as the operations do), not the worker's runtime"
     ),
     "upward: selvedge_django.schedules -> selvedge_django.operations.schedules": (
