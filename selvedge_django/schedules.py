@@ -100,8 +100,7 @@ _client_lock = threading.Lock()
 def schedule_store() -> ScheduleStore:
     """The schedule store of the client API, rebuilt whenever the settings change."""
     global _client
-    from .storage import store_for
-    from .worker.runtime import client_codec
+    from .storage import client_codec, store_for
 
     settings = get_settings()
     with _client_lock:
@@ -265,7 +264,7 @@ def _workflow_name(workflow: object) -> str:
 
 
 def _input(value: Any) -> Any:
-    from .worker.runtime import client_codec
+    from .storage import client_codec
 
     codec = client_codec(get_settings())
     try:
@@ -479,36 +478,3 @@ def _differs(row: Schedule, wanted: Mapping[str, Any]) -> bool:
 
 # The store's old private name (tests and benchmarks use it).
 _store = schedule_store
-
-
-def __getattr__(name: str) -> Any:
-    # The client calls moved to the operations layer; keep their old import path.
-    if name in _MOVED:
-        from .operations import schedules as operations_schedules
-
-        return getattr(operations_schedules, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-_MOVED = frozenset(
-    (
-        "abackfill_schedule",
-        "acreate_schedule",
-        "adelete_schedule",
-        "adescribe_schedule",
-        "alist_schedules",
-        "apause_schedule",
-        "atrigger_schedule",
-        "aunpause_schedule",
-        "aupdate_schedule",
-        "backfill_schedule",
-        "create_schedule",
-        "delete_schedule",
-        "describe_schedule",
-        "list_schedules",
-        "pause_schedule",
-        "trigger_schedule",
-        "unpause_schedule",
-        "update_schedule",
-    )
-)

@@ -8,9 +8,8 @@ from typing import Any
 from .. import exceptions as exc
 from ..conf import get_settings
 from ..engine.identifiers import check_instance_id, instance_id_problem
-from ..storage import DjangoStore, store_for
+from ..storage import DjangoStore, client_codec, store_for
 from ..worker import handoff
-from ..worker.runtime import client_codec
 
 __all__ = [
     "client_store",

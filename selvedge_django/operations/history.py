@@ -47,8 +47,7 @@ from ..models import (
     WorkflowStatus,
 )
 from ..registry import get_workflow, registered_workflow_names
-from ..storage import DjangoStore
-from ..worker.runtime import client_codec
+from ..storage import DjangoStore, client_codec
 from .base import client_store, known_id
 
 __all__ = [

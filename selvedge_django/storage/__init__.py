@@ -32,6 +32,14 @@ from .store import DjangoStore, InstanceHead
 if TYPE_CHECKING:
     from ..conf import SelvedgeSettings
 
+
+def client_codec(settings: SelvedgeSettings) -> Codec:
+    """The codec of stored values: Django's JSON encoder, capped at ``MAX_PAYLOAD_BYTES``."""
+    from django.core.serializers.json import DjangoJSONEncoder
+
+    return Codec(DjangoJSONEncoder, settings.max_payload_bytes)
+
+
 __all__ = [
     "DbNowMs",
     "DjangoStore",
@@ -39,6 +47,7 @@ __all__ = [
     "PostgresStore",
     "SQLiteStore",
     "check_vendor",
+    "client_codec",
     "clock_offset_ms",
     "configure_connection",
     "database_checks",

@@ -15,31 +15,26 @@ import threading
 import time
 from typing import Any
 
-from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connections
 
 from .. import exceptions as exc
 from .. import hooks as hooks_module
 from .. import signals
 from ..conf import SelvedgeSettings
-from ..engine.codec import Codec, error_to_envelope
+from ..engine.codec import error_to_envelope
 from ..engine.context import WorkflowContext
 from ..engine.events import Fence
 from ..engine.execution import Execution
 from ..engine.ports import CloseRequest, ExecutionOutcome, ExecutionSnapshot, HistoryLimits
 from ..registry import get_workflow, registered_activity_names
-from ..storage import InstanceHead, store_for
+from ..storage import InstanceHead, client_codec, store_for
 from ..storage.errors import backoff_delay, describe, is_data_error
 from . import handoff
 from .attempts import HUNG_AFTER, AttemptRunner, HungAttempt
 
-__all__ = ["HUNG_AFTER", "HungAttempt", "WorkerRuntime", "client_codec"]
+__all__ = ["HUNG_AFTER", "HungAttempt", "WorkerRuntime", "client_codec"]  # client_codec: storage's
 
 logger = logging.getLogger("selvedge_django.worker")
-
-
-def client_codec(settings: SelvedgeSettings) -> Codec:
-    return Codec(DjangoJSONEncoder, settings.max_payload_bytes)
 
 
 class WorkerRuntime(AttemptRunner):

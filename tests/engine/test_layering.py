@@ -88,17 +88,7 @@ SQL_MODULES = {f"{PACKAGE}.storage.sql", *DIALECT_MODULES}
 SQL_START = re.compile(r"\s*(SELECT|INSERT\s+INTO|UPDATE|DELETE\s+FROM|WITH|LOCK|PRAGMA)\s")
 
 # Violations known when the test was written (patterns of keys) -> what removes them.
-KNOWN: dict[str, str] = {
-    "cycle: selvedge_django.operations.schedules selvedge_django.schedules": (
-        "the old import path of the schedule operations (schedules.__getattr__) goes"
-    ),
-    "upward: selvedge_django.schedules -> selvedge_django.worker.runtime": (
-        "schedules gets its store from storage (as the operations do), not the worker's runtime"
-    ),
-    "upward: selvedge_django.schedules -> selvedge_django.operations.schedules": (
-        "the old import path of the schedule operations (schedules.__getattr__) goes"
-    ),
-}
+KNOWN: dict[str, str] = {}
 
 
 def known(key: str) -> bool:
