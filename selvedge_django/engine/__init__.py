@@ -15,6 +15,7 @@ it, and that nothing here imports Django):
   the context it runs with).
 - ``handles``, ``inbox``, ``commands``: futures, timers and child handles; signal
   commands; every other command.
+- ``patches``: ``patched()`` and ``deprecate_patch()``, code changes beside old histories.
 - ``context``: ``WorkflowContext``, the facade workflow code sees.
 - ``replay``: the read-only runtime of queries and replay checks.
 - ``activity``, ``coroutines``: the activity attempt context and async activities.
@@ -33,6 +34,7 @@ ORDER = (
     "handles",
     "inbox",
     "commands",
+    "patches",
     "context",
     "replay",
     "activity",

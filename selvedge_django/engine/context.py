@@ -12,10 +12,10 @@ import dataclasses
 import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any, Protocol, TypeVar, overload
+from typing import Any, Literal, Protocol, TypeVar, overload
 
 from .. import exceptions as exc
-from . import commands, inbox
+from . import commands, inbox, patches
 from .events import HistoryRow
 from .execution import Execution
 from .handles import ChildHandle, Timer
@@ -191,6 +191,27 @@ class WorkflowContext:
     def detached(self) -> WorkflowContext:
         """Return a context whose scope ignores the workflow's cancellation (for cleanup)."""
         return WorkflowContext(self._execution, Scope(parent=None, detached=True))
+
+    # -- patches --------------------------------------------------------------------------
+
+    def patched(self, patch_id: str) -> bool:
+        """Return True on the new code path of a patch, False for a run recorded before it.
+
+        Live, it records a marker and returns True. In replay it returns True when
+        the marker of ``patch_id`` is recorded at this position, and False, consuming
+        nothing, when history holds another command here or the recorded run went no
+        further (its code had no patch). Each patch id once per run.
+        """
+        return patches.patched(self._execution, patch_id)
+
+    def deprecate_patch(self, patch_id: str) -> Literal[True]:
+        """Keep replaying histories that hold the marker of ``patch_id``; record nothing.
+
+        The step after every instance that took the old path has closed: the
+        ``if ctx.patched(...)`` goes, the new code stays, and histories with and
+        without the marker both replay. Always returns True.
+        """
+        return patches.deprecate_patch(self._execution, patch_id)
 
     # -- queries --------------------------------------------------------------------------
 

@@ -52,6 +52,10 @@ class ExecutionSnapshot:
     parent_key: str = ""
     history: list[HistoryRow] = field(default_factory=list)
     signals: list[SignalPosition] = field(default_factory=list)
+    # Where the previous execution parked (a wait that records nothing): its command
+    # position and key, 0 and "" when it parked nowhere (see engine.patches).
+    parked_seq: int = 0
+    parked_key: str = ""
 
 
 @dataclass(frozen=True)
@@ -240,7 +244,9 @@ class EngineStore(Protocol):
         """Close the instance, fenced, in one transaction; return the status written."""
         ...
 
-    def release_lease(self, fence: Fence, runnable: bool = False) -> None:
+    def release_lease(
+        self, fence: Fence, runnable: bool = False, parked: tuple[int, str] | None = None
+    ) -> None:
         """Release the lease; ``runnable`` asks for another dispatch."""
         ...
 
