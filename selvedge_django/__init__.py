@@ -75,6 +75,7 @@ if TYPE_CHECKING:
         RecordedSignal,
         parse_history,
     )
+    from .engine.replay import ReplayResult
     from .models import WorkflowStatus
     from .operations import (
         ActivityTaskInfo,
@@ -168,6 +169,7 @@ __all__ = [
     "ReplayDecodeError",
     "ReplayError",
     "ReplayOutcomeError",
+    "ReplayResult",
     "RetryExhaustedError",
     "RetryPolicy",
     "ScheduleAlreadyExists",
@@ -253,6 +255,7 @@ _LAZY = {
     "RecordedHistory": "selvedge_django.engine.portable",
     "RecordedInstance": "selvedge_django.engine.portable",
     "RecordedSignal": "selvedge_django.engine.portable",
+    "ReplayResult": "selvedge_django.engine.replay",
     "export_history": "selvedge_django.operations",
     "parse_history": "selvedge_django.engine.portable",
     "query": "selvedge_django.operations",

@@ -31,6 +31,8 @@ DEFAULTS: dict[str, Any] = {
     "DATABASE": "default",
     "WORKER_ID": None,
     "SERVICE_NAME": "",
+    "CODE_VERSION": None,
+    "COMPATIBLE_VERSIONS": None,
     "MAX_CONCURRENT_ACTIVITIES": 10,
     "MAX_CONCURRENT_RESUMPTIONS": 10,
     "ACTIVITY_QUEUES": None,
@@ -130,6 +132,10 @@ class SelvedgeSettings:
     # False when ``worker_id`` was generated: each Worker then generates its own.
     worker_id_configured: bool = False
     service_name: str = ""
+    # Recorded on every instance this process starts; None when unset.
+    code_version: str | None = None
+    # The recorded versions a worker leases (None: any; None in it: unversioned ones).
+    compatible_versions: tuple[str | None, ...] | None = None
     max_concurrent_activities: int = 10
     max_concurrent_resumptions: int = 10
     activity_queues: tuple[str, ...] | None = None
@@ -181,6 +187,8 @@ class SelvedgeSettings:
             "DATABASE": self.database,
             "WORKER_ID": self.worker_id if self.worker_id_configured else None,
             "SERVICE_NAME": self.service_name,
+            "CODE_VERSION": self.code_version,
+            "COMPATIBLE_VERSIONS": self.compatible_versions,
             "MAX_CONCURRENT_ACTIVITIES": self.max_concurrent_activities,
             "MAX_CONCURRENT_RESUMPTIONS": self.max_concurrent_resumptions,
             "ACTIVITY_QUEUES": self.activity_queues,
@@ -256,6 +264,37 @@ def lease_problems(lease: Mapping[str, Any]) -> list[str]:
     return problems
 
 
+MAX_COMPATIBLE_VERSIONS = 100
+
+
+def _version_ok(value: object) -> bool:
+    return isinstance(value, str) and 1 <= len(value) <= 255 and value.isprintable()
+
+
+def _versions(
+    code_version: Any, compatible: Any
+) -> tuple[str | None, tuple[str | None, ...] | None]:
+    """Validate CODE_VERSION and COMPATIBLE_VERSIONS."""
+    if code_version is not None and not _version_ok(code_version):
+        raise ImproperlyConfigured(
+            "SELVEDGE['CODE_VERSION'] must be None or a string of 1 to 255 printable characters"
+        )
+    if compatible is None:
+        return code_version, None
+    if isinstance(compatible, str | bytes) or not isinstance(compatible, list | tuple):
+        raise ImproperlyConfigured(
+            "SELVEDGE['COMPATIBLE_VERSIONS'] must be None or a list of versions (strings or None)"
+        )
+    if len(compatible) > MAX_COMPATIBLE_VERSIONS or not all(
+        v is None or _version_ok(v) for v in compatible
+    ):
+        raise ImproperlyConfigured(
+            f"SELVEDGE['COMPATIBLE_VERSIONS'] must hold at most {MAX_COMPATIBLE_VERSIONS}"
+            " versions, each None or a string of 1 to 255 printable characters"
+        )
+    return code_version, tuple(dict.fromkeys(compatible))
+
+
 def resolve_settings(raw_in: Mapping[str, Any] | None) -> SelvedgeSettings:
     """Validate a ``SELVEDGE`` dict; raise ImproperlyConfigured naming the bad key."""
     raw_in = raw_in or {}
@@ -296,6 +335,7 @@ def resolve_settings(raw_in: Mapping[str, Any] | None) -> SelvedgeSettings:
         if isinstance(queues, str) or not all(isinstance(q, str) for q in queues):
             raise ImproperlyConfigured("SELVEDGE['ACTIVITY_QUEUES'] must be a list of strings")
         queues = tuple(queues)
+    code_version, compatible = _versions(raw["CODE_VERSION"], raw["COMPATIBLE_VERSIONS"])
     clock = raw["CLOCK"]
     if clock is None:
         clock = default_clock
@@ -352,6 +392,8 @@ def resolve_settings(raw_in: Mapping[str, Any] | None) -> SelvedgeSettings:
         worker_id=str(raw["WORKER_ID"] or default_worker_id()),
         worker_id_configured=bool(raw["WORKER_ID"]),
         service_name=str(raw["SERVICE_NAME"] or ""),
+        code_version=code_version,
+        compatible_versions=compatible,
         max_concurrent_activities=ints["MAX_CONCURRENT_ACTIVITIES"],
         max_concurrent_resumptions=ints["MAX_CONCURRENT_RESUMPTIONS"],
         activity_queues=queues,

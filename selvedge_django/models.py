@@ -89,6 +89,24 @@ class WorkflowInstance(models.Model):
     )
     resumed_count = models.IntegerField(default=0, db_default=0)
     forked_from = models.CharField(max_length=255, default="", db_default="", blank=True)
+    code_version = models.CharField(
+        max_length=255,
+        null=True,
+        blank=True,
+        help_text="SELVEDGE['CODE_VERSION'] of the process that started the instance",
+    )
+    parked_seq = models.IntegerField(
+        default=0,
+        db_default=0,
+        help_text="the command position where the last execution suspended (0: none)",
+    )
+    parked_key = models.CharField(
+        max_length=255,
+        default="",
+        db_default="",
+        blank=True,
+        help_text="the key of the command where the last execution suspended",
+    )
 
     objects = WorkflowInstanceQuerySet.as_manager()
 
@@ -106,12 +124,12 @@ class WorkflowInstance(models.Model):
         ]
         indexes = [
             models.Index(
-                fields=["ready_ms", "workflow_name"],
+                fields=["ready_ms", "workflow_name", "code_version"],
                 name="sv_inst_ready_idx",
                 condition=Q(status="running", runnable=True, lease_owner=""),
             ),
             models.Index(
-                fields=["lease_expires_ms"],
+                fields=["lease_expires_ms", "code_version"],
                 name="sv_inst_lease_idx",
                 condition=Q(status="running") & ~Q(lease_owner=""),
             ),
@@ -122,6 +140,11 @@ class WorkflowInstance(models.Model):
             ),
             models.Index(fields=["-started_at", "-instance_id"], name="sv_inst_started_idx"),
             models.Index(fields=["closed_at"], name="sv_inst_closed_idx"),
+            models.Index(
+                fields=["workflow_name", "code_version"],
+                name="sv_inst_version_idx",
+                condition=Q(status="running"),
+            ),
             models.Index(
                 fields=["parent_instance_id"],
                 name="sv_inst_parent_idx",
@@ -159,6 +182,10 @@ class HistoryEvent(models.Model):
                 fields=["instance"],
                 name="sv_history_undelivered_idx",
                 condition=Q(delivered_seq__isnull=True, data__isnull=False),
+            ),
+            # Patch markers, for counting the running instances that passed each patch.
+            models.Index(
+                fields=["instance"], name="sv_history_patch_idx", condition=Q(command="patch")
             ),
         ]
 

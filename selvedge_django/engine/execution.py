@@ -105,11 +105,7 @@ class Execution:
                 self.by_seq[row.seq] = row
         self.signals: dict[int, SignalPosition] = {s.id: s for s in snapshot.signals}
         self.max_recorded_seq = max(self.by_seq, default=0)
-        # The last position the previous executions reached: a patched() call at or
-        # before it is replay (see engine.patches).
-        self.replay_boundary = max(self.max_recorded_seq, snapshot.parked_seq)
-        # How this run went through each patch id it used (engine.patches.PATH_*).
-        self.patches: dict[str, str] = {}
+        self.patches: dict[str, str] = {}  # each patch id's path (engine.patches)
         self.last_key = ""
         self.limits: HistoryLimits | None = (
             None if self.readonly else getattr(runtime, "history_limits", None)
@@ -233,10 +229,6 @@ class Execution:
         finally:
             self.in_query = False
 
-    def parked_at(self) -> tuple[int, str]:
-        """The position and key of the command this execution suspended at."""
-        return self.seq, self.last_key
-
     def suspend(self, why: str) -> Suspend:
         """Return the suspension to raise; later commands are rejected without writes."""
         self.suspension = Frontier(why) if self.readonly else Suspend(why)
@@ -251,17 +243,10 @@ class Execution:
         if key is None:
             key = f"#{seq}:{label}"[:255]
         at_seq = self.by_seq.get(seq)
-        parked = self.snapshot
-        if at_seq is None and seq == parked.parked_seq and parked.parked_key not in ("", key):
-            # The previous execution parked here at a wait that records nothing: the code
-            # must reach that wait again, not a command inserted before it.
-            raise self.nondeterminism(
-                f"command {seq} is {command} {key!r} but the previous execution waited "
-                f"there at {parked.parked_key!r}",
-                key=parked.parked_key,
-                expected=parked.parked_key.partition(":")[2].partition(":")[0],
-                actual=command,
-            )
+        parked = self.snapshot.parked_key  # the unrecorded wait the last execution parked at
+        if at_seq is None and seq == self.snapshot.parked_seq and parked not in ("", key):
+            message = f"command {seq} is {command} {key!r}; the last execution waited at {parked!r}"
+            raise self.nondeterminism(message, key=parked, expected="wait", actual=command)
         if at_seq is not None and at_seq.key != key:
             raise self.nondeterminism(
                 f"command {seq} is {command} {key!r} but history recorded "

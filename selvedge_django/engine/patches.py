@@ -102,7 +102,9 @@ def patched(execution: Execution, patch_id: str) -> bool:
     if recorded is True:
         _consume(execution, patch_id)
         return True
-    if recorded is False or execution.seq + 1 <= execution.replay_boundary:
+    # The furthest position earlier executions reached: recorded, or parked at.
+    boundary = max(execution.max_recorded_seq, execution.snapshot.parked_seq)
+    if recorded is False or execution.seq + 1 <= boundary:
         # The recorded run issued something else here, or went no further than here:
         # it ran the old code. Nothing is consumed, so its history stays aligned.
         execution.patches[patch_id] = PATH_OLD

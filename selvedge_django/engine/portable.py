@@ -122,6 +122,10 @@ class RecordedInstance:
     cancel_reason: str = ""
     parent_instance_id: str = ""
     parent_key: str = ""
+    # Where the last execution of a running instance suspended at a wait that records
+    # nothing (0 and "": nowhere). Exported only when set; Go's format has no such field.
+    parked_seq: int = 0
+    parked_key: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -139,6 +143,8 @@ class RecordedInstance:
             parent_instance_id=self.parent_instance_id,
             parent_key=self.parent_key,
         )
+        if self.parked_seq:
+            out.update(parked_seq=self.parked_seq, parked_key=self.parked_key)
         return out
 
 
@@ -212,6 +218,8 @@ _INSTANCE = {
     "cancel_reason": str,
     "parent_instance_id": str,
     "parent_key": str,
+    "parked_seq": int,
+    "parked_key": str,
 }
 _INSTANCE_REQUIRED = {"instance_id", "workflow_name", "status"}
 _EVENT = {
@@ -237,6 +245,8 @@ _ZERO_INSTANCE = {
     "cancel_reason": "",
     "parent_instance_id": "",
     "parent_key": "",
+    "parked_seq": 0,
+    "parked_key": "",
 }
 _ZERO_EVENT = {"seq": 0, "delivered_seq": 0, "data_type": "json"}
 _ZERO_SIGNAL = {"delivered_seq": 0, "consumed_seq": 0}
@@ -319,6 +329,8 @@ def parse_history(data: str | bytes | bytearray) -> RecordedHistory:
     inst = _check_object(
         doc.get("instance"), "instance", _INSTANCE, _INSTANCE_REQUIRED, _ZERO_INSTANCE
     )
+    if inst.get("parked_seq", 0) < 0:
+        raise _fail("field instance.parked_seq must not be negative")
     if inst["status"] not in _STATUSES:
         raise _fail(f"field instance.status has unknown value {inst['status']!r}")
     events_raw = _list(doc, "events")
@@ -364,6 +376,8 @@ def parse_history(data: str | bytes | bytearray) -> RecordedHistory:
             cancel_reason=inst.get("cancel_reason", ""),
             parent_instance_id=inst.get("parent_instance_id", ""),
             parent_key=inst.get("parent_key", ""),
+            parked_seq=inst.get("parked_seq", 0),
+            parked_key=inst.get("parked_key", ""),
         ),
         events=events,
         signals=signals,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -22,7 +23,14 @@ from .execution import Execution
 from .portable import ABSENT, RecordedHistory, recorded_text
 from .ports import ClaimedTask, ExecutionOutcome, ExecutionSnapshot
 
-__all__ = ["ReplayRuntime", "answer_query", "check_replay", "replay", "snapshot_of"]
+__all__ = [
+    "ReplayResult",
+    "ReplayRuntime",
+    "answer_query",
+    "check_replay",
+    "replay",
+    "snapshot_of",
+]
 
 WorkflowFunction = Callable[[Any, Any], Any]
 
@@ -76,6 +84,8 @@ def snapshot_of(history: RecordedHistory) -> ExecutionSnapshot:
         cancel_reason=inst.cancel_reason,
         parent_instance_id=inst.parent_instance_id,
         parent_key=inst.parent_key,
+        parked_seq=inst.parked_seq,
+        parked_key=inst.parked_key,
         history=[
             HistoryRow(
                 key=e.key,
@@ -144,7 +154,28 @@ def _closed_from_outside(recorded_error: Any) -> bool:
     )
 
 
-def check_replay(history: RecordedHistory, fn: WorkflowFunction, runtime: ReplayRuntime) -> None:
+@dataclass(frozen=True)
+class ReplayResult:
+    """What a replay that matched found: how it went through each patch it met.
+
+    ``patches`` maps each patch id the replayed code used, in the order it used
+    them, to ``"new"`` (its marker is recorded: the new path), ``"old"`` (no
+    marker: the history was recorded before the patch) or ``"deprecated"``
+    (``deprecate_patch()`` found no marker). A patch past the point where a
+    running history stops is not in it.
+    """
+
+    instance_id: str
+    patches: dict[str, str]
+
+    def describe_patches(self) -> str:
+        """The patches as ``id=path`` words, for one line of a report."""
+        return " ".join(f"{patch_id}={path}" for patch_id, path in self.patches.items())
+
+
+def check_replay(
+    history: RecordedHistory, fn: WorkflowFunction, runtime: ReplayRuntime
+) -> ReplayResult:
     """Check workflow code ``fn`` against a recorded history.
 
     A running history may stop at its recorded frontier; a closed one must reach
@@ -153,10 +184,11 @@ def check_replay(history: RecordedHistory, fn: WorkflowFunction, runtime: Replay
     running one, only its commands must match. Raises :class:`ReplayError` whose
     ``divergence`` is a :class:`NondeterminismError` (commands) or a
     :class:`ReplayOutcomeError` (outcome), and whose ``workflow_error`` is the
-    error the replayed code raised, if any.
+    error the replayed code raised, if any. Returns a :class:`ReplayResult`.
     """
     inst = history.instance
     execution, outcome = replay(history, fn, runtime)
+    result = ReplayResult(inst.instance_id, dict(execution.patches))
     divergence: BaseException | None = None
     # A run closed from outside its code (terminated, or failed on storage errors) is
     # checked like a running one: its commands must match, wherever it then stops.
@@ -182,14 +214,14 @@ def check_replay(history: RecordedHistory, fn: WorkflowFunction, runtime: Replay
         replayed_status = outcome.kind
         if outcome.kind == "completed":
             if recorded_status == "completed" and _json_equal(inst.output, outcome.output):
-                return
+                return result
         elif outcome.kind in ("failed", "cancelled"):
             if recorded_status == "cancelled" and isinstance(outcome.error, exc.Cancelled):
-                return
+                return result
             if recorded_status == outcome.kind and _error_matches(inst.output, outcome.error):
-                return
+                return result
             if recorded_status == "failed" and _error_matches(inst.output, outcome.error):
-                return
+                return result
         divergence = exc.ReplayOutcomeError(
             inst.instance_id,
             recorded_status,
@@ -200,6 +232,7 @@ def check_replay(history: RecordedHistory, fn: WorkflowFunction, runtime: Replay
     if divergence is not None:
         workflow_error = outcome.workflow_error or outcome.error
         raise exc.ReplayError(inst.instance_id, divergence, workflow_error)
+    return result
 
 
 def answer_query(

@@ -66,6 +66,8 @@ class WorkflowDescription:
     generation: int = 1
     resumed_count: int = 0
     forked_from: str | None = None
+    # SELVEDGE["CODE_VERSION"] of the process that started it (None: unset there).
+    code_version: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -83,6 +85,7 @@ class WorkflowDescription:
             "generation": self.generation,
             "resumed_count": self.resumed_count,
             "forked_from": self.forked_from,
+            "code_version": self.code_version,
         }
 
 
@@ -142,6 +145,7 @@ def _describe(inst: WorkflowInstance) -> WorkflowDescription:
         generation=inst.generation,
         resumed_count=inst.resumed_count,
         forked_from=inst.forked_from or None,
+        code_version=inst.code_version,
     )
 
 

@@ -38,7 +38,7 @@ from ..engine.portable import (
     parse_history,
     recorded_value,
 )
-from ..engine.replay import ReplayRuntime, answer_query, check_replay
+from ..engine.replay import ReplayResult, ReplayRuntime, answer_query, check_replay
 from ..models import (
     ArchivedHistoryEvent,
     HistoryEvent,
@@ -216,6 +216,8 @@ def export_history(instance_id: str, *, redact: bool = False) -> RecordedHistory
             cancel_reason=reason,
             parent_instance_id=inst.parent_instance_id,
             parent_key=inst.parent_key,
+            parked_seq=inst.parked_seq if inst.status == "running" else 0,
+            parked_key=inst.parked_key if inst.status == "running" else "",
         ),
         events=[
             RecordedEvent(
@@ -252,7 +254,7 @@ def _workflow_function(history: RecordedHistory) -> Callable[[Any, Any], Any]:
     return definition.fn
 
 
-def replay_history(history: RecordedHistory) -> None:
+def replay_history(history: RecordedHistory) -> ReplayResult:
     """Check the registered workflow code against a recorded history.
 
     A running history may stop at its recorded frontier; a closed one must reach
@@ -261,14 +263,15 @@ def replay_history(history: RecordedHistory) -> None:
     running one, only its commands must match. Raises :class:`ReplayError` whose
     ``divergence`` is a :class:`NondeterminismError` (commands) or a
     :class:`ReplayOutcomeError` (outcome), and whose ``workflow_error`` is the
-    error the replayed code raised, if any.
+    error the replayed code raised, if any. Returns a :class:`ReplayResult`: how
+    the code went through each patch it met.
     """
-    check_replay(history, _workflow_function(history), _replay_runtime())
+    return check_replay(history, _workflow_function(history), _replay_runtime())
 
 
-def replay_instance(instance_id: str) -> None:
+def replay_instance(instance_id: str) -> ReplayResult:
     """Export an instance and check the registered workflow code against it."""
-    replay_history(export_history(instance_id))
+    return replay_history(export_history(instance_id))
 
 
 def replay_check(
@@ -276,15 +279,15 @@ def replay_check(
     *,
     recent: timedelta = timedelta(days=7),
     limit: int = 1000,
-) -> Iterator[tuple[str, exc.SelvedgeError | None]]:
-    """Check the registered workflow code against histories; yield (label, error or None).
+) -> Iterator[tuple[str, exc.SelvedgeError | ReplayResult]]:
+    """Check the registered workflow code against histories; yield (label, error or result).
 
     With ``files`` ((name, ``selvedge.history/v1`` text) pairs) it checks those; an
     unreadable one yields its :class:`UnsupportedHistoryFormat`. Without, it
     checks the running instances of registered workflows (oldest first) and those
     closed within ``recent`` (newest first), at most ``limit`` of each. A check
     that fails yields the :class:`SelvedgeError` (a :class:`ReplayError` on
-    divergence); the next one still runs.
+    divergence), one that matches its :class:`ReplayResult`; the next one still runs.
     """
     if files:
         sources: list[tuple[str, Callable[[], RecordedHistory]]] = [
@@ -297,11 +300,11 @@ def replay_check(
         ]
     for label, load in sources:
         try:
-            replay_history(load())
+            result = replay_history(load())
         except exc.SelvedgeError as error:
             yield label, error
         else:
-            yield label, None
+            yield label, result
 
 
 def _replay_candidates(recent: timedelta, limit: int) -> list[str]:

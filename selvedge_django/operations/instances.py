@@ -18,7 +18,7 @@ from django.db import transaction
 from .. import exceptions as exc
 from .. import hooks as hooks_module
 from .. import signals
-from ..conf import get_settings
+from ..conf import SelvedgeSettings, get_settings
 from ..engine.codec import contains_nul
 from ..engine.events import error_data
 from ..engine.identifiers import check_workflow_name, valid_channel
@@ -40,6 +40,11 @@ __all__ = [
 ]
 
 In = TypeVar("In")
+
+
+def _leases_version(settings: SelvedgeSettings, version: str | None) -> bool:
+    """Whether a worker with ``settings`` leases instances recorded under ``version``."""
+    return settings.compatible_versions is None or version in settings.compatible_versions
 
 
 @overload
@@ -101,6 +106,8 @@ def start_workflow(
     settings = get_settings()
     # A worker running in this process takes the instance straight from the start.
     worker = local_worker(store.identity) if get_workflow(name) is not None else None
+    if worker is not None and not _leases_version(worker.settings, settings.code_version):
+        worker = None  # a version-pinned worker that does not take this version
     leased_at = time.monotonic()
     fence = store.create_instance(
         instance_id,
@@ -109,6 +116,7 @@ def start_workflow(
         service_name=settings.service_name,
         lease_owner=None if worker is None else worker.worker_id,
         lease_ttl=None if worker is None else worker.settings.lease.ttl,
+        code_version=settings.code_version,
     )
     hooks = settings.hooks
 

@@ -87,6 +87,8 @@ def store_for(alias: str, codec: Codec, settings: SelvedgeSettings | None = None
         if settings.listen_notify is not None:
             store.notify_enabled = settings.listen_notify and store.can_notify
         store.listen_alias = settings.listen_database or settings.database
+        store.code_version = settings.code_version
+        store.compatible_versions = settings.compatible_versions
     return store
 
 

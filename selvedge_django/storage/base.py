@@ -101,6 +101,11 @@ class StoreBase:
         self.lease_ttl = 30.0
         self.activity_names: Callable[[], Sequence[str] | None] = lambda: None
         self.activity_queues: tuple[str, ...] | None = None
+        # CODE_VERSION, recorded on the instances this store starts (children, schedule
+        # runs, forks; the client API passes its own), and COMPATIBLE_VERSIONS, which
+        # limits what it leases.
+        self.code_version: str | None = None
+        self.compatible_versions: tuple[str | None, ...] | None = None
         self.notify_enabled = self.can_notify
         # The alias whose connection LISTENs for the wake-ups of this store's bus.
         self.listen_alias = alias

@@ -67,6 +67,7 @@ class ChildStore(StoreBase):
                         parent_key=row.key,
                         started_at=now,
                         updated_at=now,
+                        code_version=self.code_version,
                     )
             except IntegrityError:
                 attached = self._reattach_child(fence, row, child)

@@ -15,7 +15,7 @@ from operator import attrgetter
 from typing import Any
 
 from django.db import IntegrityError
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from .. import exceptions as exc
@@ -51,6 +51,8 @@ class InstanceHead:
     cancel_reason: str
     parent_instance_id: str
     parent_key: str
+    parked_seq: int = 0
+    parked_key: str = ""
 
 
 class InstanceStore(ChildStore):
@@ -71,8 +73,11 @@ class InstanceStore(ChildStore):
         started_at: datetime | None = None,
         lease_owner: str | None = None,
         lease_ttl: float | None = None,
+        code_version: str | None = None,
     ) -> Fence | None:
         """Insert a runnable instance; a taken id raises WorkflowAlreadyStarted.
+
+        ``code_version`` is recorded on it (the starting process's CODE_VERSION).
 
         With ``lease_owner`` the instance is inserted already leased to that owner
         (epoch 1, expiring ``lease_ttl`` seconds from now on the database clock) and not
@@ -106,6 +111,7 @@ class InstanceStore(ChildStore):
             now,
             now,
             *clock,
+            code_version,
         ]
         try:
             self._insert_instance(params, leased)
@@ -151,11 +157,16 @@ class InstanceStore(ChildStore):
         its snapshot then reads only the history. How concurrent dispatchers keep
         apart is the dialect's (:meth:`_lease_rows`).
         """
-        if limit <= 0 or (names is not None and not names):
+        versions = self.compatible_versions
+        if limit <= 0 or (names is not None and not names) or versions == ():
             return []
         clock = self.now_sql().params
         named = "" if names is None else sql.in_list("workflow_name", len(names))
         name_params = [] if names is None else list(names)
+        if versions is not None:
+            version_sql, version_params = self.versions_sql(versions)
+            named += version_sql
+            name_params += version_params
         where = [*clock, *name_params]
         lease_params = [owner, *clock, round(ttl * 1000), False]
         rows = self._lease_rows(owner, limit, named, where, lease_params)
@@ -171,8 +182,19 @@ class InstanceStore(ChildStore):
         """
         raise NotImplementedError
 
+    @staticmethod
+    def versions_sql(versions: Sequence[str | None]) -> tuple[str, list[Any]]:
+        """COMPATIBLE_VERSIONS as a dispatch condition (None: unversioned instances)."""
+        named = [v for v in versions if v is not None]
+        unversioned = len(named) < len(versions)
+        if not named:
+            return sql.VERSIONS_NULL, []
+        rest = " OR code_version IS NULL" if unversioned else ""
+        return sql.compose(sql.VERSIONS_IN, versions=sql.marks(len(named)), unversioned=rest), named
+
     def _head(self, row: Sequence[Any]) -> InstanceHead:
-        name, input_value, status, cancel_requested, reason, parent, parent_key = row
+        name, input_value, status, cancel_requested, reason, parent, parent_key = row[:7]
+        parked_seq, parked_key = row[7:9]
         return InstanceHead(
             workflow_name=name,
             input=self._input_field.from_db_value(input_value, None, self.connection),
@@ -181,7 +203,19 @@ class InstanceStore(ChildStore):
             cancel_reason=reason,
             parent_instance_id=parent,
             parent_key=parent_key,
+            parked_seq=int(parked_seq or 0),
+            parked_key=str(parked_key or ""),
         )
+
+    def _compatible(self, instances: Any) -> Any:
+        """Only the instances of COMPATIBLE_VERSIONS (all when it is None)."""
+        versions = self.compatible_versions
+        if versions is None:
+            return instances
+        allowed = Q(code_version__in=[v for v in versions if v is not None])
+        if None in versions:
+            allowed |= Q(code_version__isnull=True)
+        return instances.filter(allowed)
 
     @operation
     def acquire(self, instance_id: str, owner: str, ttl: float) -> Fence | None:
@@ -189,7 +223,7 @@ class InstanceStore(ChildStore):
         instances = WorkflowInstance.objects.using(self.alias)
         with self.atomic():
             if (
-                not instances.filter(instance_id=instance_id)
+                not self._compatible(instances.filter(instance_id=instance_id))
                 .dispatchable(self.now_expr())
                 .update(
                     lease_owner=owner,
@@ -222,8 +256,13 @@ class InstanceStore(ChildStore):
         )
 
     @operation
-    def release_lease(self, fence: Fence, runnable: bool = False) -> None:
+    def release_lease(
+        self, fence: Fence, runnable: bool = False, parked: tuple[int, str] | None = None
+    ) -> None:
         """Clear a matching lease, keeping pending input runnable.
+
+        ``parked`` is the position and key of the command a suspended execution waits
+        at, kept for the next one (see :mod:`selvedge_django.engine.patches`).
 
         The execution ended without a storage error: its instance's count of them
         in a row goes back to 0, in the same update. One statement that also says
@@ -233,6 +272,7 @@ class InstanceStore(ChildStore):
         rows = self._fetch(
             sql.RELEASE_LEASE,
             [
+                *(parked if parked is not None else (None, None)),
                 runnable,
                 *self.now_sql().params,
                 runnable,
@@ -293,6 +333,8 @@ class InstanceStore(ChildStore):
             parent_key=head.parent_key,
             history=history,
             signals=signals,
+            parked_seq=head.parked_seq,
+            parked_key=head.parked_key,
         )
 
     @operation

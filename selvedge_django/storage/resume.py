@@ -62,7 +62,8 @@ RESUME_INSTANCE = (
     " lease_expires_ms = NULL, lease_epoch = lease_epoch + 1, runnable = %s,"
     " ready_ms = {now}, closed_at = NULL, cancel_requested = %s, cancel_reason = '',"
     " execution_errors = 0, execution_error = '', current_step = '',"
-    " generation = generation + 1, resumed_count = resumed_count + 1, updated_at = %s"
+    " generation = generation + 1, resumed_count = resumed_count + 1, updated_at = %s,"
+    " parked_seq = 0, parked_key = ''"
     " WHERE instance_id = %s AND status = %s AND generation = %s"
 )
 # Copy the rows from the cut on into the archive, as they are.
@@ -170,9 +171,16 @@ class ResumeStoreMixin(StoreBase):
     """Resume: archive the history from a key on and run the instance again; fork."""
 
     if TYPE_CHECKING:  # provided by DjangoStore
+        code_version: str | None
 
         def create_instance(
-            self, instance_id: str, workflow_name: str, input_value: Any, *, service_name: str = ""
+            self,
+            instance_id: str,
+            workflow_name: str,
+            input_value: Any,
+            *,
+            service_name: str = "",
+            code_version: str | None = None,
         ) -> Any: ...
 
     @operation
@@ -265,7 +273,11 @@ class ResumeStoreMixin(StoreBase):
                     f"{instance_id}/fork-{int(forks) + 1}", "fork id (the source's id and a count)"
                 )
             self.create_instance(
-                new_instance_id, str(workflow_name), input_value, service_name=str(service_name)
+                new_instance_id,
+                str(workflow_name),
+                input_value,
+                service_name=str(service_name),
+                code_version=self.code_version,
             )
             self._execute(MARK_FORK, [instance_id, new_instance_id])
             self._execute(

@@ -380,6 +380,7 @@ class ScheduleStore:
                     "ready_ms": self.store.now_sql(),
                     "started_at": now,
                     "updated_at": now,
+                    "code_version": self.store.code_version,
                 },
                 skip_pk=False,
             )

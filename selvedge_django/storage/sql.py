@@ -102,7 +102,8 @@ WAKE_RUNNING = (
 
 # The instance columns an execution reads, in the order InstanceHead takes them.
 HEAD_COLUMNS = (
-    "workflow_name, input, status, cancel_requested, cancel_reason, parent_instance_id, parent_key"
+    "workflow_name, input, status, cancel_requested, cancel_reason, parent_instance_id, parent_key,"
+    " parked_seq, parked_key"
 )
 # A start: runnable, or leased at once to a worker of this process (epoch 1, expiring
 # on the database clock). One text for both, so statement-level tools see one start.
@@ -110,9 +111,9 @@ INSERT_INSTANCE = (
     "INSERT INTO {instance} (instance_id, workflow_name, status, input, output,"
     " error, lease_owner, lease_epoch, lease_expires_ms, runnable,"
     " cancel_requested, cancel_reason, parent_instance_id, parent_key,"
-    " service_name, current_step, started_at, updated_at, closed_at, ready_ms)"
+    " service_name, current_step, started_at, updated_at, closed_at, ready_ms, code_version)"
     " VALUES (%s, %s, %s, %s, NULL, NULL, %s, %s, (CASE WHEN %s THEN {now} + %s END), %s,"
-    " %s, %s, %s, %s, %s, %s, %s, %s, NULL, {now})"
+    " %s, %s, %s, %s, %s, %s, %s, %s, NULL, {now}, %s)"
 )
 # An instance's result, for the client API.
 SELECT_RESULT = "SELECT status, output, error FROM {instance} WHERE instance_id = %s"
@@ -132,9 +133,11 @@ LEASE_SET = (
     " lease_expires_ms = {now} + %s, runnable = %s"
 )
 # Release a lease (input that arrived keeps it runnable); says whether it is runnable.
+# A suspended execution also records where it parked (NULL: keep the last one).
 RELEASE_LEASE = (
     "UPDATE {instance} SET lease_owner = '', lease_expires_ms = NULL,"
     " execution_errors = 0, execution_error = '',"
+    " parked_seq = COALESCE(%s, parked_seq), parked_key = COALESCE(%s, parked_key),"
     " ready_ms = CASE WHEN runnable OR NOT %s THEN ready_ms ELSE {now} END,"
     " runnable = (runnable OR %s) WHERE instance_id = %s AND lease_owner = %s"
     " AND lease_epoch = %s RETURNING runnable"
@@ -328,3 +331,7 @@ RECORD_SCHEDULE = (
     " missed_runs = missed_runs + %s, overlap_skipped_runs = overlap_skipped_runs + %s,"
     " last_error = %s, version = version + 1, updated_at = %s WHERE name = %s AND version = %s"
 )
+# The dispatch condition of COMPATIBLE_VERSIONS ({versions}: marks; {unversioned}: the
+# NULL part or nothing). code_version is a column of both dispatch indexes.
+VERSIONS_IN = " AND (code_version IN ({versions}){unversioned})"
+VERSIONS_NULL = " AND (code_version IS NULL)"

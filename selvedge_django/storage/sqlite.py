@@ -185,9 +185,11 @@ class SQLiteStore(DjangoStore):
     # -- before SQLite 3.35: no RETURNING ---------------------------------------------------
 
     @operation
-    def release_lease(self, fence: Fence, runnable: bool = False) -> None:
+    def release_lease(
+        self, fence: Fence, runnable: bool = False, parked: tuple[int, str] | None = None
+    ) -> None:
         if self._returning:
-            super().release_lease(fence, runnable)
+            super().release_lease(fence, runnable, parked)
             return
         updated = (
             WorkflowInstance.objects.using(self.alias)
@@ -202,6 +204,7 @@ class SQLiteStore(DjangoStore):
                 execution_errors=0,
                 execution_error="",
                 **(self.wake_fields() if runnable else {}),
+                **({} if parked is None else {"parked_seq": parked[0], "parked_key": parked[1]}),
             )
         )
         if updated:

@@ -287,7 +287,7 @@ class WorkerRuntime(AttemptRunner):
         assert fence is not None
         if outcome.kind == "suspended":
             if not execution.released:
-                self.store.release_lease(fence)
+                self.store.release_lease(fence, parked=(execution.seq, execution.last_key))
             return
         if execution.released:
             # Only code that swallowed the suspension of a background execute() gets here:

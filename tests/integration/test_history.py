@@ -588,6 +588,9 @@ def test_export_carries_no_lease_owner_or_signal_payload(clock: ControllableCloc
         "cancel_reason",
         "parent_instance_id",
         "parent_key",
+        # Where the last execution waited: a position, not an owner.
+        "parked_seq",
+        "parked_key",
     }
     for event in doc["events"]:
         assert set(event) <= {

@@ -51,6 +51,7 @@ EXPECTED_ALL = [
     "ReplayDecodeError",
     "ReplayError",
     "ReplayOutcomeError",
+    "ReplayResult",
     "RetryExhaustedError",
     "RetryPolicy",
     "ScheduleAlreadyExists",

@@ -411,8 +411,9 @@ class Command(BaseCommand):
             files, recent=options["recent"], limit=options["limit"]
         ):
             checked += 1
-            if problem is None:
-                self.stdout.write(f"ok {label}")
+            if not isinstance(problem, exc.SelvedgeError):
+                patches = problem.describe_patches()
+                self.stdout.write(f"ok {label}" + (f" patches: {patches}" if patches else ""))
                 continue
             diverged += 1
             unreadable = isinstance(problem, exc.UnsupportedHistoryFormat)
