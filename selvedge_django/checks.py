@@ -34,6 +34,18 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         resolved = resolve_settings(raw)
     except ImproperlyConfigured as error:
         return [Error(str(error), hint="See the configuration reference.", id="selvedge.E003")]
+    compatible = resolved.compatible_versions
+    if compatible is not None and resolved.code_version not in compatible:
+        messages.append(
+            Warning(
+                f"SELVEDGE['CODE_VERSION'] ({resolved.code_version!r}) is not in "
+                f"SELVEDGE['COMPATIBLE_VERSIONS'] {list(compatible)!r}: the workers of this "
+                "process do not run the instances it starts.",
+                hint="Add CODE_VERSION to COMPATIBLE_VERSIONS, unless this process only "
+                "drains older versions.",
+                id="selvedge.W005",
+            )
+        )
     from .storage import database_checks, store_class
 
     store = store_class(resolved.database)

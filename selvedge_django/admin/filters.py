@@ -11,6 +11,7 @@ from django.db.models.functions import Substr
 from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
 
+from ..conf import get_settings
 from ..registry import registered_workflow_names
 from .display import ID_CHARS, truncate
 
@@ -41,6 +42,48 @@ class WorkflowNameFilter(admin.SimpleListFilter):
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         value = self.value()
         return queryset.filter(workflow_name=value) if value else queryset
+
+
+# The parameter value of "no code version recorded".
+NO_VERSION = "-"
+
+
+class CodeVersionFilter(admin.SimpleListFilter):
+    """Filter by recorded code version (or none).
+
+    The choices are this process's ``CODE_VERSION`` and ``COMPATIBLE_VERSIONS``
+    and the versions of running instances (a partial index holds those), at
+    most :data:`MAX_FILTER_NAMES`; any other version filters through
+    ``?code_version=...``.
+    """
+
+    title = _("code version")
+    parameter_name = "code_version"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        settings = get_settings()
+        found: list[str | None] = [settings.code_version, *(settings.compatible_versions or ())]
+        found += list(
+            model_admin.model.objects.using(settings.database)
+            .filter(status="running")
+            .order_by("code_version")
+            .values_list("code_version", flat=True)
+            .distinct()[:MAX_FILTER_NAMES]
+        )
+        current = self.value()
+        if current and current != NO_VERSION:
+            found.insert(0, current)
+        versions = sorted({v for v in found if v is not None})[:MAX_FILTER_NAMES]
+        choices = [(v, truncate(v, ID_CHARS)) for v in versions]
+        return [*choices, (NO_VERSION, str(_("(none)")))]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        if not value:
+            return queryset
+        if value == NO_VERSION:
+            return queryset.filter(code_version__isnull=True)
+        return queryset.filter(code_version=value)
 
 
 class InstanceChangeList(ChangeList):

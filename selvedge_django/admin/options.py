@@ -42,7 +42,7 @@ from .display import (
     ms_datetime,
     truncate,
 )
-from .filters import InstanceChangeList, WorkflowNameFilter
+from .filters import CodeVersionFilter, InstanceChangeList, WorkflowNameFilter
 from .recovery import RecoveryActionsAdmin
 from .sections import instance_sections
 
@@ -55,6 +55,7 @@ class WorkflowInstanceAdmin(RecoveryActionsAdmin):
         "instance",
         "workflow",
         "status",
+        "code_version",
         "cancel_requested",
         "started_at",
         "duration",
@@ -65,7 +66,12 @@ class WorkflowInstanceAdmin(RecoveryActionsAdmin):
     list_display_links = ("instance",)
     # Only the columns an index can order: sorting 100,000 rows by anything else is slow.
     sortable_by = ("instance", "workflow", "started_at", "closed_at")
-    list_filter = ("status", WorkflowNameFilter, ("started_at", admin.DateFieldListFilter))
+    list_filter = (
+        "status",
+        WorkflowNameFilter,
+        CodeVersionFilter,
+        ("started_at", admin.DateFieldListFilter),
+    )
     search_fields = ("instance_id",)
     search_help_text = _("An exact instance id, or part of one (ignoring case).")
     ordering = ("-started_at", "-instance_id")
@@ -92,6 +98,7 @@ class WorkflowInstanceAdmin(RecoveryActionsAdmin):
                     "parent",
                     "parent_key",
                     "service_name",
+                    "code_version",
                     "current_step",
                     "started_at",
                     "updated_at",

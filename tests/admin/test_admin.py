@@ -162,6 +162,28 @@ ALL = (VIEW, CANCEL, SIGNAL, EXPORT, TERMINATE)
 
 
 @pytest.mark.django_db
+def test_changelist_shows_and_filters_code_versions(admin_client: Client) -> None:
+    make("blue-1", code_version="v1")
+    make("green-1", code_version="v2")
+    make("plain-1")
+    make("old-blue", status="completed", code_version="v0")
+
+    def listed(query: str = "") -> set[str]:
+        page = html(admin_client.get(CHANGELIST + query))
+        return {i for i in ("blue-1", "green-1", "plain-1", "old-blue") if i in page}
+
+    page = html(admin_client.get(CHANGELIST))
+    # Offered: the running instances' versions, and none; v0 only runs no more.
+    assert "?code_version=v1" in page and "?code_version=v2" in page
+    assert "?code_version=-" in page and "?code_version=v0" not in page
+    assert listed("?code_version=v1") == {"blue-1"}
+    assert listed("?code_version=v0") == {"old-blue"}
+    assert listed("?code_version=-") == {"plain-1"}
+    detail = html(admin_client.get(f"{CHANGELIST}green-1/change/"))
+    assert "v2" in detail
+
+
+@pytest.mark.django_db
 def test_changelist_filters_by_status_name_and_start_date_and_searches_ids(
     admin_client: Client,
 ) -> None:
