@@ -10,6 +10,7 @@ status by hand. One module per job:
 - ``history``: export a portable history, replay checks, queries;
 - ``recovery``: resume a closed instance in place, fork one into a new instance;
 - ``prune``: delete old closed instances in bounded batches;
+- ``versions``: running instances per code version and per patch;
 - ``schedules``: create, change, pause, trigger, backfill, describe schedules;
 - ``base``: the client store and the id and text rules every lookup shares.
 
@@ -103,6 +104,10 @@ from .schedules import (
     unpause_schedule,
     update_schedule,
 )
+from .versions import (
+    WorkflowVersions,
+    running_versions,
+)
 
 # The client store's old private name (tests, benchmarks and older callers use it).
 _store = client_store
@@ -119,6 +124,7 @@ __all__ = [
     "ScheduleDescription",
     "WorkflowDescription",
     "WorkflowResult",
+    "WorkflowVersions",
     "abackfill_schedule",
     "acancel_workflow",
     "acreate_schedule",
@@ -165,6 +171,7 @@ __all__ = [
     "replay_history",
     "replay_instance",
     "resume_workflow",
+    "running_versions",
     "select_instances",
     "signal",
     "start_workflow",

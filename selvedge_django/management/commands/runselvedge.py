@@ -183,6 +183,13 @@ class Command(BaseCommand):
         )
         check.add_argument("--limit", type=int, default=1000, help="instances per status")
 
+        versions = sub.add_parser(
+            "versions",
+            help="count running instances per workflow, per code version and per patch",
+        )
+        versions.add_argument("--workflow", default=None, help="only this workflow name")
+        versions.add_argument("--json", action="store_true", help="one JSON object per workflow")
+
         prune = sub.add_parser("prune", help="delete closed instances older than a duration")
         prune.add_argument(
             "--older-than", type=parse_duration, required=True, help="e.g. 30d, 12h, 90m, 3600"
@@ -424,6 +431,22 @@ class Command(BaseCommand):
         self.stdout.write(f"checked {checked}, diverged {diverged}")
         if diverged:
             raise CommandError(f"{diverged} of {checked} histories diverged")
+
+    def handle_versions(self, **options: Any) -> None:
+        from ... import operations
+
+        for entry in operations.running_versions(options["workflow"]):
+            if options["json"]:
+                self.stdout.write(json.dumps(entry.to_json(), sort_keys=True))
+                continue
+            self.stdout.write(f"{entry.workflow_name}: {entry.running} running")
+            for version, count in entry.versions.items():
+                label = "(none)" if version is None else version
+                self.stdout.write(f"  code version {label}: {count}")
+            for patch_id, count in entry.patches.items():
+                self.stdout.write(
+                    f"  patch {patch_id}: {count} with its marker, {entry.running - count} without"
+                )
 
     def handle_prune(self, **options: Any) -> None:
         from ... import operations

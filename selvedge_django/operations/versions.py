@@ -16,8 +16,8 @@ from typing import Any
 
 from django.db.models import Count
 
-from .conf import get_settings
-from .models import HistoryEvent, WorkflowInstance, WorkflowStatus
+from ..conf import get_settings
+from ..models import HistoryEvent, WorkflowInstance, WorkflowStatus
 
 __all__ = ["MAX_VERSION_ROWS", "WorkflowVersions", "running_versions"]
 
