@@ -14,8 +14,7 @@ from selvedge_django.engine.context import WorkflowContext
 from selvedge_django.engine.events import HistoryRow
 from selvedge_django.engine.execution import Execution
 from selvedge_django.engine.ports import ExecutionOutcome, ExecutionSnapshot
-
-from .test_engine import FENCE, FakeRuntime, completed, double, other
+from tests.engine.test_engine import FENCE, FakeRuntime, completed, double, other
 
 
 def marker(seq: int, patch_id: str) -> HistoryRow:
