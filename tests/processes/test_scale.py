@@ -49,7 +49,7 @@ def leader_row() -> tuple[str, int, int] | None:
 
 def listen_backends() -> set[int]:
     """Backends of this test database that LISTEN, other than this process's listeners."""
-    own = {listener.backend_pid for listener in notify._listeners.values()}
+    own = {listener.backend_pid for listener, _references in notify._listeners.values()}
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
