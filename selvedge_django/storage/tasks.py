@@ -84,21 +84,7 @@ class TaskStore(StoreBase):
         that ``Future.get()`` would record, with a cancelled task, and claims nothing.
         """
         ttl = self._claim_ttl(task.start_to_close_timeout, task.heartbeat_timeout)
-        fields: dict[str, Any] = dict(
-            instance_id=fence.instance_id,
-            workflow_name=task.workflow_name,
-            key=row.key,
-            seq=row.seq or 0,
-            name=task.name,
-            input=task.input,
-            queue=task.queue,
-            options=task.options,
-            max_attempts=task.max_attempts,
-            schedule_to_start_ms=_ms(task.schedule_to_start_timeout),
-            start_to_close_ms=_ms(task.start_to_close_timeout),
-            heartbeat_timeout_ms=_ms(task.heartbeat_timeout),
-            not_before_ms=0,
-        )
+        fields = _task_fields(fence, row, task)
         if claim_owner is not None:
             fields.update(
                 status=ActivityTaskStatus.RUNNING,
@@ -183,22 +169,7 @@ class TaskStore(StoreBase):
             error_data(exc.WorkflowCancelled(fence.instance_id, reason)),
             row.reservation,
         )
-        fields: dict[str, Any] = dict(
-            instance_id=fence.instance_id,
-            workflow_name=task.workflow_name,
-            key=row.key,
-            seq=row.seq or 0,
-            name=task.name,
-            input=task.input,
-            queue=task.queue,
-            options=task.options,
-            max_attempts=task.max_attempts,
-            schedule_to_start_ms=_ms(task.schedule_to_start_timeout),
-            start_to_close_ms=_ms(task.start_to_close_timeout),
-            heartbeat_timeout_ms=_ms(task.heartbeat_timeout),
-            not_before_ms=0,
-            status=ActivityTaskStatus.CANCELLED,
-        )
+        fields = {**_task_fields(fence, row, task), "status": ActivityTaskStatus.CANCELLED}
         self._reserve(fence, cancelled, fields, current_step, release=False)
         return cancelled
 
@@ -542,3 +513,22 @@ class TaskStore(StoreBase):
             task.claim_expires_ms,
         )
         return error_data(timeout)
+
+
+def _task_fields(fence: Fence, row: HistoryRow, task: TaskSpec) -> dict[str, Any]:
+    """The columns of a new task row for ``task``, reserved at ``row`` under ``fence``."""
+    return dict(
+        instance_id=fence.instance_id,
+        workflow_name=task.workflow_name,
+        key=row.key,
+        seq=row.seq or 0,
+        name=task.name,
+        input=task.input,
+        queue=task.queue,
+        options=task.options,
+        max_attempts=task.max_attempts,
+        schedule_to_start_ms=_ms(task.schedule_to_start_timeout),
+        start_to_close_ms=_ms(task.start_to_close_timeout),
+        heartbeat_timeout_ms=_ms(task.heartbeat_timeout),
+        not_before_ms=0,
+    )
