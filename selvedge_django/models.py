@@ -107,6 +107,17 @@ class WorkflowInstance(models.Model):
         blank=True,
         help_text="the key of the command where the last execution suspended",
     )
+    execution_timeout_ms = models.BigIntegerField(
+        null=True,
+        blank=True,
+        help_text="the execution timeout the run was started with (ms; NULL: none)",
+    )
+    execution_deadline_ms = models.BigIntegerField(
+        null=True,
+        blank=True,
+        help_text="when the leader terminates the run if it is still running (database clock,"
+        " Unix ms; NULL: never)",
+    )
 
     objects = WorkflowInstanceQuerySet.as_manager()
 
@@ -144,6 +155,11 @@ class WorkflowInstance(models.Model):
                 fields=["workflow_name", "code_version"],
                 name="sv_inst_version_idx",
                 condition=Q(status="running"),
+            ),
+            models.Index(
+                fields=["execution_deadline_ms"],
+                name="sv_inst_deadline_idx",
+                condition=Q(status="running", execution_deadline_ms__isnull=False),
             ),
             models.Index(
                 fields=["parent_instance_id"],

@@ -13,7 +13,7 @@ from typing import Any
 
 from .. import exceptions as exc
 from .codec import contains_nul, decode_time
-from .durations import MAX_DURATION_SECONDS, to_seconds
+from .durations import MAX_DURATION_SECONDS, execution_timeout_ms, to_seconds
 from .events import (
     CMD_ACTIVITY,
     CMD_AWAIT,
@@ -327,12 +327,14 @@ def start_child(
     workflow_or_name: Any,
     input: Any,
     child_id: str | None,
+    execution_timeout: Any = None,
 ) -> ChildHandle:
     """Create a child instance and the parent's command in one transaction."""
     execution.check_command()
     name = check_workflow_name(getattr(workflow_or_name, "name", workflow_or_name))
     if child_id is not None:
         check_instance_id(child_id, "child id")
+    timeout_ms = execution_timeout_ms(execution_timeout, "child execution_timeout")
     # Encoded in read-only replays too (see issue_activity).
     try:
         input_text = execution.runtime.codec.encode(input, "child input")
@@ -383,7 +385,7 @@ def start_child(
     store = execution.runtime.store
     row = HistoryRow(key, seq, CMD_CHILD, reservation=reservation)
     stored = execution.guarded(
-        lambda: store.start_child(fence, row, ChildSpec(instance, name, input_value))
+        lambda: store.start_child(fence, row, ChildSpec(instance, name, input_value, timeout_ms))
     )
     execution.check_stored(key, stored, CMD_CHILD)
     if stored.event_type == EV_CHILD_START_FAILED:

@@ -16,6 +16,7 @@ from typing import Any, Literal, Protocol, TypeVar, overload
 
 from .. import exceptions as exc
 from . import commands, inbox, patches
+from .durations import Duration
 from .events import HistoryRow
 from .execution import Execution
 from .handles import ChildHandle, Timer
@@ -155,7 +156,12 @@ class WorkflowContext:
 
     @overload
     def start_child(
-        self, workflow_or_name: ChildWorkflow[InT, OutT], input: InT, child_id: str | None = None
+        self,
+        workflow_or_name: ChildWorkflow[InT, OutT],
+        input: InT,
+        child_id: str | None = None,
+        *,
+        execution_timeout: Duration | None = None,
     ) -> ChildHandle[OutT]: ...
 
     @overload
@@ -164,18 +170,39 @@ class WorkflowContext:
         workflow_or_name: ChildWorkflow[None, OutT],
         input: None = None,
         child_id: str | None = None,
+        *,
+        execution_timeout: Duration | None = None,
     ) -> ChildHandle[OutT]: ...
 
     @overload
     def start_child(
-        self, workflow_or_name: str, input: Any = None, child_id: str | None = None
+        self,
+        workflow_or_name: str,
+        input: Any = None,
+        child_id: str | None = None,
+        *,
+        execution_timeout: Duration | None = None,
     ) -> ChildHandle[Any]: ...
 
     def start_child(
-        self, workflow_or_name: Any, input: Any = None, child_id: str | None = None
+        self,
+        workflow_or_name: Any,
+        input: Any = None,
+        child_id: str | None = None,
+        *,
+        execution_timeout: Duration | None = None,
     ) -> ChildHandle[Any]:
-        """Start a child workflow (by definition or name) with this instance as parent."""
-        return commands.start_child(self._execution, self._scope, workflow_or_name, input, child_id)
+        """Start a child workflow (by definition or name) with this instance as parent.
+
+        ``execution_timeout`` (seconds or a timedelta) bounds the child's own run
+        as for :func:`~selvedge_django.start_workflow`: still running that long
+        after its start (database clock), it is terminated with the reason
+        ``"execution timeout"`` and this workflow receives that failure. A bad
+        value raises :class:`WorkflowStartRejected` before anything is written.
+        """
+        return commands.start_child(
+            self._execution, self._scope, workflow_or_name, input, child_id, execution_timeout
+        )
 
     # -- scopes ---------------------------------------------------------------------------
 

@@ -5,7 +5,15 @@ from __future__ import annotations
 import math
 from datetime import timedelta
 
-__all__ = ["MAX_DURATION_SECONDS", "Duration", "optional_seconds", "to_seconds"]
+from .. import exceptions as exc
+
+__all__ = [
+    "MAX_DURATION_SECONDS",
+    "Duration",
+    "execution_timeout_ms",
+    "optional_seconds",
+    "to_seconds",
+]
 
 Duration = int | float | timedelta
 
@@ -43,3 +51,19 @@ def optional_seconds(value: object, what: str) -> float | None:
     if value is None:
         return None
     return to_seconds(value, what)
+
+
+def execution_timeout_ms(value: object, what: str = "execution_timeout") -> int | None:
+    """A start's execution timeout as whole milliseconds (at least 1); None stays None.
+
+    Raises :class:`~selvedge_django.exceptions.WorkflowStartRejected` (the start's
+    typed error, nothing written) for a value :func:`to_seconds` refuses: not a
+    number of seconds or a timedelta, not finite, not positive, over 100 years.
+    """
+    if value is None:
+        return None
+    try:
+        seconds = to_seconds(value, what)
+    except (TypeError, ValueError) as error:
+        raise exc.WorkflowStartRejected(str(error)) from error
+    return max(1, round(seconds * 1000))

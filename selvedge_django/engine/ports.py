@@ -111,6 +111,8 @@ class ChildSpec:
     instance_id: str
     workflow_name: str
     input: Any
+    # The child's own execution timeout (ms; None: none), counted from its start.
+    execution_timeout_ms: int | None = None
 
 
 @dataclass(frozen=True)

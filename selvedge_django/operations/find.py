@@ -11,7 +11,7 @@ import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -68,6 +68,10 @@ class WorkflowDescription:
     forked_from: str | None = None
     # SELVEDGE["CODE_VERSION"] of the process that started it (None: unset there).
     code_version: str | None = None
+    # The execution timeout it was started (or forked) with, and when the leader
+    # terminates it if it is still running then (database clock); None: no timeout.
+    execution_timeout: timedelta | None = None
+    execution_deadline: datetime | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -86,6 +90,12 @@ class WorkflowDescription:
             "resumed_count": self.resumed_count,
             "forked_from": self.forked_from,
             "code_version": self.code_version,
+            "execution_timeout": (
+                None if self.execution_timeout is None else self.execution_timeout.total_seconds()
+            ),
+            "execution_deadline": (
+                None if self.execution_deadline is None else self.execution_deadline.isoformat()
+            ),
         }
 
 
@@ -146,7 +156,18 @@ def _describe(inst: WorkflowInstance) -> WorkflowDescription:
         resumed_count=inst.resumed_count,
         forked_from=inst.forked_from or None,
         code_version=inst.code_version,
+        execution_timeout=(
+            None
+            if inst.execution_timeout_ms is None
+            else timedelta(milliseconds=inst.execution_timeout_ms)
+        ),
+        execution_deadline=_from_ms(inst.execution_deadline_ms),
     )
+
+
+def _from_ms(ms: int | None) -> datetime | None:
+    """A database-clock time in Unix milliseconds as an aware UTC datetime."""
+    return None if ms is None else datetime.fromtimestamp(ms / 1000, tz=UTC)
 
 
 def describe(instance_id: str) -> WorkflowDescription:

@@ -20,6 +20,7 @@ from .. import hooks as hooks_module
 from .. import signals
 from ..conf import SelvedgeSettings, get_settings
 from ..engine.codec import contains_nul
+from ..engine.durations import Duration, execution_timeout_ms
 from ..engine.events import error_data
 from ..engine.identifiers import check_workflow_name, valid_channel
 from ..engine.ports import ExecutionSnapshot
@@ -53,6 +54,7 @@ def start_workflow(
     input: In,
     *,
     instance_id: str | None = None,
+    execution_timeout: Duration | None = None,
 ) -> str: ...
 
 
@@ -62,6 +64,7 @@ def start_workflow(
     input: None = None,
     *,
     instance_id: str | None = None,
+    execution_timeout: Duration | None = None,
 ) -> str: ...
 
 
@@ -71,6 +74,7 @@ def start_workflow(
     input: Any = None,
     *,
     instance_id: str | None = None,
+    execution_timeout: Duration | None = None,
 ) -> str: ...
 
 
@@ -79,14 +83,20 @@ def start_workflow(
     input: Any = None,
     *,
     instance_id: str | None = None,
+    execution_timeout: Duration | None = None,
 ) -> str:
     """Create a workflow instance and return its id.
 
     Starting by name needs no local registration. Inside ``transaction.atomic()``
     the start commits or rolls back with the caller's transaction, and workers are
     woken only after commit. A taken id raises :class:`WorkflowAlreadyStarted`; an
-    invalid id or unencodable input raises :class:`WorkflowStartRejected` with
-    nothing written.
+    invalid id, unencodable input or a bad ``execution_timeout`` raises
+    :class:`WorkflowStartRejected` with nothing written.
+
+    ``execution_timeout`` (seconds or a timedelta, positive, at most 100 years)
+    bounds the run: still running that long after the start (database clock),
+    the leader terminates it as :func:`terminate_workflow` does, with the reason
+    ``"execution timeout"``.
     """
     name = check_workflow_name(
         workflow_or_name.name
@@ -94,6 +104,7 @@ def start_workflow(
         else workflow_or_name
     )
     instance_id = uuid.uuid4().hex if instance_id is None else validate_instance_id(instance_id)
+    timeout_ms = execution_timeout_ms(execution_timeout)
     store = client_store()
     try:
         text = store.codec.encode(input, "workflow input")
@@ -117,6 +128,7 @@ def start_workflow(
         lease_owner=None if worker is None else worker.worker_id,
         lease_ttl=None if worker is None else worker.settings.lease.ttl,
         code_version=settings.code_version,
+        execution_timeout_ms=timeout_ms,
     )
     hooks = settings.hooks
 

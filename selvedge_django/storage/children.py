@@ -68,6 +68,12 @@ class ChildStore(StoreBase):
                         started_at=now,
                         updated_at=now,
                         code_version=self.code_version,
+                        execution_timeout_ms=child.execution_timeout_ms,
+                        execution_deadline_ms=(
+                            None
+                            if child.execution_timeout_ms is None
+                            else self.now_expr(child.execution_timeout_ms / 1000)
+                        ),
                     )
             except IntegrityError:
                 attached = self._reattach_child(fence, row, child)

@@ -74,10 +74,14 @@ class InstanceStore(ChildStore):
         lease_owner: str | None = None,
         lease_ttl: float | None = None,
         code_version: str | None = None,
+        execution_timeout_ms: int | None = None,
     ) -> Fence | None:
         """Insert a runnable instance; a taken id raises WorkflowAlreadyStarted.
 
         ``code_version`` is recorded on it (the starting process's CODE_VERSION).
+        With ``execution_timeout_ms`` the run's deadline is that long from now on
+        the database clock (the leader terminates it then); without, both columns
+        stay NULL.
 
         With ``lease_owner`` the instance is inserted already leased to that owner
         (epoch 1, expiring ``lease_ttl`` seconds from now on the database clock) and not
@@ -112,6 +116,9 @@ class InstanceStore(ChildStore):
             now,
             *clock,
             code_version,
+            execution_timeout_ms,
+            *clock,
+            execution_timeout_ms,
         ]
         try:
             self._insert_instance(params, leased)
@@ -497,6 +504,7 @@ class InstanceStore(ChildStore):
         closed_by: dict[str, Any],
         *,
         fence: Fence | None = None,
+        overdue: bool = False,
     ) -> str:
         """Close a running instance as failed at once, without running its code; return
         its workflow name.
@@ -510,7 +518,10 @@ class InstanceStore(ChildStore):
         (``closed_by``, in its ``reservation``): so the close row alone is what a
         resume has to archive. With ``fence``, only while that execution still holds
         the lease (a worker failing its own instance: :class:`Fenced` otherwise).
-        Raises :class:`WorkflowNotFound` or :class:`InstanceClosed`.
+        With ``overdue``, only while the run is past its execution deadline on the
+        database clock (the leader's sweep: :class:`InvalidWorkflowState` when a
+        resume gave it a new one meanwhile). Raises :class:`WorkflowNotFound` or
+        :class:`InstanceClosed`.
         """
         with self.atomic():
             rows = self._fetch(sql.SELECT_TERMINATE_HEAD, [instance_id])
@@ -531,16 +542,23 @@ class InstanceStore(ChildStore):
                 instance_id,
                 str(WorkflowStatus.RUNNING),
             ]
-            statement = sql.compose(
-                sql.TERMINATE_UPDATE, fenced="" if fence is None else sql.TERMINATE_FENCED
-            )
+            guard = "" if fence is None else sql.TERMINATE_FENCED
             if fence is not None:
                 params += [fence.owner, fence.epoch]
+            if overdue:
+                now_ms = self.now_sql()
+                guard += sql.compose(sql.TERMINATE_OVERDUE, now=now_ms.sql)
+                params += now_ms.params
+            statement = sql.compose(sql.TERMINATE_UPDATE, fenced=guard)
             if self._execute(statement, params) != 1:
                 if fence is not None:
                     raise self._fenced_error(fence)
                 # Closed by its execution while this transaction waited for the row.
                 closed = self._fetch(sql.SELECT_STATUS, [instance_id])
+                if overdue and closed[0][0] == WorkflowStatus.RUNNING:
+                    raise exc.InvalidWorkflowState(
+                        instance_id, str(closed[0][0]), f"{instance_id!r} is not overdue"
+                    )
                 raise exc.InstanceClosed.for_status(instance_id, closed[0][0])
             self._insert_row(
                 instance_id,

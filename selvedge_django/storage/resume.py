@@ -60,7 +60,8 @@ SELECT_RESUME_CANDIDATES = (
 RESUME_INSTANCE = (
     "UPDATE {instance} SET status = %s, output = NULL, error = NULL, lease_owner = '',"
     " lease_expires_ms = NULL, lease_epoch = lease_epoch + 1, runnable = %s,"
-    " ready_ms = {now}, closed_at = NULL, cancel_requested = %s, cancel_reason = '',"
+    " ready_ms = {now}, execution_deadline_ms = {now} + execution_timeout_ms,"
+    " closed_at = NULL, cancel_requested = %s, cancel_reason = '',"
     " execution_errors = 0, execution_error = '', current_step = '',"
     " generation = generation + 1, resumed_count = resumed_count + 1, updated_at = %s,"
     " parked_seq = 0, parked_key = ''"
@@ -108,7 +109,8 @@ SELECT_ARCHIVED_KEYS = (
 )
 # What a fork reads of its source.
 SELECT_FORK_SOURCE = (
-    "SELECT status, workflow_name, error, service_name FROM {instance} WHERE instance_id = %s"
+    "SELECT status, workflow_name, error, service_name, execution_timeout_ms FROM {instance}"
+    " WHERE instance_id = %s"
 )
 # How many forks of the source exist (the default id of the next one counts from it).
 COUNT_FORKS = "SELECT count(*) FROM {instance} WHERE forked_from = %s"
@@ -181,6 +183,7 @@ class ResumeStoreMixin(StoreBase):
             *,
             service_name: str = "",
             code_version: str | None = None,
+            execution_timeout_ms: int | None = None,
         ) -> Any: ...
 
     @operation
@@ -197,7 +200,8 @@ class ResumeStoreMixin(StoreBase):
         budget); signals the archived part consumed or delivered return to the
         inbox in their order; values of kept rows it delivered are undelivered.
         The instance is running and runnable under a new lease epoch and the next
-        generation, with its cancel request withdrawn. Raises
+        generation, with its cancel request withdrawn; a run started with an
+        execution timeout gets a new deadline that long from now (database clock). Raises
         :class:`WorkflowNotFound`, :class:`InvalidWorkflowState` (running) or
         :class:`HistoryKeyConflict` (``from_key`` is not in the history).
         """
@@ -218,6 +222,7 @@ class ResumeStoreMixin(StoreBase):
                 [
                     str(WorkflowStatus.RUNNING),
                     True,
+                    *self.now_sql().params,
                     *self.now_sql().params,
                     False,
                     now,
@@ -247,8 +252,9 @@ class ResumeStoreMixin(StoreBase):
 
         The cut is as for :meth:`resume` (a completed source: every row but the
         close; a running one: every row up to the first still waiting for a value).
-        The new instance has the source's workflow and input, no parent, and
-        ``forked_from`` set; it is runnable. The source's signals are copied in
+        The new instance has the source's workflow and input, its execution
+        timeout (counted from the fork), no parent, and ``forked_from`` set; it is
+        runnable. The source's signals are copied in
         their order, pending again from the cut on. The source is read, never
         written. The default id is ``<instance_id>/fork-<n>``. Raises
         :class:`WorkflowNotFound`, :class:`HistoryKeyConflict` or
@@ -259,7 +265,7 @@ class ResumeStoreMixin(StoreBase):
             head = self._fetch(SELECT_FORK_SOURCE, [instance_id])
             if not head:
                 raise exc.WorkflowNotFound(instance_id)
-            status, workflow_name, error, service_name = head[0]
+            status, workflow_name, error, service_name, timeout_ms = head[0]
             input_value = (
                 WorkflowInstance.objects.using(self.alias)
                 .filter(instance_id=instance_id)
@@ -278,6 +284,7 @@ class ResumeStoreMixin(StoreBase):
                 input_value,
                 service_name=str(service_name),
                 code_version=self.code_version,
+                execution_timeout_ms=None if timeout_ms is None else int(timeout_ms),
             )
             self._execute(MARK_FORK, [instance_id, new_instance_id])
             self._execute(

@@ -111,9 +111,10 @@ INSERT_INSTANCE = (
     "INSERT INTO {instance} (instance_id, workflow_name, status, input, output,"
     " error, lease_owner, lease_epoch, lease_expires_ms, runnable,"
     " cancel_requested, cancel_reason, parent_instance_id, parent_key,"
-    " service_name, current_step, started_at, updated_at, closed_at, ready_ms, code_version)"
+    " service_name, current_step, started_at, updated_at, closed_at, ready_ms, code_version,"
+    " execution_timeout_ms, execution_deadline_ms)"
     " VALUES (%s, %s, %s, %s, NULL, NULL, %s, %s, (CASE WHEN %s THEN {now} + %s END), %s,"
-    " %s, %s, %s, %s, %s, %s, %s, %s, NULL, {now}, %s)"
+    " %s, %s, %s, %s, %s, %s, %s, %s, NULL, {now}, %s, %s, {now} + %s)"
 )
 # An instance's result, for the client API.
 SELECT_RESULT = "SELECT status, output, error FROM {instance} WHERE instance_id = %s"
@@ -191,6 +192,8 @@ TERMINATE_UPDATE = (
 )
 # TERMINATE_UPDATE part: only while this execution holds the lease.
 TERMINATE_FENCED = " AND lease_owner = %s AND lease_epoch = %s"
+# TERMINATE_UPDATE part: only while the run is past its execution deadline.
+TERMINATE_OVERDUE = " AND execution_deadline_ms < {now}"
 
 # -- children ------------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ in-process bus and, on PostgreSQL, NOTIFY, always after commit.
 
 from __future__ import annotations
 
+from .execution_timeouts import ExecutionTimeoutStore
 from .instances import InstanceHead, InstanceStore
 from .locks import LockStore
 from .reads import ReadStore
@@ -27,6 +28,7 @@ __all__ = ["DjangoStore", "InstanceHead"]
 class DjangoStore(
     InstanceStore,
     ResumeStoreMixin,
+    ExecutionTimeoutStore,
     WaitStore,
     TaskTimeoutStore,
     RenewalStore,

@@ -20,8 +20,9 @@ def run_until_idle(worker: Worker, max_rounds: int = 1000) -> int:
     Executions and activity attempts run inline, one at a time, so a test can
     advance a :class:`ControllableClock` between calls and observe each step.
     Each round also does the leader's duties: it records the activity timeouts
-    that passed and starts the runs of due schedules, so advancing past a
-    deadline or a slot is seen here too. Returns the number of units of work done.
+    that passed, terminates runs past their execution timeout and starts the
+    runs of due schedules, so advancing past a deadline or a slot is seen here
+    too. Returns the number of units of work done.
     """
     if worker.started:
         raise RuntimeError("run_until_idle drives an unstarted Worker")
@@ -32,6 +33,7 @@ def run_until_idle(worker: Worker, max_rounds: int = 1000) -> int:
     for _ in range(max_rounds):
         done = sum(loop.run_once() for loop in worker.work_loops())
         done += worker.store.sweep_activity_timeouts(limit)
+        done += worker.leader.sweep_execution_timeouts(limit)
         done += worker.leader.schedules.run_once()
         total += done
         if done == 0:

@@ -5,8 +5,10 @@ epoch and an expiry on the database clock), renews it every
 ``LEADER_HEARTBEAT_INTERVAL`` and loses it ``LEADER_LEASE_DURATION`` after its
 last renewal, when another worker takes over. While leading, it requeues lapsed
 claims (a lapse counts as a failure), fails tasks whose lapse used up the retry
-budget, and fails tasks that waited longer than their schedule-to-start timeout, and
-starts the runs of due schedules (:class:`~selvedge_django.worker.scheduler.ScheduleDuty`).
+budget, fails tasks that waited longer than their schedule-to-start timeout,
+terminates runs past their execution timeout (``start_workflow(...,
+execution_timeout=...)``), and starts the runs of due schedules
+(:class:`~selvedge_django.worker.scheduler.ScheduleDuty`).
 """
 
 from __future__ import annotations
@@ -68,7 +70,29 @@ class Leader(Loop):
         if not self.is_leader:
             return 0
         runtime.store.sweep_activity_timeouts(settings.max_workflows_per_batch)
-        return self.schedules.run_once()
+        done = self.sweep_execution_timeouts(settings.max_workflows_per_batch)
+        return done + self.schedules.run_once()
+
+    def sweep_execution_timeouts(self, limit: int) -> int:
+        """Terminate runs past their execution timeout (one bounded batch a round) and
+        fire ``on_workflow_failed`` for each, as a terminate from the client API does."""
+        runtime = self.runtime
+        closed = runtime.store.sweep_execution_timeouts(limit)
+        for run in closed:
+            logger.warning(
+                "workflow %s (%s) terminated: execution timeout",
+                run.instance_id,
+                run.workflow_name,
+                extra={"instance_id": run.instance_id, "worker_id": runtime.worker_id},
+            )
+            runtime.fire(
+                "on_workflow_failed",
+                instance_id=run.instance_id,
+                workflow_name=run.workflow_name,
+                error=run.error,
+                duration=0.0,
+            )
+        return len(closed)
 
     def resign(self) -> None:
         if self.is_leader:

@@ -209,3 +209,25 @@ def test_the_leaders_sweep_goes_around_an_instance_a_client_holds(tdb: None, due
         assert ActivityTask.objects.get(instance_id=pinned).status != "failed"
     assert store.sweep_activity_timeouts(10) == 1
     assert ActivityTask.objects.get(instance_id=pinned).status == "failed"
+
+
+@postgres_only
+@pytest.mark.parametrize("held", ["instance", "parent"])
+def test_the_execution_timeout_sweep_goes_around_a_run_a_client_holds(
+    tdb: None, held: str, selvedge_clock: Any
+) -> None:
+    """An overdue run whose row (or its parent's) a client holds waits a round; the
+    other overdue runs of the batch are terminated on time."""
+    store = store_for("default", Codec())
+    parent = sv.start_workflow("terminate.timed_parent", 5)
+    free = sv.start_workflow("wait.sleep", {"seconds": 3600}, execution_timeout=5)
+    run_until_idle(Worker(activity_queues=[], run_local_starts=False))
+    selvedge_clock.advance(6)
+    (child,) = WorkflowInstance.objects.filter(parent_instance_id=parent)
+    pinned = child.instance_id
+    with RowHolder(pinned if held == "instance" else parent, "signal"):
+        closed = finished_within(lambda: store.sweep_execution_timeouts(10), timeout=10)
+        assert [run.instance_id for run in closed] == [free]
+        assert WorkflowInstance.objects.get(instance_id=pinned).status == "running"
+    assert [run.instance_id for run in store.sweep_execution_timeouts(10)] == [pinned]
+    assert WorkflowInstance.objects.get(instance_id=pinned).status == "failed"

@@ -116,6 +116,12 @@ class Command(BaseCommand):
         )
         start.add_argument("--id", dest="instance_id", default=None)
         start.add_argument(
+            "--execution-timeout",
+            type=parse_duration,
+            default=None,
+            help="terminate the run if it is still running after this long, e.g. 30m or 2h",
+        )
+        start.add_argument(
             "--allow-unregistered",
             action="store_true",
             help="start a workflow this process does not register (another service runs it)",
@@ -326,7 +332,10 @@ class Command(BaseCommand):
                 "--allow-unregistered to start it for workers of another service"
             )
         instance_id = operations.start_workflow(
-            name, options["input"], instance_id=options["instance_id"]
+            name,
+            options["input"],
+            instance_id=options["instance_id"],
+            execution_timeout=options.get("execution_timeout"),
         )
         self.stdout.write(f"started {instance_id}")
 

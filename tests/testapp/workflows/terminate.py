@@ -28,3 +28,15 @@ def terminate_parent(ctx: sv.WorkflowContext, _: Any) -> dict[str, str]:
     except sv.WorkflowTerminated as error:
         return {"error": type(error).__name__, "reason": error.reason, "id": error.instance_id}
     return {"error": ""}
+
+
+@sv.workflow(name="terminate.timed_parent")
+def terminate_timed_parent(ctx: sv.WorkflowContext, seconds: float) -> dict[str, str]:
+    """Wait for a child.waiter child started with an execution timeout of ``seconds``;
+    report what its get() raised."""
+    child = ctx.start_child("child.waiter", execution_timeout=seconds)
+    try:
+        child.get(ctx)
+    except sv.WorkflowTerminated as error:
+        return {"error": type(error).__name__, "reason": error.reason, "id": error.instance_id}
+    return {"error": ""}
