@@ -124,7 +124,7 @@ def measure(client: Any, url: str, repeat: int) -> dict[str, Any]:
 
 def run_one(db: str, count: int, repeat: int, show_sql: bool) -> None:
     # A database of its own, so it never collides with another benchmark's run.
-    os.environ.setdefault("SELVEDGE_BENCH_PG_NAME", "selvedge_bench_admin")
+    os.environ.setdefault("SELVEDGE_BENCH_PG_NAME", f"selvedge_bench_admin_{os.getpid()}")
     with bench_database(db, "bench.settings_admin") as info:
         import django
         from django.contrib.admin.utils import quote

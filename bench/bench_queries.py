@@ -239,7 +239,7 @@ def _git_revision() -> str:
 
 def run_one(db: str, lengths: list[int], seconds: float) -> None:
     # A database name of its own, so this can run next to the other benchmarks.
-    os.environ.setdefault("SELVEDGE_BENCH_PG_NAME", "selvedge_bench_queries")
+    os.environ.setdefault("SELVEDGE_BENCH_PG_NAME", f"selvedge_bench_queries_{os.getpid()}")
     with bench_database(db) as info:
         import django
 

@@ -44,7 +44,7 @@ def define_workload() -> Any:
 
 
 def run(db: str, count: int, execute: bool) -> int:
-    os.environ.setdefault("SELVEDGE_BENCH_PG_NAME", "selvedge_bench_schedules")
+    os.environ.setdefault("SELVEDGE_BENCH_PG_NAME", f"selvedge_bench_schedules_{os.getpid()}")
     with bench_database(db) as info:
         import django
 

@@ -107,7 +107,7 @@ def summarise(label: str, values: list[float]) -> None:
 
 def run_one(db: str, n: int, settle_ms: float) -> None:
     # A database of its own, so this can run next to bench_core.py on one server.
-    os.environ.setdefault("SELVEDGE_BENCH_PG_NAME", "selvedge_bench_signals")
+    os.environ.setdefault("SELVEDGE_BENCH_PG_NAME", f"selvedge_bench_signals_{os.getpid()}")
     with bench_database(db) as info:
         import django
 

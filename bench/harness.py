@@ -224,7 +224,9 @@ def bench_database(db: str, settings_module: str = "bench.settings") -> Iterator
             tmpdir = tempfile.mkdtemp(prefix="selvedge-bench-")
             os.environ["SELVEDGE_BENCH_SQLITE"] = str(Path(tmpdir) / "bench.sqlite3")
         elif db == "postgres":
-            pg_name = os.environ.setdefault("SELVEDGE_BENCH_PG_NAME", "selvedge_bench")
+            pg_name = os.environ.setdefault(
+                "SELVEDGE_BENCH_PG_NAME", f"selvedge_bench_{os.getpid()}"
+            )
             # A leftover from an interrupted run is the benchmark's own: start clean.
             _pg_admin(f"DROP DATABASE IF EXISTS {_quote(pg_name)} WITH (FORCE)")
             _pg_admin(f"CREATE DATABASE {_quote(pg_name)}")

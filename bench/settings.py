@@ -3,7 +3,7 @@
 SELVEDGE_BENCH_DB      sqlite (default) or postgres
 SELVEDGE_BENCH_SQLITE  the SQLite file (a fresh one in a temporary directory)
 SELVEDGE_BENCH_PG_NAME the PostgreSQL database created and dropped by the run
-                       (default selvedge_bench); the server is found through the
+                       (default selvedge_bench_<pid>); the server is found through the
                        SELVEDGE_PG_HOST / _PORT / _USER / _PASSWORD variables the
                        test settings use (default 127.0.0.1:5432, user postgres)
 """
