@@ -55,6 +55,14 @@ class WorkflowInstance(models.Model):
     input = models.JSONField(null=True, blank=True)
     output = models.TextField(null=True, blank=True, help_text="JSON text of the result")
     error = models.TextField(null=True, blank=True, help_text="JSON error envelope")
+    error_type = models.CharField(
+        max_length=255,
+        default="",
+        db_default="",
+        blank=True,
+        help_text="the type of the error that closed a failed run (empty otherwise), for the"
+        " admin's error type filter",
+    )
     lease_owner = models.CharField(max_length=255, default="", blank=True)
     lease_epoch = models.BigIntegerField(default=0)
     lease_expires_ms = models.BigIntegerField(null=True, blank=True)
@@ -132,6 +140,7 @@ class WorkflowInstance(models.Model):
             ("terminate_workflowinstance", _("Can terminate workflow instances")),
             ("resume_workflowinstance", _("Can resume workflow instances")),
             ("fork_workflowinstance", _("Can fork workflow instances")),
+            ("start_workflowinstance", _("Can start workflow instances")),
         ]
         indexes = [
             models.Index(
@@ -151,6 +160,11 @@ class WorkflowInstance(models.Model):
             ),
             models.Index(fields=["-started_at", "-instance_id"], name="sv_inst_started_idx"),
             models.Index(fields=["closed_at"], name="sv_inst_closed_idx"),
+            models.Index(
+                fields=["error_type", "-started_at"],
+                name="sv_inst_error_type_idx",
+                condition=Q(status="failed"),
+            ),
             models.Index(
                 fields=["workflow_name", "code_version"],
                 name="sv_inst_version_idx",

@@ -1,18 +1,21 @@
 """The admin console: read-only models, actions through the operations layer.
 
-Nothing here edits a row by hand. Every write (cancel, terminate, signal, export,
-and a schedule's add, change, delete, pause and trigger) calls the operations
-layer, the same code path as the client API and ``runselvedge``, needs its own
-permission besides view access, is a POST with CSRF protection, and is written to
-the admin log. Recorded values are shown, and exported unredacted, only to users
-with the ``view_payloads`` permission.
+Nothing here edits a row by hand. Every action (start, cancel, terminate, resume,
+fork, signal, export, a query, a replay check, and a schedule's add, change,
+delete, pause and trigger) calls the operations layer, the same code path as the
+client API and ``runselvedge``, needs its own permission besides view access, is
+a POST with CSRF protection, and is written to the admin log. Recorded values
+are shown, and exported unredacted, only to users with the ``view_payloads``
+permission.
 
 The modules, bottom up: ``display`` (truncation and formatting of stored
 values), ``base`` (permission names, the read-only base class), ``forms``,
-``filters`` (the name filter, the cheap changelist), ``sections`` (the bounded
-reads of an instance's page), ``actions`` (cancel, terminate, signal and export,
-as changelist actions and per-instance views), ``options`` (the model admins of
-instances, activity tasks and locks) and ``schedules`` (the Schedule admin).
+``filters`` (the name, code version and error type filters, the cheap
+changelist), ``sections`` (the bounded reads of an instance's page), ``actions``
+(cancel, terminate, signal and export, as changelist actions and per-instance
+views), ``recovery`` (resume and fork), ``console`` (the start page, an
+instance's query and replay check), ``options`` (the model admins of instances,
+activity tasks and locks) and ``schedules`` (the Schedule admin).
 Importing this package, as ``django.contrib.admin`` does on autodiscovery,
 registers them; URLs and templates are those of the ``selvedge_django`` app.
 """

@@ -503,6 +503,7 @@ class InstanceActionsAdmin(ReadOnlyAdmin):
         objects: Iterable[WorkflowInstance],
         object_url: str = "",
         hidden: list[tuple[str, str]] | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> TemplateResponse:
         """Render an action's form page (per instance, or the changelist's intermediate page)."""
         objects = list(objects)
@@ -527,6 +528,7 @@ class InstanceActionsAdmin(ReadOnlyAdmin):
             "back_url": object_url or request.get_full_path() or changelist_url,
             "hidden": [*(hidden or []), ("apply", "1")],
             "media": self.media + form.media,
+            **(extra or {}),
         }
         request.current_app = self.admin_site.name
         return TemplateResponse(request, self.action_template, context)

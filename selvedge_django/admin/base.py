@@ -1,9 +1,10 @@
 """What the app's model admins share: the permission names, the read-only base class.
 
 Besides Django's view permission, each action needs its own: ``cancel``,
-``terminate``, ``resume``, ``fork`` and ``signal_workflowinstance``, ``export_history``,
-``trigger_schedule``; recorded values are shown only with ``view_payloads``
-(all declared in the models' ``Meta.permissions``).
+``terminate``, ``resume``, ``fork``, ``start`` and ``signal_workflowinstance``,
+``export_history``, ``trigger_schedule``; recorded values are shown only with
+``view_payloads`` (all declared in the models' ``Meta.permissions``). A query's
+answer needs ``view_payloads``, a replay check ``export_history``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ PERM_SIGNAL = f"{APP}.signal_workflowinstance"
 PERM_TERMINATE = f"{APP}.terminate_workflowinstance"
 PERM_RESUME = f"{APP}.resume_workflowinstance"
 PERM_FORK = f"{APP}.fork_workflowinstance"
+PERM_START = f"{APP}.start_workflowinstance"
 PERM_EXPORT = f"{APP}.export_history"
 PERM_PAYLOADS = f"{APP}.view_payloads"
 PERM_TRIGGER = f"{APP}.trigger_schedule"

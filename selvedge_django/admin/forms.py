@@ -1,4 +1,5 @@
-"""The admin's forms: what a cancel, terminate, resume, fork, signal or schedule asks for.
+"""The admin's forms: what a cancel, terminate, resume, fork, signal, start, query or
+schedule asks for.
 
 They validate as the operations layer does, so a bad value is refused on the
 form, with its message, before any operation runs.
@@ -124,6 +125,68 @@ class SignalForm(forms.Form):
                 _("The payload is not valid JSON: %(error)s"),
                 params={"error": truncate(str(error), CELL_CHARS)},
             )
+
+
+def _json_value(text: str, what: str) -> Any:
+    """Parse a form's JSON text (empty: None), or raise the field's validation error."""
+    if not text.strip():
+        return None
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as error:
+        raise forms.ValidationError(
+            _("The %(what)s is not valid JSON: %(error)s"),
+            params={"what": what, "error": truncate(str(error), CELL_CHARS)},
+        )
+
+
+class StartWorkflowForm(forms.Form):
+    """A start: a workflow this process registers, a JSON input and an optional id."""
+
+    workflow = forms.ChoiceField(label=_("Workflow"), choices=())
+    input = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 8, "cols": 60}),
+        label=_("Input"),
+        help_text=_("A JSON value; leave empty to start with null."),
+    )
+    instance_id = forms.CharField(
+        required=False,
+        max_length=255,
+        strip=False,
+        label=_("Instance id"),
+        help_text=_(
+            "Empty: a new random id. An id already used, even by a closed run, is refused."
+        ),
+        widget=forms.TextInput(attrs={"size": 60}),
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        field = self.fields["workflow"]
+        assert isinstance(field, forms.ChoiceField)
+        field.choices = [(name, truncate(name, CELL_CHARS)) for name in registered_workflow_names()]
+
+    def clean_input(self) -> Any:
+        return _json_value(self.cleaned_data.get("input") or "", str(_("input")))
+
+
+class QueryForm(forms.Form):
+    """The name of the query handler to ask (handlers take no argument)."""
+
+    name = forms.CharField(
+        max_length=255,
+        strip=False,
+        label=_("Query"),
+        help_text=_("The name a query handler was registered under (ctx.set_query_handler)."),
+        widget=forms.TextInput(attrs={"size": 40, "list": "selvedge-query-names"}),
+    )
+
+    def clean_name(self) -> str:
+        name: str = self.cleaned_data["name"]
+        if not 1 <= len(name.encode("utf-8")) <= 255:
+            raise forms.ValidationError(_("A query name contains 1 to 255 UTF-8 bytes."))
+        return name
 
 
 # -- schedules ------------------------------------------------------------------

@@ -29,6 +29,7 @@ from ..models import ActivityTask, SystemLock, WorkflowInstance, WorkflowStatus
 from ..registry import get_workflow
 from .actions import TEMPLATE_DIR
 from .base import APP, ReadOnlyAdmin
+from .console import ConsoleAdmin
 from .display import (
     EMPTY,
     ID_CHARS,
@@ -42,13 +43,12 @@ from .display import (
     ms_datetime,
     truncate,
 )
-from .filters import CodeVersionFilter, InstanceChangeList, WorkflowNameFilter
-from .recovery import RecoveryActionsAdmin
+from .filters import CodeVersionFilter, ErrorTypeFilter, InstanceChangeList, WorkflowNameFilter
 from .sections import instance_sections
 
 
 @admin.register(WorkflowInstance)
-class WorkflowInstanceAdmin(RecoveryActionsAdmin):
+class WorkflowInstanceAdmin(ConsoleAdmin):
     """Instances: list, detail (history, tasks, timers, signals, children) and actions."""
 
     list_display = (
@@ -70,6 +70,7 @@ class WorkflowInstanceAdmin(RecoveryActionsAdmin):
         "status",
         WorkflowNameFilter,
         CodeVersionFilter,
+        ErrorTypeFilter,
         ("started_at", admin.DateFieldListFilter),
     )
     search_fields = ("instance_id",)
@@ -298,6 +299,14 @@ class WorkflowInstanceAdmin(RecoveryActionsAdmin):
             else "",
             "export_url": reverse(f"{site}:{APP}_workflowinstance_export", args=(quoted,))
             if self.has_export_permission(request)
+            else "",
+            "query_url": reverse(f"{site}:{APP}_workflowinstance_query", args=(quoted,))
+            if self.has_query_permission(request)
+            else "",
+            "replay_check_url": reverse(
+                f"{site}:{APP}_workflowinstance_replay_check", args=(quoted,)
+            )
+            if self.has_replay_check_permission(request)
             else "",
         }
 

@@ -23,6 +23,7 @@ from .. import exceptions as exc
 __all__ = [
     "MAX_NESTING_DEPTH",
     "Codec",
+    "envelope_type",
     "error_from_envelope",
     "error_to_envelope",
     "nested_deeper_than",
@@ -255,6 +256,20 @@ def error_to_envelope(
             fields = {"instance_id": error.instance_id, "reason": error.reason}
         env["fields"] = fields
     return env
+
+
+def envelope_type(text: str | None, limit: int = 255) -> str:
+    """Return the ``type`` of a stored error envelope (at most ``limit`` characters).
+
+    An empty string when ``text`` is not an envelope (None, not JSON, not an object).
+    """
+    try:
+        env = json.loads(text) if text else None
+    except (ValueError, RecursionError):
+        return ""
+    if not isinstance(env, dict):
+        return ""
+    return str(env.get("type") or "")[:limit]
 
 
 def error_from_envelope(env: dict[str, Any]) -> BaseException:

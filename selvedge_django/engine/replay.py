@@ -28,6 +28,7 @@ __all__ = [
     "ReplayRuntime",
     "answer_query",
     "check_replay",
+    "query_handler_names",
     "replay",
     "snapshot_of",
 ]
@@ -233,6 +234,31 @@ def check_replay(
         workflow_error = outcome.workflow_error or outcome.error
         raise exc.ReplayError(inst.instance_id, divergence, workflow_error)
     return result
+
+
+def query_handler_names(
+    history: RecordedHistory,
+    fn: WorkflowFunction,
+    runtime: ReplayRuntime,
+    *,
+    deadline: float | None = None,
+    seconds: float | None = None,
+) -> list[str]:
+    """Replay ``history`` read-only; return the query handlers registered where it stops.
+
+    The names :func:`answer_query` would find, sorted; the same ``deadline`` rule.
+    """
+    instance_id = history.instance.instance_id
+
+    def expired() -> BaseException:
+        return exc.QueryTimeout(instance_id, "", seconds or 0.0)
+
+    execution, outcome = replay(history, fn, runtime, deadline, expired)
+    if isinstance(execution.fatal, exc.QueryTimeout):
+        raise execution.fatal
+    if isinstance(outcome.error, exc.NondeterminismError):
+        raise outcome.error
+    return sorted(execution.query_handlers)
 
 
 def answer_query(

@@ -38,7 +38,13 @@ from ..engine.portable import (
     parse_history,
     recorded_value,
 )
-from ..engine.replay import ReplayResult, ReplayRuntime, answer_query, check_replay
+from ..engine.replay import (
+    ReplayResult,
+    ReplayRuntime,
+    answer_query,
+    check_replay,
+)
+from ..engine.replay import query_handler_names as list_query_handlers
 from ..models import (
     ArchivedHistoryEvent,
     HistoryEvent,
@@ -57,6 +63,7 @@ __all__ = [
     "export_history",
     "history_rows",
     "query",
+    "query_handler_names",
     "redacted",
     "replay_check",
     "replay_history",
@@ -352,6 +359,20 @@ def query(instance_id: str, name: str, *, timeout: float | timedelta | None = No
         name,
         deadline=deadline,
         seconds=seconds,
+    )
+
+
+def query_handler_names(instance_id: str, *, timeout: float | timedelta | None = None) -> list[str]:
+    """Return the query handlers an instance has registered where its replay stops.
+
+    One snapshot replay, as :func:`query` does (same ``timeout`` rule), without
+    running a handler: the names :func:`query` answers now, sorted.
+    """
+    seconds = optional_seconds(timeout, "query timeout")
+    deadline = None if seconds is None else time.monotonic() + seconds
+    history = export_history(instance_id)
+    return list_query_handlers(
+        history, _workflow_function(history), _replay_runtime(), deadline=deadline, seconds=seconds
     )
 
 

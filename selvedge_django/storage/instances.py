@@ -19,6 +19,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from .. import exceptions as exc
+from ..engine.codec import envelope_type
 from ..engine.events import (
     CLOSE_EVENT_BY_STATUS,
     CLOSE_KEY,
@@ -435,6 +436,7 @@ class InstanceStore(ChildStore):
                 str(status),
                 request.output,
                 request.error,
+                envelope_type(request.error) if status == WorkflowStatus.FAILED else "",
                 False,
                 now,
                 now,
@@ -536,6 +538,7 @@ class InstanceStore(ChildStore):
             params: list[Any] = [
                 str(WorkflowStatus.FAILED),
                 error,
+                envelope_type(error),
                 False,
                 now,
                 now,

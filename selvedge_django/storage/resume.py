@@ -58,7 +58,8 @@ SELECT_RESUME_CANDIDATES = (
 # Running again under a new lease epoch and the next generation, guarded by the status
 # and generation that were read.
 RESUME_INSTANCE = (
-    "UPDATE {instance} SET status = %s, output = NULL, error = NULL, lease_owner = '',"
+    "UPDATE {instance} SET status = %s, output = NULL, error = NULL, error_type = '',"
+    " lease_owner = '',"
     " lease_expires_ms = NULL, lease_epoch = lease_epoch + 1, runnable = %s,"
     " ready_ms = {now}, execution_deadline_ms = {now} + execution_timeout_ms,"
     " closed_at = NULL, cancel_requested = %s, cancel_reason = '',"

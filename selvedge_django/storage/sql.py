@@ -161,8 +161,8 @@ SELECT_CANCEL_STATE = (
 )
 # The close: status, outcome, lease cleared, under the fence (one conditional update).
 CLOSE_UPDATE = (
-    "UPDATE {instance} SET status = %s, output = %s, error = %s, lease_owner = '',"
-    " lease_expires_ms = NULL, runnable = %s, current_step = '', closed_at = %s,"
+    "UPDATE {instance} SET status = %s, output = %s, error = %s, error_type = %s,"
+    " lease_owner = '', lease_expires_ms = NULL, runnable = %s, current_step = '', closed_at = %s,"
     " updated_at = %s"
     " WHERE instance_id = %s AND lease_owner = %s AND lease_epoch = %s"
     " AND status = %s"
@@ -186,8 +186,8 @@ SELECT_TERMINATE_HEAD = (
 )
 # Terminate: failed, a new lease epoch, lease cleared ({fenced}: TERMINATE_FENCED or nothing).
 TERMINATE_UPDATE = (
-    "UPDATE {instance} SET status = %s, output = NULL, error = %s, lease_owner = '',"
-    " lease_expires_ms = NULL, lease_epoch = lease_epoch + 1, runnable = %s,"
+    "UPDATE {instance} SET status = %s, output = NULL, error = %s, error_type = %s,"
+    " lease_owner = '', lease_expires_ms = NULL, lease_epoch = lease_epoch + 1, runnable = %s,"
     " closed_at = %s, updated_at = %s WHERE instance_id = %s AND status = %s{fenced}"
 )
 # TERMINATE_UPDATE part: only while this execution holds the lease.

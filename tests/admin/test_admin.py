@@ -245,7 +245,8 @@ def test_changelist_query_count_does_not_grow_with_rows(
     populate(5, 50)
     many = {(c, q): count(c, q) for c in (admin_client, viewer) for q in ("", "?q=row")}
     assert few == many
-    assert max(many.values()) <= 8
+    # The error type filter reads its choices in one bounded query (ERROR_TYPE_SAMPLE rows).
+    assert max(many.values()) <= 9
 
 
 # -- the detail page ----------------------------------------------------------------------

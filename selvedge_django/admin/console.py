@@ -1,0 +1,220 @@
+"""The admin's console pages: start a workflow, run a query, check a replay.
+
+- "Start workflow" (a button of the changelist): a workflow this process
+  registers, a JSON input and an optional id, started through the operations
+  layer; needs ``start_workflowinstance``. Bad JSON, or a start the operations
+  layer refuses (a taken or invalid id, an unencodable input), is shown on the
+  form and nothing is written.
+- "Run query" (an instance's page): asks a query handler the instance has
+  registered, through ``operations.query`` bounded by :data:`QUERY_TIMEOUT`,
+  and shows the answer or the typed error. An answer is computed from the
+  recorded values, so it needs ``view_payloads`` besides view access.
+- "Replay check" (an instance's page): replays the instance's history against
+  the code deployed now (``operations.replay_instance``) and shows whether it
+  matched, or the divergence. It reads the whole history as an export does and
+  costs as much, so it needs ``export_history`` besides view access.
+
+Each is a POST with CSRF protection and is written to the admin log.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponseBase, HttpResponseNotAllowed, HttpResponseRedirect
+from django.urls import URLPattern, path, reverse
+from django.utils.translation import gettext
+from django.utils.translation import gettext_lazy as _
+
+from .. import exceptions as exc
+from .. import operations
+from ..models import WorkflowInstance
+from .base import APP, PERM_EXPORT, PERM_PAYLOADS, PERM_START
+from .display import ID_CHARS, VALUE_CHARS, truncate
+from .forms import QueryForm, StartWorkflowForm
+from .recovery import RecoveryActionsAdmin
+
+__all__ = ["QUERY_TIMEOUT", "ConsoleAdmin"]
+
+# Seconds a query's replay may take before the admin gives up (QueryTimeout).
+QUERY_TIMEOUT = 10.0
+# Most query handler names the query page suggests.
+MAX_QUERY_NAMES = 50
+
+START_INTRO = _(
+    "Start a new instance of a workflow this process registers. It commits at once and a"
+    " worker runs it; an id already used, even by a closed run, is refused."
+)
+QUERY_INTRO = _(
+    "Ask one of this instance's query handlers: its history is replayed, read-only, and the"
+    " handler answers where the replay stops. Nothing is written."
+)
+
+
+def error_text(error: BaseException) -> str:
+    """An error as ``Type: message``, truncated for a page."""
+    return truncate(f"{type(error).__name__}: {error}", VALUE_CHARS)
+
+
+class ConsoleAdmin(RecoveryActionsAdmin):
+    """The start page, and the query and replay-check views of an instance."""
+
+    change_list_template = "admin/selvedge_django/workflowinstance/change_list.html"
+
+    def has_start_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self.has_view_permission(request) and request.user.has_perm(PERM_START)
+
+    def has_query_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.has_perm(PERM_PAYLOADS)
+
+    def has_replay_check_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.has_perm(PERM_EXPORT)
+
+    def get_urls(self) -> list[URLPattern]:
+        info = (self.opts.app_label, self.opts.model_name)
+        view = self.admin_site.admin_view
+        # "start/" before every "<path:object_id>/..." pattern (an instance called
+        # "start" keeps its page: that is "start/change/").
+        return [
+            path("start/", view(self.start_view), name="{}_{}_start".format(*info)),
+            path(
+                "<path:object_id>/query/",
+                view(self.query_view),
+                name="{}_{}_query".format(*info),
+            ),
+            path(
+                "<path:object_id>/replay-check/",
+                view(self.replay_check_view),
+                name="{}_{}_replay_check".format(*info),
+            ),
+            *super().get_urls(),
+        ]
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
+        extra = dict(extra_context or {})
+        if self.has_start_permission(request):
+            extra["selvedge_start_url"] = reverse(
+                f"{self.admin_site.name}:{APP}_workflowinstance_start"
+            )
+        return super().changelist_view(request, extra)
+
+    # -- start --------------------------------------------------------------------------
+
+    def start_view(self, request: HttpRequest) -> HttpResponseBase:
+        """Ask for a workflow, its input and an optional id (GET), then start it (POST)."""
+        if request.method not in ("GET", "POST"):
+            return HttpResponseNotAllowed(["GET", "POST"])
+        if not self.has_start_permission(request):
+            raise PermissionDenied
+        form = StartWorkflowForm(request.POST if request.method == "POST" else None)
+        if form.is_bound and form.is_valid():
+            try:
+                instance_id = self.perform_start(request, form.cleaned_data)
+            except exc.SelvedgeError as error:
+                form.add_error(None, error_text(error))
+            else:
+                self.message_user(
+                    request,
+                    gettext("Started %(name)s as %(id)s.")
+                    % {
+                        "name": truncate(form.cleaned_data["workflow"], ID_CHARS),
+                        "id": truncate(instance_id, ID_CHARS),
+                    },
+                    messages.SUCCESS,
+                )
+                return HttpResponseRedirect(self.instance_url(instance_id))
+        return self.render_action_page(
+            request,
+            form,
+            title=gettext("Start workflow"),
+            intro=str(START_INTRO),
+            submit=gettext("Start"),
+            objects=[],
+        )
+
+    def perform_start(self, request: HttpRequest, data: dict[str, Any]) -> str:
+        """Start the workflow through the operations layer and log the addition."""
+        name = data["workflow"]
+        instance_id = operations.start_workflow(
+            name, data["input"], instance_id=data.get("instance_id") or None
+        )
+        # The input stays out of the log, as signal payloads do.
+        self.log_addition(
+            request,
+            WorkflowInstance(instance_id=instance_id, workflow_name=name),
+            f"Started workflow {name!r}.",
+        )
+        return instance_id
+
+    # -- query ----------------------------------------------------------------------------
+
+    def query_view(self, request: HttpRequest, object_id: str) -> HttpResponseBase:
+        """Offer the instance's query handlers (GET), then ask one and show the answer (POST)."""
+        if request.method not in ("GET", "POST"):
+            return HttpResponseNotAllowed(["GET", "POST"])
+        obj = self._action_object(request, object_id, self.has_query_permission)
+        form = QueryForm(request.POST if request.method == "POST" else request.GET or None)
+        result: dict[str, str] | None = None
+        if request.method == "POST" and form.is_valid():
+            name = form.cleaned_data["name"]
+            try:
+                answer = operations.query(obj.instance_id, name, timeout=QUERY_TIMEOUT)
+            except (exc.SelvedgeError, TimeoutError) as error:
+                result = {"title": gettext("Error"), "text": error_text(error), "kind": "error"}
+                outcome = f"failed: {type(error).__name__}"
+            else:
+                text = json.dumps(answer, indent=2, ensure_ascii=False, sort_keys=True)
+                result = {"title": gettext("Answer"), "text": truncate(text, VALUE_CHARS)}
+                result["kind"] = "answer"
+                outcome = "answered"
+            self.log_change(request, obj, f"Ran query {name!r}: {outcome}.")
+        try:
+            names = operations.query_handler_names(obj.instance_id, timeout=QUERY_TIMEOUT)
+        except (exc.SelvedgeError, TimeoutError):
+            names = []  # the form still asks by name; the answer shows the error
+        return self.render_action_page(
+            request,
+            form,
+            title=gettext("Run query"),
+            intro=str(QUERY_INTRO),
+            submit=gettext("Run query"),
+            objects=[obj],
+            object_url=self.instance_url(obj.instance_id),
+            extra={
+                "result": result,
+                "datalist": {"id": "selvedge-query-names", "options": names[:MAX_QUERY_NAMES]},
+            },
+        )
+
+    # -- replay check ----------------------------------------------------------------------
+
+    def replay_check_view(self, request: HttpRequest, object_id: str) -> HttpResponseBase:
+        """Replay the instance against the deployed code (POST only); show pass or fail."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        obj = self._action_object(request, object_id, self.has_replay_check_permission)
+        label = truncate(obj.instance_id, ID_CHARS)
+        try:
+            result = operations.replay_instance(obj.instance_id)
+        except exc.SelvedgeError as error:
+            cause = error.divergence if isinstance(error, exc.ReplayError) else None
+            shown = error_text(cause or error)
+            self.log_change(request, obj, f"Replay check failed: {type(cause or error).__name__}.")
+            self.message_user(
+                request,
+                gettext("Replay check of %(id)s failed: %(error)s") % {"id": label, "error": shown},
+                messages.ERROR,
+            )
+        else:
+            patches = result.describe_patches()
+            self.log_change(request, obj, "Replay check passed.")
+            message = gettext(
+                "Replay check of %(id)s passed: the code deployed now replays its history."
+            ) % {"id": label}
+            if patches:
+                message += " " + gettext("Patches: %(patches)s") % {"patches": patches}
+            self.message_user(request, message, messages.SUCCESS)
+        return HttpResponseRedirect(self.instance_url(obj.instance_id))
