@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from .models import EmailOutbox, Order, Payment, Product
+from .models import AcceptedCard, EmailOutbox, Order, Payment, Product
 
 
 @admin.register(Product)
@@ -24,3 +24,8 @@ class PaymentAdmin(admin.ModelAdmin):
 @admin.register(EmailOutbox)
 class EmailOutboxAdmin(admin.ModelAdmin):
     list_display = ("subject", "to", "created_at", "sent_at")
+
+
+@admin.register(AcceptedCard)
+class AcceptedCardAdmin(admin.ModelAdmin):
+    list_display = ("card", "note", "created_at")

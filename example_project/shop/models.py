@@ -109,3 +109,22 @@ class EmailOutbox(models.Model):
 
     def __str__(self) -> str:
         return f"{self.subject} -> {self.to}"
+
+
+class AcceptedCard(models.Model):
+    """A card the (simulated) payment provider accepts although it would decline it.
+
+    The fix an operator applies for a declined card (the issuer lifted its block):
+    a row in the database, so the worker process charging the card sees it. An
+    order held on the decline is then resumed and its charge runs again.
+    """
+
+    card = models.CharField(max_length=64, unique=True)
+    note = models.CharField(max_length=255, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ("card",)
+
+    def __str__(self) -> str:
+        return self.card

@@ -48,6 +48,15 @@ class OrderForm(forms.Form):
         ],
         initial="flaky",
     )
+    on_decline = forms.ChoiceField(
+        label="If the charge is refused",
+        choices=[
+            ("reject", "Reject the order"),
+            ("fail", "Hold it: the run fails, an operator fixes the cause and resumes it"),
+        ],
+        initial="reject",
+        required=False,
+    )
 
 
 class CancelForm(forms.Form):
@@ -163,6 +172,7 @@ def place_order(request: HttpRequest) -> HttpResponse:
             {
                 "order_id": order.pk,
                 "card": form.cleaned_data["card"],
+                "on_decline": form.cleaned_data["on_decline"] or "reject",
                 "approval_timeout": settings.SHOP_APPROVAL_TIMEOUT,
                 "packing_seconds": settings.SHOP_PACKING_SECONDS,
             },

@@ -23,7 +23,7 @@ from django.utils import timezone
 
 import selvedge_django as sv
 
-from .models import EmailOutbox, Order, Payment, Product
+from .models import AcceptedCard, EmailOutbox, Order, Payment, Product
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +91,8 @@ def charge_payment(request: dict[str, Any]) -> dict[str, Any]:
     reference = f"{info.instance_id}/{info.activity_id}"
     logger.info("charging %s for %s, attempt %d", request["amount"], reference, info.attempt)
     card = request.get("card", "ok")
-    if card == "declined":
+    # The provider's own records: a card an operator told it to accept is charged.
+    if card == "declined" and not AcceptedCard.objects.filter(card=card).exists():
         raise CardDeclined("card declined by the issuer (simulated)")
     if card == "flaky" and info.attempt == 1:
         raise PaymentGatewayError("payment gateway timed out (simulated)")
@@ -213,7 +214,9 @@ def order_workflow(ctx: sv.WorkflowContext, request: dict[str, Any]) -> dict[str
     """Run one order from reservation to confirmation, undoing what it did if it stops early.
 
     ``request`` is ``{"order_id": int, "card": "ok" | "flaky" | "declined",
-    "approval_timeout": seconds, "packing_seconds": seconds}``. Workflow code must
+    "approval_timeout": seconds, "packing_seconds": seconds, "on_decline": "reject" |
+    "fail"}``. A refused charge rejects the order, or with ``"on_decline": "fail"``
+    fails the run, for an operator to fix the cause and resume it. Workflow code must
     be deterministic: no I/O, no wall clock (use ctx.now()), no randomness;
     activities do those things.
     """
@@ -276,6 +279,10 @@ def order_workflow(ctx: sv.WorkflowContext, request: dict[str, Any]) -> dict[str
                 },
             )
         except (sv.ApplicationError, sv.RetryExhaustedError) as error:
+            if request.get("on_decline") == "fail":
+                # Held for an operator: the run fails here with the stock still
+                # reserved; once the cause is fixed, resuming it charges again.
+                raise
             return reject(str(error), release_stock=True)
 
         step("shipping")

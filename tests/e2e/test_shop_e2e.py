@@ -5,7 +5,9 @@ a ``manage.py runselvedge worker`` process on a fresh SQLite database in a
 temporary folder. Playwright drives Chromium through the shop's pages (place an
 order, approve its payment, watch it complete; place another and cancel it) and
 through the admin's workflow actions (send a signal, cancel, export history),
-from an instance's page and from the changelist.
+from an instance's page and from the changelist; then an order whose declined
+card fails its run is found with the error type filter, its cause is fixed in
+the shop's admin, and it is resumed from the changelist and completes.
 
 Needs the ``playwright`` package (``pip install --group e2e``; its bundled
 browsers are not used) and a Chromium binary: ``/usr/bin/chromium`` (Debian's
@@ -196,7 +198,9 @@ def project(tmp_path: Path) -> Iterator[ExampleProject]:
             print(f"----- {name} log -----\n{project.log(name)[-20_000:]}")
 
 
-def place_order(page: Page, base_url: str, sku: str, quantity: int, card: str) -> int:
+def place_order(
+    page: Page, base_url: str, sku: str, quantity: int, card: str, on_decline: str = "reject"
+) -> int:
     page.goto(base_url + "/")
     value = page.locator("#id_product option", has_text=f"({sku})").get_attribute("value")
     assert value is not None
@@ -204,6 +208,7 @@ def place_order(page: Page, base_url: str, sku: str, quantity: int, card: str) -
     page.fill("#id_quantity", str(quantity))
     page.fill("#id_customer_email", f"{sku}-buyer@example.com")
     page.locator("#id_card").select_option(card)
+    page.locator("#id_on_decline").select_option(on_decline)
     page.get_by_role("button", name="Place order").click()
     page.wait_for_url(re.compile(r"/orders/\d+/$"))
     match = re.search(r"/orders/(\d+)/$", page.url)
@@ -393,6 +398,47 @@ def _drive(page: Page, expect: Any, project: ExampleProject, base: str, shots: P
         [f"order-{first}", f"order-{second}"]
     )
 
+    # -- a failed order, resumed from the admin once its cause is fixed -------------------
+    held = place_order(page, base, "mug", 1, "declined", on_decline="fail")
+    expect(page.locator("#current-step")).to_have_text("awaiting payment approval", timeout=SLOW)
+    page.get_by_role("button", name="Approve payment").click()
+    # The declined charge fails the run (the order was asked to be held, not rejected).
+    expect(page.locator("#workflow-status")).to_have_text("failed", timeout=SLOW)
+    expect(page.locator("#order-status")).to_have_text("Stock reserved")
+    expect(page.locator("#current-step")).to_have_text("charging payment")
+    page.screenshot(path=str(shots / "08-failed-order.png"), full_page=True)
+
+    # The changelist's error type filter finds it.
+    page.goto(changelist)
+    page.locator("#changelist-filter a", has_text="shop.workflows.CardDeclined").click()
+    expect(page.locator("#result_list")).to_contain_text(f"order-{held}")
+
+    # Fix the cause: the shop's (simulated) payment provider accepts the card now.
+    page.goto(base + "/admin/shop/acceptedcard/add/")
+    page.fill("#id_card", "declined")
+    page.fill("#id_note", "the issuer lifted its block")
+    page.locator("input[type=submit][name=_save]").click()
+    expect(page.locator(".messagelist")).to_contain_text("was added successfully")
+
+    # Resume it from the changelist: select it, the resume action, confirm with a reason.
+    changelist_action([held], "resume_instances")
+    expect(page.locator("#content")).to_contain_text(f"order-{held}")
+    page.fill("#id_reason", "card accepted by the provider now")
+    page.screenshot(path=str(shots / "09-admin-resume-confirm.png"), full_page=True)
+    page.locator("input[type=submit][value='Resume']").click()
+    expect(page.locator(".messagelist")).to_contain_text("Resumed 1 instance")
+
+    # The shop page: the resumed run charges the card again, ships and confirms.
+    open_order(page, base, held)
+    expect(page.locator("#workflow-status")).to_have_text("completed", timeout=SLOW)
+    expect(page.locator("#order-status")).to_have_text("Confirmed")
+    expect(page.locator("#current-step")).to_have_text("completed")
+    expect(page.locator("#tracking")).to_have_text(re.compile(rf"^SV{held:06d}-\d{{4}}$"))
+    page.screenshot(path=str(shots / "10-resumed-order-completed.png"), full_page=True)
+    # The admin shows the archived generation beside the new history.
+    instance_page(held)
+    expect(page.locator("#selvedge-archived")).to_contain_text("ActivityFailed")
+
     # What the shop's own tables and the admin log say.
     statuses = dict(project.rows("SELECT id, status FROM shop_order"))
     assert statuses == {
@@ -402,9 +448,11 @@ def _drive(page: Page, expect: Any, project: ExampleProject, base: str, shots: P
         by_button_cancel: "cancelled",
         by_action_signal: "confirmed",
         by_action_cancel: "cancelled",
+        held: "confirmed",
     }
     logged = [message for (message,) in project.rows("SELECT change_message FROM django_admin_log")]
     assert sum("Sent a signal" in message for message in logged) == 2, logged
     assert sum("Requested cancellation" in message for message in logged) == 2, logged
     assert sum("Exported the history" in message for message in logged) == 3, logged
+    assert sum("Resumed as generation 2" in message for message in logged) == 1, logged
     print("screenshots:", ", ".join(sorted(path.name for path in shots.iterdir())))

@@ -18,9 +18,9 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
 import selvedge_django as sv
-from selvedge_django.models import HistoryEvent, WorkflowInstance
+from selvedge_django.models import ArchivedHistoryEvent, HistoryEvent, WorkflowInstance
 
-from ...models import EmailOutbox, Order, Payment, Product
+from ...models import AcceptedCard, EmailOutbox, Order, Payment, Product
 from ...workflows import APPROVAL_CHANNEL, order_workflow
 
 
@@ -51,6 +51,20 @@ class Command(BaseCommand):
             default="flaky",
             help="simulated card: 'flaky' fails the first charge attempt (default), "
             "'declined' is refused for good",
+        )
+        parser.add_argument(
+            "--on-decline",
+            choices=["reject", "fail"],
+            default=None,
+            help="what a refused charge does: reject the order (default), or fail the run "
+            "with the stock still reserved, for an operator to fix the cause and resume it",
+        )
+        parser.add_argument(
+            "--then-fix",
+            action="store_true",
+            help="the recovery walkthrough (with --card declined): the run fails on the "
+            "decline, the payment provider is told to accept the card, the run is resumed "
+            "(sv.resume_workflow, as `runselvedge resume` does) and completes",
         )
         parser.add_argument(
             "--approve",
@@ -84,6 +98,13 @@ class Command(BaseCommand):
         if options["quantity"] < 1:
             raise CommandError("--quantity must be at least 1")
 
+        on_decline = options["on_decline"] or ("fail" if options["then_fix"] else "reject")
+        if options["then_fix"] and (options["card"] != "declined" or on_decline != "fail"):
+            raise CommandError("--then-fix needs --card declined (and --on-decline fail)")
+        if options["then_fix"]:
+            # A fresh walkthrough: the provider declines the card until told otherwise.
+            AcceptedCard.objects.filter(card=options["card"]).delete()
+
         customer, _ = get_user_model().objects.get_or_create(
             username=options["user"], defaults={"email": options["email"]}
         )
@@ -100,6 +121,7 @@ class Command(BaseCommand):
                 {
                     "order_id": order.pk,
                     "card": options["card"],
+                    "on_decline": on_decline,
                     "approval_timeout": _or(
                         options["approval_timeout"], settings.SHOP_APPROVAL_TIMEOUT
                     ),
@@ -122,14 +144,9 @@ class Command(BaseCommand):
             sv.signal(instance_id, APPROVAL_CHANNEL, {"approved_by": "place_order"})
             self.stdout.write(f"Sent the {APPROVAL_CHANNEL!r} signal")
         self.stdout.write("Waiting for the workflow...")
-
-        try:
-            result = sv.wait_workflow(instance_id, timeout=options["timeout"])
-        except TimeoutError:
-            raise CommandError(
-                f"{instance_id} still running after {options['timeout']} s: is a worker "
-                "running? (python example_project/manage.py runselvedge worker)"
-            ) from None
+        result = self.wait(instance_id, options["timeout"])
+        if options["then_fix"]:
+            result = self.fix_and_resume(order, result, options)
 
         self.section("Result")
         self.stdout.write(f"status: {result.status}")
@@ -180,6 +197,64 @@ class Command(BaseCommand):
 
         if result.status != sv.WorkflowStatus.COMPLETED:
             raise CommandError(f"workflow {instance_id} ended {result.status}")
+
+    def wait(self, instance_id: str, timeout: float) -> sv.WorkflowResult:
+        try:
+            return sv.wait_workflow(instance_id, timeout=timeout)
+        except TimeoutError:
+            raise CommandError(
+                f"{instance_id} still running after {timeout} s: is a worker "
+                "running? (python example_project/manage.py runselvedge worker)"
+            ) from None
+
+    def fix_and_resume(
+        self, order: Order, result: sv.WorkflowResult, options: dict[str, Any]
+    ) -> sv.WorkflowResult:
+        """The recovery walkthrough: the run failed on the decline; fix the cause, resume."""
+        instance_id = order.instance_id
+        self.section("1. The run failed on the declined card")
+        if result.status != sv.WorkflowStatus.FAILED:
+            raise CommandError(f"expected {instance_id} to fail, but it ended {result.status}")
+        self.stdout.write(f"status: {result.status}")
+        self.stdout.write(f"error:  {type(result.error).__name__}: {result.error}")
+        order.refresh_from_db()
+        self.stdout.write(f"order #{order.pk}: {order.status} (the stock stays reserved)")
+
+        self.section("2. Fix the cause: the payment provider accepts the card now")
+        AcceptedCard.objects.get_or_create(
+            card=options["card"], defaults={"note": "the issuer lifted its block"}
+        )
+        self.stdout.write(
+            f"AcceptedCard {options['card']!r} saved: the worker process reads it from the database"
+        )
+
+        self.section("3. Resume the run (as `runselvedge resume` does)")
+        generation = sv.resume_workflow(instance_id, reason="card accepted by the provider now")
+        self.stdout.write(
+            f"resumed {instance_id} (generation {generation}): the failed charge and the close"
+            " are archived, the earlier steps replay from the history"
+        )
+        self.stdout.write(
+            f"  same as: python example_project/manage.py runselvedge resume {instance_id}"
+            ' --reason "card accepted by the provider now"'
+        )
+        self.stdout.write("Waiting for the workflow...")
+        result = self.wait(instance_id, options["timeout"])
+        description = sv.describe(instance_id)
+        self.section("4. The outcome")
+        self.stdout.write(
+            f"status: {result.status} (generation {description.generation},"
+            f" resumed {description.resumed_count} time(s))"
+        )
+        archived = ArchivedHistoryEvent.objects.filter(instance_id=instance_id).order_by("id")
+        for row in archived:
+            self.stdout.write(
+                f"  archived (generation {row.generation}): {row.key:<28} {row.event_type}"
+            )
+        if result.status != sv.WorkflowStatus.COMPLETED:
+            raise CommandError(f"the resumed run {instance_id} ended {result.status}")
+        self.stdout.write(self.style.SUCCESS("The resumed order completed."))
+        return result
 
     def section(self, title: str) -> None:
         self.stdout.write("")
