@@ -5,12 +5,15 @@ Runs are real: a worker driven by ``run_until_idle`` executes them."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from django.apps import apps as django_apps
 from django.contrib.admin.models import ADDITION, CHANGE
 from django.db import connection
 from django.test import Client
@@ -257,3 +260,16 @@ def test_error_type_choices_read_a_bounded_sample(tdb: None, staff: Callable[...
     only_types = re.compile(r'^SELECT \S*"error_type"( AS "error_type")? FROM')
     sampled = [q["sql"] for q in queries.captured_queries if only_types.match(q["sql"])]
     assert sampled and all(f"LIMIT {ERROR_TYPE_SAMPLE}" in sql for sql in sampled), sampled
+
+
+def test_the_migration_fills_in_the_error_type_of_older_failed_runs(tdb: None) -> None:
+    migration = importlib.import_module(
+        "selvedge_django.migrations.0011_error_type_and_start_permission"
+    )
+    envelope = json.dumps({"kind": "application", "type": "billing.Declined", "message": "no"})
+    make("before-1", status="failed", error=envelope)
+    make("before-2", status="failed", error="not an envelope")
+    make("before-3", status="completed", output="1")
+    migration.backfill_error_types(django_apps, SimpleNamespace(connection=connection))
+    types = dict(WorkflowInstance.objects.values_list("instance_id", "error_type"))
+    assert types == {"before-1": "billing.Declined", "before-2": "", "before-3": ""}
