@@ -1,10 +1,11 @@
 """The admin's console pages: start a workflow, run a query, check a replay.
 
 - "Start workflow" (a button of the changelist): a workflow this process
-  registers, a JSON input and an optional id, started through the operations
-  layer; needs ``start_workflowinstance``. Bad JSON, or a start the operations
-  layer refuses (a taken or invalid id, an unencodable input), is shown on the
-  form and nothing is written.
+  registers, a JSON input, an optional id and an optional execution timeout,
+  started through the operations layer; needs ``start_workflowinstance``. Bad
+  JSON, or a start the operations layer refuses (a taken or invalid id, an
+  unencodable input, a timeout out of range), is shown on the form and nothing
+  is written.
 - "Run query" (an instance's page): asks a query handler the instance has
   registered, through ``operations.query`` bounded by :data:`QUERY_TIMEOUT`,
   and shows the answer or the typed error. An answer is computed from the
@@ -139,7 +140,10 @@ class ConsoleAdmin(RecoveryActionsAdmin):
         """Start the workflow through the operations layer and log the addition."""
         name = data["workflow"]
         instance_id = operations.start_workflow(
-            name, data["input"], instance_id=data.get("instance_id") or None
+            name,
+            data["input"],
+            instance_id=data.get("instance_id") or None,
+            execution_timeout=data.get("execution_timeout"),
         )
         # The input stays out of the log, as signal payloads do.
         self.log_addition(

@@ -141,7 +141,8 @@ def _json_value(text: str, what: str) -> Any:
 
 
 class StartWorkflowForm(forms.Form):
-    """A start: a workflow this process registers, a JSON input and an optional id."""
+    """A start: a workflow this process registers, a JSON input, an optional id and
+    execution timeout."""
 
     workflow = forms.ChoiceField(label=_("Workflow"), choices=())
     input = forms.CharField(
@@ -159,6 +160,15 @@ class StartWorkflowForm(forms.Form):
             "Empty: a new random id. An id already used, even by a closed run, is refused."
         ),
         widget=forms.TextInput(attrs={"size": 60}),
+    )
+    execution_timeout = forms.FloatField(
+        required=False,
+        min_value=0.001,
+        label=_("Execution timeout"),
+        help_text=_(
+            "Seconds; empty: none. A run still open after this long is terminated"
+            " (the reason: execution timeout)."
+        ),
     )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -9,6 +9,7 @@ import importlib
 import json
 import re
 from collections.abc import Callable
+from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any
 
@@ -99,10 +100,20 @@ def test_start_page_starts_a_run_that_a_worker_completes_and_logs_it(
     assert entry.change_message == "Started workflow 'test.sum3'."
     assert "Started test.sum3 as from-admin." in html(starter.get(response["Location"]))
 
+    # With an execution timeout: the run carries it (the leader terminates it when overdue).
+    response = starter.post(
+        START_URL,
+        {"workflow": "test.console.tally", "input": "{}", "execution_timeout": "3600"},
+    )
+    assert response.status_code == 302
+    timed = response["Location"].rstrip("/").split("/")[-2]
+    assert sv.describe(timed).execution_timeout == timedelta(hours=1)
+    sv.terminate_workflow(timed)
+
     # Without an id, a new one is made.
     response = starter.post(START_URL, {"workflow": "test.sum3", "input": '{"a":0,"b":0,"c":0}'})
     assert response.status_code == 302
-    assert len(instance_ids()) == 2
+    assert len(instance_ids()) == 3
 
 
 @pytest.mark.parametrize(
@@ -114,8 +125,19 @@ def test_start_page_starts_a_run_that_a_worker_completes_and_logs_it(
         ({"input": "1", "instance_id": "bad\x00id"}, "Null characters are not allowed"),
         ({"input": '"\\u0000"'}, "WorkflowStartRejected"),
         ({"workflow": "not.registered", "input": "1"}, "Select a valid choice"),
+        ({"input": "1", "execution_timeout": "0"}, "greater than or equal to 0.001"),
+        ({"input": "1", "execution_timeout": "1e12"}, "WorkflowStartRejected"),
     ],
-    ids=["bad-json", "taken-id", "control-in-id", "nul-in-id", "nul-in-input", "unregistered"],
+    ids=[
+        "bad-json",
+        "taken-id",
+        "control-in-id",
+        "nul-in-id",
+        "nul-in-input",
+        "unregistered",
+        "zero-timeout",
+        "timeout-too-long",
+    ],
 )
 def test_a_refused_start_shows_the_error_on_the_form_and_writes_nothing(
     tdb: None, staff: Callable[..., Client], fields: dict[str, str], shown: str
