@@ -10,6 +10,9 @@ Its input: ``older_than`` (seconds, or text such as ``"30d"``, ``"12h"``,
 ``"90m"``), and optionally ``statuses`` (a list of closed statuses),
 ``workflow_name`` and ``batch_size``. It heartbeats after every batch and
 returns ``{"deleted": n}``.
+
+``selvedge.task`` runs one ``django.tasks`` task enqueued through
+:class:`selvedge_django.tasks.SelvedgeBackend` (see ``tasks/runner.py``).
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ from .engine.activity import heartbeat
 from .engine.context import WorkflowContext
 from .engine.options import RetryPolicy
 from .registry import activity, workflow
+from .tasks.runner import run_task, run_task_activity
 
-__all__ = ["prune", "prune_activity"]
+__all__ = ["prune", "prune_activity", "run_task", "run_task_activity"]
 
 _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([dhms]?)\s*", re.IGNORECASE)
 _UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1, "": 1}

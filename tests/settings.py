@@ -89,6 +89,22 @@ SELVEDGE = {
     "TIMER_CHECK_INTERVAL": 0.05,
     "SHUTDOWN_TIMEOUT": 10,
 }
+# django.tasks (Django 6) or the django-tasks backport (Django 5.2) read this; on 5.2 without
+# the backport it is inert. tests/testapp/tasks.py defines the tasks that use it.
+TASKS = {
+    "default": {
+        "BACKEND": "selvedge_django.tasks.SelvedgeBackend",
+        "QUEUES": ["default", "emails"],
+        "OPTIONS": {
+            "retry_policy": {
+                "max_attempts": 3,
+                "initial_interval": 0.05,
+                "max_interval": 0.1,
+                "non_retryable_errors": ["tests.testapp.tasks.Refused"],
+            }
+        },
+    }
+}
 # Worker subprocesses of tests/processes/test_scale.py: a short leader lease (takeover tests)
 # and slow polling (so that only a notification can explain a prompt wake-up).
 if os.environ.get("SELVEDGE_TEST_LEADER_LEASE"):

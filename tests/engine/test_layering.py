@@ -72,6 +72,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "testing",
             "contrib",
             "workflows",
+            "tasks",  # the django.tasks backend
             "history",  # the old import path of operations.history and engine.portable
         ),
     ),

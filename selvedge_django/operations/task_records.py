@@ -1,0 +1,101 @@
+"""The rows behind one ``django.tasks`` result: an instance and its single activity task.
+
+``selvedge_django.tasks`` builds a ``TaskResult`` from this record without replaying
+anything: two indexed reads by primary key (the instance, then its task by key).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from .. import exceptions as exc
+from ..models import ActivityTask, WorkflowInstance
+from .base import client_store, known_id
+
+__all__ = ["TaskRecord", "database_now_ms", "task_record"]
+
+
+@dataclass(frozen=True)
+class TaskRecord:
+    """What the database holds about one task run: the instance, then its activity task.
+
+    The ``task_*`` fields are None while the activity is not reserved yet (a deferred
+    task waiting for ``run_after``). Errors are decoded JSON envelopes.
+    """
+
+    instance_id: str
+    workflow_name: str
+    status: str
+    input: Any
+    output: str | None
+    error: dict[str, Any] | None
+    started_at: datetime
+    closed_at: datetime | None
+    task_status: str | None = None
+    attempts: int = 0
+    failures: int = 0
+    last_error: dict[str, Any] | None = None
+    claim_owner: str = ""
+    claim_started_at: datetime | None = None
+
+
+def _envelope(text: str | None) -> dict[str, Any] | None:
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _from_ms(ms: int | None) -> datetime | None:
+    return None if ms is None else datetime.fromtimestamp(ms / 1000, UTC)
+
+
+def task_record(instance_id: str, key: str) -> TaskRecord:
+    """Read an instance and its activity task ``key``; raise WorkflowNotFound if absent."""
+    alias = client_store().alias
+    instance = (
+        WorkflowInstance.objects.using(alias)
+        .filter(instance_id=known_id(instance_id))
+        .values("workflow_name", "status", "input", "output", "error", "started_at", "closed_at")
+        .first()
+    )
+    if instance is None:
+        raise exc.WorkflowNotFound(instance_id)
+    record = TaskRecord(
+        instance_id=instance_id,
+        workflow_name=instance["workflow_name"],
+        status=instance["status"],
+        input=instance["input"],
+        output=instance["output"],
+        error=_envelope(instance["error"]),
+        started_at=instance["started_at"],
+        closed_at=instance["closed_at"],
+    )
+    task = (
+        ActivityTask.objects.using(alias)
+        .filter(instance_id=instance_id, key=key)
+        .values("status", "attempts", "failures", "last_error", "claim_owner", "claim_started_ms")
+        .first()
+    )
+    if task is None:
+        return record
+    return replace(
+        record,
+        task_status=task["status"],
+        attempts=task["attempts"],
+        failures=task["failures"],
+        last_error=_envelope(task["last_error"]),
+        claim_owner=task["claim_owner"],
+        claim_started_at=_from_ms(task["claim_started_ms"]),
+    )
+
+
+def database_now_ms() -> int:
+    """The database clock in Unix milliseconds (one read), as timers and claims use it."""
+    return client_store().now_ms()

@@ -1,0 +1,29 @@
+"""A backend for Django's ``django.tasks``: each enqueued task runs as one durable activity.
+
+``TASKS = {"default": {"BACKEND": "selvedge_django.tasks.SelvedgeBackend"}}`` and
+``manage.py runselvedge worker`` run the project's ``@task`` functions with durable
+retries, deferral (``run_after``), priorities and results, and ``enqueue`` inside
+``transaction.atomic()`` commits with the caller. See ``docs/tasks.md``.
+
+Importing this package imports nothing of ``django.tasks``: :class:`SelvedgeBackend`
+is loaded on first use (from Django 6's ``django.tasks``, or the ``django-tasks``
+backport on Django 5.2), so the worker's built-in task workflow (``runner``) loads
+on every Django line.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .backend import SelvedgeBackend
+
+__all__ = ["SelvedgeBackend"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "SelvedgeBackend":
+        from .backend import SelvedgeBackend
+
+        return SelvedgeBackend
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

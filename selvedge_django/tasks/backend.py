@@ -1,0 +1,131 @@
+"""``SelvedgeBackend``: django.tasks tasks as durable activities under ``runselvedge worker``."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.core import checks
+from django.db import transaction
+from django.utils import timezone
+
+from .. import exceptions as exc
+from ..conf import get_settings
+from ..engine.options import RetryPolicy
+from ..operations import start_workflow
+from ..operations.task_records import database_now_ms, task_record
+from . import compat
+from .options import activity_options, check_options, parse_retry_policy
+from .results import build_result, load_task
+from .runner import TASK_KEY, TASK_WORKFLOW
+
+__all__ = ["SelvedgeBackend", "SelvedgeTask"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SelvedgeTask(compat.Task):
+    """Django's ``Task`` with a per-task retry policy: ``@task(retry_policy={...})``."""
+
+    retry_policy: RetryPolicy | dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        parse_retry_policy(self.retry_policy)  # refused at definition, not at enqueue
+        super(SelvedgeTask, self).__post_init__()
+
+
+class SelvedgeBackend(compat.BaseTaskBackend):
+    """Run each enqueued task as one durable activity of the built-in ``selvedge.task``
+    workflow: the instance id is the result id, the task's queue is the activity queue.
+
+    ``enqueue`` joins the caller's ``transaction.atomic()`` (the task exists only if
+    the transaction commits; ``task_enqueued`` is sent after the commit), ``run_after``
+    is a durable timer on the database clock, failures retry under ``OPTIONS
+    ["retry_policy"]`` (or the task's own ``retry_policy``), and ``get_result`` reads
+    the instance and its task from any process.
+    """
+
+    task_class = SelvedgeTask
+    supports_defer = True
+    supports_async_task = True
+    supports_get_result = True
+    supports_priority = True
+
+    def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
+        """Start the task's instance (inside the caller's transaction when there is one)."""
+        self.validate_task(task)
+        result_id = uuid.uuid4().hex
+        # Built first: TaskResult refuses arguments that are not JSON (TypeError, ValueError).
+        result = compat.TaskResult(
+            task=task,
+            id=result_id,
+            status=compat.TaskResultStatus.READY,
+            enqueued_at=None,
+            started_at=None,
+            finished_at=None,
+            last_attempted_at=None,
+            args=list(args),
+            kwargs=dict(kwargs),
+            backend=self.alias,
+            errors=[],
+            worker_ids=[],
+        )
+        input: dict[str, Any] = {
+            "task": task.module_path,
+            "args": result.args,
+            "kwargs": result.kwargs,
+            "backend": self.alias,
+            "queue_name": task.queue_name,
+            "priority": task.priority,
+            "options": activity_options(task, task.queue_name).to_json(),
+        }
+        if task.run_after is not None:
+            input["run_after"] = task.run_after.isoformat()
+            run_after_ms = round(task.run_after.timestamp() * 1000)
+            input["delay_ms"] = max(0, run_after_ms - database_now_ms())
+        try:
+            start_workflow(TASK_WORKFLOW, input, instance_id=result_id)
+        except exc.WorkflowStartRejected as error:
+            raise compat.InvalidTask(str(error)) from error
+        object.__setattr__(result, "enqueued_at", timezone.now())
+        sender = type(self)
+        transaction.on_commit(
+            lambda: compat.task_enqueued.send(sender, task_result=result),
+            using=get_settings().database,
+        )
+        return result
+
+    def get_result(self, result_id: str) -> Any:
+        """The result of ``result_id`` from the database (any process, no replay)."""
+        try:
+            record = task_record(str(result_id), TASK_KEY)
+        except exc.WorkflowNotFound:
+            raise compat.TaskResultDoesNotExist(result_id) from None
+        if record.workflow_name != TASK_WORKFLOW or not isinstance(record.input, dict):
+            raise compat.TaskResultDoesNotExist(result_id)
+        return build_result(load_task(record.input), record)
+
+    def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
+        """selvedge.E101: the app is not installed; selvedge.E102: invalid OPTIONS."""
+        problems: list[checks.CheckMessage] = []
+        if "selvedge_django" not in {
+            name.rsplit(".apps.", 1)[0] for name in settings.INSTALLED_APPS
+        }:
+            problems.append(
+                checks.Error(
+                    f"TASKS[{self.alias!r}] uses SelvedgeBackend, but selvedge_django is not"
+                    " in INSTALLED_APPS",
+                    hint="Add 'selvedge_django' to INSTALLED_APPS and run migrate.",
+                    id="selvedge.E101",
+                )
+            )
+        for problem in check_options(self.options):
+            problems.append(
+                checks.Error(
+                    f"TASKS[{self.alias!r}]: {problem}",
+                    hint="See docs/tasks.md for the backend's OPTIONS.",
+                    id="selvedge.E102",
+                )
+            )
+        return problems

@@ -1,0 +1,110 @@
+"""One attempt of an enqueued task, inside the ``selvedge.task.run`` activity.
+
+The attempt reads its instance and task rows once (its worker id and the errors of
+the attempts before it), sends ``task_started``, calls the task, and sends
+``task_finished`` when the outcome is final: a return value, or a failure that is
+not retried (non-retryable, or the last attempt). A failure raises
+:class:`~selvedge_django.ApplicationError` whose details hold every attempt's
+error so far, which the engine records on the task row before the retry.
+"""
+
+from __future__ import annotations
+
+import traceback as tb
+from typing import Any
+
+from django.utils import timezone
+
+from ..engine.activity import activity_info
+from ..exceptions import ApplicationError
+from ..operations.task_records import task_record
+from . import compat
+from .results import attempt_errors, build_result, load_task
+from .runner import TASK_KEY
+
+__all__ = ["run_attempt"]
+
+# The end of a traceback that an attempt's error keeps (the envelope's bound).
+MAX_TRACEBACK = 8000
+
+
+def _class_path(error: BaseException) -> str:
+    cls = type(error)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _backend_class() -> type:
+    from .backend import SelvedgeBackend
+
+    return SelvedgeBackend
+
+
+def _non_retryable(task: compat.Task) -> tuple[type[BaseException], ...]:
+    """The error classes that end the task at once: the task's policy, else the backend's."""
+    from .options import retry_policy_for
+
+    policy = retry_policy_for(task)
+    return policy.non_retryable_errors if policy is not None else ()
+
+
+def run_attempt(input: dict[str, Any]) -> Any:
+    """Run the task once and return its JSON-normalised value (or raise its failure)."""
+    info = activity_info()
+    if info is None:  # called directly, outside a worker (a unit test of the task)
+        return load_task(input).call(*input.get("args", []), **input.get("kwargs", {}))
+    task = load_task(input)
+    record = task_record(info.instance_id, TASK_KEY)
+    worker_id = record.claim_owner
+    previous = attempt_errors(record.last_error) if record.failures else []
+    started = timezone.now()
+    result = build_result(task, record, running_worker=worker_id)
+    sender = _backend_class()
+    compat.task_started.send(sender=sender, task_result=result)
+    args, kwargs = input.get("args", []), input.get("kwargs", {})
+    try:
+        if task.takes_context:
+            value = task.call(compat.TaskContext(task_result=result), *args, **kwargs)
+        else:
+            value = task.call(*args, **kwargs)
+        value = compat.normalize_json(value)
+    except Exception as error:
+        path = _class_path(error)
+        entry = {
+            "exception_class_path": path,
+            "traceback": "".join(tb.format_exception(error))[-MAX_TRACEBACK:],
+            "worker_id": worker_id,
+            "started_at": started.isoformat(),
+        }
+        errors = [*previous, entry]
+        non_retryable = isinstance(error, _non_retryable(task))
+        policy = info.options.effective_retry_policy()
+        if non_retryable or policy.exhausted(record.failures + 1):
+            failed = _with(result, status=compat.TaskResultStatus.FAILED, errors=errors)
+            compat.task_finished.send(sender=sender, task_result=failed)
+        raise ApplicationError(
+            str(error) or path,
+            type=path,
+            details={"task_errors": errors},
+            non_retryable=non_retryable,
+        ) from error
+    done = _with(result, status=compat.TaskResultStatus.SUCCESSFUL, errors=previous)
+    object.__setattr__(done, "_return_value", value)
+    compat.task_finished.send(sender=sender, task_result=done)
+    return value
+
+
+def _with(result: compat.TaskResult, *, status: Any, errors: list[dict[str, Any]]) -> Any:
+    """A copy of the running ``result`` as it finished now, with ``status`` and ``errors``."""
+    from dataclasses import replace
+
+    return replace(
+        result,
+        status=status,
+        finished_at=timezone.now(),
+        errors=[
+            compat.TaskError(
+                exception_class_path=e["exception_class_path"], traceback=e["traceback"]
+            )
+            for e in errors
+        ],
+    )

@@ -1,0 +1,126 @@
+"""``TaskResult`` objects built from the database: the instance and its activity task.
+
+Status: a closed instance is ``SUCCESSFUL`` (completed) or ``FAILED`` (failed,
+cancelled or terminated); a running one is ``RUNNING`` while an attempt holds the
+task's claim and ``READY`` otherwise (deferred, queued, or waiting to retry).
+Errors come from the failures the activity recorded, one per failed attempt, each
+with its exception class path, traceback and worker id; ``worker_ids`` lists the
+worker of each attempt, so ``attempts`` (its length) counts them as Django does.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from ..models import ActivityTaskStatus, WorkflowStatus
+from ..operations.task_records import TaskRecord
+from . import compat
+
+__all__ = ["attempt_errors", "build_result", "load_task", "parse_time"]
+
+
+def parse_time(text: object) -> datetime | None:
+    return datetime.fromisoformat(text) if isinstance(text, str) and text else None
+
+
+def load_task(input: dict[str, Any]) -> compat.Task:
+    """The enqueued task: the module-level ``Task`` at its path, with the enqueue's changes.
+
+    The path is the one ``Task.module_path`` gave at enqueue; anything there that is
+    not a ``Task`` is refused (``ValueError``), as Django's own unpickling does.
+    """
+    from django.utils.module_loading import import_string
+
+    path = input["task"]
+    try:
+        found = import_string(path)
+    except ImportError as error:
+        raise ValueError(f"Expected {path!r} to point to a Task instance.") from error
+    if not isinstance(found, compat.Task):
+        raise ValueError(f"Expected {path!r} to point to a Task instance.")
+    return found.using(
+        priority=int(input.get("priority", found.priority)),
+        queue_name=input.get("queue_name") or found.queue_name,
+        run_after=parse_time(input.get("run_after")),
+        backend=input.get("backend") or found.backend,
+    )
+
+
+def attempt_errors(envelope: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The per-attempt errors a failure envelope carries (the activity's own failures hold
+    the whole list; a timeout or lapse recorded by the engine becomes one more entry)."""
+    if not envelope:
+        return []
+    details = envelope.get("details")
+    if isinstance(details, dict) and isinstance(details.get("task_errors"), list):
+        return [entry for entry in details["task_errors"] if isinstance(entry, dict)]
+    fields = envelope.get("fields") or {}
+    last = fields.get("last_error") if isinstance(fields, dict) else None
+    if isinstance(last, dict) and last is not envelope:
+        inner = attempt_errors(last)
+        if inner:
+            return inner
+    kind = envelope.get("type") or "Exception"
+    path = kind if "." in kind else f"selvedge_django.exceptions.{kind}"
+    if envelope.get("fields", {}).get("application_error"):
+        path = kind
+    return [
+        {
+            "exception_class_path": path,
+            "traceback": envelope.get("traceback") or f"{kind}: {envelope.get('message', '')}",
+            "worker_id": "",
+            "started_at": None,
+        }
+    ]
+
+
+def build_result(
+    task: compat.Task, record: TaskRecord, *, running_worker: str | None = None
+) -> compat.TaskResult:
+    """The ``TaskResult`` of ``record``; ``running_worker`` marks an attempt in progress."""
+    input = record.input if isinstance(record.input, dict) else {}
+    errors = attempt_errors(record.last_error)
+    if record.status == WorkflowStatus.RUNNING:
+        holding = running_worker is not None or record.task_status == ActivityTaskStatus.RUNNING
+        status = compat.TaskResultStatus.RUNNING if holding else compat.TaskResultStatus.READY
+    elif record.status == WorkflowStatus.COMPLETED:
+        status = compat.TaskResultStatus.SUCCESSFUL
+    else:
+        status = compat.TaskResultStatus.FAILED
+        if not errors:
+            errors = attempt_errors(record.error)
+    worker_ids = [str(entry.get("worker_id") or "") for entry in errors]
+    current = running_worker or record.claim_owner
+    if current and record.task_status in (
+        ActivityTaskStatus.RUNNING,
+        ActivityTaskStatus.COMPLETED,
+    ):
+        worker_ids.append(current)
+    starts = [parse_time(entry.get("started_at")) for entry in errors]
+    started_at = next((s for s in starts if s is not None), record.claim_started_at)
+    result = compat.TaskResult(
+        task=task,
+        id=record.instance_id,
+        status=status,
+        enqueued_at=record.started_at,
+        started_at=started_at,
+        finished_at=record.closed_at,
+        last_attempted_at=record.claim_started_at or (starts[-1] if starts else None),
+        args=input.get("args", []),
+        kwargs=input.get("kwargs", {}),
+        backend=input.get("backend", task.backend),
+        errors=[
+            compat.TaskError(
+                exception_class_path=str(entry.get("exception_class_path", "")),
+                traceback=str(entry.get("traceback", "")),
+            )
+            for entry in errors
+        ],
+        worker_ids=worker_ids,
+    )
+    if status == compat.TaskResultStatus.SUCCESSFUL and record.output is not None:
+        import json
+
+        object.__setattr__(result, "_return_value", json.loads(record.output))
+    return result

@@ -1,0 +1,49 @@
+"""The built-in workflow that runs one enqueued ``django.tasks`` task as one activity.
+
+``selvedge.task`` (the workflow) waits for ``run_after`` on a durable timer when the
+task was deferred, then executes ``selvedge.task.run`` (the activity) under the
+options recorded at enqueue: the queue, the retry policy, the start-to-close
+timeout and the priority. The activity imports the task by its module path, runs
+it, and sends ``task_started`` and ``task_finished``. Its output is the task's
+return value; its failures carry every attempt's error (class path, traceback,
+worker id) so that ``get_result`` reads them back without replay.
+
+This module imports nothing of ``django.tasks`` (the activity does, when it runs),
+so workers load it on every Django line: ``selvedge_django.workflows`` imports it.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from ..engine.context import WorkflowContext
+from ..engine.options import ActivityOptions
+from ..registry import activity, workflow
+
+__all__ = ["TASK_ACTIVITY", "TASK_KEY", "TASK_WORKFLOW", "run_task", "run_task_activity"]
+
+TASK_WORKFLOW = "selvedge.task"
+TASK_ACTIVITY = "selvedge.task.run"
+# The activity id (history key) of the one activity each task instance runs.
+TASK_KEY = "task"
+# The timer that holds a deferred task until its run_after.
+RUN_AFTER_KEY = "run_after"
+
+
+@activity(name=TASK_ACTIVITY)
+def run_task_activity(input: dict[str, Any]) -> Any:
+    """Run the task named in ``input`` once (one attempt); see ``tasks.execute``."""
+    from .execute import run_attempt
+
+    return run_attempt(input)
+
+
+@workflow(name=TASK_WORKFLOW)
+def run_task(ctx: WorkflowContext, input: dict[str, Any]) -> Any:
+    """Wait for ``run_after`` if the task was deferred, then run it as one activity."""
+    delay_ms = int(input.get("delay_ms") or 0)
+    if delay_ms > 0:
+        ctx.sleep(timedelta(milliseconds=delay_ms), sleep_id=RUN_AFTER_KEY)
+    options = ActivityOptions.from_json(input.get("options") or {})
+    return run_task_activity.execute(ctx, input, options=options, activity_id=TASK_KEY)

@@ -1,0 +1,261 @@
+"""The django.tasks backend against Django's documented behaviour (docs/tasks.md).
+
+Runs on Django 6 (django.tasks) and on Django 5.2 with the django-tasks backport; the
+module skips when neither is importable. Tasks run under a real in-process Worker;
+tests/processes/test_django_tasks_processes.py reads results across processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.db import connections, transaction
+from django.utils import timezone
+
+from tests.conftest import wait_until
+
+if (
+    importlib.util.find_spec("django.tasks") is None
+    and importlib.util.find_spec("django_tasks") is None
+):
+    pytest.skip("neither django.tasks nor the django-tasks backport", allow_module_level=True)
+
+import selvedge_django as sv
+from selvedge_django.tasks import SelvedgeBackend, compat
+from tests.testapp import tasks
+
+pytestmark = pytest.mark.usefixtures("tdb")
+
+Status = compat.TaskResultStatus
+
+
+@pytest.fixture(autouse=True)
+def _fresh_calls() -> None:
+    with tasks.calls_lock:
+        tasks.calls.clear()
+
+
+@pytest.fixture
+def signals() -> Any:
+    """Every django.tasks signal sent in this process: (name, result id, status)."""
+    seen: list[tuple[str, str, str]] = []
+
+    def receiver(name: str) -> Any:
+        def receive(sender: Any, task_result: Any, **kwargs: Any) -> None:
+            seen.append((name, task_result.id, str(task_result.status)))
+
+        return receive
+
+    handlers = {
+        compat.task_enqueued: receiver("enqueued"),
+        compat.task_started: receiver("started"),
+        compat.task_finished: receiver("finished"),
+    }
+    for signal, handler in handlers.items():
+        signal.connect(handler, weak=False)
+    yield seen
+    for signal, handler in handlers.items():
+        signal.disconnect(handler)
+
+
+def finished(result: Any, timeout: float = 20) -> Any:
+    """Wait until the result's task has finished; return the refreshed result."""
+
+    def done() -> bool:
+        result.refresh()
+        return result.is_finished
+
+    wait_until(done, timeout=timeout)
+    return result
+
+
+def test_a_task_runs_under_the_worker_and_reports_success(worker: Any, signals: Any) -> None:
+    result = tasks.add.enqueue(2, 3)
+    assert result.status == Status.READY
+    assert result.backend == "default"
+    assert isinstance(result.task.get_backend(), SelvedgeBackend)
+    finished(result)
+    assert result.status == Status.SUCCESSFUL
+    assert result.return_value == 5
+    assert result.errors == []
+    assert result.attempts == 1
+    assert result.worker_ids == [worker.worker_id]
+    assert result.enqueued_at <= result.started_at <= result.finished_at
+    assert result.last_attempted_at == result.started_at
+    assert tasks.calls == [("add", (2, 3))]
+    # The same, read afresh through the task (no replay: the instance and its task rows).
+    again = tasks.add.get_result(result.id)
+    assert (again.status, again.return_value, again.args) == (Status.SUCCESSFUL, 5, [2, 3])
+    # It is an instance of the built-in workflow, visible like any other.
+    assert sv.describe(result.id).workflow_name == "selvedge.task"
+    [activity] = sv.list_activity_tasks(result.id)
+    assert (activity.name, activity.queue, activity.status) == (
+        "selvedge.task.run",
+        "default",
+        "completed",
+    )
+    assert [(name, status) for name, rid, status in signals if rid == result.id] == [
+        ("enqueued", "READY"),
+        ("started", "RUNNING"),
+        ("finished", "SUCCESSFUL"),
+    ]
+
+
+def test_enqueue_in_a_rolled_back_transaction_runs_nothing(worker: Any, signals: Any) -> None:
+    with pytest.raises(RuntimeError), transaction.atomic():
+        doomed = tasks.noted.enqueue("rolled back")
+        raise RuntimeError("roll back")
+    kept = None
+    with transaction.atomic():
+        kept = tasks.noted.enqueue("committed")
+        # Inside the transaction the task is not enqueued yet: no signal.
+        assert not any(name == "enqueued" for name, _, _ in signals)
+    finished(kept)
+    with pytest.raises(compat.TaskResultDoesNotExist):
+        tasks.noted.get_result(doomed.id)
+    assert tasks.calls == [("noted", "committed")]
+    assert [rid for name, rid, _ in signals if name == "enqueued"] == [kept.id]
+
+
+def test_a_deferred_task_runs_not_before_run_after(worker: Any) -> None:
+    run_after = timezone.now() + timedelta(seconds=1.5)
+    result = tasks.noted.using(run_after=run_after).enqueue("later")
+    assert result.task.run_after == run_after
+    assert tasks.noted.get_result(result.id).status == Status.READY
+    finished(result)
+    assert result.started_at >= run_after
+    assert result.task.run_after == run_after
+    assert tasks.calls == [("noted", "later")]
+
+
+def test_a_failing_task_retries_then_fails_with_every_traceback(worker: Any, signals: Any) -> None:
+    result = tasks.always_fails.enqueue("boom")
+    finished(result)
+    assert result.status == Status.FAILED
+    assert result.attempts == 3  # OPTIONS["retry_policy"]["max_attempts"]
+    assert [e.exception_class_path for e in result.errors] == ["builtins.ValueError"] * 3
+    assert result.errors[-1].exception_class is ValueError
+    assert "raise ValueError(message)" in result.errors[-1].traceback
+    assert "ValueError: boom" in result.errors[-1].traceback
+    assert result.worker_ids == [worker.worker_id] * 3
+    with pytest.raises(ValueError, match="Task failed"):
+        _ = result.return_value
+    assert tasks.calls == [("always_fails", "boom")] * 3
+    # Started on each attempt; finished once, when the failure is final.
+    mine = [(name, status) for name, rid, status in signals if rid == result.id]
+    assert mine == [
+        ("enqueued", "READY"),
+        ("started", "RUNNING"),
+        ("started", "RUNNING"),
+        ("started", "RUNNING"),
+        ("finished", "FAILED"),
+    ]
+
+
+def test_non_retryable_errors_and_a_per_task_policy_stop_at_once(worker: Any) -> None:
+    refused = tasks.refuses.enqueue()
+    once = tasks.once.enqueue("only once")
+    finished(refused)
+    finished(once)
+    assert (refused.status, refused.attempts) == (Status.FAILED, 1)
+    assert refused.errors[0].exception_class_path == "tests.testapp.tasks.Refused"
+    assert (once.status, once.attempts) == (Status.FAILED, 1)
+
+
+def test_a_task_that_succeeds_on_a_retry_keeps_the_earlier_errors(worker: Any) -> None:
+    result = tasks.flaky.enqueue(succeed_on=2)
+    finished(result)
+    assert result.status == Status.SUCCESSFUL
+    assert result.return_value == 2  # context.attempt counted the attempts
+    assert result.attempts == 2
+    assert [e.exception_class_path for e in result.errors] == ["builtins.RuntimeError"]
+
+
+def test_async_tasks_and_queues(worker: Any) -> None:
+    doubled = tasks.async_double.enqueue(21)
+    mail = tasks.send_email.enqueue("ada@example.com", subject="hi")
+    finished(doubled)
+    finished(mail)
+    assert doubled.return_value == 42
+    assert mail.return_value == {"to": "ada@example.com", "subject": "hi"}
+    [activity] = sv.list_activity_tasks(mail.id)
+    assert activity.queue == "emails"
+
+
+def test_a_worker_without_the_queue_leaves_its_tasks_ready(make_worker: Any) -> None:
+    make_worker(activity_queues=["default"])
+    mail = tasks.send_email.enqueue("bob@example.com")
+    plain = finished(tasks.add.enqueue(1, 1))
+    assert plain.status == Status.SUCCESSFUL
+    assert tasks.send_email.get_result(mail.id).status == Status.READY
+
+
+def test_validation_follows_base_task_backend() -> None:
+    with pytest.raises(compat.InvalidTask, match="Queue 'nope' is not valid"):
+        tasks.add.using(queue_name="nope")
+    with pytest.raises(compat.InvalidTask, match="aware datetime"):
+        tasks.add.using(run_after=timezone.now().replace(tzinfo=None))
+    with pytest.raises(compat.InvalidTask, match="priority"):
+        tasks.add.using(priority=101)
+
+    def local() -> None:  # not at module level
+        pass
+
+    with pytest.raises(compat.InvalidTask, match="module level"):
+        compat.Task(func=local)
+    with pytest.raises(TypeError):
+        tasks.add.enqueue(object(), 1)
+    assert sv.find_instances(workflow_name="selvedge.task").instances == []
+
+
+def test_get_result_of_an_unknown_or_foreign_id() -> None:
+    backend = compat.task_backends["default"]
+    with pytest.raises(compat.TaskResultDoesNotExist):
+        backend.get_result("no-such-id")
+    other = sv.start_workflow("tests.not.a.task", None)
+    with pytest.raises(compat.TaskResultDoesNotExist):
+        backend.get_result(other)
+
+
+def test_a_bad_per_task_retry_policy_is_refused_at_definition() -> None:
+    with pytest.raises(ValueError, match="unknown keys"):
+        SelvedgeBackend.task_class(func=tasks.add.func, retry_policy={"attempts": 3})
+
+
+def test_system_checks_report_bad_options() -> None:
+    backend = SelvedgeBackend(
+        "broken", {"OPTIONS": {"retry_policy": {"max_attempts": -1}, "speed": "fast"}}
+    )
+    messages = backend.check()
+    assert [m.id for m in messages] == ["selvedge.E102", "selvedge.E102"]
+    assert "unknown OPTIONS 'speed'" in messages[0].msg
+    assert "max_attempts" in messages[1].msg
+    assert SelvedgeBackend("fine", {"OPTIONS": {"start_to_close_timeout": 30}}).check() == []
+
+
+def test_system_check_needs_the_app_installed(settings: Any) -> None:
+    settings.INSTALLED_APPS = ["django.contrib.contenttypes"]
+    [message] = SelvedgeBackend("default", {}).check()
+    assert message.id == "selvedge.E101"
+
+
+def test_aenqueue_and_aget_result(worker: Any) -> None:
+    async def scenario() -> tuple[Any, Any]:
+        result = await tasks.add.aenqueue(4, 5)
+        while not result.is_finished:
+            await asyncio.sleep(0.02)
+            await result.arefresh()
+        return result, await tasks.add.aget_result(result.id)
+
+    try:
+        result, again = asyncio.run(asyncio.wait_for(scenario(), 20))
+    finally:
+        # The async calls ran on other threads, each with its own connection.
+        asyncio.run(sync_to_async(connections.close_all)())
+    assert (result.status, result.return_value) == (Status.SUCCESSFUL, 9)
+    assert again.return_value == 9
