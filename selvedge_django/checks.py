@@ -124,3 +124,25 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage
                 )
             )
     return messages
+
+
+@register("selvedge")
+def check_task_backends(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Run SelvedgeBackend's checks where nothing else does.
+
+    Django 6 checks every ``TASKS`` backend itself; the django-tasks backport does so
+    only when its ``django_tasks`` app is installed, so without it these run here.
+    """
+    if not getattr(settings, "TASKS", None) or "django_tasks" in settings.INSTALLED_APPS:
+        return []
+    try:
+        from .tasks import SelvedgeBackend, compat
+    except ImportError:
+        return []
+    if compat.FRAMEWORK != "django_tasks":
+        return []
+    messages: list[CheckMessage] = []
+    for backend in compat.task_backends.all():
+        if isinstance(backend, SelvedgeBackend):
+            messages.extend(backend.check())
+    return messages

@@ -259,3 +259,20 @@ def test_aenqueue_and_aget_result(worker: Any) -> None:
         asyncio.run(sync_to_async(connections.close_all)())
     assert (result.status, result.return_value) == (Status.SUCCESSFUL, 9)
     assert again.return_value == 9
+
+
+def test_the_checks_run_once_on_either_framework(settings: Any) -> None:
+    """Django 6 runs a backend's checks; the backport without its app does not, so the
+    app's own check does: either way, selvedge.E102 is reported once."""
+    from django.core import checks
+
+    settings.TASKS = {
+        **settings.TASKS,
+        "broken": {
+            "BACKEND": "selvedge_django.tasks.SelvedgeBackend",
+            "OPTIONS": {"speed": "fast"},
+        },
+    }
+    found = [m for m in checks.run_checks() if m.id == "selvedge.E102"]
+    assert len(found) == 1
+    assert "TASKS['broken']" in found[0].msg
