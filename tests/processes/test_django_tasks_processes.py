@@ -14,9 +14,10 @@ import pytest
 
 from tests.conftest import WorkerProcess, wait_until
 
-if importlib.util.find_spec("django.tasks") is None and importlib.util.find_spec(
-    "django_tasks"
-) is None:
+if (
+    importlib.util.find_spec("django.tasks") is None
+    and importlib.util.find_spec("django_tasks") is None
+):
     pytest.skip("neither django.tasks nor the django-tasks backport", allow_module_level=True)
 
 from selvedge_django.tasks import compat
