@@ -17,9 +17,9 @@ from ..engine.options import RetryPolicy
 from ..operations import start_workflow
 from ..operations.task_records import database_now_ms, task_record
 from . import compat
+from .names import TASK_KEY, TASK_WORKFLOW
 from .options import activity_options, check_options, parse_retry_policy
 from .results import build_result, load_task
-from .runner import TASK_KEY, TASK_WORKFLOW
 
 __all__ = ["SelvedgeBackend", "SelvedgeTask"]
 

@@ -19,8 +19,8 @@ from ..engine.activity import activity_info
 from ..exceptions import ApplicationError
 from ..operations.task_records import task_record
 from . import compat
+from .names import TASK_KEY
 from .results import attempt_errors, build_result, load_task
-from .runner import TASK_KEY
 
 __all__ = ["run_attempt"]
 

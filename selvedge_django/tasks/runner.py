@@ -20,15 +20,9 @@ from typing import Any
 from ..engine.context import WorkflowContext
 from ..engine.options import ActivityOptions
 from ..registry import activity, workflow
+from .names import RUN_AFTER_KEY, TASK_ACTIVITY, TASK_KEY, TASK_WORKFLOW
 
-__all__ = ["TASK_ACTIVITY", "TASK_KEY", "TASK_WORKFLOW", "run_task", "run_task_activity"]
-
-TASK_WORKFLOW = "selvedge.task"
-TASK_ACTIVITY = "selvedge.task.run"
-# The activity id (history key) of the one activity each task instance runs.
-TASK_KEY = "task"
-# The timer that holds a deferred task until its run_after.
-RUN_AFTER_KEY = "run_after"
+__all__ = ["run_task", "run_task_activity"]
 
 
 @activity(name=TASK_ACTIVITY)
