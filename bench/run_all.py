@@ -3,8 +3,9 @@
 
     python bench/run_all.py [--quick] [--only NAME,...] [--skip NAME,...]
 
-Runs, when present: bench_core.py, bench_scale.py, bench_signals.py,
-bench_queries.py, bench_admin.py, explain_plans.py and compare_dbos.py, each in
+Runs, when present: limit.py (the machine's own commit ceiling), bench_core.py,
+bench_scale.py, bench_signals.py, bench_queries.py, bench_admin.py,
+explain_plans.py and compare_dbos.py, each in
 its own process with a database of its own (created and dropped by the script),
 on SQLite and PostgreSQL where the script measures both. Their full output is
 printed as they run; the summary table at the end gathers the figures the issue
@@ -42,6 +43,7 @@ class Step:
 
 
 STEPS = [
+    Step("limit", "limit.py", quick=["--seconds", "1", "--connections", "1,8"], json=True),
     Step("core", "bench_core.py", quick=["--workflows", "50"]),
     Step("scale", "bench_scale.py", quick=["--quick"], json=True),
     Step("signals", "bench_signals.py", quick=["--signals", "30"]),
@@ -240,6 +242,61 @@ def plans_rows(out: Outcome) -> list[Row]:
     ]
 
 
+def limit_rows(out: Outcome) -> list[Row]:
+    rows: list[Row] = []
+    counts = sorted({int(k) for db in out.data.values() for k in db})
+    for count in counts:
+        cells = [_fmt(out.data.get(db, {}).get(str(count)), 0) for db in ("sqlite", "postgres")]
+        rows.append(
+            (
+                "ceiling (limit.py)",
+                f"{count} connection(s), single-row commits",
+                *cells,
+                "commits/s",
+            )
+        )
+    return rows
+
+
+def ceiling_rows(outcomes: list[Outcome]) -> list[Row]:
+    """Selvedge's commits per second as a fraction of the machine's ceiling, per database.
+
+    Selvedge's rate is bench_scale's throughput times the write transactions one of
+    its workflows needs (an empty workflow's, plus an inline step's for each step);
+    the ceiling is limit.py's best rate over its connection counts.
+    """
+    by_name = {o.step.name: o for o in outcomes}
+    limit, scale = by_name.get("limit"), by_name.get("scale")
+    if limit is None or scale is None:
+        return []
+    rows: list[Row] = []
+    for count in ("1", "2", "4"):
+        cells = []
+        for db in ("sqlite", "postgres"):
+            try:
+                data = scale.data[db]
+                run = data["throughput"][count]
+                steps = run["steps_per_s"] / run["workflows_per_s"]
+                per_workflow = (
+                    data["counts"]["workflow"]["commits"]
+                    + steps * data["counts"]["inline"]["commits"]
+                )
+                ceiling = max(limit.data[db].values())
+                rate = run["workflows_per_s"] * per_workflow
+                cells.append(f"{rate:,.0f} ({rate / ceiling:.0%})")
+            except (KeyError, TypeError, ZeroDivisionError, ValueError):
+                cells.append("-")
+        rows.append(
+            (
+                "vs the ceiling",
+                f"{count} worker process(es), selvedge commits/s (share of the ceiling)",
+                *cells,
+                "commits/s",
+            )
+        )
+    return rows
+
+
 def dbos_rows(out: Outcome) -> list[Row]:
     rows: list[Row] = []
     for row in out.data.get("rows", []):
@@ -257,6 +314,7 @@ def dbos_rows(out: Outcome) -> list[Row]:
 
 
 EXTRACT = {
+    "limit": limit_rows,
     "core": core_rows,
     "scale": scale_rows,
     "signals": signals_rows,
@@ -274,6 +332,7 @@ def print_summary(outcomes: list[Outcome]) -> None:
                 rows += extract(outcome)
             except Exception as error:  # a figure that cannot be read is reported, not fatal
                 rows.append((outcome.step.script, f"could not read figures: {error}", "", "", ""))
+    rows += ceiling_rows(outcomes)
     widths = [
         max(len(r[i]) for r in [*rows, ("section", "figure", "SQLite", "PostgreSQL", "")])
         for i in range(5)
