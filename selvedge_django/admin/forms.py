@@ -115,16 +115,7 @@ class SignalForm(forms.Form):
         return channel
 
     def clean_payload(self) -> Any:
-        text: str = self.cleaned_data.get("payload") or ""
-        if not text.strip():
-            return None
-        try:
-            return json.loads(text)
-        except (ValueError, RecursionError) as error:
-            raise forms.ValidationError(
-                _("The payload is not valid JSON: %(error)s"),
-                params={"error": truncate(str(error), CELL_CHARS)},
-            )
+        return _json_value(self.cleaned_data.get("payload") or "", "payload")
 
 
 def _json_value(text: str, what: str) -> Any:
