@@ -25,7 +25,6 @@ import os
 import platform
 import random
 import statistics
-import subprocess
 import sys
 import time
 from datetime import UTC, datetime, timedelta
@@ -37,7 +36,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path[:1]:
     sys.path.insert(0, str(REPO_ROOT))
 
-from bench.harness import bench_database  # noqa: E402 - the repository root goes on the path first
+from bench.harness import bench_database, each_database  # noqa: E402 - the repository root goes on the path first
 
 CHANGELIST = "/admin/selvedge_django/workflowinstance/"
 NAMES = ["bench.order", "bench.payment", "bench.shipping", "bench.refund", "bench.report"]
@@ -180,18 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.db != "all":
         run_one(args.db, args.instances, args.repeat, args.sql)
         return 0
-    # One process per database: Django is configured once per process.
-    failed = []
-    for db in ("sqlite", "postgres"):
-        command = [sys.executable, str(Path(__file__).resolve()), "--db", db]
-        command += ["--instances", str(args.instances), "--repeat", str(args.repeat)]
-        command += ["--sql"] if args.sql else []
-        if subprocess.call(command) != 0:
-            failed.append(db)
-    if failed:
-        print(f"failed: {', '.join(failed)}", file=sys.stderr)
-        return 1
-    return 0
+    options = ["--instances", str(args.instances), "--repeat", str(args.repeat)]
+    return each_database(__file__, options + (["--sql"] if args.sql else []))
 
 
 if __name__ == "__main__":

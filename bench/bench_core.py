@@ -44,6 +44,7 @@ from bench.harness import (  # noqa: E402 - the repository root goes on the path
     UNTRACKED,
     SqlCounter,
     bench_database,
+    each_database,
     transactions,
 )
 
@@ -434,21 +435,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.db != "all":
         run_one(args.db, args.workflows, args.sql, args.resumptions, args.futures)
         return 0
-    # One process per database: Django is configured once per process.
-    failed = []
-    for db in ("sqlite", "postgres"):
-        command = [sys.executable, str(Path(__file__).resolve()), "--db", db]
-        command += ["--workflows", str(args.workflows)] + (["--sql"] if args.sql else [])
-        if args.resumptions is not None:
-            command += ["--resumptions", str(args.resumptions)]
-        if args.futures:
-            command.append("--futures")
-        if subprocess.call(command) != 0:
-            failed.append(db)
-    if failed:
-        print(f"failed: {', '.join(failed)}", file=sys.stderr)
-        return 1
-    return 0
+    options = ["--workflows", str(args.workflows)] + (["--sql"] if args.sql else [])
+    if args.resumptions is not None:
+        options += ["--resumptions", str(args.resumptions)]
+    if args.futures:
+        options.append("--futures")
+    return each_database(__file__, options)
 
 
 if __name__ == "__main__":

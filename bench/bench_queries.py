@@ -42,6 +42,7 @@ if str(REPO_ROOT) not in sys.path[:1]:
 from bench.harness import (  # noqa: E402 - the repository root goes on the path first
     SqlCounter,
     bench_database,
+    each_database,
     transactions,
 )
 
@@ -289,17 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.db != "all":
         run_one(args.db, lengths, args.seconds)
         return 0
-    # One process per database: Django is configured once per process.
-    failed = []
-    for db in ("sqlite", "postgres"):
-        command = [sys.executable, str(Path(__file__).resolve()), "--db", db]
-        command += ["--lengths", args.lengths, "--seconds", str(args.seconds)]
-        if subprocess.call(command) != 0:
-            failed.append(db)
-    if failed:
-        print(f"failed: {', '.join(failed)}", file=sys.stderr)
-        return 1
-    return 0
+    return each_database(__file__, ["--lengths", args.lengths, "--seconds", str(args.seconds)])
 
 
 if __name__ == "__main__":

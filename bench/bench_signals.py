@@ -22,7 +22,6 @@ import argparse
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -34,7 +33,7 @@ if str(REPO_ROOT) not in sys.path[:1]:
     sys.path.insert(0, str(REPO_ROOT))
 
 from bench.bench_core import _git_revision  # noqa: E402 - the repository root goes on the path first
-from bench.harness import bench_database  # noqa: E402
+from bench.harness import bench_database, each_database  # noqa: E402
 
 WARM_UP = 5
 
@@ -166,16 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.db != "all":
         run_one(args.db, args.signals, args.settle)
         return 0
-    failed = []
-    for db in ("sqlite", "postgres"):  # one process per database: Django is set up once
-        command = [sys.executable, str(Path(__file__).resolve()), "--db", db]
-        command += ["--signals", str(args.signals), "--settle", str(args.settle)]
-        if subprocess.call(command) != 0:
-            failed.append(db)
-    if failed:
-        print(f"failed: {', '.join(failed)}", file=sys.stderr)
-        return 1
-    return 0
+    return each_database(__file__, ["--signals", str(args.signals), "--settle", str(args.settle)])
 
 
 if __name__ == "__main__":

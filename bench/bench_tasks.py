@@ -33,7 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.harness import REPO_ROOT, bench_database
+from bench.harness import REPO_ROOT, bench_database, each_database
 
 IDLE_SAMPLES = 30
 WARM_UP = 20
@@ -182,16 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.db != "all":
         run_one(args.db, args.tasks, args.processes)
         return 0
-    failed = []
-    for db in ("sqlite", "postgres"):
-        command = [sys.executable, str(Path(__file__).resolve()), "--db", db]
-        command += ["--tasks", str(args.tasks), "--processes", str(args.processes)]
-        if subprocess.call(command) != 0:
-            failed.append(db)
-    if failed:
-        print(f"failed: {', '.join(failed)}", file=sys.stderr)
-        return 1
-    return 0
+    return each_database(__file__, ["--tasks", str(args.tasks), "--processes", str(args.processes)])
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import functools
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -207,6 +208,22 @@ def _pg_admin(sql: str) -> None:
 
 def _quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
+
+
+def each_database(script: str, options: list[str]) -> int:
+    """Run ``script --db D <options>`` once for SQLite, once for PostgreSQL; 1 if either fails.
+
+    One process per database: Django is configured once per process.
+    """
+    failed = []
+    for db in ("sqlite", "postgres"):
+        command = [sys.executable, str(Path(script).resolve()), "--db", db, *options]
+        if subprocess.call(command) != 0:
+            failed.append(db)
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
 
 
 @contextlib.contextmanager
