@@ -10,7 +10,7 @@ values are escaped and truncated wherever they are shown.
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib import admin
@@ -104,6 +104,8 @@ class WorkflowInstanceAdmin(ConsoleAdmin):
                     "started_at",
                     "updated_at",
                     "closed_at",
+                    "execution_timeout",
+                    "execution_deadline",
                     "generation",
                     "resumed_count",
                     "forked_from",
@@ -232,6 +234,20 @@ class WorkflowInstanceAdmin(ConsoleAdmin):
     @admin.display(description=_("lease expires"))
     def lease_expiry(self, obj: WorkflowInstance) -> datetime | None:
         return ms_datetime(obj.lease_expires_ms)
+
+    @admin.display(description=_("execution timeout"))
+    def execution_timeout(self, obj: WorkflowInstance) -> str:
+        """The timeout the run was started with (a resume counts it again from there)."""
+        if obj.execution_timeout_ms is None:
+            return EMPTY
+        return str(timedelta(milliseconds=obj.execution_timeout_ms))
+
+    @admin.display(description=_("terminated if still running at"))
+    def execution_deadline(self, obj: WorkflowInstance) -> datetime | str:
+        deadline = ms_datetime(obj.execution_deadline_ms)
+        if obj.status != WorkflowStatus.RUNNING or deadline is None:
+            return EMPTY
+        return deadline
 
     @admin.display(description=_("held back until"))
     def held_back_until(self, obj: WorkflowInstance) -> datetime | None:

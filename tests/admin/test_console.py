@@ -108,7 +108,13 @@ def test_start_page_starts_a_run_that_a_worker_completes_and_logs_it(
     assert response.status_code == 302
     timed = response["Location"].rstrip("/").split("/")[-2]
     assert sv.describe(timed).execution_timeout == timedelta(hours=1)
+    page = html(starter.get(response["Location"]))
+    assert "Execution timeout:" in page and "1:00:00" in page
+    assert "Terminated if still running at:" in page
     sv.terminate_workflow(timed)
+    closed = html(starter.get(response["Location"]))
+    deadline = closed[closed.index("field-execution_deadline") :]
+    assert deadline[: deadline.index("</div>\n")].endswith('<div class="readonly">-')
 
     # Without an id, a new one is made.
     response = starter.post(START_URL, {"workflow": "test.sum3", "input": '{"a":0,"b":0,"c":0}'})
