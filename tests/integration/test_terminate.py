@@ -22,11 +22,13 @@ from django.db import connections, transaction
 import selvedge_django as sv
 from selvedge_django.models import (
     ActivityTask,
+    ArchivedHistoryEvent,
     HistoryEvent,
     TimerSubscription,
     WorkflowInstance,
 )
-from selvedge_django.testing import run_until_idle
+from selvedge_django.operations import client_store
+from selvedge_django.testing import FaultInjector, InjectedFault, run_until_idle
 from selvedge_django.worker import Worker
 from tests.conftest import wait_until
 from tests.testapp.models import Ledger
@@ -192,3 +194,115 @@ def test_terminate_fences_a_worker_still_running_the_instance(
     task = ActivityTask.objects.get(instance_id=iid, name="test.hold")
     assert (task.status, task.claim_owner) == ("cancelled", "")
     assert sv.get_workflow_result(iid).status == "failed"
+
+
+def everything(instance_id: str, child: str) -> dict[str, Any]:
+    """What a terminate may change, to compare before and after a failed one."""
+
+    def inst(iid: str) -> dict[str, Any]:
+        values = WorkflowInstance.objects.filter(instance_id=iid).values().get()
+        values.pop("updated_at")
+        return values
+
+    return {
+        "instance": inst(instance_id),
+        "child": inst(child),
+        "history": rows(instance_id),
+        "tasks": list(ActivityTask.objects.filter(instance_id=instance_id).values()),
+        "timers": list(TimerSubscription.objects.filter(instance_id=instance_id).values()),
+    }
+
+
+def terminate_statements() -> int:
+    """How many statements a terminate runs, counted on a second parked instance."""
+    other, _ = parked()
+    injector = FaultInjector(trace=True).install()
+    try:
+        sv.terminate_workflow(other, "counting")
+        return max(s.step for s in injector.statements if s.operation == "terminate")
+    finally:
+        injector.uninstall()
+
+
+def test_a_failing_statement_at_each_step_of_a_terminate_leaves_everything_as_it_was(
+    tdb: None,
+) -> None:
+    iid, child = parked()
+    before = everything(iid, child)
+    steps = terminate_statements()
+    assert steps >= 4
+    for step in range(1, steps + 1):
+        injector = FaultInjector().install()
+        try:
+            fault = injector.fail_statement(None, operation="terminate", step=step)
+            with pytest.raises(InjectedFault):
+                sv.terminate_workflow(iid, "stuck")
+            assert fault.fired == 1
+        finally:
+            injector.uninstall()
+        assert everything(iid, child) == before, f"step {step} left a partial write"
+    sv.terminate_workflow(iid, "stuck")
+    assert instance(iid).status == "failed"
+    assert instance(child).cancel_requested
+
+
+def test_an_ambiguous_commit_of_a_terminate_is_seen_by_the_next_call(tdb: None) -> None:
+    iid, child = parked()
+    epoch = instance(iid).lease_epoch
+    last = terminate_statements()
+    injector = FaultInjector().install()
+    try:
+        # Every statement of the terminate commits; the caller hears of a lost connection.
+        injector.fail_after_commit(None, operation="terminate", step=last)
+        with pytest.raises(InjectedFault):
+            sv.terminate_workflow(iid, "stuck")
+    finally:
+        injector.uninstall()
+    # Committed once: the retry is told the run is closed, and nothing is written twice.
+    closed = rows(iid)
+    with pytest.raises(sv.WorkflowAlreadyFailed):
+        sv.terminate_workflow(iid, "stuck")
+    assert rows(iid) == closed
+    assert [key for key, *_ in closed].count("$close") == 1
+    assert instance(iid).lease_epoch == epoch + 1
+    assert instance(child).cancel_requested
+
+
+def test_a_resume_racing_a_late_activity_result_and_a_signal_loses_neither(tdb: None) -> None:
+    """An attempt still running when its run is terminated and resumed reports too late:
+    its result is refused and the re-run's own task is untouched; a signal sent while
+    the run was closed is refused to its sender (never silently dropped), and one sent
+    after the resume is delivered."""
+    store = client_store()
+    iid, _ = parked()
+    (stale,) = store.claim_tasks("stale-worker", 1, ["wait.manual"])
+    assert stale.claim.instance_id == iid
+    sv.terminate_workflow(iid, "hung")
+    with pytest.raises(sv.InstanceClosed):
+        sv.signal(iid, "never", "while closed")
+    sv.resume_workflow(iid)
+    run_until_idle(Worker(**QUIET))
+    # The first generation's task went to the archive with its row; the re-run has its own.
+    (summary,) = ArchivedHistoryEvent.objects.filter(
+        instance_id=iid, key__endswith="wait.manual"
+    ).values_list("task", flat=True)
+    assert json.loads(summary or "")["status"] == "cancelled"
+    (task,) = ActivityTask.objects.filter(instance_id=iid, name="wait.manual")
+    assert (task.status, task.attempts) == ("queued", 0)
+    assert task.id != stale.claim.task_id
+    # The late result of the first generation's attempt: refused, nothing recorded.
+    recorded = rows(iid)
+    assert not store.complete_task(stale.claim, json.dumps("late"))
+    assert rows(iid) == recorded
+    task.refresh_from_db()
+    assert (task.status, task.attempts) == ("queued", 0)
+    # The re-run's attempt is the one that counts; the signal after the resume arrives.
+    (fresh,) = store.claim_tasks("fresh-worker", 1, ["wait.manual"])
+    assert fresh.claim.task_id == task.id
+    assert store.complete_task(fresh.claim, json.dumps("fresh"))
+    sv.signal(iid, "never", "after the resume")
+    run_until_idle(Worker(**QUIET))
+    assert sv.get_workflow_result(iid).output == "after the resume"
+    values = [data for key, _, data, _ in rows(iid) if key.endswith("wait.manual")]
+    assert values == [json.dumps("fresh")]
+    sv.replay_instance(iid)
