@@ -2,12 +2,16 @@
 
 Each is sent with ``sender`` = the workflow name and keyword arguments
 ``instance_id`` and ``workflow_name`` (plus ``error`` for failures and
-cancellations). Receivers that raise are logged and ignored.
+cancellations). ``connect(receiver, sender="shop.order")`` selects one workflow
+by any string equal to its name (Django's own signals match senders by
+identity). Receivers that raise are logged and ignored.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
+import threading
 from typing import Any
 
 from django.dispatch import Signal
@@ -22,10 +26,58 @@ __all__ = [
 
 logger = logging.getLogger("selvedge_django.signals")
 
-workflow_started = Signal()
-workflow_completed = Signal()
-workflow_failed = Signal()
-workflow_cancelled = Signal()
+
+class WorkflowSignal(Signal):
+    """A signal whose string senders (workflow names) match by value, not identity.
+
+    Django keys a receiver by ``id(sender)``: a name read from the database is a
+    different object from the equal literal a project connected with. Both ends
+    go through ``sys.intern``, and the interned names a receiver was connected for
+    are kept alive here, so that their ids stay theirs.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._names: set[str] = set()
+        self._names_lock = threading.Lock()
+
+    def _canonical(self, sender: Any, *, keep: bool = False) -> Any:
+        if type(sender) is not str:
+            return sender
+        name = sys.intern(sender)
+        if keep:
+            with self._names_lock:
+                self._names.add(name)
+        return name
+
+    def connect(self, receiver: Any, sender: Any = None, *args: Any, **kwargs: Any) -> None:
+        super().connect(receiver, self._canonical(sender, keep=True), *args, **kwargs)
+
+    def disconnect(
+        self, receiver: Any = None, sender: Any = None, *args: Any, **kwargs: Any
+    ) -> bool:
+        return super().disconnect(receiver, self._canonical(sender), *args, **kwargs)
+
+    def has_listeners(self, sender: Any = None) -> bool:
+        return super().has_listeners(self._canonical(sender))
+
+    def send(self, sender: Any, **named: Any) -> list[tuple[Any, Any]]:
+        return super().send(self._canonical(sender), **named)
+
+    def send_robust(self, sender: Any, **named: Any) -> list[tuple[Any, Any]]:
+        return super().send_robust(self._canonical(sender), **named)
+
+    async def asend(self, sender: Any, **named: Any) -> list[tuple[Any, Any]]:
+        return await super().asend(self._canonical(sender), **named)
+
+    async def asend_robust(self, sender: Any, **named: Any) -> list[tuple[Any, Any]]:
+        return await super().asend_robust(self._canonical(sender), **named)
+
+
+workflow_started = WorkflowSignal()
+workflow_completed = WorkflowSignal()
+workflow_failed = WorkflowSignal()
+workflow_cancelled = WorkflowSignal()
 
 _BY_HOOK = {
     "on_workflow_started": workflow_started,

@@ -523,3 +523,29 @@ def test_opentelemetry_scrubs_every_text_it_exports(clock: ControllableClock) ->
     assert {"selvedge.instance_id", "exception.message", "exception.stacktrace"} <= seen
     (failed,) = [s for s in finished if s.name == "selvedge.workflow.fail"]
     assert failed.status.description == "card [card] of [email] declined"
+
+
+def test_a_receiver_connected_for_one_workflow_name_gets_that_workflows_signals(
+    tdb: None,
+) -> None:
+    """``connect(receiver, sender="<workflow name>")``, the way the docs say the sender is
+    the workflow name: any equal string selects the workflow, as a user would write it
+    (Django itself matches senders by identity, and the name a close reads from the
+    database is another string object than the one in the user's module)."""
+    got: list[tuple[str, str]] = []
+
+    def receiver(sender: Any, **kwargs: Any) -> None:
+        got.append((kwargs["signal"] is signals.workflow_completed and "completed", sender))
+
+    name = "".join(["test.", "sum3"])  # equal to the registered name, not the same object
+    signals.workflow_completed.connect(receiver, sender=name, weak=False)
+    signals.workflow_failed.connect(receiver, sender="".join(["test.", "sum3"]), weak=False)
+    try:
+        done = sv.start_workflow("test.sum3", {"a": 1, "b": 2, "c": 3})
+        other = sv.start_workflow(ops_workflows.echo, 7)
+        run_until_idle(Worker())
+        assert sv.describe(done).status == sv.describe(other).status == "completed"
+    finally:
+        signals.workflow_completed.disconnect(receiver, sender=name)
+        signals.workflow_failed.disconnect(receiver, sender="".join(["test.", "sum3"]))
+    assert got == [("completed", "test.sum3")]
