@@ -1,4 +1,5 @@
-"""The app config: fixed label, checks, the database's connection set-up and autodiscovery."""
+"""The app config: fixed label, checks, the database's connection set-up, the task
+signals and autodiscovery."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ class SelvedgeConfig(AppConfig):
         from . import checks  # noqa: F401 - registers the system checks
         from .discovery import autodiscover
         from .storage import configure_connection
+        from .tasks.finished import connect as connect_task_signals
 
         connection_created.connect(configure_connection, dispatch_uid="selvedge_sqlite_setup")
+        connect_task_signals()  # django.tasks' task_finished after a task's close commits
         autodiscover()

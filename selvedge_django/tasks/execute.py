@@ -1,9 +1,8 @@
 """One attempt of an enqueued task, inside the ``selvedge.task.run`` activity.
 
 The attempt reads its instance and task rows once (its worker id and the errors of
-the attempts before it), sends ``task_started``, calls the task, and sends
-``task_finished`` when the outcome is final: a return value, or a failure that is
-not retried (non-retryable, or the last attempt). A failure raises
+the attempts before it), sends ``task_started`` and calls the task
+(``task_finished`` follows the commit of the outcome: ``tasks.finished``). A failure raises
 :class:`~selvedge_django.ApplicationError` whose details hold every attempt's
 error so far, which the engine records on the task row before the retry.
 """
@@ -77,34 +76,10 @@ def run_attempt(input: dict[str, Any]) -> Any:
         }
         errors = [*previous, entry]
         non_retryable = isinstance(error, _non_retryable(task))
-        policy = info.options.effective_retry_policy()
-        if non_retryable or policy.exhausted(record.failures + 1):
-            failed = _with(result, status=compat.TaskResultStatus.FAILED, errors=errors)
-            compat.task_finished.send(sender=sender, task_result=failed)
         raise ApplicationError(
             str(error) or path,
             type=path,
             details={"task_errors": errors},
             non_retryable=non_retryable,
         ) from error
-    done = _with(result, status=compat.TaskResultStatus.SUCCESSFUL, errors=previous)
-    object.__setattr__(done, "_return_value", value)
-    compat.task_finished.send(sender=sender, task_result=done)
     return value
-
-
-def _with(result: compat.TaskResult, *, status: Any, errors: list[dict[str, Any]]) -> Any:
-    """A copy of the running ``result`` as it finished now, with ``status`` and ``errors``."""
-    from dataclasses import replace
-
-    return replace(
-        result,
-        status=status,
-        finished_at=timezone.now(),
-        errors=[
-            compat.TaskError(
-                exception_class_path=e["exception_class_path"], traceback=e["traceback"]
-            )
-            for e in errors
-        ],
-    )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -35,7 +36,10 @@ Status = compat.TaskResultStatus
 
 
 @pytest.fixture(autouse=True)
-def _fresh_calls() -> None:
+def _fresh_calls() -> Iterator[None]:
+    with tasks.calls_lock:
+        tasks.calls.clear()
+    yield
     with tasks.calls_lock:
         tasks.calls.clear()
 
@@ -99,6 +103,8 @@ def test_a_task_runs_under_the_worker_and_reports_success(worker: Any, signals: 
         "default",
         "completed",
     )
+    # task_finished follows the commit that finished the result, a moment after it.
+    wait_until(lambda: ("finished", result.id, "SUCCESSFUL") in signals)
     assert [(name, status) for name, rid, status in signals if rid == result.id] == [
         ("enqueued", "READY"),
         ("started", "RUNNING"),
@@ -146,7 +152,8 @@ def test_a_failing_task_retries_then_fails_with_every_traceback(worker: Any, sig
     with pytest.raises(ValueError, match="Task failed"):
         _ = result.return_value
     assert tasks.calls == [("always_fails", "boom")] * 3
-    # Started on each attempt; finished once, when the failure is final.
+    # Started on each attempt; finished once, when the failure is final (and committed).
+    wait_until(lambda: ("finished", result.id, "FAILED") in signals)
     mine = [(name, status) for name, rid, status in signals if rid == result.id]
     assert mine == [
         ("enqueued", "READY"),
@@ -276,3 +283,32 @@ def test_the_checks_run_once_on_either_framework(settings: Any) -> None:
     found = [m for m in checks.run_checks() if m.id == "selvedge.E102"]
     assert len(found) == 1
     assert "TASKS['broken']" in found[0].msg
+
+
+def test_task_finished_is_sent_once_the_outcome_is_committed(worker: Any) -> None:
+    """A task_finished receiver that reads the result afresh (to notify a user, say)
+    sees it finished: the signal follows the commit of the outcome it reports."""
+    read: list[tuple[str, str, Any]] = []
+
+    def receive(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        fresh = task_result.task.get_result(task_result.id)
+        read.append((task_result.id, str(fresh.status), fresh.finished_at))
+
+    compat.task_finished.connect(receive, weak=False)
+    try:
+        good = tasks.add.enqueue(1, 1)
+        bad = tasks.refuses.enqueue()
+        later = tasks.add.using(run_after=timezone.now() + timedelta(hours=1)).enqueue(2, 2)
+        finished(good)
+        finished(bad)
+        # A terminated task is finished too, by the process that terminated it.
+        sv.terminate_workflow(later.id, "not wanted")
+        finished(later)
+        wait_until(lambda: len(read) == 3)
+    finally:
+        compat.task_finished.disconnect(receive)
+    by_id = {rid: (status, at) for rid, status, at in read}
+    assert by_id[good.id] == ("SUCCESSFUL", good.finished_at)
+    assert by_id[bad.id] == ("FAILED", bad.finished_at)
+    assert by_id[later.id] == ("FAILED", later.finished_at)
+    assert None not in (good.finished_at, bad.finished_at, later.finished_at)
