@@ -96,6 +96,18 @@ class WorkflowInstance(models.Model):
         help_text="history generations from 1: a resume archives rows and starts the next",
     )
     resumed_count = models.IntegerField(default=0, db_default=0)
+    history_generation = models.IntegerField(
+        default=1,
+        db_default=1,
+        help_text="the generation the current history began with: 1, or the one a"
+        " continue-as-new opened (a resume keeps it); default child ids include it",
+    )
+    parent_generation = models.IntegerField(
+        default=1,
+        db_default=1,
+        help_text="the parent's history_generation when it started this child: only that"
+        " history receives the child's outcome",
+    )
     forked_from = models.CharField(max_length=255, default="", db_default="", blank=True)
     code_version = models.CharField(
         max_length=255,
@@ -395,6 +407,12 @@ class SignalMessage(models.Model):
     delivered_seq = models.BigIntegerField(null=True, blank=True)
     consumed_seq = models.BigIntegerField(null=True, blank=True)
     consumed_key = models.CharField(max_length=255, default="", blank=True)
+    archived_generation = models.IntegerField(
+        null=True,
+        blank=True,
+        help_text="consumed by this generation, which a continue-as-new closed (NULL: the"
+        " current history's, or pending)",
+    )
 
     class Meta:
         verbose_name = _("signal")

@@ -65,6 +65,7 @@ class ChildStore(StoreBase):
                         ready_ms=self.now_expr(),
                         parent_instance_id=fence.instance_id,
                         parent_key=row.key,
+                        parent_generation=child.parent_generation,
                         started_at=now,
                         updated_at=now,
                         code_version=self.code_version,
@@ -104,7 +105,8 @@ class ChildStore(StoreBase):
         that child (this parent, this key, the same workflow), its outcome is the
         command's: a closed child's arrives now (recorded, undelivered, the parent
         woken), a running child's arrives at its close, as for any child. None when
-        the id belongs to another instance.
+        the id belongs to another instance, or to a child an earlier history of this
+        parent started (before a continue-as-new): that one is not the command's.
         """
         found = (
             WorkflowInstance.objects.using(self.alias)
@@ -112,6 +114,7 @@ class ChildStore(StoreBase):
                 instance_id=child.instance_id,
                 parent_instance_id=fence.instance_id,
                 parent_key=row.key,
+                parent_generation=child.parent_generation,
                 workflow_name=child.workflow_name,
             )
             .values_list("status", "output", "error")
@@ -168,7 +171,9 @@ class ChildStore(StoreBase):
         its (id, key) is returned for :meth:`_close_cascade` to fill. None when there
         is no parent, or it closed (a parent's history never changes after its
         close: the child's outcome stays in the child's own record), or it already
-        has the outcome (a cancelled scope resolved it). ``parent`` is (id, key)
+        has the outcome (a cancelled scope resolved it), or a continue-as-new closed
+        the history that started the child since (the outcome stays in the child's
+        record; the parent's archived row is kept as it was). ``parent`` is (id, key)
         when known, None to read it.
         """
         if parent is None:
@@ -177,9 +182,23 @@ class ChildStore(StoreBase):
         parent_id, parent_key = parent
         if not parent_id:
             return None
-        if not self._wake(parent_id, sql.PARENT_WAITS, [parent_id, parent_key, CMD_CHILD]):
+        if not self._wake(parent_id, sql.PARENT_WAITS, [parent_id, parent_key, CMD_CHILD, iid]):
             return None
         return parent_id, parent_key
+
+    def _running_children(self, iid: str) -> list[tuple[str, str]]:
+        """(child id, parent key) of the running children of ``iid``, every history's."""
+        # The partial index's own condition, repeated, and the status checked here:
+        # otherwise SQLite scans every running instance through the status index.
+        return [
+            (child_id, key)
+            for child_id, key, child_status in WorkflowInstance.objects.using(self.alias)
+            .filter(parent_instance_id=iid)
+            .exclude(parent_instance_id="")
+            .order_by()
+            .values_list("instance_id", "parent_key", "status")
+            if child_status == WorkflowStatus.RUNNING
+        ]
 
     def _close_cascade(
         self,
@@ -198,18 +217,7 @@ class ChildStore(StoreBase):
         to fill.
         """
         if children:
-            # The partial index's own condition, repeated, and the status checked here:
-            # otherwise SQLite scans every running instance through the status index.
-            running = [
-                (child_id, key)
-                for child_id, key, child_status in WorkflowInstance.objects.using(self.alias)
-                .filter(parent_instance_id=iid)
-                .exclude(parent_instance_id="")
-                .order_by()
-                .values_list("instance_id", "parent_key", "status")
-                if child_status == WorkflowStatus.RUNNING
-            ]
-            self._request_child_cancel(iid, running, f"parent {iid} closed")
+            self._request_child_cancel(iid, self._running_children(iid), f"parent {iid} closed")
         if parent is None:
             return
         parent_id, parent_key = parent

@@ -54,6 +54,7 @@ class InstanceHead:
     parent_key: str
     parked_seq: int = 0
     parked_key: str = ""
+    history_generation: int = 1
 
 
 class InstanceStore(ChildStore):
@@ -202,7 +203,7 @@ class InstanceStore(ChildStore):
 
     def _head(self, row: Sequence[Any]) -> InstanceHead:
         name, input_value, status, cancel_requested, reason, parent, parent_key = row[:7]
-        parked_seq, parked_key = row[7:9]
+        parked_seq, parked_key, history_generation = row[7:10]
         return InstanceHead(
             workflow_name=name,
             input=self._input_field.from_db_value(input_value, None, self.connection),
@@ -213,6 +214,7 @@ class InstanceStore(ChildStore):
             parent_key=parent_key,
             parked_seq=int(parked_seq or 0),
             parked_key=str(parked_key or ""),
+            history_generation=int(history_generation or 1),
         )
 
     def _compatible(self, instances: Any) -> Any:
@@ -343,6 +345,7 @@ class InstanceStore(ChildStore):
             signals=signals,
             parked_seq=head.parked_seq,
             parked_key=head.parked_key,
+            history_generation=head.history_generation,
         )
 
     @operation

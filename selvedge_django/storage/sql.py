@@ -103,7 +103,7 @@ WAKE_RUNNING = (
 # The instance columns an execution reads, in the order InstanceHead takes them.
 HEAD_COLUMNS = (
     "workflow_name, input, status, cancel_requested, cancel_reason, parent_instance_id, parent_key,"
-    " parked_seq, parked_key"
+    " parked_seq, parked_key, history_generation"
 )
 # A start: runnable, or leased at once to a worker of this process (epoch 1, expiring
 # on the database clock). One text for both, so statement-level tools see one start.
@@ -150,6 +150,7 @@ _SNAPSHOT_HISTORY = (
 _SNAPSHOT_SIGNALS = (
     " UNION ALL SELECT 1, id, channel, delivered_seq, NULL, NULL, NULL, NULL,"
     " consumed_seq FROM {signal} WHERE instance_id = %s AND delivered_seq IS NOT NULL"
+    " AND archived_generation IS NULL"
 )
 # An instance's whole history and its delivered signals, in one statement.
 SNAPSHOT = _SNAPSHOT_HISTORY + _SNAPSHOT_SIGNALS
@@ -199,10 +200,13 @@ TERMINATE_OVERDUE = " AND execution_deadline_ms < {now}"
 
 # An instance's parent and the parent's command key.
 SELECT_PARENT = "SELECT parent_instance_id, parent_key FROM {instance} WHERE instance_id = %s"
-# WAKE_RUNNING part: the parent's child command still waits for an outcome.
+# WAKE_RUNNING part: the parent's child command still waits for an outcome, in the history
+# that started the child (a continue-as-new since then opened another: its rows are not
+# this child's, even under the same key).
 PARENT_WAITS = (
     " AND EXISTS (SELECT 1 FROM {history} WHERE instance_id = %s AND key = %s"
     " AND command = %s AND data IS NULL)"
+    " AND history_generation = (SELECT parent_generation FROM {instance} WHERE instance_id = %s)"
 )
 
 # -- timers --------------------------------------------------------------------------------
