@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 from .. import exceptions as exc
 from .codec import contains_nul, decode_time
@@ -44,6 +44,8 @@ from .scope import Scope
 
 __all__ = [
     "cancel_scope",
+    "continue_as_new",
+    "default_child_id",
     "issue_activity",
     "new_timer",
     "now",
@@ -321,6 +323,22 @@ def wait_condition(execution: Execution, scope: Scope, predicate: Any) -> None:
 # -- children ----------------------------------------------------------------------------
 
 
+def default_child_id(execution: Execution, key: str) -> str:
+    """The id of a child started without one: the parent's id and the command key.
+
+    A history a continue-as-new opened (its ``history_generation`` above 1) numbers
+    its commands from 1 again, so its default ids also name that generation:
+    ``<parent>/gen-<n>/<key>``. The first history keeps ``<parent>/<key>``, so ids
+    of instances started before continue-as-new existed do not change, and a resume
+    (which keeps the history's generation) starts its children under the same ids.
+    """
+    generation = execution.snapshot.history_generation
+    prefix = (
+        execution.instance_id if generation <= 1 else f"{execution.instance_id}/gen-{generation}"
+    )
+    return check_instance_id(f"{prefix}/{key}", "child id (the parent's id and the command key)")
+
+
 def start_child(
     execution: Execution,
     scope: Scope,
@@ -346,9 +364,7 @@ def start_child(
         raise exc.WorkflowStartRejected("child input contains a NUL character (\\u0000)")
     input_value: Any = json.loads(input_text)
     seq, key = execution.next_position(None, CMD_CHILD, f"child:{name}")
-    instance = child_id or check_instance_id(
-        f"{execution.instance_id}/{key}", "child id (the parent's id and the command key)"
-    )
+    instance = child_id or default_child_id(execution, key)
     scope.commands.append((key, CMD_CHILD, instance))
     handle: ChildHandle[Any] = ChildHandle(execution, scope, key, instance)
     recorded = execution.history.get(key)
@@ -385,13 +401,50 @@ def start_child(
     store = execution.runtime.store
     row = HistoryRow(key, seq, CMD_CHILD, reservation=reservation)
     stored = execution.guarded(
-        lambda: store.start_child(fence, row, ChildSpec(instance, name, input_value, timeout_ms))
+        lambda: store.start_child(
+            fence,
+            row,
+            ChildSpec(
+                instance,
+                name,
+                input_value,
+                timeout_ms,
+                parent_generation=execution.snapshot.history_generation,
+            ),
+        )
     )
     execution.check_stored(key, stored, CMD_CHILD)
     if stored.event_type == EV_CHILD_START_FAILED:
         raise decode_outcome(stored, raise_it=False)
     execution.runtime.fire("on_workflow_started", instance_id=instance, workflow_name=name)
     return handle
+
+
+# -- continue-as-new ---------------------------------------------------------------------
+
+
+def continue_as_new(execution: Execution, input: Any) -> NoReturn:
+    """End this generation and start a fresh history with ``input`` (raises, never returns).
+
+    The input is encoded at once, so a value that cannot be stored raises
+    :class:`WorkflowStartRejected` in the workflow code, and nothing is written. A
+    read-only replay (a replay check, a query) stops here as at its frontier: the
+    generation that continued is archived, so no current history records it.
+    """
+    execution.check_command("continue_as_new")
+    try:
+        text = execution.runtime.codec.encode(input, "continue-as-new input")
+    except (exc.PayloadTooLarge, exc.PayloadTooDeep) as error:
+        raise exc.WorkflowStartRejected(str(error)) from error
+    except (TypeError, ValueError) as error:
+        raise exc.WorkflowStartRejected(
+            f"continue-as-new input is not JSON-encodable: {error}"
+        ) from error
+    if contains_nul(text):
+        raise exc.WorkflowStartRejected("continue-as-new input contains a NUL character (\\u0000)")
+    if execution.readonly:
+        raise execution.suspend("continue-as-new ends the recorded generation")
+    raise execution.continue_as_new(text)
 
 
 # -- scope cancellation ------------------------------------------------------------------

@@ -12,7 +12,7 @@ import dataclasses
 import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any, Literal, Protocol, TypeVar, overload
+from typing import Any, Literal, NoReturn, Protocol, TypeVar, overload
 
 from .. import exceptions as exc
 from . import commands, inbox, patches
@@ -218,6 +218,23 @@ class WorkflowContext:
     def detached(self) -> WorkflowContext:
         """Return a context whose scope ignores the workflow's cancellation (for cleanup)."""
         return WorkflowContext(self._execution, Scope(parent=None, detached=True))
+
+    # -- continue-as-new ------------------------------------------------------------------
+
+    def continue_as_new(self, input: Any = None) -> NoReturn:
+        """End this generation and run the workflow again from a fresh history with ``input``.
+
+        Never returns: it unwinds the workflow code like a return (``finally``
+        blocks run; commands issued while unwinding are rejected). One transaction
+        then archives the generation's rows (as a resume archives them, with a
+        close record whose value is ``input``), cancels its unfinished activities
+        and timers, asks its running children to cancel, and makes the instance
+        runnable under the same id with ``input``, the next generation and a new
+        lease epoch. Signals it had not consumed stay in the inbox for the next
+        generation, in their order. An input that cannot be stored raises
+        :class:`WorkflowStartRejected` here, and nothing is written.
+        """
+        commands.continue_as_new(self._execution, input)
 
     # -- patches --------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from .codec import Codec, error_to_envelope
 __all__ = [
     "CLOSE_EVENT_BY_STATUS",
     "CLOSE_KEY",
+    "EV_WORKFLOW_CONTINUED",
     "Arrivals",
     "Fence",
     "HistoryRow",
@@ -61,6 +62,8 @@ EV_PATCH_MARKER = "PatchMarker"
 EV_WORKFLOW_COMPLETED = "WorkflowCompleted"
 EV_WORKFLOW_FAILED = "WorkflowFailed"
 EV_WORKFLOW_CANCELLED = "WorkflowCancelled"
+# The close record of a generation that continue-as-new ended (its value: the next input).
+EV_WORKFLOW_CONTINUED = "WorkflowContinuedAsNew"
 
 CLOSE_KEY = "$close"
 

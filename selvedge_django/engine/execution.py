@@ -45,6 +45,7 @@ from .ports import (
 from .scope import Scope
 
 __all__ = [
+    "ContinueAsNew",
     "Execution",
     "ExecutionOutcome",
     "Frontier",
@@ -63,6 +64,17 @@ class Suspend(BaseException):
 
 class Frontier(Suspend):
     """A read-only replay reached the first unrecorded command."""
+
+
+class ContinueAsNew(BaseException):
+    """Unwinds workflow code after ``ctx.continue_as_new()``. Never catch it.
+
+    ``input_text`` is the JSON text of the next generation's input.
+    """
+
+    def __init__(self, input_text: str) -> None:
+        super().__init__("continue-as-new")
+        self.input_text = input_text
 
 
 _local = threading.local()
@@ -123,6 +135,8 @@ class Execution:
         self.fatal: BaseException | None = None
         self.fatal_abandons = False
         self.suspension: Suspend | None = None
+        # Set by ctx.continue_as_new(): the execution ends there, like a return.
+        self.continuation: ContinueAsNew | None = None
         # What the workflow code raised when a divergence was found after it.
         self.workflow_error: BaseException | None = None
         # The lease was released by the write that made this execution suspend.
@@ -174,6 +188,8 @@ class Execution:
             raise self.fatal
         if self.suspension is not None:
             raise self.suspension
+        if self.continuation is not None:
+            raise self.continuation
         if self.in_activity:
             raise self.nondeterminism(f"{what} issued inside an activity")
         if self.in_predicate:
@@ -233,6 +249,11 @@ class Execution:
         """Return the suspension to raise; later commands are rejected without writes."""
         self.suspension = Frontier(why) if self.readonly else Suspend(why)
         return self.suspension
+
+    def continue_as_new(self, input_text: str) -> ContinueAsNew:
+        """Return the unwinding to raise; later commands are rejected without writes."""
+        self.continuation = ContinueAsNew(input_text)
+        return self.continuation
 
     def next_position(self, key: str | None, command: str, label: str) -> tuple[int, str]:
         """Take the next command position and validate its key against history."""
@@ -489,9 +510,15 @@ class Execution:
             except BaseException as error:
                 if self.suspension is not None or isinstance(error, Suspend):
                     return self._after_suspension()
+                if self.continuation is not None:
+                    return self._after_continuation()
                 return self._classify_error(error)
             if self.suspension is not None and self.fatal is None:
                 self.nondeterminism("workflow code swallowed a suspension (except BaseException?)")
+            if self.continuation is not None and self.fatal is None:
+                self.nondeterminism(
+                    "workflow code swallowed continue_as_new() (except BaseException?)"
+                )
             if self.fatal is not None:
                 return self._fatal_outcome()
             if self._diverged_by_leftovers("return", None):
@@ -506,6 +533,14 @@ class Execution:
         if self._diverged_by_leftovers("wait", None):
             return self._fatal_outcome()
         return ExecutionOutcome("suspended")
+
+    def _after_continuation(self) -> ExecutionOutcome:
+        assert self.continuation is not None
+        if self.fatal is not None:
+            return self._fatal_outcome()
+        if self._diverged_by_leftovers("continue", None):
+            return self._fatal_outcome()
+        return ExecutionOutcome("continued", output=self.continuation.input_text)
 
     def _classify_error(self, error: BaseException) -> ExecutionOutcome:
         if self.fatal is not None:
@@ -528,9 +563,9 @@ class Execution:
     def _diverged_by_leftovers(self, ending: str, error: BaseException | None) -> bool:
         """Fail the run when history records commands past the position where it stopped.
 
-        ``ending`` says how the code stopped: ``return``, ``raise``, ``cancel`` or
+        ``ending`` says how the code stopped: ``return``, ``continue``, ``raise``, ``cancel`` or
         ``wait``. Only rows with a command position count (the close record has
-        none). Code that returned, raised or was cancelled issues nothing more, so
+        none). Code that returned, continued as new, raised or was cancelled issues nothing more, so
         every recorded command after its last position is a leftover: the
         recorded run went on where this code no longer does. Code that waits may
         still issue commands once the wait completes, so the reservations the
@@ -557,6 +592,7 @@ class Execution:
             "raise": "raised",
             "cancel": "was cancelled",
             "wait": "waited",
+            "continue": "continued as new",
         }[ending]
         raised = f" {type(error).__name__} ({error})" if error is not None else ""
         at = f"after command {self.seq}" if self.seq else "before its first command"

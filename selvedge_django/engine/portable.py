@@ -126,6 +126,9 @@ class RecordedInstance:
     # nothing (0 and "": nowhere). Exported only when set; Go's format has no such field.
     parked_seq: int = 0
     parked_key: str = ""
+    # The generation the current history began with (a continue-as-new opened it):
+    # default child ids name it. Exported only above 1; Go's format has no such field.
+    history_generation: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -145,6 +148,8 @@ class RecordedInstance:
         )
         if self.parked_seq:
             out.update(parked_seq=self.parked_seq, parked_key=self.parked_key)
+        if self.history_generation > 1:
+            out["history_generation"] = self.history_generation
         return out
 
 
@@ -220,6 +225,7 @@ _INSTANCE = {
     "parent_key": str,
     "parked_seq": int,
     "parked_key": str,
+    "history_generation": int,
 }
 _INSTANCE_REQUIRED = {"instance_id", "workflow_name", "status"}
 _EVENT = {
@@ -247,6 +253,7 @@ _ZERO_INSTANCE = {
     "parent_key": "",
     "parked_seq": 0,
     "parked_key": "",
+    "history_generation": 1,
 }
 _ZERO_EVENT = {"seq": 0, "delivered_seq": 0, "data_type": "json"}
 _ZERO_SIGNAL = {"delivered_seq": 0, "consumed_seq": 0}
@@ -331,6 +338,8 @@ def parse_history(data: str | bytes | bytearray) -> RecordedHistory:
     )
     if inst.get("parked_seq", 0) < 0:
         raise _fail("field instance.parked_seq must not be negative")
+    if inst.get("history_generation", 1) < 1:
+        raise _fail("field instance.history_generation must be at least 1")
     if inst["status"] not in _STATUSES:
         raise _fail(f"field instance.status has unknown value {inst['status']!r}")
     events_raw = _list(doc, "events")
@@ -378,6 +387,7 @@ def parse_history(data: str | bytes | bytearray) -> RecordedHistory:
             parent_key=inst.get("parent_key", ""),
             parked_seq=inst.get("parked_seq", 0),
             parked_key=inst.get("parked_key", ""),
+            history_generation=inst.get("history_generation", 1),
         ),
         events=events,
         signals=signals,

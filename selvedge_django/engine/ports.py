@@ -56,6 +56,9 @@ class ExecutionSnapshot:
     # position and key, 0 and "" when it parked nowhere (see engine.patches).
     parked_seq: int = 0
     parked_key: str = ""
+    # The generation the current history began with: 1, or the one a continue-as-new
+    # opened. Default child ids of a later history include it.
+    history_generation: int = 1
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,8 @@ class ChildSpec:
     input: Any
     # The child's own execution timeout (ms; None: none), counted from its start.
     execution_timeout_ms: int | None = None
+    # The parent's history generation (see ExecutionSnapshot.history_generation).
+    parent_generation: int = 1
 
 
 @dataclass(frozen=True)
@@ -188,7 +193,9 @@ class ExecutionOutcome:
     a divergence found after it (recorded commands the code stopped before).
     """
 
-    kind: str  # "completed" | "failed" | "cancelled" | "suspended" | "abandoned"
+    # "completed" | "failed" | "cancelled" | "suspended" | "abandoned" | "continued"
+    # ("continued": ``output`` is the JSON text of the next generation's input)
+    kind: str
     output: Any = None
     error: BaseException | None = None
     workflow_error: BaseException | None = None

@@ -87,6 +87,7 @@ def snapshot_of(history: RecordedHistory) -> ExecutionSnapshot:
         parent_key=inst.parent_key,
         parked_seq=inst.parked_seq,
         parked_key=inst.parked_key,
+        history_generation=inst.history_generation,
         history=[
             HistoryRow(
                 key=e.key,

@@ -93,7 +93,7 @@ def history_rows(
         )
         signals = list(
             SignalMessage.objects.using(store.alias)
-            .filter(instance_id=instance_id)
+            .filter(instance_id=instance_id, archived_generation__isnull=True)
             .order_by("id")
             .values_list("id", "channel", "delivered_seq", "consumed_seq")[: max_signals + 1]
         )
@@ -189,6 +189,13 @@ def export_history(instance_id: str, *, redact: bool = False) -> RecordedHistory
     ``MAX_PENDING_SIGNALS`` can account for, raises :class:`HistoryLimitExceeded`
     after reading one row past the limit.
     """
+    return _export(instance_id, redact=redact, archived=True)
+
+
+def _export(instance_id: str, *, redact: bool, archived: bool) -> RecordedHistory:
+    """export_history; without ``archived`` the archived generations are not read (a
+    replay checks the current one only, and a long chain of continue-as-new generations
+    would otherwise grow what it reads without bound)."""
     known_id(instance_id)
     settings = get_settings()
     store = client_store()
@@ -200,7 +207,11 @@ def export_history(instance_id: str, *, redact: bool = False) -> RecordedHistory
             max_events=settings.max_history_events + 1,  # the commands and the close
             max_signals=settings.max_history_events + 1 + settings.max_pending_signals,
         )
-        archived = archived_rows(store, instance_id, value, settings.max_history_events + 1)
+        old_rows = (
+            archived_rows(store, instance_id, value, settings.max_history_events + 1)
+            if archived
+            else []
+        )
     output: Any = ABSENT
     if inst.status == "completed" and inst.output is not None:
         output = value(inst.output)
@@ -225,6 +236,7 @@ def export_history(instance_id: str, *, redact: bool = False) -> RecordedHistory
             parent_key=inst.parent_key,
             parked_seq=inst.parked_seq if inst.status == "running" else 0,
             parked_key=inst.parked_key if inst.status == "running" else "",
+            history_generation=inst.history_generation,
         ),
         events=[
             RecordedEvent(
@@ -242,7 +254,7 @@ def export_history(instance_id: str, *, redact: bool = False) -> RecordedHistory
             RecordedSignal(sid, channel, delivered or 0, consumed or 0)
             for sid, channel, delivered, consumed in signals
         ],
-        archived=archived,
+        archived=old_rows,
     )
 
 
@@ -278,7 +290,12 @@ def replay_history(history: RecordedHistory) -> ReplayResult:
 
 def replay_instance(instance_id: str) -> ReplayResult:
     """Export an instance and check the registered workflow code against it."""
-    return replay_history(export_history(instance_id))
+    return replay_history(_current_generation(instance_id))
+
+
+def _current_generation(instance_id: str) -> RecordedHistory:
+    """What a replay of an instance reads: its current generation, nothing archived."""
+    return _export(instance_id, redact=False, archived=False)
 
 
 def replay_check(
@@ -302,7 +319,7 @@ def replay_check(
         ]
     else:
         sources = [
-            (instance_id, functools.partial(export_history, instance_id))
+            (instance_id, functools.partial(_current_generation, instance_id))
             for instance_id in _replay_candidates(recent, limit)
         ]
     for label, load in sources:
@@ -351,7 +368,7 @@ def query(instance_id: str, name: str, *, timeout: float | timedelta | None = No
     deadline = None if seconds is None else time.monotonic() + seconds
     if not isinstance(name, str) or not 1 <= len(name.encode("utf-8")) <= 255:
         raise exc.QueryNotFound(str(name))
-    history = export_history(instance_id)
+    history = _current_generation(instance_id)
     return answer_query(
         history,
         _workflow_function(history),
@@ -370,7 +387,7 @@ def query_handler_names(instance_id: str, *, timeout: float | timedelta | None =
     """
     seconds = optional_seconds(timeout, "query timeout")
     deadline = None if seconds is None else time.monotonic() + seconds
-    history = export_history(instance_id)
+    history = _current_generation(instance_id)
     return list_query_handlers(
         history, _workflow_function(history), _replay_runtime(), deadline=deadline, seconds=seconds
     )

@@ -16,11 +16,15 @@ from typing import TYPE_CHECKING, Any
 from .. import exceptions as exc
 from ..engine.events import (
     CLOSE_KEY,
+    CMD_CLOSE,
     EV_ACTIVITY_CANCELLED,
     EV_ACTIVITY_FAILED,
     EV_CHILD_FAILED,
     EV_CHILD_START_FAILED,
     EV_TIMER_CANCELLED,
+    EV_WORKFLOW_CONTINUED,
+    Fence,
+    HistoryRow,
 )
 from ..engine.identifiers import check_instance_id
 from ..models import WorkflowInstance, WorkflowStatus
@@ -95,7 +99,8 @@ DELETE_ARCHIVED_TASKS = (
 # and so their order, unchanged).
 RETURN_SIGNALS = (
     "UPDATE {signal} SET delivered_seq = NULL, consumed_seq = NULL, consumed_key = ''"
-    " WHERE instance_id = %s AND (consumed_seq >= %s OR delivered_seq >= %s OR consumed_key IN"
+    " WHERE instance_id = %s AND archived_generation IS NULL"
+    " AND (consumed_seq >= %s OR delivered_seq >= %s OR consumed_key IN"
     " (SELECT key FROM {history} WHERE instance_id = %s AND id >= %s))"
 )
 # Values of kept rows that the archived part delivered are undelivered again: the re-run
@@ -134,10 +139,36 @@ COPY_SIGNALS = (
     " THEN delivered_seq END,"
     " CASE WHEN consumed_seq < %s THEN consumed_seq END,"
     " CASE WHEN consumed_seq < %s THEN consumed_key ELSE '' END"
-    " FROM {signal} WHERE instance_id = %s ORDER BY id"
+    " FROM {signal} WHERE instance_id = %s AND archived_generation IS NULL ORDER BY id"
 )
 # The archived rows leave the current history (their copy is in the archive).
 REMOVE_ARCHIVED_ROWS = "DELETE FROM {history} WHERE instance_id = %s AND id >= %s"
+# continue-as-new, under the fence: the next input, the next generation (which begins
+# the new history), a new lease epoch, the lease released and the instance runnable.
+CONTINUE_INSTANCE = (
+    "UPDATE {instance} SET input = %s, lease_owner = '', lease_expires_ms = NULL,"
+    " lease_epoch = lease_epoch + 1, runnable = %s, ready_ms = {now},"
+    " execution_errors = 0, execution_error = '', current_step = '',"
+    " generation = generation + 1, history_generation = generation + 1, updated_at = %s,"
+    " parked_seq = 0, parked_key = ''"
+    " WHERE instance_id = %s AND lease_owner = %s AND lease_epoch = %s AND status = %s"
+)
+# The generation continue-as-new opened.
+SELECT_GENERATION = "SELECT generation FROM {instance} WHERE instance_id = %s"
+# Signals the closed generation consumed stay consumed, marked with it (positions of
+# its history, which the next one does not see); delivered_seq is set so that no later
+# delivery batch takes them.
+ARCHIVE_CONSUMED_SIGNALS = (
+    "UPDATE {signal} SET archived_generation = %s,"
+    " delivered_seq = COALESCE(delivered_seq, consumed_seq)"
+    " WHERE instance_id = %s AND consumed_seq IS NOT NULL AND archived_generation IS NULL"
+)
+# Signals it had not consumed carry over, undelivered: the next generation's waits
+# deliver them (ids, and so their order, unchanged).
+CARRY_SIGNALS = (
+    "UPDATE {signal} SET delivered_seq = NULL"
+    " WHERE instance_id = %s AND consumed_seq IS NULL AND delivered_seq IS NOT NULL"
+)
 
 
 @dataclass(frozen=True)
@@ -186,6 +217,69 @@ class ResumeStoreMixin(StoreBase):
             code_version: str | None = None,
             execution_timeout_ms: int | None = None,
         ) -> Any: ...
+
+        @property
+        def _input_field(self) -> Any: ...
+
+        def _close_cleanup(self, iid: str, *, fill: bool = True) -> None: ...
+
+        def _running_children(self, iid: str) -> list[tuple[str, str]]: ...
+
+        def _request_child_cancel(
+            self, parent_id: str, children: list[tuple[str, str]], reason: str
+        ) -> None: ...
+
+    @operation
+    def continue_as_new(self, fence: Fence, input_text: str) -> int:
+        """End the generation ``fence`` runs and start the next with ``input_text``, in one
+        fenced transaction; return the new generation.
+
+        The fence check is the instance update itself (the new input, the next
+        generation, which also begins the new history, a new lease epoch, the
+        lease released, runnable). Then, as a close does, unfinished activities
+        are cancelled (their rows filled with the cancellation), timers deleted
+        and running children asked to cancel; a close record whose value is the
+        new input is written; and, as a resume does, every row moves to the
+        archive under the generation that ends, with its task's summary (the
+        task rows go: the next history reuses keys). Signals that generation
+        consumed stay consumed, marked with it; the others carry over,
+        undelivered, in their order. Raises :class:`Fenced` when the lease is no
+        longer held.
+        """
+        iid = fence.instance_id
+        with self.atomic():
+            updated = self._execute(
+                self._with_now(CONTINUE_INSTANCE),
+                [
+                    self._input_field.get_db_prep_save(json.loads(input_text), self.connection),
+                    True,
+                    *self.now_sql().params,
+                    self._now_param(),
+                    iid,
+                    fence.owner,
+                    fence.epoch,
+                    str(WorkflowStatus.RUNNING),
+                ],
+            )
+            if updated != 1:
+                raise self._fenced_error(fence)
+            (generation,) = self._fetch(SELECT_GENERATION, [iid])[0]
+            ended = int(generation) - 1
+            self._close_cleanup(iid)
+            self._insert_row(
+                iid,
+                HistoryRow(CLOSE_KEY, None, CMD_CLOSE, EV_WORKFLOW_CONTINUED, data=input_text),
+            )
+            self._execute(ARCHIVE_ROWS, [ended, self._now_param(), iid, 0])
+            self._archive_tasks(iid, ended, 0, keys=False)
+            self._execute(ARCHIVE_CONSUMED_SIGNALS, [ended, iid])
+            self._execute(CARRY_SIGNALS, [iid])
+            self._execute(REMOVE_ARCHIVED_ROWS, [iid, 0])
+            self._request_child_cancel(
+                iid, self._running_children(iid), f"parent {iid} continued as new"
+            )
+            self.after_commit("runnable")
+        return int(generation)
 
     @operation
     def resume(self, instance_id: str, from_key: str | None) -> ResumeOutcome:
@@ -340,9 +434,11 @@ class ResumeStoreMixin(StoreBase):
                 break
         return cut
 
-    def _archive_tasks(self, instance_id: str, generation: int, cut_id: int) -> tuple[str, ...]:
+    def _archive_tasks(
+        self, instance_id: str, generation: int, cut_id: int, *, keys: bool = True
+    ) -> tuple[str, ...]:
         """Summarise the archived rows' tasks on their archive rows and remove them;
-        return the archived keys."""
+        return the archived keys (with ``keys``; none read without)."""
         tasks = self._fetch(SELECT_ARCHIVED_TASKS, [instance_id, instance_id, cut_id])
         for key, name, queue, status, attempts, failures, last_error in tasks:
             summary = {
@@ -356,5 +452,7 @@ class ResumeStoreMixin(StoreBase):
             self._execute(ARCHIVE_TASK, [json.dumps(summary), instance_id, generation, key])
         if tasks:
             self._execute(DELETE_ARCHIVED_TASKS, [instance_id, instance_id, cut_id])
-        keys = self._fetch(SELECT_ARCHIVED_KEYS, [instance_id, generation])
-        return tuple(str(key) for (key,) in keys)
+        if not keys:
+            return ()
+        archived = self._fetch(SELECT_ARCHIVED_KEYS, [instance_id, generation])
+        return tuple(str(key) for (key,) in archived)

@@ -315,6 +315,9 @@ class WorkerRuntime(AttemptRunner):
             if failure is not None:
                 outcome.kind, outcome.error = "failed", failure
             return
+        if outcome.kind == "continued":
+            self._continue_as_new(fence, outcome)
+            return
         request = execution.close_request(outcome)
         if not self.lease_valid(fence):
             logger.warning("lease on %s lost before close; not closing", fence.instance_id)
@@ -330,6 +333,21 @@ class WorkerRuntime(AttemptRunner):
                 outcome.error,
                 extra={"instance_id": fence.instance_id},
             )
+
+    def _continue_as_new(self, fence: Fence, outcome: ExecutionOutcome) -> None:
+        """Commit a continue-as-new: the generation ends, the next is runnable."""
+        if not self.lease_valid(fence):
+            logger.warning("lease on %s lost before continue-as-new", fence.instance_id)
+            self._release_quietly(fence, runnable=True)
+            outcome.kind = "abandoned"
+            return
+        generation = self.store.continue_as_new(fence, outcome.output)
+        logger.info(
+            "workflow %s continued as new: generation %d",
+            fence.instance_id,
+            generation,
+            extra={"instance_id": fence.instance_id},
+        )
 
     def _after_storage_error(
         self,
