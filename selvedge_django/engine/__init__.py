@@ -11,6 +11,7 @@ it, and that nothing here imports Django):
 - ``portable``: ``selvedge.history/v1`` records and their strict parser.
 - ``scope``: cancellation scopes.
 - ``ports``: the store and runtime Protocols and the records passed through them.
+- ``leftovers``: the check for recorded commands past where workflow code stopped.
 - ``execution``: one run of workflow code against its history (the caller builds
   the context it runs with).
 - ``handles``, ``inbox``, ``commands``: futures, timers and child handles; signal
@@ -30,6 +31,7 @@ ORDER = (
     "portable",
     "scope",
     "ports",
+    "leftovers",
     "execution",
     "handles",
     "inbox",

@@ -31,8 +31,9 @@ from typing import Any
 
 from .. import exceptions as exc
 from .codec import error_to_envelope
-from .events import CMD_ACTIVITY, CMD_CHILD, CMD_SLEEP, Arrivals, Fence, HistoryRow, SignalPosition
+from .events import Arrivals, Fence, HistoryRow, SignalPosition
 from .identifiers import instance_id_problem
+from .leftovers import leftover_divergence
 from .ports import (
     CloseRequest,
     ExecutionOutcome,
@@ -561,49 +562,11 @@ class Execution:
         return ExecutionOutcome("failed", error=self.fatal, workflow_error=self.workflow_error)
 
     def _diverged_by_leftovers(self, ending: str, error: BaseException | None) -> bool:
-        """Fail the run when history records commands past the position where it stopped.
-
-        ``ending`` says how the code stopped: ``return``, ``continue``, ``raise``, ``cancel`` or
-        ``wait``. Only rows with a command position count (the close record has
-        none). Code that returned, continued as new, raised or was cancelled issues nothing more, so
-        every recorded command after its last position is a leftover: the
-        recorded run went on where this code no longer does. Code that waits may
-        still issue commands once the wait completes, so the reservations the
-        recorded run issued but had no outcome for yet (futures it had not
-        awaited) are not leftovers of a wait; anything else recorded after the
-        wait (an observation, an outcome) is something this code could not have
-        recorded before its wait completes.
-        """
-        leftover = [
-            row
-            for seq, row in self.by_seq.items()
-            if seq > self.seq
-            and not (
-                ending == "wait"
-                and row.command in (CMD_ACTIVITY, CMD_SLEEP, CMD_CHILD)
-                and not row.has_value
-            )
-        ]
-        if not leftover:
+        """Fail the run when history records commands past where it stopped (see
+        :func:`.leftovers.leftover_divergence`)."""
+        divergence = leftover_divergence(self.by_seq, self.seq, self.instance_id, ending, error)
+        if divergence is None:
             return False
-        first = min(leftover, key=lambda r: r.seq or 0)
-        verb = {
-            "return": "returned",
-            "raise": "raised",
-            "cancel": "was cancelled",
-            "wait": "waited",
-            "continue": "continued as new",
-        }[ending]
-        raised = f" {type(error).__name__} ({error})" if error is not None else ""
-        at = f"after command {self.seq}" if self.seq else "before its first command"
-        divergence = exc.NondeterminismError(
-            f"workflow {verb}{raised} {at}, before recorded command "
-            f"{first.seq} ({first.command} {first.key!r})",
-            instance_id=self.instance_id,
-            key=first.key,
-            expected=first.command,
-            actual=ending,
-        )
         self.workflow_error = error
         self.fatal = divergence
         self.fatal_abandons = False
