@@ -14,7 +14,7 @@ from .. import exceptions as exc
 from ..engine.events import EV_ACTIVITY_FAILED, error_data
 from ..models import ActivityTask, ActivityTaskStatus, HistoryEvent
 from .base import operation
-from .tasks import TaskStore, lapse_timeout
+from .tasks import TaskStore, lapse_error_data, lapse_timeout
 from .wakeups import TOPIC_TASK
 
 __all__ = ["TaskTimeoutStore"]
@@ -43,10 +43,26 @@ class TaskTimeoutStore(TaskStore):
                 "attempt_deadline_ms",
                 "heartbeat_timeout_ms",
                 "claim_expires_ms",
+                "claim_owner",
+                "last_error",
             )[:limit]
         )
-        for task_id, instance_id, epoch, name, attempts, failures, max_attempts, *expiry in lapsed:
-            timeout = lapse_timeout(name, attempts, *expiry)
+        for (
+            task_id,
+            instance_id,
+            epoch,
+            name,
+            attempts,
+            failures,
+            max_attempts,
+            deadline_ms,
+            heartbeat_ms,
+            expired_ms,
+            lost_owner,
+            previous,
+        ) in lapsed:
+            timeout = lapse_timeout(name, attempts, deadline_ms, heartbeat_ms, expired_ms)
+            lapse_error = lapse_error_data(timeout, lost_owner, previous)
             exhausted = max_attempts != 0 and failures + 1 >= max_attempts
             with self.atomic():
                 # The instance row first (the lock order of every write path) when the
@@ -71,7 +87,7 @@ class TaskTimeoutStore(TaskStore):
                         claim_owner="",
                         claim_expires_ms=None,
                         failures=F("failures") + 1,
-                        last_error=error_data(timeout),
+                        last_error=lapse_error,
                     ):
                         continue
                     self._arrive_failure(row[0], row[1], error_data(final))
@@ -81,7 +97,7 @@ class TaskTimeoutStore(TaskStore):
                         claim_owner="",
                         claim_expires_ms=None,
                         failures=F("failures") + 1,
-                        last_error=error_data(timeout),
+                        last_error=lapse_error,
                         not_before_ms=0,
                         # The wait for a worker starts at the lapse, not at this sweep
                         # (SET expressions read the row as it was before the update).

@@ -10,6 +10,7 @@ leader's timeout sweeps are in :mod:`.task_timeouts`, batch renewals in
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -31,7 +32,10 @@ from . import sql
 from .base import StoreBase, _ms, operation
 from .wakeups import TOPIC_TASK
 
-__all__ = ["TaskStore", "lapse_timeout"]
+__all__ = ["TaskStore", "lapse_error_data", "lapse_timeout"]
+
+# The most JSON a lapse's error keeps of the task's error before it.
+MAX_PREVIOUS_ERROR = 32_000
 
 
 def lapse_timeout(
@@ -52,6 +56,27 @@ def lapse_timeout(
     else:
         kind = "claim_lapsed"
     return exc.ActivityTimeoutError(name, kind, attempt)
+
+
+def lapse_error_data(
+    timeout: exc.ActivityTimeoutError, lost_owner: str, previous: str | None
+) -> str:
+    """The error a lapsed claim leaves on its task: the timeout, with the worker that held
+    the claim (``fields.lost_worker_id``) and the task's error before the lapse
+    (``fields.previous_error``), so that a lapse does not overwrite what the attempts
+    before it recorded. The chain is cut when it would pass MAX_PREVIOUS_ERROR."""
+    envelope = json.loads(error_data(timeout))
+    envelope["fields"]["lost_worker_id"] = lost_owner
+    try:
+        prior = json.loads(previous) if previous else None
+    except ValueError:
+        prior = None
+    if isinstance(prior, dict):
+        if len(previous or "") > MAX_PREVIOUS_ERROR and isinstance(prior.get("fields"), dict):
+            prior["fields"].pop("previous_error", None)  # keep the last error, not the chain
+        if len(json.dumps(prior)) <= MAX_PREVIOUS_ERROR:
+            envelope["fields"]["previous_error"] = prior
+    return json.dumps(envelope)
 
 
 class TaskStore(StoreBase):
@@ -512,7 +537,7 @@ class TaskStore(StoreBase):
             task.heartbeat_timeout_ms,
             task.claim_expires_ms,
         )
-        return error_data(timeout)
+        return lapse_error_data(timeout, task.claim_owner, task.last_error)
 
 
 def _task_fields(fence: Fence, row: HistoryRow, task: TaskSpec) -> dict[str, Any]:

@@ -48,30 +48,38 @@ def load_task(input: dict[str, Any]) -> compat.Task:
 
 
 def attempt_errors(envelope: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """The per-attempt errors a failure envelope carries (the activity's own failures hold
-    the whole list; a timeout or lapse recorded by the engine becomes one more entry)."""
+    """The per-attempt errors a failure envelope carries, oldest first.
+
+    The activity's own failures hold the whole list (``details.task_errors``); a
+    timeout or a lapse recorded by the engine becomes one more entry, after the
+    errors the task held before it (a lapse keeps them as ``previous_error``, and
+    names the worker that lost the claim)."""
     if not envelope:
         return []
     details = envelope.get("details")
     if isinstance(details, dict) and isinstance(details.get("task_errors"), list):
         return [entry for entry in details["task_errors"] if isinstance(entry, dict)]
-    fields = envelope.get("fields") or {}
-    last = fields.get("last_error") if isinstance(fields, dict) else None
+    fields = envelope.get("fields")
+    fields = fields if isinstance(fields, dict) else {}
+    last = fields.get("last_error")
     if isinstance(last, dict) and last is not envelope:
         inner = attempt_errors(last)
         if inner:
             return inner
+    prior = fields.get("previous_error")
+    earlier = attempt_errors(prior) if isinstance(prior, dict) and prior is not envelope else []
     kind = envelope.get("type") or "Exception"
     path = kind if "." in kind else f"selvedge_django.exceptions.{kind}"
-    if envelope.get("fields", {}).get("application_error"):
+    if fields.get("application_error"):
         path = kind
     return [
+        *earlier,
         {
             "exception_class_path": path,
             "traceback": envelope.get("traceback") or f"{kind}: {envelope.get('message', '')}",
-            "worker_id": "",
+            "worker_id": str(fields.get("lost_worker_id") or ""),
             "started_at": None,
-        }
+        },
     ]
 
 

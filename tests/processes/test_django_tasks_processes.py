@@ -7,7 +7,9 @@ process enqueues and reads results only (no worker of its own).
 from __future__ import annotations
 
 import importlib.util
+import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +26,8 @@ from selvedge_django.tasks import compat
 from tests.testapp import tasks
 
 Status = compat.TaskResultStatus
+# A killed worker's claim and leadership lapse within seconds.
+SHORT_LEASE = {"TTL": 1.0, "RENEW_INTERVAL": 0.25, "MARGIN": 0.25, "MAX_SKEW": 0.1}
 
 
 def finished(task: Any, result_id: str) -> Any:
@@ -54,3 +58,28 @@ def test_results_are_read_across_processes(
     assert all("ValueError: in another process" in e.traceback for e in failed.errors)
     # Nothing ran in this process.
     assert tasks.calls == []
+
+
+def test_an_attempt_lost_with_its_worker_counts_with_its_worker_id_and_keeps_earlier_errors(
+    worker_process: Callable[..., WorkerProcess], tmp_path: Path
+) -> None:
+    """A worker killed during attempt 2: the result lists three attempts, the first two
+    by the killed worker (its failure, then the lapse of its claim) and the third by the
+    worker that took over; the first attempt's error is kept."""
+    overrides = {"LEASE": SHORT_LEASE, "LEADER_LEASE_DURATION": 2, "LEADER_HEARTBEAT_INTERVAL": 0.5}
+    short = {"SELVEDGE_TEST_OVERRIDES": json.dumps(overrides)}
+    result = tasks.lost_once.enqueue(str(tmp_path))
+    doomed = worker_process("--worker-id", "tasks-doomed", env=short)
+    wait_until(lambda: list(tmp_path.glob("attempt-2-*")), timeout=40)
+    doomed.kill()
+    doomed.proc.wait(10)
+    worker_process("--worker-id", "tasks-survivor", env=short)
+    done = finished(tasks.lost_once, result.id)
+    assert (done.status, done.return_value) == (Status.SUCCESSFUL, 3)
+    assert done.attempts == 3
+    assert done.worker_ids == ["tasks-doomed", "tasks-doomed", "tasks-survivor"]
+    assert [e.exception_class_path.rsplit(".", 1)[-1] for e in done.errors] == [
+        "RuntimeError",
+        "ActivityTimeoutError",
+    ]
+    assert "attempt 1 fails" in done.errors[0].traceback

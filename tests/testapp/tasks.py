@@ -80,3 +80,22 @@ async def async_double(value: int) -> int:
 def noted(label: str) -> str:
     record("noted", label)
     return label
+
+
+@task(takes_context=True)
+def lost_once(context: Any, folder: str) -> int:
+    """Attempt 1 fails; attempt 2 announces itself (a file in ``folder``) and hangs until
+    its worker is killed; attempt 3 returns its number."""
+    import os
+    import time
+    from pathlib import Path
+
+    attempt = context.attempt
+    if attempt == 1:
+        raise RuntimeError("attempt 1 fails")
+    if attempt == 2:
+        Path(folder, f"attempt-2-{os.getpid()}").touch()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # killed long before
+            time.sleep(0.05)
+    return attempt
