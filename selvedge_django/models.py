@@ -44,6 +44,12 @@ class WorkflowInstanceQuerySet(models.QuerySet["WorkflowInstance"]):
         )
 
 
+# Running instances whose last suspension was at this command position or later are
+# indexed for the status report's "long histories" (sv_inst_long_history_idx); a
+# HISTORY_WARNING_THRESHOLD below it is checked without that index.
+LONG_HISTORY_SEQ = 1000
+
+
 class WorkflowInstance(models.Model):
     """One run of a workflow; its id is the run's identity and is never reused."""
 
@@ -191,6 +197,20 @@ class WorkflowInstance(models.Model):
                 fields=["parent_instance_id"],
                 name="sv_inst_parent_idx",
                 condition=~Q(parent_instance_id=""),
+            ),
+            # The status report's long histories: only the rare running instances past
+            # LONG_HISTORY_SEQ commands are in it, so suspensions of others never write it.
+            models.Index(
+                fields=["-parked_seq"],
+                name="sv_inst_long_history_idx",
+                condition=Q(status="running", parked_seq__gte=LONG_HISTORY_SEQ),
+            ),
+            # The status report's instances held back after storage errors (a hot loop's
+            # brake): only those with at least one are in it.
+            models.Index(
+                fields=["-execution_errors"],
+                name="sv_inst_exec_errors_idx",
+                condition=Q(status="running", execution_errors__gt=0),
             ),
         ]
 
@@ -358,6 +378,12 @@ class ActivityTask(models.Model):
                 name="sv_task_schedule_idx",
                 condition=Q(status="queued", schedule_deadline_ms__isnull=False),
             ),
+            # Queue depths of the status report: each queue's queued tasks, oldest first.
+            models.Index(
+                fields=["queue", "not_before_ms"],
+                name="sv_task_queue_idx",
+                condition=Q(status="queued"),
+            ),
         ]
 
     def __str__(self) -> str:
@@ -442,6 +468,36 @@ class SystemLock(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class WorkerHeartbeat(models.Model):
+    """A running worker: who it is and when it last said so (database clock, Unix ms).
+
+    Each worker writes its row when it starts and every ``LEADER_HEARTBEAT_INTERVAL``
+    after, with an expiry ``LEADER_LEASE_DURATION`` later; a graceful stop deletes
+    it. A row whose expiry passed is a worker that stopped without saying so (killed,
+    or cut off from the database); the leader deletes such rows after a day.
+    """
+
+    worker_id = models.CharField(primary_key=True, max_length=255)
+    hostname = models.CharField(max_length=255, default="", blank=True)
+    pid = models.IntegerField(default=0)
+    service_name = models.CharField(max_length=255, default="", blank=True)
+    code_version = models.CharField(max_length=255, null=True, blank=True)
+    queues = models.JSONField(
+        null=True, blank=True, help_text="the activity queues it serves (NULL: all)"
+    )
+    started_ms = models.BigIntegerField()
+    last_seen_ms = models.BigIntegerField()
+    expires_ms = models.BigIntegerField()
+
+    class Meta:
+        verbose_name = _("worker heartbeat")
+        ordering = ("worker_id",)
+        indexes = [models.Index(fields=["expires_ms"], name="sv_worker_expires_idx")]
+
+    def __str__(self) -> str:
+        return self.worker_id
 
 
 class ScheduleOverlap(models.TextChoices):

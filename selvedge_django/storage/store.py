@@ -14,11 +14,13 @@ in-process bus and, on PostgreSQL, NOTIFY, always after commit.
 from __future__ import annotations
 
 from .execution_timeouts import ExecutionTimeoutStore
+from .heartbeats import HeartbeatStore
 from .instances import InstanceHead, InstanceStore
 from .locks import LockStore
 from .reads import ReadStore
 from .renewals import RenewalStore
 from .resume import ResumeStoreMixin
+from .status_reads import StatusReadStore
 from .task_timeouts import TaskTimeoutStore
 from .waits import WaitStore
 
@@ -33,6 +35,8 @@ class DjangoStore(
     TaskTimeoutStore,
     RenewalStore,
     LockStore,
+    HeartbeatStore,
+    StatusReadStore,
     ReadStore,
 ):
     """Durable operations over the Django ORM for one database alias (portable part).

@@ -7,7 +7,8 @@ last renewal, when another worker takes over. While leading, it requeues lapsed
 claims (a lapse counts as a failure), fails tasks whose lapse used up the retry
 budget, fails tasks that waited longer than their schedule-to-start timeout,
 terminates runs past their execution timeout (``start_workflow(...,
-execution_timeout=...)``), and starts the runs of due schedules
+execution_timeout=...)``), deletes the heartbeat rows of workers lost more than
+a day ago, and starts the runs of due schedules
 (:class:`~selvedge_django.worker.scheduler.ScheduleDuty`).
 """
 
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from ..storage.wakeups import Bus
 from .base import Loop
+from .heartbeat import WORKER_RETENTION
 from .scheduler import ScheduleDuty
 
 if TYPE_CHECKING:
@@ -67,6 +69,8 @@ class Leader(Loop):
             self.is_leader = held
             if held:
                 self._renewed_at = now
+                # Once a heartbeat: forget workers that were lost long ago.
+                runtime.store.prune_workers(WORKER_RETENTION, settings.max_workflows_per_batch)
         if not self.is_leader:
             return 0
         runtime.store.sweep_activity_timeouts(settings.max_workflows_per_batch)

@@ -15,6 +15,7 @@ from . import handoff
 from .activities import ActivityPoller
 from .base import Loop
 from .dispatcher import Dispatcher
+from .heartbeat import Heartbeat
 from .leader import Leader
 from .pool import ThreadPool
 from .renewer import Renewer
@@ -52,12 +53,14 @@ class Worker:
         self.timer_poller = TimerPoller(self.runtime, bus)
         self.leader = Leader(self.runtime, bus)
         self.renewer = Renewer(self.runtime, bus)
+        self.heartbeat = Heartbeat(self.runtime, bus)
         self.loops: list[Loop] = [
             self.dispatcher,
             self.activity_poller,
             self.timer_poller,
             self.leader,
             self.renewer,
+            self.heartbeat,
         ]
         self._threads: list[threading.Thread] = []
         self._started = False
@@ -97,7 +100,8 @@ class Worker:
         if self.store.notify_enabled:
             self.listener = acquire_listener(self.store.listen_alias, self.store.bus)
         for loop in self.loops:
-            stop = self._stop_renewals if loop is self.renewer else self._stop
+            # The renewer and the heartbeat keep going until in-flight work is done.
+            stop = self._stop_renewals if loop in (self.renewer, self.heartbeat) else self._stop
             thread = threading.Thread(
                 target=loop.run, args=(stop,), name=f"selvedge-{loop.name}", daemon=True
             )
@@ -169,9 +173,11 @@ class Worker:
             self.runtime.drop(fence)
         self._stop_renewals.set()
         self.renewer.waker.wake()
+        self.heartbeat.waker.wake()
         self.leader.resign()
         for thread in self._threads:
             thread.join(5.0)
+        self.heartbeat.forget()
         self.resumptions.shutdown(1.0)
         self.activities.shutdown(1.0)
         if self.listener is not None:
