@@ -342,3 +342,37 @@ RECORD_SCHEDULE = (
 # NULL part or nothing). code_version is a column of both dispatch indexes.
 VERSIONS_IN = " AND (code_version IN ({versions}){unversioned})"
 VERSIONS_NULL = " AND (code_version IS NULL)"
+
+# -- the status report (storage/status_reads.py) ------------------------------------------
+# Each repeats its partial index's condition as literals, so that both databases can use
+# the index; {hint} is the dialect's way to insist on it (SQLite: INDEXED BY).
+STATUS_COLUMNS = (
+    "instance_id, workflow_name, lease_owner, lease_expires_ms, ready_ms, lease_epoch,"
+    " parked_seq, execution_errors, execution_error"
+)
+# Runnable and ready by %s, the longest waiting first (sv_inst_ready_idx).
+STATUS_READY = (
+    f"SELECT {STATUS_COLUMNS} FROM {{instance}}{{hint}} WHERE status = 'running'"
+    " AND lease_owner = '' AND runnable AND ready_ms <= %s ORDER BY ready_ms LIMIT %s"
+)
+# How many are runnable and ready by %s, up to %s (sv_inst_ready_idx).
+STATUS_READY_COUNT = (
+    "SELECT COUNT(*) FROM (SELECT 1 FROM {instance}{hint} WHERE status = 'running'"
+    " AND lease_owner = '' AND runnable AND ready_ms <= %s LIMIT %s) counted"
+)
+# Leased, with a lease that expires before %s, the earliest first (sv_inst_lease_idx).
+STATUS_LEASED = (
+    f"SELECT {STATUS_COLUMNS} FROM {{instance}}{{hint}} WHERE status = 'running'"
+    " AND NOT (lease_owner = '') AND lease_expires_ms < %s ORDER BY lease_expires_ms LIMIT %s"
+)
+# Running, suspended past command position %s, the longest first; {floor} is the
+# condition of sv_inst_long_history_idx when the threshold allows it.
+STATUS_LONG_HISTORY = (
+    f"SELECT {STATUS_COLUMNS} FROM {{instance}}{{hint}} WHERE status = 'running'{{floor}}"
+    " AND parked_seq > %s ORDER BY parked_seq DESC LIMIT %s"
+)
+# Running and held back after storage errors, the most first (sv_inst_exec_errors_idx).
+STATUS_EXECUTION_ERRORS = (
+    f"SELECT {STATUS_COLUMNS} FROM {{instance}}{{hint}} WHERE status = 'running'"
+    " AND execution_errors > 0 ORDER BY execution_errors DESC LIMIT %s"
+)

@@ -74,6 +74,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "workflows",
             "tasks",  # the django.tasks backend
             "history",  # the old import path of operations.history and engine.portable
+            "views",  # the health view
+            "urls",
         ),
     ),
 ]

@@ -23,7 +23,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ... import exceptions as exc
-from .. import lifecycle_cli, schedules_cli
+from .. import lifecycle_cli, schedules_cli, status_cli
 
 
 def json_argument(what: str) -> Callable[[str], Any]:
@@ -207,6 +207,7 @@ class Command(BaseCommand):
         prune.add_argument("--batch-size", type=prune_batch_size, default=500)
 
         schedules_cli.add_parser(sub, _add_common_options)
+        status_cli.add_parser(sub, parse_duration)
 
         for subparser in sub.choices.values():
             _add_common_options(subparser)
@@ -320,6 +321,9 @@ class Command(BaseCommand):
 
     def handle_schedules(self, **options: Any) -> None:
         schedules_cli.handle(self, **options)
+
+    def handle_status(self, **options: Any) -> None:
+        status_cli.handle(self, **options)
 
     def handle_start(self, **options: Any) -> None:
         from ... import operations
