@@ -14,7 +14,8 @@ values), ``base`` (permission names, the read-only base class), ``forms``,
 changelist), ``sections`` (the bounded reads of an instance's page), ``actions``
 (cancel, terminate, signal and export, as changelist actions and per-instance
 views), ``recovery`` (resume and fork), ``console`` (the start page, an
-instance's query and replay check), ``options`` (the model admins of instances,
+instance's query and replay check), ``timeline`` (an instance's steps as SVG),
+``dashboard`` (counts, failures, slowest steps, queues), ``options`` (the model admins of instances,
 activity tasks and locks) and ``schedules`` (the Schedule admin).
 Importing this package, as ``django.contrib.admin`` does on autodiscovery,
 registers them; URLs and templates are those of the ``selvedge_django`` app.

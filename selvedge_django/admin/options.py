@@ -29,7 +29,7 @@ from ..models import ActivityTask, SystemLock, WorkflowInstance, WorkflowStatus
 from ..registry import get_workflow
 from .actions import TEMPLATE_DIR
 from .base import APP, ReadOnlyAdmin
-from .console import ConsoleAdmin
+from .dashboard import DashboardAdmin
 from .display import (
     EMPTY,
     ID_CHARS,
@@ -45,10 +45,11 @@ from .display import (
 )
 from .filters import CodeVersionFilter, ErrorTypeFilter, InstanceChangeList, WorkflowNameFilter
 from .sections import instance_sections
+from .timeline import build_timeline
 
 
 @admin.register(WorkflowInstance)
-class WorkflowInstanceAdmin(ConsoleAdmin):
+class WorkflowInstanceAdmin(DashboardAdmin):
     """Instances: list, detail (history, tasks, timers, signals, children) and actions."""
 
     list_display = (
@@ -289,8 +290,10 @@ class WorkflowInstanceAdmin(ConsoleAdmin):
         )
         quoted = quote(iid)
         site = self.admin_site.name
+        child_urls = {child["parent_key"]: child["url"] for child in sections["children"]}
         return {
             **sections,
+            "timeline": build_timeline(alias, obj, sections["history_count"], child_urls),
             "unregistered": running and get_workflow(obj.workflow_name) is None,
             "empty_mark": format_html('<span class="selvedge-empty">{}</span>', EMPTY),
             "history_warning": sections["history_count"] > threshold,
