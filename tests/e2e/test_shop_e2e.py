@@ -7,7 +7,8 @@ order, approve its payment, watch it complete; place another and cancel it) and
 through the admin's workflow actions (send a signal, cancel, export history),
 from an instance's page and from the changelist; then an order whose declined
 card fails its run is found with the error type filter, its cause is fixed in
-the shop's admin, and it is resumed from the changelist and completes.
+the shop's admin, and it is resumed from the changelist and completes; last, the
+dashboard's counts and an instance's timeline (SVG bars), each with a screenshot.
 
 Needs the ``playwright`` package (``pip install --group e2e``; its bundled
 browsers are not used) and a Chromium binary: ``/usr/bin/chromium`` (Debian's
@@ -438,6 +439,40 @@ def _drive(page: Page, expect: Any, project: ExampleProject, base: str, shots: P
     # The admin shows the archived generation beside the new history.
     instance_page(held)
     expect(page.locator("#selvedge-archived")).to_contain_text("ActivityFailed")
+
+    # -- the dashboard, then an instance's timeline -----------------------------------------
+    page.goto(changelist)
+    page.locator(".object-tools a", has_text="Dashboard").click()
+    expect(page.locator("#content h1")).to_have_text("Workflow dashboard")
+    by_status = page.locator("#selvedge-by-status")
+    # The three cancelled orders; the failed one was resumed and completed.
+    expect(by_status.locator("tr[data-status=cancelled] .count")).to_have_text("3")
+    expect(by_status.locator("tr[data-status=failed] .count")).to_have_text("0")
+    expect(by_status.locator("tr[data-status=completed] .count")).not_to_have_text("0")
+    expect(page.locator("#selvedge-by-workflow")).to_contain_text("shop.order")
+    expect(page.locator("#selvedge-by-workflow")).to_contain_text("shop.shipping")
+    expect(page.locator("#selvedge-slowest")).to_contain_text("shop.charge_payment")
+    expect(page.locator("#selvedge-workers")).to_contain_text("e2e-worker (leader)")
+    expect(page.locator("#selvedge-queues")).to_be_visible()
+    page.screenshot(path=str(shots / "11-dashboard.png"), full_page=True)
+
+    # The first order's timeline: the flaky card's charge took two attempts, the shipping
+    # child is a bar that links to the child's page.
+    instance_page(first)
+    timeline = page.locator("#selvedge-timeline svg")
+    expect(timeline).to_be_visible()
+    charge = timeline.locator("g.sv-step", has_text="shop.charge_payment")
+    expect(charge.locator("text.sv-label")).to_contain_text("\u00d72")
+    expect(charge.locator("rect.sv-earlier")).to_have_count(1)
+    expect(charge.locator("rect.sv-attempt")).to_have_count(1)
+    attempt = charge.locator("rect.sv-attempt").bounding_box()
+    assert attempt is not None and attempt["width"] > 0 and attempt["height"] > 0
+    expect(timeline.locator("g.sv-signal", has_text="approve-payment")).to_have_count(1)
+    expect(timeline.locator("g.sv-instant", has_text="$close")).to_have_count(1)
+    page.locator("#selvedge-timeline").screenshot(path=str(shots / "12-timeline.png"))
+    timeline.locator("g.sv-child a").click()
+    expect(page.locator("#content")).to_contain_text("shop.shipping")
+    expect(page.locator("#selvedge-timeline svg g.sv-step").first).to_be_visible()
 
     # What the shop's own tables and the admin log say.
     statuses = dict(project.rows("SELECT id, status FROM shop_order"))
