@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('selvedge_django', '0011_error_type_and_start_permission'),
+        ('selvedge_django', '0012_continue_as_new'),
     ]
 
     operations = [
