@@ -74,7 +74,7 @@ MAX_LISTED = 20
 # worker dispatched, counts as stuck.
 STUCK_AFTER = 60.0
 # A hot loop: dispatched at least this many times, and more than HOT_LOOP_RATIO times
-# per recorded command position.
+# per recorded command position and history generation.
 HOT_LOOP_DISPATCHES = 50
 HOT_LOOP_RATIO = 4
 # Leased and runnable instances looked at for hot loops (each kind, oldest first).
@@ -328,8 +328,10 @@ def _hot_loops(store: DjangoStore, now: int) -> list[dict[str, Any]]:
                 *store.leased_instances(limit=HOT_LOOP_CANDIDATES),
                 *store.runnable_instances(now, HOT_LOOP_CANDIDATES),
             )
+            # A continue-as-new or a resume starts a new generation with a fresh history:
+            # each generation's dispatches are what its commands are set against.
             if s.lease_epoch >= HOT_LOOP_DISPATCHES
-            and s.lease_epoch > HOT_LOOP_RATIO * (s.parked_seq + 1)
+            and s.lease_epoch > HOT_LOOP_RATIO * (s.parked_seq + 1) * s.generation
         ),
     ]
     found: dict[str, dict[str, Any]] = {}

@@ -348,7 +348,7 @@ VERSIONS_NULL = " AND (code_version IS NULL)"
 # the index; {hint} is the dialect's way to insist on it (SQLite: INDEXED BY).
 STATUS_COLUMNS = (
     "instance_id, workflow_name, lease_owner, lease_expires_ms, ready_ms, lease_epoch,"
-    " parked_seq, execution_errors, execution_error"
+    " parked_seq, execution_errors, execution_error, generation"
 )
 # Runnable and ready by %s, the longest waiting first (sv_inst_ready_idx).
 STATUS_READY = (

@@ -36,6 +36,7 @@ class InstanceState:
     parked_seq: int
     execution_errors: int
     execution_error: str
+    generation: int
 
 
 class StatusReadStore(StoreBase):
@@ -58,6 +59,7 @@ class StatusReadStore(StoreBase):
                 parked_seq=int(row[6] or 0),
                 execution_errors=int(row[7] or 0),
                 execution_error=str(row[8] or ""),
+                generation=int(row[9] or 1),
             )
             for row in self._fetch(statement, params)
         ]

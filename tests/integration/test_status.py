@@ -16,7 +16,12 @@ from django.test import override_settings
 
 import selvedge_django as sv
 from selvedge_django.engine.codec import Codec
-from selvedge_django.models import ActivityTask, TimerSubscription, WorkerHeartbeat
+from selvedge_django.models import (
+    ActivityTask,
+    TimerSubscription,
+    WorkerHeartbeat,
+    WorkflowInstance,
+)
 from selvedge_django.operations import status as status_module
 from selvedge_django.operations.status import status_report
 from selvedge_django.storage import store_for
@@ -162,6 +167,19 @@ def test_an_instance_dispatched_again_and_again_without_progress_is_a_hot_loop(
     assert [(h["instance_id"], h["reason"]) for h in hot] == [(iid, "dispatched_without_progress")]
     assert hot[0]["dispatches"] == status_module.HOT_LOOP_DISPATCHES
     assert calm not in [h["instance_id"] for h in hot]
+
+
+def test_many_generations_of_continue_as_new_are_not_a_hot_loop(tdb: None) -> None:
+    generations = status_module.HOT_LOOP_DISPATCHES + 10
+    iid = sv.start_workflow("status.generations", generations)
+    run_until_idle(Worker(run_local_starts=False))
+    instance = WorkflowInstance.objects.get(instance_id=iid)
+    assert instance.status == "running" and instance.lease_epoch > generations
+    # A signal it does not wait for makes it runnable: looked at, and found calm.
+    sv.signal(iid, "other", None)
+    report = status_report()
+    assert report["runnable_instances"] == 1
+    assert report["hot_loops"] == []
 
 
 def test_instances_over_the_history_warning_threshold_are_listed(

@@ -85,3 +85,12 @@ def stalled(ctx: sv.WorkflowContext, _: Any) -> str:
     """An activity that fails and then waits a long backoff: running, in backoff."""
     hostile.execute(ctx, 2)
     return backing_off.execute(ctx, "later")
+
+
+@sv.workflow(name="status.generations")
+def generations(ctx: sv.WorkflowContext, left: int) -> Any:
+    """Continue as new ``left`` times, then wait for "done": many dispatches, few commands
+    per generation."""
+    if left > 0:
+        ctx.continue_as_new(left - 1)
+    return ctx.receive("done")
