@@ -76,7 +76,7 @@ class SQLiteStore(DjangoStore):
     NOW_MS = sql.NOW_MS_SQLITE
     single_writer = True
 
-    def index_hint(self, index: str) -> str:
+    def _index_hint(self, index: str) -> str:
         """``INDEXED BY``: without statistics SQLite prefers the status index and sorts
         every running instance, where the status report's partial index is the one."""
         return f" INDEXED BY {index}" if index else ""

@@ -4,7 +4,7 @@ The report (:mod:`selvedge_django.operations.status`) reads the small tables and
 the task and timer tables through the ORM; these reads of running instances are
 hand-written so that the partial index each needs is used on both databases:
 its condition is repeated as literals, and SQLite is told the index by name
-(:meth:`StatusReadStore.index_hint`), since without statistics it prefers the
+(:meth:`StatusReadStore._index_hint`), since without statistics it prefers the
 status index and sorts every running instance instead. Each reads at most
 ``limit`` rows.
 """
@@ -42,12 +42,12 @@ class InstanceState:
 class StatusReadStore(StoreBase):
     """Bounded, index-backed reads of running instances for the status report."""
 
-    def index_hint(self, index: str) -> str:
+    def _index_hint(self, index: str) -> str:
         """SQL after a table name that makes the database use ``index`` (none here)."""
         return ""
 
     def _states(self, template: str, index: str, params: list[object]) -> list[InstanceState]:
-        statement = sql.compose(template, hint=self.index_hint(index))
+        statement = sql.compose(template, hint=self._index_hint(index))
         return [
             InstanceState(
                 instance_id=row[0],
@@ -72,7 +72,7 @@ class StatusReadStore(StoreBase):
     @operation
     def count_runnable(self, ready_by_ms: int, limit: int) -> int:
         """How many instances are runnable and ready by ``ready_by_ms``, up to ``limit``."""
-        statement = sql.compose(sql.STATUS_READY_COUNT, hint=self.index_hint("sv_inst_ready_idx"))
+        statement = sql.compose(sql.STATUS_READY_COUNT, hint=self._index_hint("sv_inst_ready_idx"))
         return int(self._fetch(statement, [ready_by_ms, limit])[0][0])
 
     @operation
