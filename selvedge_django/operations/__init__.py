@@ -12,6 +12,8 @@ status by hand. One module per job:
 - ``prune``: delete old closed instances in bounded batches;
 - ``versions``: running instances per code version and per patch;
 - ``schedules``: create, change, pause, trigger, backfill, describe schedules;
+- ``status``: the status report (workers, leader, queues, backlogs, troubled instances) of
+  ``runselvedge status`` and the health view, and the health check itself;
 - ``base``: the client store and the id and text rules every lookup shares.
 
 Writes validate their input before anything is written, join the caller's
@@ -105,6 +107,11 @@ from .schedules import (
     unpause_schedule,
     update_schedule,
 )
+from .status import (
+    HealthCheck,
+    check_health,
+    status_report,
+)
 from .versions import (
     WorkflowVersions,
     running_versions,
@@ -117,6 +124,7 @@ __all__ = [
     "MAX_PRUNE_BATCH",
     "REDACTED",
     "ActivityTaskInfo",
+    "HealthCheck",
     "InstancePage",
     "RecordedEvent",
     "RecordedHistory",
@@ -150,6 +158,7 @@ __all__ = [
     "await_workflow",
     "backfill_schedule",
     "cancel_workflow",
+    "check_health",
     "client_store",
     "create_schedule",
     "delete_schedule",
@@ -177,6 +186,7 @@ __all__ = [
     "select_instances",
     "signal",
     "start_workflow",
+    "status_report",
     "terminate_workflow",
     "trigger_schedule",
     "unpause_schedule",
