@@ -12,7 +12,8 @@ its response time (median and best of R loads after one warm-up load):
 * filtered by status, by workflow name and by start date, and sorted by the
   other indexed columns (workflow name, close time);
 * searched by a full instance id and by a fragment of one;
-* the detail page of one instance.
+* the detail page of one instance (with its timeline);
+* the dashboard, and the health view as staff (the status report).
 
 The statement count must not depend on N; the times do, a little, through the
 page's ``COUNT(*)`` and, for the search, the scan of the id column.
@@ -150,6 +151,8 @@ def run_one(db: str, count: int, repeat: int, show_sql: bool) -> None:
             ("search, full id", f"{CHANGELIST}?q={quote_plus(sample)}"),
             ("search, fragment", f"{CHANGELIST}?q={quote_plus(sample[6:12])}"),
             ("detail page", f"{CHANGELIST}{quote(sample)}/change/"),
+            ("dashboard", f"{CHANGELIST}dashboard/"),
+            ("health view, staff", "/selvedge/health/"),
         ]
         print(
             f"\n== {info['version']}: {count:,} instances (inserted in {fill:.1f} s), "
