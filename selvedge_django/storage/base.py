@@ -114,6 +114,8 @@ class StoreBase:
         # it: storage never calls up into the worker).
         self.on_closed: Callable[[str], None] | None = None
         self._tx = threading.local()
+        # Inline results waiting for their execution's next write (storage.inline).
+        self._inline = threading.local()
         self._table_names: dict[str, str] | None = None
 
     # -- the database ---------------------------------------------------------------------
@@ -177,6 +179,10 @@ class StoreBase:
                 yield
                 if depth == 0 and tx.pending:
                     self._notify(tx.pending)
+        except BaseException:
+            if depth == 0:
+                self._deferred_rolled_back()
+            raise
         finally:
             tx.depth = depth
             if depth == 0:
@@ -423,12 +429,27 @@ class StoreBase:
         if not release:
             if self._execute(statement, params) != 1:
                 raise self._fenced_error(fence)
+            self._apply_deferred(fence)
             return
         rows = self._fetch(statement + sql.RETURNING_RUNNABLE, params)
         if not rows:
             raise self._fenced_error(fence)
+        self._apply_deferred(fence)
         if rows[0][0]:
             self.after_commit(TOPIC_RUNNABLE)
+
+    @operation
+    def has_deferred(self, fence: Fence) -> bool:
+        """Whether an inline result of ``fence``'s execution waits for its next write
+        (:mod:`.inline`; a write that has one cannot take a one-statement path)."""
+        return False
+
+    def _apply_deferred(self, fence: Fence) -> None:
+        """Record the inline results held for ``fence`` in the current transaction, right
+        after its fence check (:mod:`.inline`)."""
+
+    def _deferred_rolled_back(self) -> None:
+        """The outermost store transaction rolled back (:mod:`.inline`)."""
 
     def _cancel_reason_under(self, fence: Fence) -> str | None:
         """The reason of a cancel request on an instance ``fence`` still holds, else None.

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from operator import attrgetter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError
 from django.db.models import F, Q
@@ -59,6 +59,12 @@ class InstanceHead:
 
 class InstanceStore(ChildStore):
     """Starts, leases, snapshots, cancel requests, closes and what holds an instance back."""
+
+    if TYPE_CHECKING:  # provided by InlineResultStore
+
+        def _release_with_deferred(
+            self, fence: Fence, runnable: bool, parked: tuple[int, str] | None
+        ) -> None: ...
 
     # -- starts -------------------------------------------------------------------------
 
@@ -277,8 +283,12 @@ class InstanceStore(ChildStore):
         The execution ended without a storage error: its instance's count of them
         in a row goes back to 0, in the same update. One statement that also says
         whether input arrived meanwhile: only then is a dispatcher woken (every
-        worker's, through NOTIFY), not on every release.
+        worker's, through NOTIFY), not on every release. An inline result still
+        held for the execution commits with it (:mod:`.inline`).
         """
+        if self.has_deferred(fence):
+            self._release_with_deferred(fence, runnable, parked)
+            return
         rows = self._fetch(
             sql.RELEASE_LEASE,
             [
@@ -418,6 +428,7 @@ class InstanceStore(ChildStore):
             # The fence check and the close are one conditional update.
             if self._execute(statement, params) != 1:
                 raise self._fenced_error(fence)
+            self._apply_deferred(fence)
             data = request.output if status == WorkflowStatus.COMPLETED else request.error
             self._insert_row(fence.instance_id, self._close_row(status, data))
             if request.unfinished:

@@ -279,14 +279,41 @@ class PostgresStore(DjangoStore):
         """
         if not self._one_statement:
             return super()._reserve(fence, row, fields, current_step, release, uncancelled)
+        if self.has_deferred(fence):
+            # The inline result before it, then the reservation: one transaction, two
+            # statements, wake-ups after its commit.
+            with self.atomic():
+                self._apply_deferred(fence)
+                return self._reserve_statement(
+                    fence, row, fields, current_step, release, uncancelled, deferred=True
+                )
+        return self._reserve_statement(fence, row, fields, current_step, release, uncancelled)
+
+    def _reserve_statement(
+        self,
+        fence: Fence,
+        row: HistoryRow,
+        fields: dict[str, Any],
+        current_step: str,
+        release: bool,
+        uncancelled: bool,
+        *,
+        deferred: bool = False,
+    ) -> int:
+        """The one-statement reservation; ``deferred``: inside a transaction, which sends
+        the wake-ups when it commits."""
         queued = fields["status"] == ActivityTaskStatus.QUEUED
         fence_sql, fence_params = self._fence_sql(
             fence, current_step, release=release, uncancelled=uncancelled
         )
         history_sql, history_params = self._history_insert_sql(fence.instance_id, row, "f")
         columns, values, task_params = self._insert_parts(ActivityTask, fields, skip_pk=True)
-        notify, notify_params = self._notify_from("t", [TOPIC_TASK] if queued else [])
-        wake, wake_params = self._notify_from("r", [TOPIC_RUNNABLE] if release else [])
+        notify, notify_params = self._notify_from(
+            "t", [TOPIC_TASK] if queued and not deferred else []
+        )
+        wake, wake_params = self._notify_from(
+            "r", [TOPIC_RUNNABLE] if release and not deferred else []
+        )
         statement = sql.compose(
             RESERVE_ACTIVITY,
             fence=fence_sql,
@@ -305,11 +332,31 @@ class PostgresStore(DjangoStore):
             raise self._key_conflict(fence.instance_id, row.key) from error
         if fenced != 1:
             raise self._fenced_error(fence)
+        if deferred:
+            if queued:
+                self.after_commit(TOPIC_TASK)
+            if release and runnable:
+                self.after_commit(TOPIC_RUNNABLE)
+            return int(task_id)
         if queued:
             self._publish_now(TOPIC_TASK)
         if release and runnable:
             self._publish_now(TOPIC_RUNNABLE)
         return int(task_id)
+
+    def _record_inline(self, claim: TaskClaim, output: str, fence: Fence) -> bool:
+        """The inline result in one statement: the instance row (held by ``fence``'s
+        execution, so nobody is woken), the claim-checked task and the history value."""
+        complete, params = self._complete_sql(claim)
+        (record, record_params), (wake, wake_params) = self._arrive_sql(
+            claim, EV_ACTIVITY_COMPLETED, output, fence
+        )
+        statement = sql.compose(COMPLETE_TASK, complete=complete, record=record, wake=wake)
+        claimed, _, _ = self._fetch(
+            sql.compose(statement, notify="0"),
+            [claim.instance_id, *params, *record_params, *wake_params],
+        )[0]
+        return bool(claimed)
 
     @operation
     def close(self, fence: Fence, request: CloseRequest) -> str:
@@ -325,6 +372,18 @@ class PostgresStore(DjangoStore):
             and not request.parent[0]
         ):
             return super().close(fence, request)
+        if self.has_deferred(fence):
+            # The inline result before it, then the close: one transaction, two statements.
+            with self.atomic():
+                self._apply_deferred(fence)
+                return self._close_statement(fence, request, deferred=True)
+        return self._close_statement(fence, request)
+
+    def _close_statement(
+        self, fence: Fence, request: CloseRequest, *, deferred: bool = False
+    ) -> str:
+        """The one-statement close; ``deferred``: inside a transaction, whose commit sends
+        the wake-up."""
         status = request.status
         data = request.output if status == WorkflowStatus.COMPLETED else request.error
         close_sql, close_params = self._close_sql(fence, status, request)
@@ -332,7 +391,7 @@ class PostgresStore(DjangoStore):
             fence.instance_id, self._close_row(status, data), "c"
         )
         topic = closed_topic(fence.instance_id)
-        notify, notify_params = self._notify_from("c", [topic])
+        notify, notify_params = self._notify_from("c", [] if deferred else [topic])
         statement = sql.compose(CLOSE, close=close_sql, history=row_sql, notify=notify)
         try:
             closed, _ = self._fetch(statement, [*close_params, *row_params, *notify_params])[0]
@@ -340,6 +399,10 @@ class PostgresStore(DjangoStore):
             raise self._key_conflict(fence.instance_id, CLOSE_KEY) from error
         if closed != 1:
             raise self._fenced_error(fence)
+        if deferred:
+            self._closed_on_commit(fence.instance_id)
+            self.after_commit(topic)
+            return str(status)
         self._closed(fence.instance_id)
         self._publish_now(topic)
         return str(status)

@@ -263,6 +263,7 @@ class ResumeStoreMixin(StoreBase):
             )
             if updated != 1:
                 raise self._fenced_error(fence)
+            self._apply_deferred(fence)
             (generation,) = self._fetch(SELECT_GENERATION, [iid])[0]
             ended = int(generation) - 1
             self._close_cleanup(iid)

@@ -193,7 +193,7 @@ class SQLiteStore(DjangoStore):
     def release_lease(
         self, fence: Fence, runnable: bool = False, parked: tuple[int, str] | None = None
     ) -> None:
-        if self._returning:
+        if self._returning or self.has_deferred(fence):
             super().release_lease(fence, runnable, parked)
             return
         updated = (
@@ -232,6 +232,7 @@ class SQLiteStore(DjangoStore):
         )
         if self._execute(statement, params) != 1:
             raise self._fenced_error(fence)
+        self._apply_deferred(fence)
         self.after_commit(TOPIC_RUNNABLE)
 
     def _insert_returning_id(self, statement: str, params: list[Any], pk: str) -> Any:

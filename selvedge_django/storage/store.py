@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from .execution_timeouts import ExecutionTimeoutStore
 from .heartbeats import HeartbeatStore
+from .inline import InlineResultStore
 from .instances import InstanceHead, InstanceStore
 from .locks import LockStore
 from .reads import ReadStore
@@ -38,6 +39,7 @@ class DjangoStore(
     HeartbeatStore,
     StatusReadStore,
     ReadStore,
+    InlineResultStore,
 ):
     """Durable operations over the Django ORM for one database alias (portable part).
 

@@ -303,6 +303,22 @@ class AttemptRunner:
                         output = self._encode_result(task.name, result)
                         if state.cancelled and state.cancel_reason not in _RECORDABLE:
                             raise exc.ActivityCancelled(state.cancel_reason)
+                        if inline_fence is not None:
+                            # Recorded by the execution's next write, in its transaction
+                            # (storage.inline): one commit per inline step.
+                            duration = time.monotonic() - started
+                            self.store.defer_completion(
+                                inline_fence,
+                                claim,
+                                output,
+                                functools.partial(
+                                    self.fire,
+                                    "on_activity_completed",
+                                    duration=duration,
+                                    **hook_fields,
+                                ),
+                            )
+                            return EV_ACTIVITY_COMPLETED, output
                         recorded = self._write_outcome(
                             claim,
                             "result",

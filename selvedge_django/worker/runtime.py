@@ -166,7 +166,21 @@ class WorkerRuntime(AttemptRunner):
         try:
             return self._execute(fence, snapshot, head)
         finally:
+            self._flush_inline_results(fence)
             self.drop(fence)
+
+    def _flush_inline_results(self, fence: Fence) -> None:
+        """Record, each on its own, inline results that no write of the execution took
+        (it was fenced out, or a write failed): as a background attempt records its own."""
+        if not self.store.has_deferred(fence):
+            return
+        try:
+            self.store.flush_deferred(fence)
+        except Exception:
+            # Not recorded: the claims lapse and the activities run again.
+            logger.warning(
+                "could not record the inline results of %s", fence.instance_id, exc_info=True
+            )
 
     def _execute(
         self, fence: Fence, snapshot: ExecutionSnapshot | None, head: InstanceHead | None
@@ -218,6 +232,12 @@ class WorkerRuntime(AttemptRunner):
         except exc.Fenced:
             logger.info("execution of %s was fenced out at close", fence.instance_id)
             outcome.kind = "abandoned"  # nothing was closed: no close hooks
+        except exc.LeaseLost as error:
+            # An inline result's claim lapsed before the close could record it: the
+            # close rolled back; replay from what is recorded (the activity runs again).
+            logger.warning("execution of %s abandoned at close: %s", fence.instance_id, error)
+            self._release_quietly(fence, runnable=True)
+            outcome.kind, outcome.error = "abandoned", error
         except Exception as error:
             # The close or the release failed (or committed, and the connection was lost
             # before it said so: then the lease is no longer held, and nothing is done).
