@@ -79,15 +79,34 @@ def test_a_completion_whose_commit_was_lost_is_recorded_once_and_not_charged(
     faults: FaultInjector,
 ) -> None:
     iid = sv.start_workflow("test.ledger", ["lost-1", "lost-2"])
-    fault = faults.fail_after_commit(operation="complete_task", instance_id=iid)
+    # An inline result commits with the execution's next write: the second step's with
+    # the close, whose commit the caller does not see.
+    fault = faults.fail_after_commit(operation="close", instance_id=iid)
     run_until_idle(Worker(**QUIET))
     assert fault.fired == 1
-    # The attempt tried again, found its result recorded, and the workflow went on.
+    # The result is recorded once, nothing ran again, and the run is closed.
     assert sv.get_workflow_result(iid).output == ["lost-1", "lost-2"]
     assert sorted(Ledger.objects.values_list("entry", flat=True)) == ["lost-1", "lost-2"]
     tasks = ActivityTask.objects.filter(instance_id=iid).order_by("seq")
     assert [(t.status, t.attempts, t.failures) for t in tasks] == [("completed", 1, 0)] * 2
     assert instance(iid).execution_errors == 0
+
+
+def test_a_background_completion_whose_commit_was_lost_is_recorded_once_and_not_charged(
+    faults: FaultInjector,
+) -> None:
+    iid = sv.start_workflow("test.ledger", ["bg-1", "bg-2"])
+    # A worker that runs no activities reserves the first step as a queued task; another
+    # claims it in the background and completes it (complete_task), commit unseen.
+    run_until_idle(Worker(**QUIET, activity_queues=[]))
+    fault = faults.fail_after_commit(operation="complete_task", instance_id=iid)
+    run_until_idle(Worker(**QUIET))
+    assert fault.fired == 1
+    # The attempt tried again, found its result recorded, and the workflow went on.
+    assert sv.get_workflow_result(iid).output == ["bg-1", "bg-2"]
+    assert sorted(Ledger.objects.values_list("entry", flat=True)) == ["bg-1", "bg-2"]
+    tasks = ActivityTask.objects.filter(instance_id=iid).order_by("seq")
+    assert [(t.status, t.attempts, t.failures) for t in tasks] == [("completed", 1, 0)] * 2
 
 
 def test_a_close_whose_commit_was_lost_stays_closed_once(faults: FaultInjector) -> None:

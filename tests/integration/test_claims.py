@@ -148,13 +148,26 @@ def test_a_vanished_worker_s_lapse_names_what_happened(
 # -- infrastructure errors are not outcomes -----------------------------------------------
 
 
+@pytest.mark.parametrize("path", ["background", "inline"])
 def test_a_failed_write_of_a_success_is_retried_not_recorded_as_a_failure(
-    make_worker: Callable[..., Any],
+    make_worker: Callable[..., Any], path: str
 ) -> None:
+    """A background attempt writes its result itself (complete_task, tried again); an
+    inline attempt's result commits with the execution's next write, here the close: a
+    failed close is a storage error, the result is recorded on its own, the run replays."""
     with FaultInjector() as faults:
-        fault = faults.fail_statement(operation="complete_task", times=2)
-        make_worker()
-        instance_id = start("act.step", {"tag": "infra"}, {"retry_policy": {"max_attempts": 1}})
+        operation = "complete_task" if path == "background" else "close"
+        fault = faults.fail_statement(operation=operation, times=2)
+        make_worker(execution_error_backoff=0.01)
+        instance_id = sv.start_workflow(
+            "act.run",
+            {
+                "activity": "act.step",
+                "input": {"tag": "infra"},
+                "options": {"retry_policy": {"max_attempts": 1}},
+                "background": path == "background",
+            },
+        )
         result = sv.wait_workflow(instance_id, timeout=20)
     assert fault.fired == 2
     assert result.status == "completed", result.error

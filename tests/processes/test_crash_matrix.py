@@ -11,7 +11,9 @@ operation issues. Then, for each target operation:
   rolls back and the worker carries on;
 * a real ``runselvedge worker`` process exits (``os._exit``) right after the
   operation commits, and for some operations in the middle of its transaction;
-  a new worker takes over once the dead one's leases lapse.
+  a new worker takes over once the dead one's leases lapse;
+* for the writes that carry an inline attempt's result (it commits with the
+  execution's next write), a process exits between the attempt and that write.
 
 Each time the workflow completes with the baseline's output, every history key
 holds its first value (same keys, commands, event types and values as the
@@ -138,10 +140,23 @@ TARGETS = [
         after_commit={"first": ("completed", 2, 1, 1)},
     ),
     Target(
+        "inline result",
+        "reserve_activity",
+        "parent",
+        call=2,
+        # The first step's inline result commits with the second's reservation: lost with
+        # it, the first step runs again (its claim lapsed: one attempt, one failure); after
+        # the commit, the second step's inline claim is what the dead process held.
+        after_commit={"flaky": ("completed", 2, 1, 1)},
+        mid_transaction={"first": ("completed", 2, 1, 2)},
+    ),
+    Target(
         "complete",
         "complete_task",
         "parent",
-        mid_transaction={"first": ("completed", 2, 1, 2)},
+        # The retried step's background completion (inline results commit with the next
+        # write: see "inline result").
+        mid_transaction={"flaky": ("completed", 3, 2, 3)},
         # A failed statement is retried by the attempt itself: no second run, no failure.
     ),
     Target("retry", "retry_task", "parent"),
@@ -158,7 +173,8 @@ TARGETS = [
     Target("receive", "observe", "parent", call=1, mid_transaction={}),
     Target("timed receive", "observe", "parent", call=2),
     Target("child start", "start_child", "parent", mid_transaction={}),
-    Target("child close", "close", "child"),
+    # The child's close also records its inline step's result.
+    Target("child close", "close", "child", mid_transaction={"child": ("completed", 2, 1, 2)}),
     Target("scope cancel", "observe", "parent", call=3),
     Target("close", "close", "parent", mid_transaction={}),
 ]
@@ -521,6 +537,38 @@ def test_a_process_exiting_inside_a_transaction_leaves_no_partial_write(
         injector.exit_at_statement(
             last.pattern,
             last.nth,
+            operation=target.operation,
+            instance_id=role_instance(target.role, parent),
+        )
+
+    crash_then_recover(target, parent, arm, worker_process)
+    assert target.mid_transaction is not None
+    check_run(parent, baseline(), expected_tasks(target.mid_transaction))
+
+
+# The writes that carry an inline result (the first step's, with the second step's
+# reservation; the child's, with its close).
+INLINE_RESULTS = [t for t in TARGETS if t.label in ("inline result", "child close")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", INLINE_RESULTS, ids=str)
+def test_a_process_exiting_between_an_inline_attempt_and_the_next_write_reruns_only_it(
+    tdb: None,
+    target: Target,
+    tagged: Callable[[str], str],
+    worker_process: Callable[..., WorkerProcess],
+) -> None:
+    """The attempt ran and returned; the process ends before the write that records its
+    result begins: only that activity runs again, and nothing else is lost or doubled."""
+    parent = tagged(f"between {target.label}")
+    steps = [s for s in baseline().steps(target) if not CONTROL.match(s.sql)]
+
+    def arm(injector: FaultInjector, last: Step) -> None:
+        first = steps[0]
+        injector.exit_at_statement(
+            first.pattern,
+            first.nth,
             operation=target.operation,
             instance_id=role_instance(target.role, parent),
         )

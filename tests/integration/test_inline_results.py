@@ -1,0 +1,164 @@
+"""An inline attempt's result commits with the execution's next write (one commit a step).
+
+The value reaches the workflow code at once; the next fenced write (the next
+reservation, the suspension's release, the close) records it first, in its own
+transaction. Between the two, the claim may lapse (the write then fails whole and
+the run replays: only that activity runs again) or the lease may be taken away
+(the write is fenced out; the result is still recorded on its own, so nothing
+runs twice).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.db.models import F
+
+import selvedge_django as sv
+from selvedge_django.models import ActivityTask, HistoryEvent, WorkflowInstance
+from selvedge_django.testing import ControllableClock, FaultInjector, run_until_idle
+from selvedge_django.worker import Worker
+from tests.testapp.workflows import inline
+
+QUIET: dict[str, Any] = {"run_local_starts": False}
+
+
+@pytest.fixture(autouse=True)
+def fresh() -> Iterator[None]:
+    inline.RUNS.clear()
+    inline.AFTER_BODY.clear()
+    yield
+    inline.RUNS.clear()
+    inline.AFTER_BODY.clear()
+
+
+def task(instance_id: str, name: str) -> tuple[str, int, int]:
+    row = ActivityTask.objects.get(instance_id=instance_id, input=f'"{name}"')
+    return row.status, row.attempts, row.failures
+
+
+def test_the_result_and_the_next_reservation_commit_in_one_transaction(tdb: None) -> None:
+    iid = sv.start_workflow("inline.two_steps", None)
+    injector = FaultInjector(trace=True).install()
+    try:
+        run_until_idle(Worker(**QUIET))
+    finally:
+        injector.uninstall()
+    assert sv.get_workflow_result(iid).output == ["a:1", "b:1"]
+    # No completion of its own: step a's result is written by step b's reservation, and
+    # step b's by the close.
+    operations = [s.operation for s in injector.statements if s.instance_id == iid]
+    assert "complete_task" not in operations
+    reserve_b = [
+        s
+        for s in injector.statements
+        if s.operation == "reserve_activity" and s.instance_id == iid and s.call == 2
+    ]
+    assert any("activitytask" in s.sql.lower() and "completed" in str(s.params) for s in reserve_b)
+    assert task(iid, "a") == ("completed", 1, 0)
+    assert task(iid, "b") == ("completed", 1, 0)
+    sv.replay_instance(iid)
+
+
+def test_a_claim_that_lapses_before_the_next_write_reruns_only_that_activity(
+    tdb: None, selvedge_clock: ControllableClock
+) -> None:
+    iid = sv.start_workflow("inline.two_steps", None)
+    # After a's body, before the write that would record it: past its claim (10 s).
+    inline.AFTER_BODY.append(lambda: selvedge_clock.advance(60))
+    worker = Worker(**QUIET)
+    run_until_idle(worker)
+    assert sv.get_workflow_result(iid).output == ["a:2", "b:1"]
+    # The lapse is an attempt and a failure, as for any claim its holder lost; the
+    # second attempt's value is the one recorded, once.
+    assert task(iid, "a") == ("completed", 2, 1)
+    assert inline.RUNS == {"a": 2, "b": 1}
+    values = list(
+        HistoryEvent.objects.filter(instance_id=iid, command="activity")
+        .order_by("seq")
+        .values_list("data", flat=True)
+    )
+    assert values == ['"a:2"', '"b:1"']
+    sv.replay_instance(iid)
+
+
+def test_a_claim_that_lapses_before_the_close_reruns_the_activity_and_closes_once(
+    tdb: None, selvedge_clock: ControllableClock
+) -> None:
+    iid = sv.start_workflow("inline.one_step", None)
+    inline.AFTER_BODY.append(lambda: selvedge_clock.advance(60))
+    run_until_idle(Worker(**QUIET))
+    assert sv.get_workflow_result(iid).output == "a:2"
+    assert task(iid, "a") == ("completed", 2, 1)
+    assert HistoryEvent.objects.filter(instance_id=iid, key="$close").count() == 1
+    sv.replay_instance(iid)
+
+
+def test_a_result_whose_write_was_fenced_out_is_recorded_on_its_own(
+    tdb: None, selvedge_clock: ControllableClock
+) -> None:
+    iid = sv.start_workflow("inline.two_steps", None)
+
+    def take_the_lease() -> None:
+        # Another execution's lease (a new epoch): this one's next write is fenced out.
+        WorkflowInstance.objects.filter(instance_id=iid).update(lease_epoch=F("lease_epoch") + 1)
+
+    inline.AFTER_BODY.append(take_the_lease)
+    worker = Worker(**QUIET)
+    run_until_idle(worker)
+    inst = WorkflowInstance.objects.get(instance_id=iid)
+    assert inst.status == "running"
+    # a's result is recorded although the write that was to carry it failed.
+    assert HistoryEvent.objects.get(instance_id=iid, seq=1).data == '"a:1"'
+    assert task(iid, "a") == ("completed", 1, 0)
+    # Once the taken lease expires, the run goes on from what is recorded: a ran once.
+    selvedge_clock.advance(120)
+    run_until_idle(worker)
+    assert sv.get_workflow_result(iid).output == ["a:1", "b:1"]
+    assert inline.RUNS == {"a": 1, "b": 1}
+
+
+def test_a_suspension_records_the_result_with_the_release(tdb: None) -> None:
+    iid = sv.start_workflow("inline.then_wait", None)
+    injector = FaultInjector(trace=True).install()
+    try:
+        run_until_idle(Worker(**QUIET))
+    finally:
+        injector.uninstall()
+    inst = WorkflowInstance.objects.get(instance_id=iid)
+    assert (inst.status, inst.lease_owner) == ("running", "")
+    assert HistoryEvent.objects.get(instance_id=iid, seq=1).data == '"a:1"'
+    assert task(iid, "a") == ("completed", 1, 0)
+    operations = {s.operation for s in injector.statements if s.instance_id == iid}
+    assert "complete_task" not in operations
+    sv.signal(iid, "go", "now")
+    run_until_idle(Worker(**QUIET))
+    assert sv.get_workflow_result(iid).output == ["a:1", "now"]
+    assert inline.RUNS == {"a": 1}
+
+
+def test_a_failing_write_leaves_the_result_to_be_recorded_on_its_own(tdb: None) -> None:
+    """A statement of the write that carries a's result (b's reservation) fails: it rolls
+    back whole, the execution stops on the storage error, and a's result is recorded by
+    itself, so the replay that follows does not run a again."""
+    iid = sv.start_workflow("inline.two_steps", None)
+    worker = Worker(**QUIET, execution_error_backoff=0.01)
+    injector = FaultInjector().install()
+    try:
+        fault = injector.fail_statement(
+            r"INSERT INTO \S*historyevent", 2, operation="reserve_activity", instance_id=iid
+        )
+        run_until_idle(worker)
+        assert fault.fired == 1
+    finally:
+        injector.uninstall()
+    assert HistoryEvent.objects.get(instance_id=iid, seq=1).data == '"a:1"'
+    for _ in range(200):
+        if sv.describe(iid).status != "running":
+            break
+        run_until_idle(worker)
+    assert sv.get_workflow_result(iid).output == ["a:1", "b:1"]
+    assert inline.RUNS == {"a": 1, "b": 1}
+    assert task(iid, "a") == ("completed", 1, 0)
