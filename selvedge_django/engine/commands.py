@@ -364,12 +364,20 @@ def start_child(
         raise exc.WorkflowStartRejected("child input contains a NUL character (\\u0000)")
     input_value: Any = json.loads(input_text)
     seq, key = execution.next_position(None, CMD_CHILD, f"child:{name}")
+    recorded = execution.history.get(key)
+    reserved = reservation_of(recorded)
     instance = child_id or default_child_id(execution, key)
+    if (
+        child_id is None
+        and isinstance(reserved.get("child_id"), str)
+        and reserved.get("workflow", name) == name
+    ):
+        # A default id comes from where the step was first recorded: a fork's copy of
+        # the row names the source's child, and the recorded id is the child it got.
+        instance = reserved["child_id"]
     scope.commands.append((key, CMD_CHILD, instance))
     handle: ChildHandle[Any] = ChildHandle(execution, scope, key, instance)
-    recorded = execution.history.get(key)
     if recorded is not None:
-        reserved = reservation_of(recorded)
         if reserved.get("child_id", instance) != instance or reserved.get("workflow", name) != name:
             raise execution.nondeterminism(
                 f"child {key!r} recorded {reserved}, code started {name!r} as {instance!r}",

@@ -500,3 +500,28 @@ def test_the_export_lists_archived_rows_with_their_generation_and_replays_the_cu
 
 def archived_rows(instance_id: str) -> list[tuple[str, str]]:
     return [(key, event) for _, key, event in archived(instance_id)]
+
+
+def test_a_fork_replays_a_child_started_under_its_default_id(tdb: None) -> None:
+    """The copied child row names the source's child (``<source>/<key>``); the fork's
+    replay takes the recorded id instead of computing one from its own id."""
+    resume_flows.BROKEN.add("charge")
+    iid = sv.start_workflow("resume.default_child_parent", "dc", instance_id="dc")
+    assert drive(iid) == "failed"
+    (child,) = WorkflowInstance.objects.filter(parent_instance_id=iid)
+    assert child.instance_id.startswith(f"{iid}/") and child.status == "completed"
+    resume_flows.BROKEN.clear()
+    forked = sv.fork_workflow(iid)
+    assert drive(forked) == "completed"
+    assert sv.get_workflow_result(forked).output == {
+        "reserved": "reserved dc",
+        "charged": "charged dc",
+    }
+    # The child ran once, for the source; the fork started none of its own.
+    assert resume_flows.RUNS["reserve"] == 1
+    assert not WorkflowInstance.objects.filter(parent_instance_id=forked).exists()
+    sv.replay_instance(forked)
+    # A resume of the source replays the same row under the same id.
+    sv.resume_workflow(iid)
+    assert drive(iid) == "completed"
+    sv.replay_instance(iid)

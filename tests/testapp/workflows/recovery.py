@@ -69,3 +69,15 @@ def caught(ctx: sv.WorkflowContext, name: str) -> str:
     if "caught" in BROKEN:
         raise sv.ApplicationError("still broken", type="Broken", non_retryable=True)
     return "recovered"
+
+
+@sv.workflow(name="resume.reserving_child")
+def reserving_child(ctx: sv.WorkflowContext, name: str) -> str:
+    return reserve.execute(ctx, name)
+
+
+@sv.workflow(name="resume.default_child_parent")
+def default_child_parent(ctx: sv.WorkflowContext, name: str) -> dict[str, str]:
+    """A child under its default id completes; then the charge (broken) closes the run."""
+    reserved = ctx.start_child(reserving_child, name).get(ctx)
+    return {"reserved": reserved, "charged": charge.execute(ctx, name)}
