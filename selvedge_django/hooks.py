@@ -3,15 +3,31 @@
 Each callback receives one :class:`HookEvent`, fires once, after the durable
 write it reports, and never during replay or queries. A hook that raises is
 logged and ignored: observability never changes an outcome.
+
+One method is not a callback: :meth:`WorkflowHooks.trace_context` is asked,
+*before* the write of a start, a signal or a cancel request, for the trace
+context to store with it (W3C ``traceparent`` and ``tracestate``), so that the
+spans of the work that follows, in any worker process, join the caller's trace.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["HOOK_NAMES", "HookEvent", "WorkflowHooks", "fire"]
+__all__ = [
+    "HOOK_NAMES",
+    "TRACE_OPERATIONS",
+    "HookEvent",
+    "WorkflowHooks",
+    "capture_trace_context",
+    "fire",
+    "parse_trace_context",
+]
 
 logger = logging.getLogger("selvedge_django.hooks")
 
@@ -30,6 +46,15 @@ HOOK_NAMES = (
     "on_signal_received",
     "on_timer_fired",
 )
+
+# The writes whose caller's trace context is stored: a start (on the instance), a
+# signal (on the signal) and a cancel request (on the instance).
+TRACE_OPERATIONS = ("start", "signal", "cancel")
+
+# W3C Trace Context: ``version-trace_id-parent_id-flags``; ``tracestate`` at most 512
+# characters. Anything else a hook returns is dropped, so stored contexts stay small.
+_TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
+_TRACESTATE_MAX = 512
 
 
 @dataclass(frozen=True)
@@ -88,6 +113,15 @@ class WorkflowHooks:
     def on_timer_fired(self, event: HookEvent) -> None:
         """A timer fired."""
 
+    def trace_context(self, operation: str, event: HookEvent) -> Mapping[str, str] | None:
+        """Return the trace context to store with a start, signal or cancel request.
+
+        ``operation`` is one of :data:`TRACE_OPERATIONS`. Called in the caller's
+        thread before the write (which may still fail or roll back); the mapping
+        holds W3C ``traceparent`` and optionally ``tracestate``. None stores nothing.
+        """
+        return None
+
 
 def fire(hooks: Any, name: str, **fields: Any) -> None:
     """Call ``hooks.<name>(HookEvent(**fields))``, logging and swallowing its errors."""
@@ -100,3 +134,46 @@ def fire(hooks: Any, name: str, **fields: Any) -> None:
         callback(HookEvent(**fields))
     except Exception:
         logger.exception("hook %s raised; ignored", name)
+
+
+def capture_trace_context(hooks: Any, operation: str, **fields: Any) -> str | None:
+    """Ask ``hooks.trace_context`` for the context to store; return it as JSON text.
+
+    Only a valid W3C ``traceparent`` (and a ``tracestate`` of at most 512
+    characters) is kept; anything else, or a hook that raises, stores nothing.
+    """
+    method = getattr(hooks, "trace_context", None)
+    if method is None:
+        return None
+    try:
+        carrier = method(operation, HookEvent(**fields))
+    except Exception:
+        logger.exception("hook trace_context raised; ignored")
+        return None
+    if not isinstance(carrier, Mapping):
+        return None
+    parent = carrier.get("traceparent")
+    if not isinstance(parent, str) or not _TRACEPARENT.fullmatch(parent):
+        return None
+    kept = {"traceparent": parent}
+    state = carrier.get("tracestate")
+    if isinstance(state, str) and state and len(state) <= _TRACESTATE_MAX:
+        kept["tracestate"] = state
+    return json.dumps(kept, separators=(",", ":"))
+
+
+def parse_trace_context(text: str | None) -> dict[str, str] | None:
+    """The stored JSON text of a trace context as a carrier (None when absent or bad)."""
+    if not text:
+        return None
+    try:
+        carrier = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(carrier, dict):
+        return None
+    return {
+        k: v
+        for k, v in carrier.items()
+        if k in ("traceparent", "tracestate") and isinstance(v, str)
+    } or None

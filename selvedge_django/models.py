@@ -145,6 +145,18 @@ class WorkflowInstance(models.Model):
         " Unix ms; NULL: never)",
     )
 
+    trace_context = models.TextField(
+        null=True,
+        blank=True,
+        help_text="W3C trace context (JSON: traceparent, tracestate) of the span that started"
+        " the run; the spans of its executions, attempts, timers and signals belong to it",
+    )
+    cancel_trace_context = models.TextField(
+        null=True,
+        blank=True,
+        help_text="W3C trace context (JSON) of the span that requested the cancellation",
+    )
+
     objects = WorkflowInstanceQuerySet.as_manager()
 
     class Meta:
@@ -438,6 +450,11 @@ class SignalMessage(models.Model):
         blank=True,
         help_text="consumed by this generation, which a continue-as-new closed (NULL: the"
         " current history's, or pending)",
+    )
+    trace_context = models.TextField(
+        null=True,
+        blank=True,
+        help_text="W3C trace context (JSON) of the span that sent the signal",
     )
 
     class Meta:

@@ -119,6 +119,10 @@ def start_workflow(
     worker = local_worker(store.identity) if get_workflow(name) is not None else None
     if worker is not None and not _leases_version(worker.settings, settings.code_version):
         worker = None  # a version-pinned worker that does not take this version
+    hooks = settings.hooks
+    trace = hooks_module.capture_trace_context(
+        hooks, "start", instance_id=instance_id, workflow_name=name
+    )
     leased_at = time.monotonic()
     fence = store.create_instance(
         instance_id,
@@ -129,8 +133,8 @@ def start_workflow(
         lease_ttl=None if worker is None else worker.settings.lease.ttl,
         code_version=settings.code_version,
         execution_timeout_ms=timeout_ms,
+        trace_context=trace,
     )
-    hooks = settings.hooks
 
     def started() -> None:
         hooks_module.fire(hooks, "on_workflow_started", instance_id=instance_id, workflow_name=name)
@@ -169,7 +173,17 @@ def signal(instance_id: str, channel: str, payload: Any = None) -> None:
         raise exc.InvalidSignalPayload(str(error)) from error
     except (TypeError, ValueError) as error:
         raise exc.InvalidSignalPayload(f"signal payload is not JSON-encodable: {error}") from error
-    store.append_signal(instance_id, channel, text, max_pending=get_settings().max_pending_signals)
+    settings = get_settings()
+    trace = hooks_module.capture_trace_context(
+        settings.hooks, "signal", instance_id=instance_id, workflow_name="", key=channel
+    )
+    store.append_signal(
+        instance_id,
+        channel,
+        text,
+        max_pending=settings.max_pending_signals,
+        trace_context=trace,
+    )
 
 
 def cancel_workflow(instance_id: str, reason: str = "") -> None:
@@ -179,7 +193,11 @@ def cancel_workflow(instance_id: str, reason: str = "") -> None:
     already cancelled instance is fine. The workflow observes the request at its
     next blocking wait.
     """
-    client_store().request_cancel(known_id(instance_id), reason_text(reason))
+    instance_id, reason = known_id(instance_id), reason_text(reason)
+    trace = hooks_module.capture_trace_context(
+        get_settings().hooks, "cancel", instance_id=instance_id, workflow_name=""
+    )
+    client_store().request_cancel(instance_id, reason, trace_context=trace)
 
 
 def terminate_workflow(instance_id: str, reason: str = "") -> None:

@@ -7,6 +7,7 @@ fenced transaction). Lock order: an ancestor's row before a descendant's.
 from __future__ import annotations
 
 from django.db import IntegrityError, transaction
+from django.db.models import Subquery
 from django.utils import timezone
 
 from .. import exceptions as exc
@@ -66,6 +67,12 @@ class ChildStore(StoreBase):
                         parent_instance_id=fence.instance_id,
                         parent_key=row.key,
                         parent_generation=child.parent_generation,
+                        # The child's spans join its parent's trace.
+                        trace_context=Subquery(
+                            WorkflowInstance.objects.using(self.alias)
+                            .filter(instance_id=fence.instance_id)
+                            .values("trace_context")[:1]
+                        ),
                         started_at=now,
                         updated_at=now,
                         code_version=self.code_version,

@@ -83,8 +83,12 @@ class InstanceStore(ChildStore):
         lease_ttl: float | None = None,
         code_version: str | None = None,
         execution_timeout_ms: int | None = None,
+        trace_context: str | None = None,
     ) -> Fence | None:
         """Insert a runnable instance; a taken id raises WorkflowAlreadyStarted.
+
+        ``trace_context`` is the starting caller's trace context (JSON text), kept
+        with the instance for the spans of its work.
 
         ``code_version`` is recorded on it (the starting process's CODE_VERSION).
         With ``execution_timeout_ms`` the run's deadline is that long from now on
@@ -127,6 +131,7 @@ class InstanceStore(ChildStore):
             execution_timeout_ms,
             *clock,
             execution_timeout_ms,
+            trace_context,
         ]
         try:
             self._insert_instance(params, leased)
@@ -368,8 +373,13 @@ class InstanceStore(ChildStore):
     # -- cancellation -------------------------------------------------------------------
 
     @operation
-    def request_cancel(self, instance_id: str, reason: str) -> str:
-        """Store a durable cancel request and wake the instance; return its status."""
+    def request_cancel(
+        self, instance_id: str, reason: str, *, trace_context: str | None = None
+    ) -> str:
+        """Store a durable cancel request and wake the instance; return its status.
+
+        The first request's ``trace_context`` (the requester's, JSON text) is kept.
+        """
         instances = WorkflowInstance.objects.using(self.alias)
         with self.atomic():
             status = (
@@ -385,7 +395,7 @@ class InstanceStore(ChildStore):
             if status != WorkflowStatus.RUNNING:
                 raise exc.InstanceClosed.for_status(instance_id, status)
             instances.filter(instance_id=instance_id, cancel_requested=False).update(
-                cancel_requested=True, cancel_reason=reason
+                cancel_requested=True, cancel_reason=reason, cancel_trace_context=trace_context
             )
             instances.filter(instance_id=instance_id).update(**self.wake_fields())
             self.after_commit(TOPIC_RUNNABLE)

@@ -112,9 +112,9 @@ INSERT_INSTANCE = (
     " error, lease_owner, lease_epoch, lease_expires_ms, runnable,"
     " cancel_requested, cancel_reason, parent_instance_id, parent_key,"
     " service_name, current_step, started_at, updated_at, closed_at, ready_ms, code_version,"
-    " execution_timeout_ms, execution_deadline_ms)"
+    " execution_timeout_ms, execution_deadline_ms, trace_context)"
     " VALUES (%s, %s, %s, %s, NULL, NULL, %s, %s, (CASE WHEN %s THEN {now} + %s END), %s,"
-    " %s, %s, %s, %s, %s, %s, %s, %s, NULL, {now}, %s, %s, {now} + %s)"
+    " %s, %s, %s, %s, %s, %s, %s, %s, NULL, {now}, %s, %s, {now} + %s, %s)"
 )
 # An instance's result, for the client API.
 SELECT_RESULT = "SELECT status, output, error FROM {instance} WHERE instance_id = %s"

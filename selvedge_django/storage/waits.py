@@ -163,9 +163,17 @@ class WaitStore(ChildStore):
 
     @operation
     def append_signal(
-        self, instance_id: str, channel: str, payload: str, *, max_pending: int | None = None
+        self,
+        instance_id: str,
+        channel: str,
+        payload: str,
+        *,
+        max_pending: int | None = None,
+        trace_context: str | None = None,
     ) -> int:
         """Append a signal while the instance runs, and wake it.
+
+        ``trace_context`` is the sender's trace context (JSON text), kept with it.
 
         Marking the instance runnable comes first: that update also locks the row,
         so a close committing meanwhile is seen (no signal lands on a closed instance).
@@ -188,7 +196,12 @@ class WaitStore(ChildStore):
                 raise exc.InstanceClosed.for_status(instance_id, rows[0][0])
             signal_id = self._insert(
                 SignalRow,
-                {"instance_id": instance_id, "channel": channel, "payload": payload},
+                {
+                    "instance_id": instance_id,
+                    "channel": channel,
+                    "payload": payload,
+                    "trace_context": trace_context,
+                },
                 returning_id=True,
                 where=where,
             )

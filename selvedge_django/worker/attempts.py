@@ -355,7 +355,12 @@ class AttemptRunner:
                 )
         except BaseException as error:
             written = self._record_failure(
-                task, state, definition.non_retryable_errors, error, inline_fence
+                task,
+                state,
+                definition.non_retryable_errors,
+                error,
+                inline_fence,
+                duration=time.monotonic() - started,
             )
             if isinstance(error, KeyboardInterrupt | SystemExit):
                 raise
@@ -452,6 +457,8 @@ class AttemptRunner:
         non_retryable: tuple[type[BaseException], ...],
         error: BaseException,
         inline_fence: Fence | None,
+        *,
+        duration: float | None = None,
     ) -> tuple[str, str] | None:
         """Record a failed attempt: release, retry or final failure. Return what was written."""
         claim = task.claim
@@ -461,6 +468,7 @@ class AttemptRunner:
             key=claim.key,
             activity_name=task.name,
             attempt=task.attempt,
+            duration=duration,
         )
         if self.stopping.is_set() and state.cancel_reason == "shutdown":
             # Graceful release: another worker takes the task; no retry budget used.

@@ -252,7 +252,7 @@ class WorkerRuntime(AttemptRunner):
                 **base,
             )
         elif outcome.kind == "suspended":
-            self.fire("on_workflow_suspended", **base)
+            self.fire("on_workflow_suspended", duration=time.monotonic() - started, **base)
         return outcome
 
     def _fail_oversized(self, fence: Fence, snapshot: ExecutionSnapshot) -> ExecutionOutcome:

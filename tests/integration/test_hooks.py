@@ -381,23 +381,23 @@ def test_opentelemetry_spans_for_the_lifecycle(
     mine = [s for s in finished if s.attributes["selvedge.instance_id"] == "traced"]
     assert [s.name for s in mine] == [
         "selvedge.workflow.start",
-        "selvedge.activity.start",
-        "selvedge.activity.complete",
-        "selvedge.workflow.suspend",
+        "selvedge.activity.attempt",
+        "selvedge.workflow.execute",  # suspended, waiting for approval
+        "selvedge.signal.send",
         "selvedge.workflow.replay",
         "selvedge.activity.cache_hit",
         "selvedge.signal.receive",
-        "selvedge.workflow.suspend",
+        "selvedge.workflow.execute",  # suspended, sleeping
         "selvedge.timer.fire",
         "selvedge.workflow.replay",
         "selvedge.activity.cache_hit",
-        "selvedge.workflow.suspend",
+        "selvedge.workflow.execute",  # suspended, waiting for the receipt
         "selvedge.workflow.replay",
         "selvedge.activity.cache_hit",
-        "selvedge.workflow.complete",
+        "selvedge.workflow.execute",  # completed
     ]
     by_name = {s.name: s for s in mine}
-    activity = by_name["selvedge.activity.complete"]
+    activity = by_name["selvedge.activity.attempt"]
     assert dict(activity.attributes) == {
         "selvedge.instance_id": "traced",
         "selvedge.workflow_name": "ops.golden.order",
@@ -405,13 +405,35 @@ def test_opentelemetry_spans_for_the_lifecycle(
         "selvedge.activity_name": "ops.golden.price",
         "selvedge.attempt": 1,
         "selvedge.worker_id": "otel-worker",
+        "selvedge.outcome": "completed",
     }
     assert activity.end_time > activity.start_time  # spans the attempt's duration
-    for marker in ("selvedge.activity.start", "selvedge.activity.cache_hit"):
-        assert by_name[marker].start_time == by_name[marker].end_time
+    executions = [s for s in mine if s.name == "selvedge.workflow.execute"]
+    assert [s.attributes["selvedge.outcome"] for s in executions] == [
+        "suspended",
+        "suspended",
+        "suspended",
+        "completed",
+    ]
+    assert all(s.end_time > s.start_time for s in executions)
+    assert by_name["selvedge.activity.cache_hit"].start_time == (
+        by_name["selvedge.activity.cache_hit"].end_time
+    )
     assert by_name["selvedge.timer.fire"].attributes["selvedge.key"] == "#4:sleep"
     assert all(s.status.status_code is StatusCode.UNSET for s in mine)
-    assert len({s.context.trace_id for s in mine}) == len(mine)  # none left open as a parent
+    # One trace: every span of the run is a child of the start span (the signal's send
+    # is a root here, as signal() was called with no span current; the delivery links it).
+    start = by_name["selvedge.workflow.start"]
+    send = by_name["selvedge.signal.send"]
+    assert start.parent is None
+    for span in mine:
+        if span not in (start, send):
+            assert span.parent is not None and span.parent.span_id == start.context.span_id
+            assert span.context.trace_id == start.context.trace_id
+    (link,) = by_name["selvedge.signal.receive"].links
+    assert link.context.span_id == send.context.span_id
+    assert by_name["selvedge.signal.receive"].attributes["messaging.operation.type"] == "process"
+    assert send.attributes["messaging.destination.name"] == "approve"
 
 
 def test_opentelemetry_marks_failures_as_errors(
@@ -419,10 +441,13 @@ def test_opentelemetry_marks_failures_as_errors(
 ) -> None:
     iid = sv.start_workflow(ops_workflows.fail, "it broke")
     run_until_idle(Worker())
-    (failed,) = [s for s in spans.get_finished_spans() if s.name == "selvedge.workflow.fail"]
+    (failed,) = [
+        s for s in spans.get_finished_spans() if s.attributes.get("selvedge.outcome") == "failed"
+    ]
     assert failed.attributes["selvedge.instance_id"] == iid
     assert failed.status.status_code is StatusCode.ERROR
     assert failed.status.description == "it broke"
+    assert failed.attributes["error.type"] == "ApplicationError"
     (exception,) = failed.events
     assert exception.name == "exception"
     assert exception.attributes["exception.message"] == "it broke"
@@ -496,7 +521,7 @@ def _exporting(**options: Any) -> tuple[OpenTelemetryHooks, InMemorySpanExporter
 def test_opentelemetry_can_leave_exceptions_out_of_spans(clock: ControllableClock) -> None:
     hooks, exporter = _exporting(record_exception=False)
     _, finished = _failing_spans(hooks, exporter, "card 4111-1111-1111-1111 declined")
-    (failed,) = [s for s in finished if s.name == "selvedge.workflow.fail"]
+    (failed,) = [s for s in finished if s.attributes.get("selvedge.outcome") == "failed"]
     assert failed.status.status_code is StatusCode.ERROR
     assert failed.events == ()  # no exception event: no message, no traceback
     assert "4111" not in (failed.status.description or "")
@@ -521,7 +546,7 @@ def test_opentelemetry_scrubs_every_text_it_exports(clock: ControllableClock) ->
     assert not [t for t in texts if "alice@example.com" in t or "4111" in t]
     assert "order-of-[email]" in texts
     assert {"selvedge.instance_id", "exception.message", "exception.stacktrace"} <= seen
-    (failed,) = [s for s in finished if s.name == "selvedge.workflow.fail"]
+    (failed,) = [s for s in finished if s.attributes.get("selvedge.outcome") == "failed"]
     assert failed.status.description == "card [card] of [email] declined"
 
 
