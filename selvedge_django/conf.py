@@ -52,6 +52,8 @@ DEFAULTS: dict[str, Any] = {
     "SHUTDOWN_TIMEOUT": 30.0,
     "CLOCK": None,
     "HOOKS": None,
+    "METRICS": False,
+    "PAYLOAD_CONVERTER": None,
     "MODULES": (),
     "MAX_PAYLOAD_BYTES": 2 * 1024 * 1024,
     "HISTORY_WARNING_THRESHOLD": 10_000,
@@ -157,6 +159,10 @@ class SelvedgeSettings:
     shutdown_timeout: float = 30.0
     clock: Callable[[], datetime] = default_clock
     hooks: Any = None
+    # METRICS: False (off), True (the global meter provider) or a MeterProvider.
+    metrics: Any = False
+    # PAYLOAD_CONVERTER, resolved: None (JSON) or a converter instance.
+    payload_converter: Any = None
     modules: tuple[str, ...] = ()
     max_payload_bytes: int = 2 * 1024 * 1024
     history_warning_threshold: int = 10_000
@@ -213,6 +219,8 @@ class SelvedgeSettings:
             "SHUTDOWN_TIMEOUT": self.shutdown_timeout,
             "CLOCK": self.clock,
             "HOOKS": self.hooks,
+            "METRICS": self.metrics,
+            "PAYLOAD_CONVERTER": self.payload_converter,
             "MODULES": self.modules,
             "MAX_PAYLOAD_BYTES": self.max_payload_bytes,
             "HISTORY_WARNING_THRESHOLD": self.history_warning_threshold,
@@ -348,6 +356,27 @@ def resolve_settings(raw_in: Mapping[str, Any] | None) -> SelvedgeSettings:
         hooks = _import(hooks, "HOOKS")
     if isinstance(hooks, type):
         hooks = hooks()
+    metrics = raw["METRICS"]
+    if metrics is None:
+        metrics = False
+    if not isinstance(metrics, bool) and not callable(getattr(metrics, "get_meter", None)):
+        raise ImproperlyConfigured(
+            "SELVEDGE['METRICS'] must be True, False or an OpenTelemetry MeterProvider"
+        )
+    converter = raw["PAYLOAD_CONVERTER"]
+    if isinstance(converter, str):
+        converter = _import(converter, "PAYLOAD_CONVERTER")
+    if isinstance(converter, type):
+        converter = converter()
+    if converter is not None and not (
+        callable(getattr(converter, "from_json", None))
+        and isinstance(getattr(converter, "encoder", None), type)
+    ):
+        raise ImproperlyConfigured(
+            "SELVEDGE['PAYLOAD_CONVERTER'] must name a payload converter (an object with an"
+            " ``encoder`` class and a ``from_json(value, annotation)`` method), such as"
+            " 'selvedge_django.converters.TypedConverter'"
+        )
     listen = raw["LISTEN_NOTIFY"]
     if listen is not None and not isinstance(listen, bool):
         raise ImproperlyConfigured("SELVEDGE['LISTEN_NOTIFY'] must be None, True or False")
@@ -413,6 +442,8 @@ def resolve_settings(raw_in: Mapping[str, Any] | None) -> SelvedgeSettings:
         shutdown_timeout=durations["SHUTDOWN_TIMEOUT"],
         clock=clock,
         hooks=hooks,
+        metrics=metrics,
+        payload_converter=converter,
         modules=tuple(modules),
         max_payload_bytes=ints["MAX_PAYLOAD_BYTES"],
         history_warning_threshold=ints["HISTORY_WARNING_THRESHOLD"],

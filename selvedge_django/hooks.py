@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from . import metrics
+
 __all__ = [
     "HOOK_NAMES",
     "TRACE_OPERATIONS",
@@ -124,7 +126,11 @@ class WorkflowHooks:
 
 
 def fire(hooks: Any, name: str, **fields: Any) -> None:
-    """Call ``hooks.<name>(HookEvent(**fields))``, logging and swallowing its errors."""
+    """Call ``hooks.<name>(HookEvent(**fields))``, logging and swallowing its errors.
+
+    The event is counted by the metrics first (when ``SELVEDGE["METRICS"]`` is on).
+    """
+    metrics.record_hook(name, fields)
     if hooks is None:
         return
     callback = getattr(hooks, name, None)

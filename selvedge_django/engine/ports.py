@@ -166,6 +166,12 @@ class ClaimedTask:
     # measures the attempt's deadline from a moment after it, so a deadline measured
     # from here never passes later on this worker than in the database.
     claimed_at: float | None = None
+    # For the metrics: the task's queue, how long it was due before this claim
+    # (database clock, ms; 0 for a claim taken with its reservation), and whether the
+    # claim took over a lapsed one.
+    queue: str = ""
+    waited_ms: int | None = None
+    taken_over: bool = False
 
 
 @dataclass(frozen=True)

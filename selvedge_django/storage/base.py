@@ -22,6 +22,7 @@ from django.db.models.expressions import Combinable
 from django.utils import timezone
 
 from .. import exceptions as exc
+from .. import metrics
 from ..engine.codec import Codec
 from ..engine.events import Fence, HistoryRow
 from ..models import (
@@ -467,6 +468,7 @@ class StoreBase:
 
     @staticmethod
     def _fenced_error(fence: Fence) -> exc.Fenced:
+        metrics.record(metrics.FENCED_WRITES, 1, lease_kind="workflow")
         return exc.Fenced(
             f"execution of {fence.instance_id!r} (epoch {fence.epoch}) no longer holds the lease"
         )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
@@ -55,6 +55,8 @@ class InstanceHead:
     parked_seq: int = 0
     parked_key: str = ""
     history_generation: int = 1
+    dispatch_lag_ms: int | None = None  # a dispatch's (metrics): ms runnable before the lease
+    taken_over: bool = False
 
 
 class InstanceStore(ChildStore):
@@ -87,10 +89,8 @@ class InstanceStore(ChildStore):
     ) -> Fence | None:
         """Insert a runnable instance; a taken id raises WorkflowAlreadyStarted.
 
-        ``trace_context`` is the starting caller's trace context (JSON text), kept
-        with the instance for the spans of its work.
-
-        ``code_version`` is recorded on it (the starting process's CODE_VERSION).
+        ``code_version`` is recorded on it (the starting process's CODE_VERSION), and
+        ``trace_context`` (the starting caller's, JSON text) for the spans of the run.
         With ``execution_timeout_ms`` the run's deadline is that long from now on
         the database clock (the leader terminates it then); without, both columns
         stay NULL.
@@ -188,14 +188,20 @@ class InstanceStore(ChildStore):
             named += version_sql
             name_params += version_params
         where = [*clock, *name_params]
-        lease_params = [owner, *clock, round(ttl * 1000), False]
-        rows = self._lease_rows(owner, limit, named, where, lease_params)
-        return [(Fence(row[0], owner, row[1]), self._head(row[2:])) for row in rows]
+        ttl_ms = round(ttl * 1000)
+        rows = self._lease_rows(owner, limit, named, where, [owner, *clock, ttl_ms, False])
+        return [(Fence(row[0], owner, row[1]), self._leased_head(row, ttl_ms)) for row in rows]
+
+    def _leased_head(self, row: Sequence[Any], ttl_ms: int) -> InstanceHead:
+        ready_ms, expires_ms, taken_over = row[-3:]  # the lease began at expiry - TTL
+        lag = None if taken_over else max(0, int(expires_ms) - ttl_ms - int(ready_ms))
+        return replace(self._head(row[2:]), dispatch_lag_ms=lag, taken_over=bool(taken_over))
 
     def _lease_rows(
         self, owner: str, limit: int, named: str, where: list[Any], lease_params: list[Any]
     ) -> list[tuple[Any, ...]]:
-        """Lease the candidates; return (id, epoch, *HEAD_COLUMNS) per leased row.
+        """Lease the candidates; return (id, epoch, *HEAD_COLUMNS, ready_ms,
+        lease_expires_ms, whether the lease taken had expired) per leased row.
 
         ``named`` is the workflow-name condition of both parts (``where`` their
         parameters: the clock, then the names), ``lease_params`` those of the lease.
@@ -376,10 +382,8 @@ class InstanceStore(ChildStore):
     def request_cancel(
         self, instance_id: str, reason: str, *, trace_context: str | None = None
     ) -> str:
-        """Store a durable cancel request and wake the instance; return its status.
-
-        The first request's ``trace_context`` (the requester's, JSON text) is kept.
-        """
+        """Store a durable cancel request (the first one's ``trace_context`` with it) and
+        wake the instance; return its status."""
         instances = WorkflowInstance.objects.using(self.alias)
         with self.atomic():
             status = (

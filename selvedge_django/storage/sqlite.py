@@ -42,7 +42,7 @@ DISPATCH_PROBE = (
 )
 # The candidates of a dispatch, expired leases first, then the longest runnable.
 DISPATCH_PICK = (
-    "SELECT instance_id FROM (SELECT instance_id, 0 AS part, 0 AS since"
+    "SELECT instance_id, part FROM (SELECT instance_id, 0 AS part, 0 AS since"
     " FROM (SELECT instance_id FROM {instance} WHERE {expired}"
     " ORDER BY lease_expires_ms LIMIT %s) UNION ALL"
     " SELECT instance_id, 1, ready_ms FROM (SELECT instance_id, ready_ms"
@@ -53,7 +53,8 @@ DISPATCH_PICK = (
 DISPATCH_LEASE = sql.LEASE_SET + " WHERE instance_id IN ({ids})"
 # Read the leased rows back ({ids}: marks).
 DISPATCH_READ_BACK = (
-    f"SELECT instance_id, lease_epoch, {sql.HEAD_COLUMNS} FROM {{instance}}"
+    f"SELECT instance_id, lease_epoch, {sql.HEAD_COLUMNS}, ready_ms, lease_expires_ms"
+    " FROM {instance}"
     " WHERE lease_owner = %s AND instance_id IN ({ids})"
 )
 # The rows of a renewal batch still live.
@@ -163,7 +164,9 @@ class SQLiteStore(DjangoStore):
                 return []
             marks = sql.marks(len(ids))
             self._execute(sql.compose(DISPATCH_LEASE, ids=marks), [*lease_params, *ids])
-            return self._fetch(sql.compose(DISPATCH_READ_BACK, ids=marks), [owner, *ids])
+            taken_over = {row[0] for row in picked if row[1] == 0}
+            rows = self._fetch(sql.compose(DISPATCH_READ_BACK, ids=marks), [owner, *ids])
+            return [(*row, row[0] in taken_over) for row in rows]
 
     def _renew(
         self,

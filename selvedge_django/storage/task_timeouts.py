@@ -11,6 +11,7 @@ from django.db.models import Case, F, Value, When
 from django.utils import timezone
 
 from .. import exceptions as exc
+from .. import metrics
 from ..engine.events import EV_ACTIVITY_FAILED, error_data
 from ..models import ActivityTask, ActivityTaskStatus, HistoryEvent
 from .base import operation
@@ -110,6 +111,7 @@ class TaskTimeoutStore(TaskStore):
                         ),
                     )
                     self.after_commit(TOPIC_TASK)
+            _count_timeout(name, timeout.kind, exhausted)
             done += 1
         overdue = list(
             ActivityTask.objects.using(self.alias)
@@ -135,6 +137,7 @@ class TaskTimeoutStore(TaskStore):
                 ):
                     continue
                 self._arrive_failure(instance_id, key, error)
+            _count_timeout(name, "schedule_to_start", True)
             done += 1
         return done
 
@@ -144,3 +147,11 @@ class TaskTimeoutStore(TaskStore):
             instance_id=instance_id, key=key, data__isnull=True
         ).update(event_type=EV_ACTIVITY_FAILED, data=data, arrived_at=timezone.now())
         self._wake(instance_id)
+
+
+def _count_timeout(name: str, kind: str, final: bool) -> None:
+    """The metrics of a timeout the sweep recorded (after its commit)."""
+    metrics.record(metrics.ACTIVITY_TIMEOUTS, 1, activity_name=name, timeout_kind=kind)
+    metrics.record(
+        metrics.ACTIVITY_FAILURES if final else metrics.ACTIVITY_RETRIES, 1, activity_name=name
+    )

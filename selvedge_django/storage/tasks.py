@@ -154,6 +154,8 @@ class TaskStore(StoreBase):
             start_to_close_timeout=task.start_to_close_timeout,
             heartbeat_timeout=task.heartbeat_timeout,
             claimed_at=claimed_at,
+            queue=task.queue,
+            waited_ms=0,
         )
         return row, claimed
 
@@ -239,16 +241,18 @@ class TaskStore(StoreBase):
                 fields["last_error"] = self._lapse_envelope(task, task.attempts)
             ActivityTask.objects.using(self.alias).filter(id=task.id).update(**fields)
         read_back = {
-            task_id: (epoch, attempts, failures)
-            for task_id, epoch, attempts, failures in ActivityTask.objects.using(self.alias)
+            task_id: (epoch, attempts, failures, started_ms)
+            for task_id, epoch, attempts, failures, started_ms in ActivityTask.objects.using(
+                self.alias
+            )
             .filter(id__in=ids, claim_owner=owner)
-            .values_list("id", "claim_epoch", "attempts", "failures")
+            .values_list("id", "claim_epoch", "attempts", "failures", "claim_started_ms")
         }
         claimed: list[ClaimedTask] = []
         for task in before:
             if task.id not in read_back:
                 continue
-            epoch, attempts, failures = read_back[task.id]
+            epoch, attempts, failures, started_ms = read_back[task.id]
             ttl, start_to_close, heartbeat = ttls[task.id]
             claimed.append(
                 ClaimedTask(
@@ -264,6 +268,9 @@ class TaskStore(StoreBase):
                     start_to_close_timeout=start_to_close,
                     heartbeat_timeout=heartbeat,
                     claimed_at=claimed_at,
+                    queue=task.queue,
+                    waited_ms=_waited_ms(task, started_ms),
+                    taken_over=task.claim_expires_ms is not None,
                 )
             )
         return claimed
@@ -557,3 +564,16 @@ def _task_fields(fence: Fence, row: HistoryRow, task: TaskSpec) -> dict[str, Any
         heartbeat_timeout_ms=_ms(task.heartbeat_timeout),
         not_before_ms=0,
     )
+
+
+def _waited_ms(task: ActivityTask, started_ms: int | None) -> int | None:
+    """How long a task was due before the claim that began at ``started_ms``.
+
+    Due since ``not_before_ms`` (a retry's backoff end), or since its creation.
+    """
+    if started_ms is None:
+        return None
+    due_ms = task.not_before_ms or (
+        int(task.created_at.timestamp() * 1000) if task.created_at is not None else None
+    )
+    return None if due_ms is None else max(0, int(started_ms) - due_ms)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import DatabaseError
 
 from .. import exceptions as exc
+from .. import metrics
 from ..conf import SelvedgeSettings
 from ..engine.activity import ActivityInfo, AttemptState, attempt_scope
 from ..engine.codec import Codec, error_to_envelope
@@ -289,6 +290,7 @@ class AttemptRunner:
             attempt=task.attempt,
         )
         self.fire("on_activity_started", **hook_fields)
+        _count_claim(task)
         try:
             try:
                 value = json.loads(task.input)
@@ -347,6 +349,7 @@ class AttemptRunner:
                 )
                 return EV_ACTIVITY_COMPLETED, output
             else:
+                metrics.record(metrics.FENCED_WRITES, 1, lease_kind="activity")
                 logger.info(
                     "late result of %s/%s attempt %s discarded",
                     claim.instance_id,
@@ -526,3 +529,20 @@ class AttemptRunner:
         except Exception:
             logger.exception("could not record the failure of %s/%s", claim.instance_id, claim.key)
         return None
+
+
+def _count_claim(task: ClaimedTask) -> None:
+    """The metrics of an attempt's claim: the attempt, its wait, a takeover."""
+    if not metrics.enabled():
+        return
+    name, queue = task.name, task.queue
+    metrics.record(metrics.ACTIVITY_ATTEMPTS, 1, activity_name=name, queue=queue)
+    if task.waited_ms is not None:
+        metrics.record(
+            metrics.ACTIVITY_SCHEDULE_TO_START,
+            task.waited_ms / 1000,
+            activity_name=name,
+            queue=queue,
+        )
+    if task.taken_over:
+        metrics.record(metrics.LEASE_TAKEOVERS, 1, lease_kind="activity")

@@ -5,7 +5,9 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from .. import metrics
 from ..registry import registered_workflow_names
+from ..storage import InstanceHead
 from ..storage.wakeups import Bus
 from .base import Loop
 from .pool import ThreadPool
@@ -43,6 +45,7 @@ class Dispatcher(Loop):
         )
         self.saturated = len(leased) >= free
         for fence, head in leased:
+            _count_dispatch(head)
             # Held (and renewed) from now on, even if a start handed over in this process
             # took the slot meanwhile and the execution waits for a thread.
             self.runtime.hold(fence, started)
@@ -61,3 +64,13 @@ class Dispatcher(Loop):
         """A resumption finished: poll again at once only if instances were left waiting."""
         if self.saturated:
             self.waker.wake()
+
+
+def _count_dispatch(head: InstanceHead) -> None:
+    """The metrics of one lease: a takeover of an expired lease, or the dispatch lag."""
+    if head.taken_over:
+        metrics.record(metrics.LEASE_TAKEOVERS, 1, lease_kind="workflow")
+    elif head.dispatch_lag_ms is not None:
+        metrics.record(
+            metrics.DISPATCH_LAG, head.dispatch_lag_ms / 1000, workflow_name=head.workflow_name
+        )

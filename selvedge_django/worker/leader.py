@@ -8,16 +8,20 @@ claims (a lapse counts as a failure), fails tasks whose lapse used up the retry
 budget, fails tasks that waited longer than their schedule-to-start timeout,
 terminates runs past their execution timeout (``start_workflow(...,
 execution_timeout=...)``), deletes the heartbeat rows of workers lost more than
-a day ago, and starts the runs of due schedules
-(:class:`~selvedge_django.worker.scheduler.ScheduleDuty`).
+a day ago, starts the runs of due schedules
+(:class:`~selvedge_django.worker.scheduler.ScheduleDuty`), and, with
+``SELVEDGE["METRICS"]`` on, answers the metrics' gauges for the whole fleet.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from typing import TYPE_CHECKING
 
+from .. import metrics
+from ..storage.gauges import read_gauges
 from ..storage.wakeups import Bus
 from .base import Loop
 from .heartbeat import WORKER_RETENTION
@@ -45,6 +49,8 @@ class Leader(Loop):
         self.runtime = runtime
         self.is_leader = False
         self._renewed_at = 0.0
+        # While this worker leads, the metrics' gauges are read through its store.
+        self._gauges = functools.partial(read_gauges, runtime.store)
         self.schedules = ScheduleDuty(runtime)
 
     def run_once(self) -> int:
@@ -71,6 +77,7 @@ class Leader(Loop):
                 self._renewed_at = now
                 # Once a heartbeat: forget workers that were lost long ago.
                 runtime.store.prune_workers(WORKER_RETENTION, settings.max_workflows_per_batch)
+            self._observe_gauges(held)
         if not self.is_leader:
             return 0
         runtime.store.sweep_activity_timeouts(settings.max_workflows_per_batch)
@@ -98,7 +105,14 @@ class Leader(Loop):
             )
         return len(closed)
 
+    def _observe_gauges(self, leading: bool) -> None:
+        if leading and metrics.enabled():
+            metrics.set_gauge_source(self._gauges)
+        else:
+            metrics.clear_gauge_source(self._gauges)
+
     def resign(self) -> None:
+        self._observe_gauges(False)
         if self.is_leader:
             try:
                 self.runtime.store.unlock(LEADER_LOCK, self.runtime.worker_id)

@@ -53,6 +53,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "migrations",
             "signals",
             "hooks",
+            "metrics",
+            "converters",
             "input_filters",
             "discovery",
             "schedule_slots",
