@@ -144,6 +144,10 @@ class PayloadTooDeep(SelvedgeError, ValueError):
     """The value nests lists and objects deeper than the engine stores."""
 
 
+class PayloadConversionError(SelvedgeError, TypeError):
+    """A stored value does not fit the annotation it is read back as (PAYLOAD_CONVERTER)."""
+
+
 class InboxFull(SelvedgeError):
     """The instance already holds MAX_PENDING_SIGNALS unconsumed signals."""
 

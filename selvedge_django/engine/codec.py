@@ -64,13 +64,34 @@ def nested_deeper_than(text: str, limit: int = MAX_NESTING_DEPTH) -> bool:
 
 
 class Codec:
-    """Encode and decode JSON values with a configurable encoder and size limit."""
+    """Encode and decode JSON values with a configurable encoder and size limit.
+
+    ``converter`` (the ``PAYLOAD_CONVERTER``; None: plain JSON) rebuilds decoded
+    values by the annotations of the functions that receive them
+    (:meth:`argument`, :meth:`result`); stored JSON is the same either way.
+    """
 
     def __init__(
-        self, encoder_cls: type[json.JSONEncoder] = json.JSONEncoder, max_bytes: int | None = None
+        self,
+        encoder_cls: type[json.JSONEncoder] = json.JSONEncoder,
+        max_bytes: int | None = None,
+        converter: Any = None,
     ) -> None:
         self.encoder_cls = encoder_cls
         self.max_bytes = max_bytes
+        self.converter = converter
+
+    def argument(self, fn: Any, position: int, value: Any) -> Any:
+        """A decoded value as parameter ``position`` of ``fn`` receives it."""
+        if self.converter is None or fn is None:
+            return value
+        return self.converter.argument(fn, position, value)
+
+    def result(self, fn: Any, value: Any) -> Any:
+        """A decoded value as ``fn``'s result (its return annotation)."""
+        if self.converter is None or fn is None:
+            return value
+        return self.converter.result(fn, value)
 
     def encode(self, value: Any, what: str = "value") -> str:
         """Return compact JSON text, or raise TypeError/ValueError/PayloadTooLarge/PayloadTooDeep.

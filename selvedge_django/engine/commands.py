@@ -82,7 +82,9 @@ def issue_activity(
         raise TypeError(f"activity {activity.name!r} input is not JSON: {error}") from error
     seq, key = execution.next_position(activity_id, CMD_ACTIVITY, activity.name)
     scope.commands.append((key, CMD_ACTIVITY, ""))
-    future: Future[Any] = Future(execution, scope, key, activity.name)
+    future: Future[Any] = Future(
+        execution, scope, key, activity.name, getattr(activity, "fn", None)
+    )
     recorded = execution.history.get(key)
     if recorded is not None:
         reserved_name = reservation_of(recorded).get("name")
@@ -376,7 +378,9 @@ def start_child(
         # the row names the source's child, and the recorded id is the child it got.
         instance = reserved["child_id"]
     scope.commands.append((key, CMD_CHILD, instance))
-    handle: ChildHandle[Any] = ChildHandle(execution, scope, key, instance)
+    handle: ChildHandle[Any] = ChildHandle(
+        execution, scope, key, instance, getattr(workflow_or_name, "fn", None)
+    )
     if recorded is not None:
         if reserved.get("child_id", instance) != instance or reserved.get("workflow", name) != name:
             raise execution.nondeterminism(

@@ -507,7 +507,7 @@ class Execution:
         _local.execution = self
         try:
             try:
-                output = fn(context, self.snapshot.input)
+                output = fn(context, self.runtime.codec.argument(fn, 1, self.snapshot.input))
             except BaseException as error:
                 if self.suspension is not None or isinstance(error, Suspend):
                     return self._after_suspension()

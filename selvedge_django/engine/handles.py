@@ -114,10 +114,19 @@ class Future(_Handle, Generic[OutT_co]):
 
     command = CMD_ACTIVITY
 
-    def __init__(self, execution: Execution, scope: Scope, key: str, activity_name: str) -> None:
+    def __init__(
+        self,
+        execution: Execution,
+        scope: Scope,
+        key: str,
+        activity_name: str,
+        result_fn: Any = None,
+    ) -> None:
         super().__init__(execution, scope, key)
         self._activity_name = activity_name
         self._claimed: ClaimedTask | None = None
+        # The activity's function: its return annotation types the result (converter).
+        self._result_fn = result_fn
 
     def get(self, ctx: object = None) -> OutT_co:
         """Return the activity's result, raise its error, or suspend until it exists."""
@@ -136,7 +145,7 @@ class Future(_Handle, Generic[OutT_co]):
                     activity_name=self._activity_name,
                 )
         assert self._resolved is not None
-        return decode_outcome(self._resolved)
+        return self._execution.runtime.codec.result(self._result_fn, decode_outcome(self._resolved))
 
     def _lookup(self) -> HistoryRow | None:
         execution = self._execution
@@ -243,10 +252,14 @@ class ChildHandle(_Handle, Generic[OutT_co]):
 
     command = CMD_CHILD
 
-    def __init__(self, execution: Execution, scope: Scope, key: str, child_id: str) -> None:
+    def __init__(
+        self, execution: Execution, scope: Scope, key: str, child_id: str, result_fn: Any = None
+    ) -> None:
         super().__init__(execution, scope, key)
         self._child_id = child_id
         self._cancel_issued = False
+        # The child workflow's function, when started by its definition (converter).
+        self._result_fn = result_fn
 
     @property
     def id(self) -> str:
@@ -265,7 +278,7 @@ class ChildHandle(_Handle, Generic[OutT_co]):
                 raise execution.suspend(f"child {self._child_id!r} has not closed")
             self._resolve(row)
         assert self._resolved is not None
-        return decode_outcome(self._resolved)
+        return execution.runtime.codec.result(self._result_fn, decode_outcome(self._resolved))
 
     def _record_cancelled(self, error: BaseException) -> HistoryRow:
         execution = self._execution

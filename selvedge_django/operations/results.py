@@ -18,7 +18,8 @@ from asgiref.sync import sync_to_async
 
 from ..conf import get_settings
 from ..engine.codec import error_from_envelope, error_to_envelope
-from ..models import WorkflowStatus
+from ..models import WorkflowInstance, WorkflowStatus
+from ..registry import get_workflow
 from ..storage import DjangoStore
 from ..storage.wakeups import Waker
 from ..worker.handoff import running_here
@@ -60,10 +61,28 @@ def _result(
     output = None
     error: BaseException | None = None
     if status == WorkflowStatus.COMPLETED and output_text is not None:
-        output = json.loads(output_text)
+        output = _typed_output(instance_id, json.loads(output_text))
     elif error_text:
         error = error_from_envelope(json.loads(error_text))
     return WorkflowResult(instance_id, status, output, error)
+
+
+def _typed_output(instance_id: str, output: Any) -> Any:
+    """With a PAYLOAD_CONVERTER, the output as the registered workflow's return annotation
+    says (one more read, of the workflow's name); else the JSON as it is."""
+    settings = get_settings()
+    if settings.payload_converter is None:
+        return output
+    name = (
+        WorkflowInstance.objects.using(settings.database)
+        .filter(instance_id=instance_id)
+        .values_list("workflow_name", flat=True)
+        .first()
+    )
+    definition = None if name is None else get_workflow(name)
+    if definition is None:
+        return output
+    return client_store().codec.result(definition.fn, output)
 
 
 def get_workflow_result(instance_id: str) -> WorkflowResult:

@@ -34,10 +34,14 @@ if TYPE_CHECKING:
 
 
 def client_codec(settings: SelvedgeSettings) -> Codec:
-    """The codec of stored values: Django's JSON encoder, capped at ``MAX_PAYLOAD_BYTES``."""
+    """The codec of stored values: Django's JSON encoder (or the ``PAYLOAD_CONVERTER``'s),
+    capped at ``MAX_PAYLOAD_BYTES``."""
     from django.core.serializers.json import DjangoJSONEncoder
 
-    return Codec(DjangoJSONEncoder, settings.max_payload_bytes)
+    converter = settings.payload_converter
+    if converter is None:
+        return Codec(DjangoJSONEncoder, settings.max_payload_bytes)
+    return Codec(converter.encoder, settings.max_payload_bytes, converter)
 
 
 __all__ = [

@@ -293,7 +293,7 @@ class AttemptRunner:
         _count_claim(task)
         try:
             try:
-                value = json.loads(task.input)
+                value = self.codec.argument(definition.fn, 0, json.loads(task.input))
                 with attempt_scope(state):
                     if definition.transactional:
                         output = self._run_transactional(
@@ -490,8 +490,11 @@ class AttemptRunner:
         final = (
             (isinstance(error, exc.ApplicationError) and error.non_retryable)
             or (bool(non_retryable) and isinstance(error, non_retryable))
-            # A retry cannot make an oversized or too deep result fit.
-            or isinstance(error, exc.PayloadTooLarge | exc.PayloadTooDeep)
+            # A retry cannot make an oversized or too deep result fit, nor a stored input
+            # that does not fit the activity's annotation.
+            or isinstance(
+                error, exc.PayloadTooLarge | exc.PayloadTooDeep | exc.PayloadConversionError
+            )
             or not isinstance(error, Exception)
         )
         if not isinstance(error, Exception):

@@ -37,6 +37,7 @@ EXPECTED_ALL = [
     "LeaseLost",
     "NondeterminismError",
     "NotActivityContext",
+    "PayloadConversionError",
     "PayloadTooDeep",
     "PayloadTooLarge",
     "QueryCommandError",
