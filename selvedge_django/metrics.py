@@ -119,6 +119,13 @@ _GAUGES = {
     INSTANCES_OLDEST_RUNNABLE_AGE: ("s", "how long the oldest of them has waited"),
 }
 
+# Bucket boundaries of the latency histograms, in seconds (the SDK's default ones are
+# made for milliseconds: every latency under 5 s would land in one bucket).
+LATENCY_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+    600.0, 1800.0, 3600.0,
+)  # fmt: skip
+
 # The gauges' readings are shared by one collection's callbacks for this long.
 GAUGE_READING_TTL = 1.0
 
@@ -144,8 +151,7 @@ class _Instruments:
             for name, text in _COUNTERS.items()
         }
         self.histograms = {
-            name: meter.create_histogram(name, unit="s", description=text)
-            for name, text in _HISTOGRAMS.items()
+            name: _histogram(meter, name, text) for name, text in _HISTOGRAMS.items()
         }
         for name, (unit, text) in _GAUGES.items():
             meter.create_observable_gauge(
@@ -172,6 +178,12 @@ class _Instruments:
             return [obs(reading.oldest_runnable_age_s)]
 
         return observe
+
+
+def _histogram(meter: Any, name: str, text: str) -> Any:
+    return meter.create_histogram(
+        name, unit="s", description=text, explicit_bucket_boundaries_advisory=LATENCY_BUCKETS
+    )
 
 
 _lock = threading.Lock()

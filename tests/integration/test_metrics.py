@@ -160,6 +160,11 @@ def test_lifecycle_counters_and_latency_histograms(reader: InMemoryMetricReader)
         )
         == 2
     )
+    # Seconds, in buckets made for seconds (the SDK's default ones are for milliseconds).
+    assert all(
+        tuple(p.explicit_bounds) == metrics.LATENCY_BUCKETS
+        for p in found[metrics.ACTIVITY_DURATION]
+    )
     # Each instance was leased from the runnable queue at least once.
     assert value(found, metrics.DISPATCH_LAG, workflow_name="metrics.flow") >= 3
     executions = [
