@@ -13,10 +13,10 @@ from django.db.models import Case, Count, Min, Subquery, When
 from django.utils import timezone
 
 from ..metrics import GaugeReading
-from ..models import ActivityTask, ActivityTaskStatus, WorkflowInstance, WorkflowStatus
+from ..models import ActivityTask, ActivityTaskStatus
 
 if TYPE_CHECKING:
-    from .base import StoreBase
+    from .store import DjangoStore
 
 __all__ = ["GAUGE_CAP", "read_gauges"]
 
@@ -24,7 +24,7 @@ __all__ = ["GAUGE_CAP", "read_gauges"]
 GAUGE_CAP = 10_000
 
 
-def read_gauges(store: StoreBase, cap: int = GAUGE_CAP) -> GaugeReading:
+def read_gauges(store: DjangoStore, cap: int = GAUGE_CAP) -> GaugeReading:
     """Queued and running tasks per queue, the oldest due, and the runnable instances."""
     tasks = ActivityTask.objects.using(store.alias)
     now_ms = store.now_ms()
@@ -63,22 +63,14 @@ def read_gauges(store: StoreBase, cap: int = GAUGE_CAP) -> GaugeReading:
         .annotate(n=Count("id"))
         .order_by()
     }
-    instances = WorkflowInstance.objects.using(store.alias)
-    runnable_ids = (
-        instances.filter(
-            status=WorkflowStatus.RUNNING, runnable=True, lease_owner="", ready_ms__lte=now_ms
-        )
-        .order_by("ready_ms")
-        .values("instance_id")[:cap]
-    )
-    summary = instances.filter(instance_id__in=Subquery(runnable_ids)).aggregate(
-        n=Count("instance_id"), first=Min("ready_ms")
-    )
-    first = summary["first"]
+    # The status report's reads: the partial ready index, insisted on where SQLite would
+    # rather sort every running instance.
+    runnable = store.count_runnable(now_ms, cap)
+    first = store.runnable_instances(now_ms, 1)
     return GaugeReading(
         queued=queued,
         oldest_queued_age_s=oldest,
         running=running,
-        runnable_instances=int(summary["n"] or 0),
-        oldest_runnable_age_s=0.0 if first is None else max(0.0, (now_ms - int(first)) / 1000),
+        runnable_instances=runnable,
+        oldest_runnable_age_s=max(0.0, (now_ms - first[0].ready_ms) / 1000) if first else 0.0,
     )
