@@ -145,17 +145,10 @@ class WorkflowInstance(models.Model):
         " Unix ms; NULL: never)",
     )
 
-    trace_context = models.TextField(
-        null=True,
-        blank=True,
-        help_text="W3C trace context (JSON: traceparent, tracestate) of the span that started"
-        " the run; the spans of its executions, attempts, timers and signals belong to it",
-    )
-    cancel_trace_context = models.TextField(
-        null=True,
-        blank=True,
-        help_text="W3C trace context (JSON) of the span that requested the cancellation",
-    )
+    # W3C trace contexts (JSON: traceparent, tracestate; NULL: none) of the spans that started
+    # the run (its executions', attempts' and timers' spans are children) and asked to cancel it.
+    trace_context = models.TextField(null=True, blank=True)
+    cancel_trace_context = models.TextField(null=True, blank=True)
 
     objects = WorkflowInstanceQuerySet.as_manager()
 
@@ -451,11 +444,7 @@ class SignalMessage(models.Model):
         help_text="consumed by this generation, which a continue-as-new closed (NULL: the"
         " current history's, or pending)",
     )
-    trace_context = models.TextField(
-        null=True,
-        blank=True,
-        help_text="W3C trace context (JSON) of the span that sent the signal",
-    )
+    trace_context = models.TextField(null=True, blank=True)  # the sender's span (W3C, JSON)
 
     class Meta:
         verbose_name = _("signal")

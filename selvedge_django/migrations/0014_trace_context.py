@@ -13,16 +13,16 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='signalmessage',
             name='trace_context',
-            field=models.TextField(blank=True, help_text='W3C trace context (JSON) of the span that sent the signal', null=True),
+            field=models.TextField(blank=True, null=True),
         ),
         migrations.AddField(
             model_name='workflowinstance',
             name='cancel_trace_context',
-            field=models.TextField(blank=True, help_text='W3C trace context (JSON) of the span that requested the cancellation', null=True),
+            field=models.TextField(blank=True, null=True),
         ),
         migrations.AddField(
             model_name='workflowinstance',
             name='trace_context',
-            field=models.TextField(blank=True, help_text='W3C trace context (JSON: traceparent, tracestate) of the span that started the run; the spans of its executions, attempts, timers and signals belong to it', null=True),
+            field=models.TextField(blank=True, null=True),
         ),
     ]
