@@ -345,7 +345,8 @@ VERSIONS_NULL = " AND (code_version IS NULL)"
 
 # -- the status report (storage/status_reads.py) ------------------------------------------
 # Each repeats its partial index's condition as literals, so that both databases can use
-# the index; {hint} is the dialect's way to insist on it (SQLite: INDEXED BY).
+# the index; {hint} is the dialect's way to insist on it (SQLite: INDEXED BY), {runnable}
+# its spelling of "runnable is true".
 STATUS_COLUMNS = (
     "instance_id, workflow_name, lease_owner, lease_expires_ms, ready_ms, lease_epoch,"
     " parked_seq, execution_errors, execution_error, generation"
@@ -353,12 +354,12 @@ STATUS_COLUMNS = (
 # Runnable and ready by %s, the longest waiting first (sv_inst_ready_idx).
 STATUS_READY = (
     f"SELECT {STATUS_COLUMNS} FROM {{instance}}{{hint}} WHERE status = 'running'"
-    " AND lease_owner = '' AND runnable AND ready_ms <= %s ORDER BY ready_ms LIMIT %s"
+    " AND lease_owner = '' AND {runnable} AND ready_ms <= %s ORDER BY ready_ms LIMIT %s"
 )
 # How many are runnable and ready by %s, up to %s (sv_inst_ready_idx).
 STATUS_READY_COUNT = (
     "SELECT COUNT(*) FROM (SELECT 1 FROM {instance}{hint} WHERE status = 'running'"
-    " AND lease_owner = '' AND runnable AND ready_ms <= %s LIMIT %s) counted"
+    " AND lease_owner = '' AND {runnable} AND ready_ms <= %s LIMIT %s) counted"
 )
 # Leased, with a lease that expires before %s, the earliest first (sv_inst_lease_idx).
 STATUS_LEASED = (

@@ -17,11 +17,12 @@ Only what differs from the portable :class:`~.store.DjangoStore`:
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from django.core.checks import CheckMessage, Warning
-from django.db import transaction
+from django.db import OperationalError, transaction
 
 from ..engine.events import Arrivals, Fence
 from ..engine.ports import Observation
@@ -30,6 +31,8 @@ from . import sql
 from .base import operation
 from .store import DjangoStore
 from .wakeups import TOPIC_RUNNABLE
+
+logger = logging.getLogger("selvedge_django.store")
 
 __all__ = ["SQLiteStore"]
 
@@ -77,10 +80,24 @@ class SQLiteStore(DjangoStore):
     NOW_MS = sql.NOW_MS_SQLITE
     single_writer = True
 
-    def _index_hint(self, index: str) -> str:
+    # Django 5.2 writes a partial index's "runnable is true" as "runnable", 6.1 as
+    # "runnable" = 1: both terms, so the statement implies either index's condition.
+    RUNNABLE_SQL = "runnable AND runnable = 1"
+
+    def _status_rows(self, template: str, index: str, params: list[object]) -> list[Any]:
         """``INDEXED BY``: without statistics SQLite prefers the status index and sorts
-        every running instance, where the status report's partial index is the one."""
-        return f" INDEXED BY {index}" if index else ""
+        every running instance, where the status report's partial index is the one. An
+        index whose condition the statement does not imply (made by hand, or by another
+        Django version) leaves SQLite without a plan: then the planner chooses."""
+        if index:
+            hinted = sql.compose(template, hint=f" INDEXED BY {index}", runnable=self.RUNNABLE_SQL)
+            try:
+                return self._fetch(hinted, params)
+            except OperationalError as error:
+                if "no query solution" not in str(error):
+                    raise
+                logger.warning("index %s does not fit the status report's read: %s", index, error)
+        return super()._status_rows(template, "", params)
 
     @property
     def _returning(self) -> bool:

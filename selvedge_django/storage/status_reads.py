@@ -4,7 +4,7 @@ The report (:mod:`selvedge_django.operations.status`) reads the small tables and
 the task and timer tables through the ORM; these reads of running instances are
 hand-written so that the partial index each needs is used on both databases:
 its condition is repeated as literals, and SQLite is told the index by name
-(:meth:`StatusReadStore._index_hint`), since without statistics it prefers the
+(:meth:`StatusReadStore._status_rows`), since without statistics it prefers the
 status index and sorts every running instance instead. Each reads at most
 ``limit`` rows.
 """
@@ -12,6 +12,7 @@ status index and sorts every running instance instead. Each reads at most
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from ..models import LONG_HISTORY_SEQ
 from . import sql
@@ -42,12 +43,14 @@ class InstanceState:
 class StatusReadStore(StoreBase):
     """Bounded, index-backed reads of running instances for the status report."""
 
-    def _index_hint(self, index: str) -> str:
-        """SQL after a table name that makes the database use ``index`` (none here)."""
-        return ""
+    #: "runnable is true" as the statements spell it.
+    RUNNABLE_SQL: ClassVar[str] = "runnable"
+
+    def _status_rows(self, template: str, index: str, params: list[object]) -> list[Any]:
+        """Run a status statement meant for ``index`` (the planner picks it here)."""
+        return self._fetch(sql.compose(template, hint="", runnable=self.RUNNABLE_SQL), params)
 
     def _states(self, template: str, index: str, params: list[object]) -> list[InstanceState]:
-        statement = sql.compose(template, hint=self._index_hint(index))
         return [
             InstanceState(
                 instance_id=row[0],
@@ -61,7 +64,7 @@ class StatusReadStore(StoreBase):
                 execution_error=str(row[8] or ""),
                 generation=int(row[9] or 1),
             )
-            for row in self._fetch(statement, params)
+            for row in self._status_rows(template, index, params)
         ]
 
     @operation
@@ -72,8 +75,8 @@ class StatusReadStore(StoreBase):
     @operation
     def count_runnable(self, ready_by_ms: int, limit: int) -> int:
         """How many instances are runnable and ready by ``ready_by_ms``, up to ``limit``."""
-        statement = sql.compose(sql.STATUS_READY_COUNT, hint=self._index_hint("sv_inst_ready_idx"))
-        return int(self._fetch(statement, [ready_by_ms, limit])[0][0])
+        rows = self._status_rows(sql.STATUS_READY_COUNT, "sv_inst_ready_idx", [ready_by_ms, limit])
+        return int(rows[0][0])
 
     @operation
     def leased_instances(
@@ -94,8 +97,8 @@ class StatusReadStore(StoreBase):
                 sql.STATUS_LONG_HISTORY, floor=f" AND parked_seq >= {LONG_HISTORY_SEQ}"
             )
             return self._states(template, "sv_inst_long_history_idx", [threshold, limit])
-        statement = sql.compose(sql.STATUS_LONG_HISTORY, floor="")
-        return self._states(statement, "", [threshold, limit])
+        template = sql.compose(sql.STATUS_LONG_HISTORY, floor="")
+        return self._states(template, "", [threshold, limit])
 
     @operation
     def erring_instances(self, limit: int) -> list[InstanceState]:

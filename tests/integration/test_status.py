@@ -255,3 +255,41 @@ def test_every_read_of_the_report_uses_an_index(tdb: None) -> None:
     print("\n\n".join(explainer.plans))
     bad = [plan for plan in explainer.plans if unindexed(plan)]
     assert not bad, "\n\n".join(bad)
+
+
+def index_sql(name: str) -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT sql FROM sqlite_master WHERE type = 'index' AND name = %s", [name])
+        return str(cursor.fetchone()[0])
+
+
+def recreate_index(name: str, create: str) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(f'DROP INDEX "{name}"')
+        cursor.execute(create)
+
+
+@pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite's INDEXED BY only")
+def test_sqlite_reads_fit_the_index_of_either_django_version_or_fall_back(
+    tdb: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Django 5.2 writes the ready index's condition with "runnable", 6.1 with "runnable" = 1
+    (the report's hinted read failed with "no query solution" on 6.1 before); an index of
+    another shape altogether makes the read fall back to the planner's choice."""
+    ids = sorted(sv.start_workflow("test.sum3", {"a": 1, "b": 2, "c": n}) for n in range(2))
+    ready, history = index_sql("sv_inst_ready_idx"), index_sql("sv_inst_long_history_idx")
+    try:
+        recreate_index("sv_inst_ready_idx", ready.replace('"runnable" AND', '"runnable" = 1 AND'))
+        assert '"runnable" = 1' in index_sql("sv_inst_ready_idx")
+        with override_settings(SELVEDGE={"HISTORY_WARNING_THRESHOLD": 2000}):
+            report = status_report(stuck_after=0)
+        assert report["runnable_instances"] == 2
+        assert sorted(s["instance_id"] for s in report["stuck"]) == ids
+        assert "does not fit" not in caplog.text  # the hinted reads ran as they were
+        recreate_index("sv_inst_long_history_idx", history.replace(">= 1000", ">= 5000"))
+        with override_settings(SELVEDGE={"HISTORY_WARNING_THRESHOLD": 2000}):
+            assert status_report()["long_histories"] == []
+        assert "index sv_inst_long_history_idx does not fit" in caplog.text
+    finally:
+        recreate_index("sv_inst_ready_idx", ready)
+        recreate_index("sv_inst_long_history_idx", history)
