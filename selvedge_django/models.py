@@ -1,5 +1,7 @@
 """The durable state of workflows: instances, history, tasks, timers, signals, locks.
 
+Schedules are in :mod:`selvedge_django.schedule_models`, re-exported here.
+
 Times that decide ownership (lease and claim expiry, task due times) are Unix
 milliseconds on the database clock (``*_ms`` columns); workflow time (timer
 expiry) is a datetime on the configured clock. JSON values that must keep
@@ -13,6 +15,26 @@ from typing import Any
 from django.db import models
 from django.db.models import F, Q
 from django.utils.translation import gettext_lazy as _
+
+from .schedule_models import Schedule, ScheduleOverlap, ScheduleQuerySet
+
+__all__ = [
+    "ActivityTask",
+    "ActivityTaskQuerySet",
+    "ActivityTaskStatus",
+    "ArchivedHistoryEvent",
+    "HistoryEvent",
+    "Schedule",
+    "ScheduleOverlap",
+    "ScheduleQuerySet",
+    "SignalMessage",
+    "SystemLock",
+    "TimerSubscription",
+    "WorkerHeartbeat",
+    "WorkflowInstance",
+    "WorkflowInstanceQuerySet",
+    "WorkflowStatus",
+]
 
 
 class WorkflowStatus(models.TextChoices):
@@ -143,6 +165,11 @@ class WorkflowInstance(models.Model):
         blank=True,
         help_text="when the leader terminates the run if it is still running (database clock,"
         " Unix ms; NULL: never)",
+    )
+    progress = models.TextField(
+        null=True,
+        blank=True,
+        help_text="JSON text of the last ctx.set_progress() value (NULL: none set)",
     )
 
     # W3C trace contexts (JSON: traceparent, tracestate; NULL: none) of the spans that started
@@ -356,6 +383,11 @@ class ActivityTask(models.Model):
     heartbeat_timeout_ms = models.BigIntegerField(null=True, blank=True)
     schedule_deadline_ms = models.BigIntegerField(null=True, blank=True)
     attempt_deadline_ms = models.BigIntegerField(null=True, blank=True)
+    heartbeat_details = models.TextField(
+        null=True,
+        blank=True,
+        help_text="JSON text of the last heartbeat details a claim renewal stored (NULL: none)",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -445,10 +477,23 @@ class SignalMessage(models.Model):
         " current history's, or pending)",
     )
     trace_context = models.TextField(null=True, blank=True)  # the sender's span (W3C, JSON)
+    idempotency_key = models.CharField(
+        max_length=255,
+        null=True,
+        blank=True,
+        help_text="the sender's key: a second signal with it to the same instance writes nothing",
+    )
 
     class Meta:
         verbose_name = _("signal")
         ordering = ("instance", "id")
+        constraints = [
+            models.UniqueConstraint(
+                fields=["instance", "idempotency_key"],
+                name="sv_signal_idempotency_uniq",
+                condition=Q(idempotency_key__isnull=False),
+            ),
+        ]
         indexes = [
             models.Index(
                 fields=["instance", "channel", "id"],
@@ -504,95 +549,3 @@ class WorkerHeartbeat(models.Model):
 
     def __str__(self) -> str:
         return self.worker_id
-
-
-class ScheduleOverlap(models.TextChoices):
-    """What a schedule does with a slot that comes due while its last run still runs."""
-
-    SKIP = "skip", _("Skip the slot")
-    BUFFER_ONE = "buffer_one", _("Start one slot when the last run closes")
-    ALLOW_ALL = "allow_all", _("Start every slot")
-    CANCEL_OTHER = "cancel_other", _("Cancel the last run, then start the newest slot")
-
-
-class ScheduleQuerySet(models.QuerySet["Schedule"]):
-    def due(self, now_ms: int) -> ScheduleQuerySet:
-        """Unpaused, with a slot due by ``now_ms`` (database clock)."""
-        return self.filter(paused=False, next_due_ms__lte=now_ms)
-
-    def buffered(self) -> ScheduleQuerySet:
-        """Unpaused, holding a slot back until the last run closes."""
-        return self.filter(paused=False, buffered_slot_ms__isnull=False)
-
-
-class Schedule(models.Model):
-    """A durable schedule: the leader starts ``<name>@<slot ISO 8601 UTC>`` for each slot.
-
-    The definition (workflow, cron or interval, timezone, bounds, policies) is
-    written by the operations layer only; the bookkeeping (next slot, buffered
-    slot, last run, counters) by the leader, in the transaction that starts the
-    slot's run. Times of slots are Unix milliseconds on the database clock.
-    """
-
-    name = models.CharField(primary_key=True, max_length=200)
-    workflow_name = models.CharField(max_length=255)
-    input = models.JSONField(null=True, blank=True)
-    cron = models.CharField(max_length=255, default="", blank=True)
-    interval_ms = models.BigIntegerField(null=True, blank=True)
-    timezone = models.CharField(max_length=64, default="UTC")
-    overlap = models.CharField(
-        max_length=16, choices=ScheduleOverlap.choices, default=ScheduleOverlap.SKIP
-    )
-    catchup_window_ms = models.BigIntegerField(default=60_000)
-    jitter_ms = models.BigIntegerField(default=0)
-    paused = models.BooleanField(default=False)
-    start_at = models.DateTimeField(null=True, blank=True)
-    end_at = models.DateTimeField(null=True, blank=True)
-    source = models.CharField(
-        max_length=16, default="api", help_text=_("api (or the admin), or settings (SCHEDULES)")
-    )
-    next_slot_ms = models.BigIntegerField(
-        null=True, blank=True, help_text=_("the first slot not yet handled (NULL: none left)")
-    )
-    next_due_ms = models.BigIntegerField(
-        null=True, blank=True, help_text=_("when that slot is due: the slot plus its jitter")
-    )
-    buffered_slot_ms = models.BigIntegerField(
-        null=True, blank=True, help_text=_("a slot held back until the last run closes")
-    )
-    last_run_id = models.CharField(max_length=255, default="", blank=True)
-    last_run_ms = models.BigIntegerField(null=True, blank=True)
-    recent_runs = models.TextField(default="[]", help_text=_("JSON list of run ids, newest first"))
-    runs_started = models.BigIntegerField(default=0)
-    missed_runs = models.BigIntegerField(
-        default=0, help_text=_("slots skipped because they were older than the catch-up window")
-    )
-    overlap_skipped_runs = models.BigIntegerField(
-        default=0, help_text=_("slots skipped by the overlap policy")
-    )
-    last_error = models.TextField(default="", blank=True)
-    version = models.BigIntegerField(default=0)
-    created_at = models.DateTimeField()
-    updated_at = models.DateTimeField()
-
-    objects = ScheduleQuerySet.as_manager()
-
-    class Meta:
-        verbose_name = _("schedule")
-        ordering = ("name",)
-        permissions = [("trigger_schedule", _("Can trigger schedules"))]
-        indexes = [
-            models.Index(
-                fields=["next_due_ms"],
-                name="sv_sched_due_idx",
-                condition=Q(paused=False, next_due_ms__isnull=False),
-            ),
-            models.Index(
-                fields=["buffered_slot_ms"],
-                name="sv_sched_buffered_idx",
-                condition=Q(paused=False, buffered_slot_ms__isnull=False),
-            ),
-        ]
-
-    def __str__(self) -> str:
-        return self.name

@@ -50,6 +50,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         (
             "conf",
             "models",
+            "schedule_models",
             "migrations",
             "signals",
             "hooks",
