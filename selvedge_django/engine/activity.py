@@ -2,8 +2,9 @@
 
 An attempt's state lives in a context variable, so ``activity_info()`` and
 ``heartbeat()`` work from the activity's own code without an argument. A
-heartbeat only bumps an in-memory counter; the worker's renewal tick turns new
-progress into a claim extension.
+heartbeat only bumps an in-memory counter (and keeps its details, encoded, in
+memory); the worker's renewal tick turns new progress into a claim extension and
+stores the latest details with it, for the next attempt's ``heartbeat_details``.
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..exceptions import ActivityCancelled, NotActivityContext
+from .codec import Codec, encode_progress
 from .options import ActivityOptions
 
 __all__ = [
@@ -34,7 +37,9 @@ class ActivityInfo:
 
     ``options`` are the options recorded on the task at reservation: timeouts in
     seconds and the retry policy, without the definition's non-retryable error
-    classes (they are never stored).
+    classes (they are never stored). ``heartbeat_details`` are the last details an
+    earlier attempt of the task passed to ``heartbeat(details)`` that a claim renewal
+    stored (None: none), so a retry can resume where that attempt got to.
     """
 
     instance_id: str
@@ -43,6 +48,7 @@ class ActivityInfo:
     activity_name: str
     attempt: int
     options: ActivityOptions
+    heartbeat_details: Any = None
 
 
 @dataclass
@@ -52,6 +58,10 @@ class AttemptState:
     info: ActivityInfo
     deadline_monotonic: float | None = None
     progress: int = 0
+    # The JSON text of the latest heartbeat details (None: none given by this attempt),
+    # encoded with ``codec`` when heartbeat() is called.
+    details: str | None = None
+    codec: Codec | None = None
     started: float = field(default_factory=time.monotonic)
     cancel_reason: str = ""
     cancelled_at: float | None = None  # monotonic time of cancel()
@@ -104,18 +114,24 @@ def activity_info() -> ActivityInfo | None:
     return state.info if state is not None else None
 
 
-def heartbeat() -> None:
+def heartbeat(details: Any = None) -> None:
     """Record progress for the current attempt (no I/O).
 
-    Raises :class:`ActivityCancelled` once the attempt has lost its claim, been
-    cancelled or passed its deadline, and :class:`NotActivityContext` outside an
-    attempt.
+    ``details`` (a JSON value of at most 64 KiB encoded; None keeps the last ones)
+    are stored with the worker's next claim renewal, not by this call, and handed
+    to the task's next attempt as ``activity_info().heartbeat_details``. A value
+    that is not JSON raises TypeError or ValueError, one too large
+    :class:`PayloadTooLarge`. Raises :class:`ActivityCancelled` once the attempt has
+    lost its claim, been cancelled or passed its deadline, and
+    :class:`NotActivityContext` outside an attempt.
     """
     state = _current.get()
     if state is None:
         raise NotActivityContext()
     if state.cancelled:
         raise ActivityCancelled(f"activity attempt stopped: {state.cancel_reason}")
+    if details is not None:
+        state.details = encode_progress(state.codec or Codec(), details, "heartbeat details")
     state.progress += 1
 
 

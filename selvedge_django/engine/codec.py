@@ -63,6 +63,28 @@ def nested_deeper_than(text: str, limit: int = MAX_NESTING_DEPTH) -> bool:
     return bool(brackets)
 
 
+# The most bytes, encoded, of an activity's heartbeat details and of a workflow's
+# progress: both are rewritten often (with claim renewals, at each set_progress()), so
+# they stay small whatever MAX_PAYLOAD_BYTES allows other values.
+MAX_PROGRESS_BYTES = 64 * 1024
+
+
+def encode_progress(codec: Codec, value: Any, what: str) -> str:
+    """Encode heartbeat details or a progress value: JSON, at most MAX_PROGRESS_BYTES.
+
+    Raises what :meth:`Codec.encode` raises (TypeError or ValueError for a value
+    that is not JSON, :class:`PayloadTooDeep`), and :class:`PayloadTooLarge` past
+    the bound.
+    """
+    text = codec.encode(value, what)
+    size = len(text.encode("utf-8"))
+    if size > MAX_PROGRESS_BYTES:
+        raise exc.PayloadTooLarge(
+            f"{what} is {size} bytes encoded; the limit is {MAX_PROGRESS_BYTES}"
+        )
+    return text
+
+
 class Codec:
     """Encode and decode JSON values with a configurable encoder and size limit.
 

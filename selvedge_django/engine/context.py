@@ -16,6 +16,7 @@ from typing import Any, Literal, NoReturn, Protocol, TypeVar, overload
 
 from .. import exceptions as exc
 from . import commands, inbox, patches
+from .codec import encode_progress
 from .durations import Duration
 from .events import HistoryRow
 from .execution import Execution
@@ -256,6 +257,30 @@ class WorkflowContext:
         without the marker both replay. Always returns True.
         """
         return patches.deprecate_patch(self._execution, patch_id)
+
+    # -- progress -------------------------------------------------------------------------
+
+    def set_progress(self, value: Any) -> None:
+        """Store ``value`` (JSON, at most 64 KiB encoded) as the instance's progress.
+
+        Not a command and not history: clients read the last value without a
+        replay (``describe(id).progress``, the admin). Each live call writes it in
+        one fenced statement. Calls that an earlier execution already made (before the last
+        command it recorded or the wait it suspended at), and calls in queries and
+        replay checks, write nothing, so a re-execution never sets progress back. A
+        value that is not JSON raises TypeError or ValueError, one too large
+        :class:`PayloadTooLarge`.
+        """
+        execution = self._execution
+        execution.check_command("set_progress()")
+        text = encode_progress(execution.runtime.codec, value, "progress")
+        # The furthest position earlier executions reached, as for patches.
+        reached = max(execution.max_recorded_seq, execution.snapshot.parked_seq)
+        if execution.readonly or execution.seq < reached:
+            return
+        fence = execution.fence
+        assert fence is not None
+        execution.guarded(lambda: execution.runtime.store.set_progress(fence, text))
 
     # -- queries --------------------------------------------------------------------------
 

@@ -166,6 +166,8 @@ class ClaimedTask:
     # measures the attempt's deadline from a moment after it, so a deadline measured
     # from here never passes later on this worker than in the database.
     claimed_at: float | None = None
+    # The JSON text of the last heartbeat details stored for the task (None: none).
+    heartbeat_details: str | None = None
     # For the metrics: the task's queue, how long it was due before this claim
     # (database clock, ms; 0 for a claim taken with its reservation), and whether the
     # claim took over a lapsed one.
@@ -307,6 +309,10 @@ class EngineStore(Protocol):
 
     def start_child(self, fence: Fence, row: HistoryRow, child: ChildSpec) -> HistoryRow:
         """Reserve the parent's command and create the child in one transaction."""
+        ...
+
+    def set_progress(self, fence: Fence, progress: str) -> None:
+        """Store the instance's progress (JSON text), fenced, in one statement."""
         ...
 
 

@@ -61,10 +61,12 @@ from .history import (
 from .instances import (
     acancel_workflow,
     asignal,
+    asignal_with_start,
     astart_workflow,
     aterminate_workflow,
     cancel_workflow,
     signal,
+    signal_with_start,
     start_workflow,
     terminate_workflow,
 )
@@ -150,6 +152,7 @@ __all__ = [
     "aquery",
     "aresume_workflow",
     "asignal",
+    "asignal_with_start",
     "astart_workflow",
     "aterminate_workflow",
     "atrigger_schedule",
@@ -185,6 +188,7 @@ __all__ = [
     "running_versions",
     "select_instances",
     "signal",
+    "signal_with_start",
     "start_workflow",
     "status_report",
     "terminate_workflow",

@@ -72,6 +72,9 @@ class WorkflowDescription:
     # terminates it if it is still running then (database clock); None: no timeout.
     execution_timeout: timedelta | None = None
     execution_deadline: datetime | None = None
+    # The last value the workflow gave ctx.set_progress() (None: none), read without a
+    # replay.
+    progress: Any = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -96,6 +99,7 @@ class WorkflowDescription:
             "execution_deadline": (
                 None if self.execution_deadline is None else self.execution_deadline.isoformat()
             ),
+            "progress": self.progress,
         }
 
 
@@ -121,6 +125,9 @@ class ActivityTaskInfo:
     attempts: int
     failures: int
     last_error: BaseException | None
+    # The last heartbeat details a claim renewal stored (None: none), which the next
+    # attempt receives as activity_info().heartbeat_details.
+    heartbeat_details: Any = None
 
     def to_json(self) -> dict[str, Any]:
         """Return the task as JSON-safe data (the last error as its envelope)."""
@@ -136,6 +143,7 @@ class ActivityTaskInfo:
             "last_error": None
             if self.last_error is None
             else error_to_envelope(self.last_error, with_traceback=False),
+            "heartbeat_details": self.heartbeat_details,
         }
 
 
@@ -162,6 +170,7 @@ def _describe(inst: WorkflowInstance) -> WorkflowDescription:
             else timedelta(milliseconds=inst.execution_timeout_ms)
         ),
         execution_deadline=_from_ms(inst.execution_deadline_ms),
+        progress=None if inst.progress is None else json.loads(inst.progress),
     )
 
 
@@ -191,6 +200,9 @@ def list_activity_tasks(instance_id: str) -> list[ActivityTaskInfo]:
             attempts=t.attempts,
             failures=t.failures,
             last_error=error_from_envelope(json.loads(t.last_error)) if t.last_error else None,
+            heartbeat_details=(
+                None if t.heartbeat_details is None else json.loads(t.heartbeat_details)
+            ),
         )
         for t in tasks.order_by("seq", "id")
     ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Any, TypeVar, overload
+from typing import Any, Literal, TypeVar, overload
 
 from asgiref.sync import sync_to_async
 from django.db import transaction
@@ -32,15 +32,21 @@ from .base import client_store, known_id, reason_text, validate_instance_id
 __all__ = [
     "acancel_workflow",
     "asignal",
+    "asignal_with_start",
     "astart_workflow",
     "aterminate_workflow",
     "cancel_workflow",
     "signal",
+    "signal_with_start",
     "start_workflow",
     "terminate_workflow",
 ]
 
 In = TypeVar("In")
+
+# What a start does when its instance id is taken.
+IfExists = Literal["fail", "return"]
+IF_EXISTS: tuple[str, ...] = ("fail", "return")
 
 
 def _leases_version(settings: SelvedgeSettings, version: str | None) -> bool:
@@ -55,6 +61,7 @@ def start_workflow(
     *,
     instance_id: str | None = None,
     execution_timeout: Duration | None = None,
+    if_exists: IfExists = "fail",
 ) -> str: ...
 
 
@@ -65,6 +72,7 @@ def start_workflow(
     *,
     instance_id: str | None = None,
     execution_timeout: Duration | None = None,
+    if_exists: IfExists = "fail",
 ) -> str: ...
 
 
@@ -75,6 +83,7 @@ def start_workflow(
     *,
     instance_id: str | None = None,
     execution_timeout: Duration | None = None,
+    if_exists: IfExists = "fail",
 ) -> str: ...
 
 
@@ -84,6 +93,7 @@ def start_workflow(
     *,
     instance_id: str | None = None,
     execution_timeout: Duration | None = None,
+    if_exists: IfExists = "fail",
 ) -> str:
     """Create a workflow instance and return its id.
 
@@ -97,23 +107,17 @@ def start_workflow(
     bounds the run: still running that long after the start (database clock),
     the leader terminates it as :func:`terminate_workflow` does, with the reason
     ``"execution timeout"``.
+
+    ``if_exists="return"`` makes a start idempotent: when ``instance_id`` is taken
+    by an instance of the same workflow (running or closed), nothing is written
+    and that id is returned; an instance of another workflow still raises
+    :class:`WorkflowAlreadyStarted`. The database's unique key decides, so of
+    racing starts with one id exactly one creates the instance.
     """
-    name = check_workflow_name(
-        workflow_or_name.name
-        if isinstance(workflow_or_name, WorkflowDefinition)
-        else workflow_or_name
+    name, instance_id, text, timeout_ms = _start_parts(
+        workflow_or_name, input, instance_id, execution_timeout, if_exists
     )
-    instance_id = uuid.uuid4().hex if instance_id is None else validate_instance_id(instance_id)
-    timeout_ms = execution_timeout_ms(execution_timeout)
     store = client_store()
-    try:
-        text = store.codec.encode(input, "workflow input")
-    except (exc.PayloadTooLarge, exc.PayloadTooDeep) as error:
-        raise exc.WorkflowStartRejected(str(error)) from error
-    except (TypeError, ValueError) as error:
-        raise exc.WorkflowStartRejected(f"workflow input is not JSON-encodable: {error}") from error
-    if contains_nul(text):
-        raise exc.WorkflowStartRejected("workflow input contains a NUL character (\\u0000)")
     settings = get_settings()
     # A worker running in this process takes the instance straight from the start.
     worker = local_worker(store.identity) if get_workflow(name) is not None else None
@@ -124,7 +128,7 @@ def start_workflow(
         hooks, "start", instance_id=instance_id, workflow_name=name
     )
     leased_at = time.monotonic()
-    fence = store.create_instance(
+    result = store.create_instance(
         instance_id,
         name,
         json.loads(text),
@@ -133,14 +137,13 @@ def start_workflow(
         lease_ttl=None if worker is None else worker.settings.lease.ttl,
         code_version=settings.code_version,
         execution_timeout_ms=timeout_ms,
+        if_exists=if_exists,
         trace_context=trace,
     )
-
-    def started() -> None:
-        hooks_module.fire(hooks, "on_workflow_started", instance_id=instance_id, workflow_name=name)
-        signals.send("on_workflow_started", instance_id=instance_id, workflow_name=name)
-
-    transaction.on_commit(started, using=store.alias)
+    if not result.created:
+        return instance_id  # if_exists="return": the instance of that id, left as it is
+    fence = result.fence
+    _started_on_commit(store, settings, instance_id, name)
     if worker is not None and fence is not None:
         snapshot = ExecutionSnapshot(instance_id, name, json.loads(text), WorkflowStatus.RUNNING)
         transaction.on_commit(
@@ -149,7 +152,51 @@ def start_workflow(
     return instance_id
 
 
-def signal(instance_id: str, channel: str, payload: Any = None) -> None:
+def _start_parts(
+    workflow_or_name: WorkflowDefinition[Any, Any] | str,
+    input: Any,
+    instance_id: str | None,
+    execution_timeout: Duration | None,
+    if_exists: str,
+) -> tuple[str, str, str, int | None]:
+    """Validate a start before anything is written: (name, id, input JSON, timeout ms)."""
+    if if_exists not in IF_EXISTS:
+        raise exc.WorkflowStartRejected(
+            f"if_exists must be one of {', '.join(map(repr, IF_EXISTS))}, not {if_exists!r}"[:300]
+        )
+    name = check_workflow_name(
+        workflow_or_name.name
+        if isinstance(workflow_or_name, WorkflowDefinition)
+        else workflow_or_name
+    )
+    instance_id = uuid.uuid4().hex if instance_id is None else validate_instance_id(instance_id)
+    timeout_ms = execution_timeout_ms(execution_timeout)
+    codec = client_store().codec
+    try:
+        text = codec.encode(input, "workflow input")
+    except (exc.PayloadTooLarge, exc.PayloadTooDeep) as error:
+        raise exc.WorkflowStartRejected(str(error)) from error
+    except (TypeError, ValueError) as error:
+        raise exc.WorkflowStartRejected(f"workflow input is not JSON-encodable: {error}") from error
+    if contains_nul(text):
+        raise exc.WorkflowStartRejected("workflow input contains a NUL character (\\u0000)")
+    return name, instance_id, text, timeout_ms
+
+
+def _started_on_commit(store: Any, settings: SelvedgeSettings, instance_id: str, name: str) -> None:
+    """Fire the start hook and signal once the start has committed."""
+    hooks = settings.hooks
+
+    def started() -> None:
+        hooks_module.fire(hooks, "on_workflow_started", instance_id=instance_id, workflow_name=name)
+        signals.send("on_workflow_started", instance_id=instance_id, workflow_name=name)
+
+    transaction.on_commit(started, using=store.alias)
+
+
+def signal(
+    instance_id: str, channel: str, payload: Any = None, *, idempotency_key: str | None = None
+) -> None:
     """Append ``payload`` to the instance's ``channel`` inbox and wake it.
 
     Accepted from creation until close, also while an execution holds the lease.
@@ -158,21 +205,16 @@ def signal(instance_id: str, channel: str, payload: Any = None) -> None:
     (:class:`InvalidSignalPayload`); an instance that already holds
     ``MAX_PENDING_SIGNALS`` unconsumed signals refuses it (:class:`InboxFull`).
     Nothing is written otherwise.
+
+    With ``idempotency_key`` (1 to 255 characters, no control characters) a
+    second signal with the same key to the same instance is accepted and writes
+    nothing: no second inbox entry, no second wake-up, whatever its channel or
+    payload. A unique index decides, so racing senders of one key deliver it once.
     """
-    if not valid_channel(channel):
-        raise exc.InvalidSignalChannel(
-            f"signal channel must contain 1 to 255 UTF-8 bytes and no NUL, not {channel!r}"[:300]
-        )
-    known_id(instance_id)
     store = client_store()
-    try:
-        text = store.codec.encode(payload, "signal payload")
-    except exc.PayloadTooLarge:
-        raise
-    except exc.PayloadTooDeep as error:
-        raise exc.InvalidSignalPayload(str(error)) from error
-    except (TypeError, ValueError) as error:
-        raise exc.InvalidSignalPayload(f"signal payload is not JSON-encodable: {error}") from error
+    text = _signal_text(store, channel, payload)
+    key = _idempotency_key(idempotency_key)
+    known_id(instance_id)
     settings = get_settings()
     trace = hooks_module.capture_trace_context(
         settings.hooks, "signal", instance_id=instance_id, workflow_name="", key=channel
@@ -182,8 +224,119 @@ def signal(instance_id: str, channel: str, payload: Any = None) -> None:
         channel,
         text,
         max_pending=settings.max_pending_signals,
+        idempotency_key=key,
         trace_context=trace,
     )
+
+
+@overload
+def signal_with_start(
+    workflow_or_name: WorkflowDefinition[In, Any],
+    input: In,
+    *,
+    instance_id: str,
+    channel: str,
+    payload: Any = None,
+    idempotency_key: str | None = None,
+    execution_timeout: Duration | None = None,
+) -> str: ...
+
+
+@overload
+def signal_with_start(
+    workflow_or_name: str,
+    input: Any = None,
+    *,
+    instance_id: str,
+    channel: str,
+    payload: Any = None,
+    idempotency_key: str | None = None,
+    execution_timeout: Duration | None = None,
+) -> str: ...
+
+
+def signal_with_start(
+    workflow_or_name: WorkflowDefinition[Any, Any] | str,
+    input: Any = None,
+    *,
+    instance_id: str,
+    channel: str,
+    payload: Any = None,
+    idempotency_key: str | None = None,
+    execution_timeout: Duration | None = None,
+) -> str:
+    """Start the instance unless it exists, and append the signal, in one transaction.
+
+    The start follows :func:`start_workflow`'s rules (``instance_id`` is
+    required; an existing instance of the same workflow, running, is signalled;
+    one of another workflow raises :class:`WorkflowAlreadyStarted`), the signal
+    :func:`signal`'s (a closed instance raises :class:`InstanceClosed`,
+    ``idempotency_key`` makes a repeated signal a no-op). Everything is
+    validated before anything is written, and a refused signal leaves no
+    instance behind. Racing callers make exactly one instance and deliver every
+    signal once. Returns the instance id.
+    """
+    if instance_id is None:
+        raise exc.WorkflowStartRejected("signal_with_start needs an instance_id")
+    name, instance_id, text, timeout_ms = _start_parts(
+        workflow_or_name, input, instance_id, execution_timeout, "return"
+    )
+    store = client_store()
+    signal_text = _signal_text(store, channel, payload)
+    key = _idempotency_key(idempotency_key)
+    settings = get_settings()
+    trace = hooks_module.capture_trace_context(
+        settings.hooks, "start", instance_id=instance_id, workflow_name=name
+    )
+    created = store.signal_with_start(
+        instance_id,
+        name,
+        json.loads(text),
+        channel,
+        signal_text,
+        service_name=settings.service_name,
+        code_version=settings.code_version,
+        execution_timeout_ms=timeout_ms,
+        max_pending=settings.max_pending_signals,
+        idempotency_key=key,
+        trace_context=trace,
+    )
+    if created:
+        _started_on_commit(store, settings, instance_id, name)
+    return instance_id
+
+
+def _signal_text(store: Any, channel: str, payload: Any) -> str:
+    """Validate a signal's channel and encode its payload, before anything is written."""
+    if not valid_channel(channel):
+        raise exc.InvalidSignalChannel(
+            f"signal channel must contain 1 to 255 UTF-8 bytes and no NUL, not {channel!r}"[:300]
+        )
+    try:
+        text: str = store.codec.encode(payload, "signal payload")
+    except exc.PayloadTooLarge:
+        raise
+    except exc.PayloadTooDeep as error:
+        raise exc.InvalidSignalPayload(str(error)) from error
+    except (TypeError, ValueError) as error:
+        raise exc.InvalidSignalPayload(f"signal payload is not JSON-encodable: {error}") from error
+    return text
+
+
+def _idempotency_key(key: object) -> str | None:
+    """A signal's idempotency key: None, or 1 to 255 characters without control characters."""
+    if key is None:
+        return None
+    if (
+        not isinstance(key, str)
+        or not 1 <= len(key) <= 255
+        or any(ord(ch) < 32 or ord(ch) == 127 for ch in key)
+    ):
+        raise exc.InvalidSignalPayload(
+            "idempotency_key must be a string of 1 to 255 characters without control"
+            f" characters, not {key!r}"[:300]
+        )
+    return key
 
 
 def cancel_workflow(instance_id: str, reason: str = "") -> None:
@@ -232,5 +385,6 @@ def terminate_workflow(instance_id: str, reason: str = "") -> None:
 
 astart_workflow = sync_to_async(start_workflow)
 asignal = sync_to_async(signal)
+asignal_with_start = sync_to_async(signal_with_start)
 acancel_workflow = sync_to_async(cancel_workflow)
 aterminate_workflow = sync_to_async(terminate_workflow)

@@ -303,6 +303,7 @@ class StoreBase:
         *,
         returning_id: bool = False,
         where: Sql | None = None,
+        on_conflict: str = "",
     ) -> Any:
         """Insert one row without the ORM's query building; return its id if asked.
 
@@ -310,6 +311,8 @@ class StoreBase:
         ``auto_now_add`` fields the current time); :class:`Sql` values are inlined.
         With ``where`` the row is inserted only if that condition holds (evaluated
         by the same statement); the id is then None when nothing was inserted.
+        ``on_conflict`` (an ``ON CONFLICT ... DO NOTHING`` clause) likewise leaves the
+        id None when a unique index refused the row.
         """
         conn = self.connection
         columns, marks, params = self._insert_parts(model, values, skip_pk=returning_id)
@@ -321,6 +324,7 @@ class StoreBase:
                 sql.INSERT_ROW_IF, table=table, columns=columns, values=marks, condition=where.sql
             )
             params = [*params, *where.params]
+        statement += on_conflict
         if not returning_id:
             with conn.cursor() as cursor:
                 cursor.execute(statement, params)

@@ -10,13 +10,10 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
-from django.db import IntegrityError
 from django.db.models import F, Q
-from django.utils import timezone
 
 from .. import exceptions as exc
 from ..engine.codec import envelope_type
@@ -34,6 +31,7 @@ from . import sql
 from .base import operation
 from .cancels import CancelStore
 from .children import ChildStore
+from .starts import StartStore
 from .wakeups import TOPIC_RUNNABLE, closed_topic
 
 __all__ = ["EXECUTION_ERROR_CHARS", "InstanceHead", "InstanceStore"]
@@ -60,7 +58,7 @@ class InstanceHead:
     taken_over: bool = False
 
 
-class InstanceStore(CancelStore, ChildStore):
+class InstanceStore(StartStore, CancelStore, ChildStore):
     """Starts, leases, snapshots, cancel requests, closes and what holds an instance back."""
 
     if TYPE_CHECKING:  # provided by InlineResultStore
@@ -69,87 +67,21 @@ class InstanceStore(CancelStore, ChildStore):
             self, fence: Fence, runnable: bool, parked: tuple[int, str] | None
         ) -> None: ...
 
-    # -- starts -------------------------------------------------------------------------
+    # -- progress -----------------------------------------------------------------------
 
     @operation
-    def create_instance(
-        self,
-        instance_id: str,
-        workflow_name: str,
-        input_value: Any,
-        *,
-        service_name: str = "",
-        parent_instance_id: str = "",
-        parent_key: str = "",
-        started_at: datetime | None = None,
-        lease_owner: str | None = None,
-        lease_ttl: float | None = None,
-        code_version: str | None = None,
-        execution_timeout_ms: int | None = None,
-        trace_context: str | None = None,
-    ) -> Fence | None:
-        """Insert a runnable instance; a taken id raises WorkflowAlreadyStarted.
-
-        ``code_version`` is recorded on it (the starting process's CODE_VERSION), and
-        ``trace_context`` (the starting caller's, JSON text) for the spans of the run.
-        With ``execution_timeout_ms`` the run's deadline is that long from now on
-        the database clock (the leader terminates it then); without, both columns
-        stay NULL.
-
-        With ``lease_owner`` the instance is inserted already leased to that owner
-        (epoch 1, expiring ``lease_ttl`` seconds from now on the database clock) and not
-        runnable, and the fence is returned: the owner runs it without a dispatch,
-        and no dispatcher can take it before the owner does. Nobody is woken then.
-        """
-        now = self._now_param(started_at or timezone.now())
-        stored_input = self._input_field.get_db_prep_save(input_value, self.connection)
-        # One statement text whether leased or not (no owner: no expiry), so that
-        # statement-level tools (the fault injector, pg_stat_statements) see one start.
-        clock = self.now_sql().params
-        ttl = self.lease_ttl if lease_ttl is None else lease_ttl
-        leased = lease_owner is not None
+    def set_progress(self, fence: Fence, progress: str) -> None:
+        """Store the instance's progress (JSON text) under the fence, in one statement."""
         params = [
-            instance_id,
-            workflow_name,
+            progress,
+            self._now_param(),
+            fence.instance_id,
+            fence.owner,
+            fence.epoch,
             str(WorkflowStatus.RUNNING),
-            stored_input,
-            lease_owner or "",
-            1 if leased else 0,
-            leased,
-            *clock,
-            round(ttl * 1000),
-            not leased,
-            False,
-            "",
-            parent_instance_id,
-            parent_key,
-            service_name,
-            "",
-            now,
-            now,
-            *clock,
-            code_version,
-            execution_timeout_ms,
-            *clock,
-            execution_timeout_ms,
-            trace_context,
         ]
-        try:
-            self._insert_instance(params, leased)
-        except IntegrityError as error:
-            raise exc.WorkflowAlreadyStarted(instance_id) from error
-        return None if lease_owner is None else Fence(instance_id, lease_owner, 1)
-
-    def _insert_instance(self, params: list[Any], leased: bool) -> None:
-        """Run the start's insert; a runnable start wakes the dispatchers after commit."""
-        with self.atomic():
-            self._execute(sql.INSERT_INSTANCE, params)
-            if not leased:
-                self.after_commit(TOPIC_RUNNABLE)
-
-    @property
-    def _input_field(self) -> Any:
-        return WorkflowInstance._meta.get_field("input")
+        if self._execute(sql.SET_PROGRESS, params) != 1:
+            raise self._fenced_error(fence)
 
     # -- leases -------------------------------------------------------------------------
 

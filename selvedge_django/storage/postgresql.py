@@ -231,11 +231,11 @@ class PostgresStore(DjangoStore):
 
     # -- one-statement writes -------------------------------------------------------------
 
-    def _insert_instance(self, params: list[Any], leased: bool) -> None:
+    def _insert_instance(self, params: list[Any], leased: bool) -> bool:
         if leased and self._one_statement:
-            self._execute(sql.INSERT_INSTANCE, params)  # nobody to wake: one statement
-            return
-        super()._insert_instance(params, leased)
+            # Nobody to wake: one statement.
+            return self._execute(sql.INSERT_INSTANCE, params) == 1
+        return super()._insert_instance(params, leased)
 
     @operation
     def complete_task(

@@ -13,7 +13,7 @@ why a long write transaction there holds up every lease; see docs/deployment.md)
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..engine.events import Fence
@@ -69,12 +69,19 @@ class RenewalStore(StoreBase):
         return results
 
     @operation
-    def renew_claims(self, claims: Sequence[tuple[TaskClaim, float]]) -> dict[TaskClaim, Renewal]:
+    def renew_claims(
+        self,
+        claims: Sequence[tuple[TaskClaim, float]],
+        details: Mapping[TaskClaim, str] | None = None,
+    ) -> dict[TaskClaim, Renewal]:
         """Extend every live claim of ``claims`` by its TTL, never past its attempt's deadline.
 
-        ``claims`` pairs each claim with its TTL in seconds. Returns, per claim, True
-        (renewed), False (lost: expired, taken over, finished or cancelled) or None (the
-        task row is locked by another transaction, PostgreSQL only).
+        ``claims`` pairs each claim with its TTL in seconds; ``details`` maps the
+        claims whose attempt gave new heartbeat details to their JSON text, stored by
+        the same statement (only those claims are listed, two values each). Returns,
+        per claim, True (renewed), False (lost: expired, taken over, finished or
+        cancelled) or None (the task row is locked by another transaction, PostgreSQL
+        only).
         """
         results: dict[TaskClaim, Renewal] = {}
         for start in range(0, len(claims), RENEWAL_BATCH):
@@ -90,13 +97,19 @@ class RenewalStore(StoreBase):
             where_params = [*params, *clock, str(ActivityTaskStatus.RUNNING)]
             expires_params = [*clock, *ttl_cases]
             set_sql = sql.renew_claim_set(len(chunk))
+            set_params = [*expires_params, *expires_params]
+            new = details or {}
+            given = [(claim.task_id, new[claim]) for claim, _ in chunk if claim in new]
+            if given:
+                set_sql += sql.renew_details_set(len(given))
+                set_params += [value for pair in given for value in pair]
             rows = self._renew(
                 "{task}",
                 "id, claim_epoch",
                 where,
                 where_params,
                 set_sql,
-                [*expires_params, *expires_params],
+                set_params,
             )
             state = {(int(row[0]), int(row[1])): bool(row[2]) for row in rows}
             for claim, _ in chunk:

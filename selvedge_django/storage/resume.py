@@ -129,16 +129,16 @@ COPY_ROWS = (
     " reservation, delivered_seq, %s, arrived_at FROM {history}"
     " WHERE instance_id = %s AND id < %s AND key <> %s ORDER BY id"
 )
-# A copy of the source's signals, in their order; what the source consumed or delivered
-# from the cut on is pending again in the copy.
+# A copy of the source's signals, in their order, with their idempotency keys; what the
+# source consumed or delivered from the cut on is pending again in the copy.
 COPY_SIGNALS = (
     "INSERT INTO {signal} (instance_id, channel, payload, sent_at, delivered_seq,"
-    " consumed_seq, consumed_key)"
+    " consumed_seq, consumed_key, idempotency_key)"
     " SELECT %s, channel, payload, sent_at,"
     " CASE WHEN delivered_seq < %s AND (consumed_seq IS NULL OR consumed_seq < %s)"
     " THEN delivered_seq END,"
     " CASE WHEN consumed_seq < %s THEN consumed_seq END,"
-    " CASE WHEN consumed_seq < %s THEN consumed_key ELSE '' END"
+    " CASE WHEN consumed_seq < %s THEN consumed_key ELSE '' END, idempotency_key"
     " FROM {signal} WHERE instance_id = %s AND archived_generation IS NULL ORDER BY id"
 )
 # The archived rows leave the current history (their copy is in the archive).

@@ -71,6 +71,11 @@ FENCE_SET_RELEASE = (
 )
 # FENCE_UPDATE part: only while no cancel request is recorded.
 FENCE_UNCANCELLED = " AND cancel_requested = %s"
+# ctx.set_progress(): the instance's progress, fenced like FENCE_UPDATE.
+SET_PROGRESS = (
+    "UPDATE {instance} SET progress = %s, updated_at = %s WHERE instance_id = %s"
+    " AND lease_owner = %s AND lease_epoch = %s AND status = %s"
+)
 # The cancel request of an instance a fence still holds (after an uncancelled fence failed).
 CANCEL_REASON_UNDER_FENCE = (
     "SELECT cancel_requested, cancel_reason FROM {instance} WHERE instance_id = %s"
@@ -106,7 +111,8 @@ HEAD_COLUMNS = (
     " parked_seq, parked_key, history_generation"
 )
 # A start: runnable, or leased at once to a worker of this process (epoch 1, expiring
-# on the database clock). One text for both, so statement-level tools see one start.
+# on the database clock). One text for both, so statement-level tools see one start. A
+# taken id inserts nothing (the primary key decides, also between racing starts).
 INSERT_INSTANCE = (
     "INSERT INTO {instance} (instance_id, workflow_name, status, input, output,"
     " error, lease_owner, lease_epoch, lease_expires_ms, runnable,"
@@ -115,7 +121,10 @@ INSERT_INSTANCE = (
     " execution_timeout_ms, execution_deadline_ms, trace_context)"
     " VALUES (%s, %s, %s, %s, NULL, NULL, %s, %s, (CASE WHEN %s THEN {now} + %s END), %s,"
     " %s, %s, %s, %s, %s, %s, %s, %s, NULL, {now}, %s, %s, {now} + %s, %s)"
+    " ON CONFLICT (instance_id) DO NOTHING"
 )
+# The workflow of an instance (an id a start found taken).
+SELECT_WORKFLOW_NAME = "SELECT workflow_name FROM {instance} WHERE instance_id = %s"
 # An instance's result, for the client API.
 SELECT_RESULT = "SELECT status, output, error FROM {instance} WHERE instance_id = %s"
 # An instance's status.
@@ -239,6 +248,13 @@ PENDING_SIGNALS_BELOW = (
     "(SELECT COUNT(*) FROM (SELECT 1 FROM {signal} WHERE instance_id = %s"
     " AND consumed_seq IS NULL LIMIT %s) pending) < %s"
 )
+# Appended to a signal's insert: a second signal with the same idempotency key to the same
+# instance inserts nothing (the conflict target is the partial unique index).
+SIGNAL_KEY_CONFLICT = (
+    " ON CONFLICT (instance_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"
+)
+# The signal an idempotency key already delivered to an instance.
+SIGNAL_BY_KEY = "SELECT id FROM {signal} WHERE instance_id = %s AND idempotency_key = %s"
 # The oldest unconsumed signal of a channel.
 NEXT_SIGNAL = (
     "SELECT id, channel, payload FROM {signal} WHERE instance_id = %s AND channel = %s"
@@ -306,6 +322,13 @@ def renew_claim_set(count: int) -> str:
         f"claim_expires_ms = CASE WHEN attempt_deadline_ms < {expires}"
         f" THEN attempt_deadline_ms ELSE {expires} END"
     )
+
+
+def renew_details_set(count: int) -> str:
+    """The heartbeat details a renewal stores: a CASE over ``count`` task ids with new
+    details, the other rows of the batch keep theirs."""
+    cases = " WHEN %s THEN %s" * count
+    return f", heartbeat_details = CASE id{cases} ELSE heartbeat_details END"
 
 
 # -- schedules -----------------------------------------------------------------------------

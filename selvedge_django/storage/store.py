@@ -13,6 +13,9 @@ in-process bus and, on PostgreSQL, NOTIFY, always after commit.
 
 from __future__ import annotations
 
+from typing import Any
+
+from .base import operation
 from .execution_timeouts import ExecutionTimeoutStore
 from .heartbeats import HeartbeatStore
 from .inline import InlineResultStore
@@ -46,3 +49,49 @@ class DjangoStore(
     Use :func:`selvedge_django.storage.store_for` to get the subclass of the alias's
     database; the portable class alone cannot dispatch or renew.
     """
+
+    @operation
+    def signal_with_start(
+        self,
+        instance_id: str,
+        workflow_name: str,
+        input_value: Any,
+        channel: str,
+        payload: str,
+        *,
+        service_name: str = "",
+        code_version: str | None = None,
+        execution_timeout_ms: int | None = None,
+        max_pending: int | None = None,
+        idempotency_key: str | None = None,
+        trace_context: str | None = None,
+    ) -> bool:
+        """Start the instance unless its id exists, then append the signal: one transaction.
+
+        Returns whether this call created the instance. The id's owner must be
+        ``workflow_name`` (else :class:`WorkflowAlreadyStarted`); a closed instance
+        refuses the signal (:class:`InstanceClosed`) and nothing is written. Racing
+        callers queue on the primary key (the start) and then on the instance row (the
+        signal), so they make one instance and deliver every signal once.
+        ``trace_context`` (the caller's, JSON text) goes on both rows.
+        """
+        with self.atomic():
+            started = self.create_instance(
+                instance_id,
+                workflow_name,
+                input_value,
+                service_name=service_name,
+                code_version=code_version,
+                execution_timeout_ms=execution_timeout_ms,
+                if_exists="return",
+                trace_context=trace_context,
+            )
+            self.append_signal(
+                instance_id,
+                channel,
+                payload,
+                max_pending=max_pending,
+                idempotency_key=idempotency_key,
+                trace_context=trace_context,
+            )
+        return bool(started.created)

@@ -268,6 +268,7 @@ class TaskStore(StoreBase):
                     start_to_close_timeout=start_to_close,
                     heartbeat_timeout=heartbeat,
                     claimed_at=claimed_at,
+                    heartbeat_details=task.heartbeat_details,
                     queue=task.queue,
                     waited_ms=_waited_ms(task, started_ms),
                     taken_over=task.claim_expires_ms is not None,
@@ -409,11 +410,18 @@ class TaskStore(StoreBase):
         return True
 
     @operation
-    def retry_task(self, claim: TaskClaim, error: str, delay: float) -> bool:
+    def retry_task(
+        self, claim: TaskClaim, error: str, delay: float, *, details: str | None = None
+    ) -> bool:
         """Return the task of a live claim to the queue with one more failure and a
-        not-before time (False for a lost or lapsed claim)."""
+        not-before time (False for a lost or lapsed claim).
+
+        ``details`` (JSON text) are the attempt's latest heartbeat details, stored by
+        the same update for the next attempt; None keeps what renewals stored.
+        """
         with self.atomic():
             if not self._claim_filter(claim, live=True).update(
+                **self._details_field(details),
                 status=ActivityTaskStatus.QUEUED,
                 claim_owner="",
                 claim_expires_ms=None,
@@ -433,13 +441,15 @@ class TaskStore(StoreBase):
         return True
 
     @operation
-    def release_task(self, claim: TaskClaim) -> bool:
+    def release_task(self, claim: TaskClaim, *, details: str | None = None) -> bool:
         """Give a live claim back (shutdown): no failure counted, claimable again at once.
 
-        A lapsed claim is refused: its lapse was already a failure.
+        A lapsed claim is refused: its lapse was already a failure. ``details`` as
+        for :meth:`retry_task`.
         """
         with self.atomic():
             released = self._claim_filter(claim, live=True).update(
+                **self._details_field(details),
                 status=ActivityTaskStatus.QUEUED,
                 claim_owner="",
                 claim_expires_ms=None,
@@ -455,6 +465,11 @@ class TaskStore(StoreBase):
             if released:
                 self.after_commit(TOPIC_TASK)
         return bool(released)
+
+    @staticmethod
+    def _details_field(details: str | None) -> dict[str, Any]:
+        """The heartbeat details column of an update, when there are details to store."""
+        return {} if details is None else {"heartbeat_details": details}
 
     @operation
     def renew_task(self, claim: TaskClaim, ttl: float) -> bool:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NoReturn
 
 from django.db import transaction
 from django.utils import timezone
@@ -169,9 +169,10 @@ class WaitStore(ChildStore):
         payload: str,
         *,
         max_pending: int | None = None,
+        idempotency_key: str | None = None,
         trace_context: str | None = None,
     ) -> int:
-        """Append a signal while the instance runs, and wake it.
+        """Append a signal while the instance runs, and wake it; return the signal's id.
 
         ``trace_context`` is the sender's trace context (JSON text), kept with it.
 
@@ -181,6 +182,11 @@ class WaitStore(ChildStore):
         unconsumed signals (counted by the insert itself, after the lock, so
         concurrent signals cannot overshoot); otherwise :class:`InboxFull` is raised
         and nothing is written.
+
+        With ``idempotency_key`` a signal that key already delivered to the instance
+        makes this a no-op (no row, no wake) returning the first signal's id: the
+        instance row is locked first, then the partial unique index decides the insert
+        (``ON CONFLICT DO NOTHING``), and the wake follows only a new row.
         """
         where = None
         if max_pending is not None:
@@ -188,12 +194,12 @@ class WaitStore(ChildStore):
             where = Sql(
                 self._tables(sql.PENDING_SIGNALS_BELOW), [instance_id, max_pending, max_pending]
             )
+        if idempotency_key is not None:
+            row = {"channel": channel, "payload": payload, "trace_context": trace_context}
+            return self._append_keyed_signal(instance_id, row, where, max_pending, idempotency_key)
         with self.atomic():
             if not self._wake(instance_id):
-                rows = self._fetch(sql.SELECT_STATUS, [instance_id])
-                if not rows:
-                    raise exc.WorkflowNotFound(instance_id)
-                raise exc.InstanceClosed.for_status(instance_id, rows[0][0])
+                self._not_running(instance_id)
             signal_id = self._insert(
                 SignalRow,
                 {
@@ -209,6 +215,46 @@ class WaitStore(ChildStore):
                 assert max_pending is not None
                 raise exc.InboxFull(instance_id, max_pending)
             return int(signal_id)
+
+    def _append_keyed_signal(
+        self,
+        instance_id: str,
+        row: dict[str, Any],
+        where: Sql | None,
+        max_pending: int | None,
+        key: str,
+    ) -> int:
+        """append_signal with an idempotency key: lock, insert unless the key is there, wake."""
+        with self.atomic():
+            # The instance row first (the one lock order), so racing senders of one key
+            # queue here and the second one's insert sees the first one's row.
+            self._lock_instance(instance_id)
+            signal_id = self._insert(
+                SignalRow,
+                {"instance_id": instance_id, **row, "idempotency_key": key},
+                returning_id=True,
+                where=where,
+                on_conflict=sql.SIGNAL_KEY_CONFLICT,
+            )
+            if signal_id is None:
+                status = self._fetch(sql.SELECT_STATUS, [instance_id])
+                if not status or status[0][0] != WorkflowStatus.RUNNING:
+                    self._not_running(instance_id)
+                rows = self._fetch(sql.SIGNAL_BY_KEY, [instance_id, key])
+                if rows:
+                    return int(rows[0][0])  # already delivered: nothing written, no wake
+                assert max_pending is not None
+                raise exc.InboxFull(instance_id, max_pending)
+            if not self._wake(instance_id):
+                self._not_running(instance_id)  # rolls the insert back
+            return int(signal_id)
+
+    def _not_running(self, instance_id: str) -> NoReturn:
+        """Raise why a signal cannot land: no such instance, or it is closed."""
+        rows = self._fetch(sql.SELECT_STATUS, [instance_id])
+        if not rows:
+            raise exc.WorkflowNotFound(instance_id)
+        raise exc.InstanceClosed.for_status(instance_id, rows[0][0])
 
     @operation
     def next_signal(self, instance_id: str, channel: str) -> SignalMessage | None:

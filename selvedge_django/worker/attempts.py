@@ -264,6 +264,7 @@ class AttemptRunner:
             activity_name=task.name,
             attempt=task.attempt,
             options=ActivityOptions.from_json(task.options),
+            heartbeat_details=self.codec.decode(task.heartbeat_details),
         )
         started = time.monotonic()
         # The deadline runs from the claim, as in the database: not from this thread's
@@ -274,6 +275,7 @@ class AttemptRunner:
             + task.start_to_close_timeout
             if task.start_to_close_timeout is not None
             else None,
+            codec=self.codec,
         )
         with self._lock:
             self._attempts[claim] = (task, state)
@@ -474,8 +476,11 @@ class AttemptRunner:
             duration=duration,
         )
         if self.stopping.is_set() and state.cancel_reason == "shutdown":
-            # Graceful release: another worker takes the task; no retry budget used.
-            self._write_outcome(claim, "release", lambda: self.store.release_task(claim))
+            # Graceful release: another worker takes the task (from the latest heartbeat
+            # details); no retry budget used.
+            self._write_outcome(
+                claim, "release", lambda: self.store.release_task(claim, details=state.details)
+            )
             return None
         if state.cancelled and state.cancel_reason == "heartbeat timeout":
             error = exc.ActivityTimeoutError(task.name, "heartbeat", task.attempt)
@@ -526,7 +531,9 @@ class AttemptRunner:
             elif self._write_outcome(
                 claim,
                 "retry",
-                lambda: store.retry_task(claim, envelope, policy.delay_for(failures)),
+                lambda: store.retry_task(
+                    claim, envelope, policy.delay_for(failures), details=state.details
+                ),
             ):
                 self.fire("on_activity_retry", error=error, **hook_fields)
         except Exception:

@@ -11,7 +11,9 @@ A lease renewal moves the holder's belief forward from the moment the renewal
 started; a renewal that matched no row drops the belief, so the execution's next
 commit raises LeaseLost. A claim with a heartbeat timeout is extended only after
 the activity reported new progress; a claim whose renewal matched no row cancels
-its attempt (``heartbeat()`` then raises ActivityCancelled).
+its attempt (``heartbeat()`` then raises ActivityCancelled). The latest details an
+attempt gave ``heartbeat(details)`` since its last renewal ride on that renewal's
+statement (no statement of their own), so the task's next attempt starts from them.
 
 A renewal statement that fails (a database error) or skips a held row proves
 nothing about the lease or the claim: it is tried again at the next tick, and the
@@ -67,6 +69,7 @@ class Renewer(Loop):
         self._progress: dict[TaskClaim, tuple[float, int]] = {}
         self._reported: set[TaskClaim] = set()
         self._lost: set[TaskClaim] = set()  # renewals that matched no row
+        self._stored_details: dict[TaskClaim, str] = {}  # the details each claim last stored
 
     def run_once(self) -> int:
         now = time.monotonic()
@@ -169,12 +172,18 @@ class Renewer(Loop):
             if claim not in live:
                 del self._claims[claim]
                 self._progress.pop(claim, None)
+                self._stored_details.pop(claim, None)
         self._lost &= live
         if not due:
             return
+        details = {
+            task.claim: state.details
+            for task, state, _ in due
+            if state.details is not None and state.details != self._stored_details.get(task.claim)
+        }
         try:
             results = runtime.store.renew_claims(
-                [(task.claim, task.claim_ttl) for task, _, _ in due]
+                [(task.claim, task.claim_ttl) for task, _, _ in due], details
             )
         except Exception:
             logger.warning("claim renewal of %d claims failed", len(due), exc_info=True)
@@ -185,6 +194,8 @@ class Renewer(Loop):
             ok = results.get(claim)
             if ok:
                 self._claims[claim] = (now, progress)
+                if claim in details:
+                    self._stored_details[claim] = details[claim]
                 runtime.claim_renewed(claim, now, task.claim_ttl)
             elif ok is False:
                 self._lost.add(claim)

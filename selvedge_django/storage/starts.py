@@ -1,0 +1,139 @@
+"""Starts: a new instance row, runnable or leased at once; a taken id decided by its key.
+
+One statement (PostgreSQL, a start leased to a worker of this process) or one
+transaction (the insert and the wake-up of the dispatchers after commit).
+``INSERT ... ON CONFLICT (instance_id) DO NOTHING`` lets the primary key decide
+between racing starts of one id, so ``if_exists="return"`` needs no read before
+the write.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.utils import timezone
+
+from .. import exceptions as exc
+from ..engine.events import Fence
+from ..models import WorkflowInstance, WorkflowStatus
+from . import sql
+from .base import StoreBase, operation
+from .wakeups import TOPIC_RUNNABLE
+
+__all__ = ["StartResult", "StartStore"]
+
+
+@dataclass(frozen=True)
+class StartResult:
+    """What a start did: ``created`` (False: the id existed, nothing was written) and,
+    for a start leased at once to a worker of this process, the lease's fence."""
+
+    created: bool
+    fence: Fence | None = None
+
+
+class StartStore(StoreBase):
+    """Insert instances (``sv.start_workflow``, forks, signal-with-start)."""
+
+    @operation
+    def create_instance(
+        self,
+        instance_id: str,
+        workflow_name: str,
+        input_value: Any,
+        *,
+        service_name: str = "",
+        parent_instance_id: str = "",
+        parent_key: str = "",
+        started_at: datetime | None = None,
+        lease_owner: str | None = None,
+        lease_ttl: float | None = None,
+        code_version: str | None = None,
+        execution_timeout_ms: int | None = None,
+        if_exists: str = "fail",
+        trace_context: str | None = None,
+    ) -> StartResult:
+        """Insert a runnable instance; a taken id raises WorkflowAlreadyStarted.
+
+        With ``if_exists="return"`` a taken id of the same workflow is no error: nothing
+        is written and the result says ``created=False``. The primary key decides
+        (``INSERT ... ON CONFLICT DO NOTHING``), so of racing starts of one id exactly
+        one inserts, and the others see its row.
+
+        ``code_version`` is recorded on it (the starting process's CODE_VERSION), and
+        ``trace_context`` (the starting caller's, JSON text) for the spans of the run.
+        With ``execution_timeout_ms`` the run's deadline is that long from now on
+        the database clock (the leader terminates it then); without, both columns
+        stay NULL.
+
+        With ``lease_owner`` the instance is inserted already leased to that owner
+        (epoch 1, expiring ``lease_ttl`` seconds from now on the database clock) and not
+        runnable, and the fence is returned: the owner runs it without a dispatch,
+        and no dispatcher can take it before the owner does (the result's ``fence``).
+        Nobody is woken then.
+        """
+        now = self._now_param(started_at or timezone.now())
+        stored_input = self._input_field.get_db_prep_save(input_value, self.connection)
+        # One statement text whether leased or not (no owner: no expiry), so that
+        # statement-level tools (the fault injector, pg_stat_statements) see one start.
+        clock = self.now_sql().params
+        ttl = self.lease_ttl if lease_ttl is None else lease_ttl
+        leased = lease_owner is not None
+        params = [
+            instance_id,
+            workflow_name,
+            str(WorkflowStatus.RUNNING),
+            stored_input,
+            lease_owner or "",
+            1 if leased else 0,
+            leased,
+            *clock,
+            round(ttl * 1000),
+            not leased,
+            False,
+            "",
+            parent_instance_id,
+            parent_key,
+            service_name,
+            "",
+            now,
+            now,
+            *clock,
+            code_version,
+            execution_timeout_ms,
+            *clock,
+            execution_timeout_ms,
+            trace_context,
+        ]
+        if not self._insert_instance(params, leased):
+            self._existing_start(instance_id, workflow_name, if_exists)
+            return StartResult(created=False, fence=None)
+        fence = None if lease_owner is None else Fence(instance_id, lease_owner, 1)
+        return StartResult(created=True, fence=fence)
+
+    def _existing_start(self, instance_id: str, workflow_name: str, if_exists: str) -> None:
+        """A start whose id was taken: fine for ``if_exists="return"`` and the same workflow.
+
+        The insert's conflict already decided; this read only names the owner of the
+        id (a committed row, which pruning alone removes: then the id counts as taken).
+        """
+        if if_exists == "return":
+            rows = self._fetch(sql.SELECT_WORKFLOW_NAME, [instance_id])
+            if rows and rows[0][0] == workflow_name:
+                return
+        raise exc.WorkflowAlreadyStarted(instance_id)
+
+    def _insert_instance(self, params: list[Any], leased: bool) -> bool:
+        """Run the start's insert (False: the id was taken, nothing written); a runnable
+        start wakes the dispatchers after commit."""
+        with self.atomic():
+            inserted = self._execute(sql.INSERT_INSTANCE, params) == 1
+            if inserted and not leased:
+                self.after_commit(TOPIC_RUNNABLE)
+        return inserted
+
+    @property
+    def _input_field(self) -> Any:
+        return WorkflowInstance._meta.get_field("input")
