@@ -115,7 +115,15 @@ class WorkflowInstanceAdmin(DashboardAdmin):
         ),
         (
             _("Values"),
-            {"fields": ("input_value", "output_value", "error_value", "storage_error_value")},
+            {
+                "fields": (
+                    "progress_value",
+                    "input_value",
+                    "output_value",
+                    "error_value",
+                    "storage_error_value",
+                )
+            },
         ),
         (
             _("Execution lease"),
@@ -131,7 +139,7 @@ class WorkflowInstanceAdmin(DashboardAdmin):
             },
         ),
     )
-    hidden_values = ("hidden_input", "hidden_output", "hidden_error")
+    hidden_values = ("hidden_progress", "hidden_input", "hidden_output", "hidden_error")
     readonly_fields = (
         *fieldsets[0][1]["fields"],
         *fieldsets[1][1]["fields"],
@@ -196,6 +204,17 @@ class WorkflowInstanceAdmin(DashboardAdmin):
     @admin.display(description=_("cancel reason"))
     def reason(self, obj: WorkflowInstance) -> str | None:
         return truncate(obj.cancel_reason, VALUE_CHARS) or None
+
+    @admin.display(description=_("progress"))
+    def progress_value(self, obj: WorkflowInstance) -> str | None:
+        """The last ctx.set_progress() value, as stored (no replay)."""
+        if obj.progress is None:
+            return None
+        return format_html("<code>{}</code>", truncate(obj.progress, VALUE_CHARS))
+
+    @admin.display(description=_("progress"))
+    def hidden_progress(self, obj: WorkflowInstance) -> str | None:
+        return None if obj.progress is None else hidden(len(obj.progress))
 
     @admin.display(description=_("input"))
     def input_value(self, obj: WorkflowInstance) -> str:
@@ -366,15 +385,20 @@ class ActivityTaskAdmin(ReadOnlyAdmin):
         "options_value",
         "input_value",
         "error_value",
+        "details_value",
         "created_at",
         "updated_at",
     )
-    readonly_fields = (*fields, "hidden_input", "hidden_error")
+    readonly_fields = (*fields, "hidden_input", "hidden_error", "hidden_details")
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         if self.has_payloads_permission(request):
             return self.fields
-        swap = {"input_value": "hidden_input", "error_value": "hidden_error"}
+        swap = {
+            "input_value": "hidden_input",
+            "error_value": "hidden_error",
+            "details_value": "hidden_details",
+        }
         return tuple(swap.get(name, name) for name in self.fields or ())
 
     def get_search_results(
@@ -407,6 +431,17 @@ class ActivityTaskAdmin(ReadOnlyAdmin):
     @admin.display(description=_("input"))
     def hidden_input(self, obj: ActivityTask) -> str:
         return hidden(len(obj.input or ""))
+
+    @admin.display(description=_("heartbeat details"))
+    def details_value(self, obj: ActivityTask) -> str | None:
+        """The details the next attempt receives as activity_info().heartbeat_details."""
+        if obj.heartbeat_details is None:
+            return None
+        return format_html("<code>{}</code>", truncate(obj.heartbeat_details, VALUE_CHARS))
+
+    @admin.display(description=_("heartbeat details"))
+    def hidden_details(self, obj: ActivityTask) -> str | None:
+        return None if obj.heartbeat_details is None else hidden(len(obj.heartbeat_details))
 
     @admin.display(description=_("last error"))
     def hidden_error(self, obj: ActivityTask) -> str:

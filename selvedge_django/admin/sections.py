@@ -93,10 +93,20 @@ def instance_sections(
             "failures": task.failures,
             "max_attempts": task.max_attempts,
             "last_error": error_summary(task.last_error),
+            # The heartbeat details the next attempt receives (cut in SQL; hidden
+            # without view_payloads, like every value).
+            "heartbeat_details": None
+            if task.details_head is None
+            else truncate(task.details_head, CELL_CHARS),
+            "heartbeat_details_size": task.details_size,
         }
         for task in ActivityTask.objects.using(alias)
         .filter(instance_id=iid)
         .order_by("seq", "id")
+        .annotate(
+            details_head=Substr("heartbeat_details", 1, cut),
+            details_size=Length("heartbeat_details"),
+        )
         .only(
             "key",
             "name",
@@ -125,10 +135,11 @@ def instance_sections(
             "delivered_seq": delivered,
             "consumed_seq": consumed,
             "consumed_key": truncate(consumed_key, ID_CHARS),
+            "idempotency_key": truncate(key or "", ID_CHARS),
             "payload": truncate(head or "", CELL_CHARS),
             "size": size,
         }
-        for sid, channel, sent_at, delivered, consumed, consumed_key, head, size in (
+        for sid, channel, sent_at, delivered, consumed, consumed_key, key, head, size in (
             SignalMessage.objects.using(alias)
             .filter(instance_id=iid)
             .order_by("id")
@@ -140,6 +151,7 @@ def instance_sections(
                 "delivered_seq",
                 "consumed_seq",
                 "consumed_key",
+                "idempotency_key",
                 "head",
                 "size",
             )[:SECTION_ROWS]

@@ -529,6 +529,39 @@ def test_the_instance_page_shows_storage_errors_and_the_hold_back(
 
 
 @pytest.mark.django_db
+def test_the_instance_page_shows_progress_heartbeat_details_and_signal_keys(
+    staff: Callable[..., Client],
+) -> None:
+    make("busy", progress='{"step":"<b>packing</b>","done":3}')
+    ActivityTask.objects.create(
+        instance_id="busy",
+        workflow_name="test.sum3",
+        key="a:1",
+        seq=1,
+        name="test.add",
+        input="[1]",
+        status="running",
+        heartbeat_details='{"row":"<i>41</i>"}',
+    )
+    sv.signal("busy", "go", 1, idempotency_key="<key>-7")
+    page = html(staff(VIEW, PAYLOADS).get(url("change", "busy")))
+    assert "progress" in page.lower() and "heartbeat details" in page.lower()
+    assert escaped('{"step":"<b>packing</b>","done":3}') in page
+    assert escaped('{"row":"<i>41</i>"}') in page
+    assert escaped("<key>-7") in page
+    hidden = html(staff(VIEW).get(url("change", "busy")))
+    assert "packing" not in hidden and "<i>41" not in hidden
+    details = '{"row":"<i>41</i>"}'
+    assert f"(hidden: {len(details)} characters)" in hidden  # the details' size only
+    task = ActivityTask.objects.get(instance_id="busy")
+    task_url = reverse("admin:selvedge_django_activitytask_change", args=(task.pk,))
+    assert escaped('{"row":"<i>41</i>"}') in html(
+        staff("view_activitytask", PAYLOADS).get(task_url)
+    )
+    assert "&lt;i&gt;41" not in html(staff("view_activitytask").get(task_url))
+
+
+@pytest.mark.django_db
 def test_changelist_terminate_asks_for_a_reason_then_terminates_each_instance(
     staff: Callable[..., Client],
 ) -> None:
