@@ -274,6 +274,27 @@ def test_signal(stepper: Worker) -> None:
     assert error == "workflow instance 'cmd-sig' is already completed"
 
 
+def test_start_if_exists_return_and_signal_idempotency_key(stepper: Worker) -> None:
+    assert run("start", "ops.wait", "--id", "cmd-idem", "--if-exists", "return") == (
+        "started cmd-idem\n"
+    )
+    assert run("start", "ops.wait", "--id", "cmd-idem", "--if-exists", "return") == (
+        "exists cmd-idem\n"
+    )
+    error, _ = fails("start", "ops.echo", "--id", "cmd-idem", "--if-exists", "return")
+    assert "cmd-idem" in error  # another workflow's instance: still refused
+    error, _ = fails("start", "ops.wait", "--id", "cmd-idem", "--if-exists", "replace")
+    assert "invalid choice" in error
+    run_until_idle(stepper)
+    for _ in range(2):
+        out = run("signal", "cmd-idem", "go", '{"n": 1}', "--idempotency-key", "retry-1")
+        assert out == "signalled cmd-idem on 'go'\n"
+    assert SignalMessage.objects.filter(instance_id="cmd-idem").count() == 1
+    error, _ = fails("signal", "cmd-idem", "go", "--idempotency-key", "")
+    assert "idempotency_key" in error
+    assert WorkflowInstance.objects.filter(instance_id="cmd-idem").count() == 1
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

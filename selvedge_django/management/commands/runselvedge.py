@@ -8,6 +8,7 @@ signal finishes in-flight work and releases what is held, a second exits at once
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -122,6 +123,12 @@ class Command(BaseCommand):
             help="terminate the run if it is still running after this long, e.g. 30m or 2h",
         )
         start.add_argument(
+            "--if-exists",
+            choices=["fail", "return"],
+            default="fail",
+            help="taken --id: fail or exit 0",
+        )
+        start.add_argument(
             "--allow-unregistered",
             action="store_true",
             help="start a workflow this process does not register (another service runs it)",
@@ -173,6 +180,9 @@ class Command(BaseCommand):
         sig.add_argument("channel")
         sig.add_argument(
             "payload", nargs="?", type=json_argument("payload"), default="null", help="JSON payload"
+        )
+        sig.add_argument(
+            "--idempotency-key", default=None, help="a repeat with this key writes nothing"
         )
 
         check = sub.add_parser(
@@ -335,12 +345,22 @@ class Command(BaseCommand):
                 f"workflow {name!r} is not registered in this process (a typo?); pass "
                 "--allow-unregistered to start it for workers of another service"
             )
-        instance_id = operations.start_workflow(
+        start = functools.partial(
+            operations.start_workflow,
             name,
             options["input"],
             instance_id=options["instance_id"],
             execution_timeout=options.get("execution_timeout"),
         )
+        try:
+            instance_id = start()
+        except exc.WorkflowAlreadyStarted:
+            if options.get("if_exists", "fail") != "return":
+                raise
+            # The key decided; this start only tells "exists" from "another workflow's".
+            instance_id = start(if_exists="return")
+            self.stdout.write(f"exists {instance_id}")
+            return
         self.stdout.write(f"started {instance_id}")
 
     def handle_list(self, **options: Any) -> None:
@@ -413,7 +433,12 @@ class Command(BaseCommand):
     def handle_signal(self, **options: Any) -> None:
         from ... import operations
 
-        operations.signal(options["instance_id"], options["channel"], options["payload"])
+        operations.signal(
+            options["instance_id"],
+            options["channel"],
+            options["payload"],
+            idempotency_key=options.get("idempotency_key"),
+        )
         self.stdout.write(f"signalled {options['instance_id']} on {options['channel']!r}")
 
     def handle_replay_check(self, **options: Any) -> None:
