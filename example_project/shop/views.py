@@ -2,8 +2,9 @@
 
 - placing an order starts its workflow inside the request's transaction;
 - "Approve payment" sends the workflow a signal;
-- the order page shows the workflow's live progress (a query answered by
-  replaying its history), its recorded history and its activity tasks;
+- the order page shows the workflow's live progress (what it stored with
+  ``ctx.set_progress()``, read by ``describe()`` without a replay), its recorded
+  history and its activity tasks;
 - "Cancel order" requests cancellation; the workflow cleans up and closes.
 
 Every page needs a login. An order belongs to the user who placed it: only
@@ -31,7 +32,7 @@ from django.views.decorators.http import require_GET, require_POST
 import selvedge_django as sv
 
 from .models import Order, Product
-from .workflows import APPROVAL_CHANNEL, PROGRESS_QUERY, order_workflow
+from .workflows import APPROVAL_CHANNEL, order_workflow
 
 RECENT_ORDERS = 20
 
@@ -80,7 +81,11 @@ class Progress:
 
 
 def workflow_progress(order: Order) -> Progress:
-    """The workflow's status (describe) and current step (the ``progress`` query)."""
+    """The workflow's status and current step: one read of its row (``describe``).
+
+    The workflow stores its progress with ``ctx.set_progress()``; reading it
+    replays nothing, so the page can poll it every second for every order.
+    """
     if not order.instance_id:
         return Progress(error="no workflow")
     try:
@@ -88,11 +93,7 @@ def workflow_progress(order: Order) -> Progress:
     except sv.WorkflowNotFound:
         return Progress(error="workflow not found")
     progress = Progress(status=description.status, cancel_requested=description.cancel_requested)
-    try:
-        answer = sv.query(order.instance_id, PROGRESS_QUERY)
-    except sv.SelvedgeError as error:
-        progress.error = f"{type(error).__name__}: {error}"
-        return progress
+    answer = description.progress
     if isinstance(answer, dict):
         progress.step = str(answer.get("step", ""))
         progress.done = [str(name) for name in answer.get("done", [])]

@@ -221,15 +221,21 @@ def order_workflow(ctx: sv.WorkflowContext, request: dict[str, Any]) -> dict[str
     activities do those things.
     """
     order_id = request["order_id"]
-    # Live progress for the order page: sv.query(instance_id, "progress") replays
-    # the recorded history and calls this handler where the replay stops.
+    # Live progress for the order page: stored on the instance by ctx.set_progress()
+    # and read by sv.describe(instance_id).progress, without replaying anything. The
+    # same dict also answers sv.query(instance_id, "progress"), which replays.
     progress: dict[str, Any] = {"step": "", "done": []}
     ctx.set_query_handler(PROGRESS_QUERY, lambda: progress)
+
+    def report(**details: Any) -> None:
+        progress.update(details)
+        ctx.set_progress(progress)
 
     def step(name: str) -> None:
         if progress["step"]:
             progress["done"].append(progress["step"])
         progress["step"] = name
+        ctx.set_progress(progress)
 
     def reject(reason: str, release_stock: bool) -> dict[str, Any]:
         step("rejected")
@@ -253,7 +259,7 @@ def order_workflow(ctx: sv.WorkflowContext, request: dict[str, Any]) -> dict[str
         except sv.ReceiveTimeout:
             return reject(f"payment not approved within {timeout:g} s", release_stock=True)
         approved_by = str((approval or {}).get("approved_by", "")) or "someone"
-        progress["approved_by"] = approved_by
+        report(approved_by=approved_by)
 
         # Added while orders were running, so behind a patch: an order recorded before
         # the change (already charged, or charging) replays without the screen; every
@@ -294,9 +300,9 @@ def order_workflow(ctx: sv.WorkflowContext, request: dict[str, Any]) -> dict[str
             },
             child_id=f"{ctx.instance_id}-shipping",
         )
-        progress["shipping_instance_id"] = shipment.id
+        report(shipping_instance_id=shipment.id)
         shipped = shipment.get(ctx)
-        progress["tracking_number"] = shipped["tracking_number"]
+        report(tracking_number=shipped["tracking_number"])
 
         step("sending confirmation")
         email_id = send_confirmation.execute(
@@ -322,7 +328,7 @@ def order_workflow(ctx: sv.WorkflowContext, request: dict[str, Any]) -> dict[str
         # The cancellation request reached a wait. Clean up on a detached context
         # (it ignores the request), then let the instance close as cancelled; a
         # running shipping child is asked to cancel too.
-        step("cancelled")
         progress["cancel_reason"] = cancelled.reason
+        step("cancelled")
         cancel_order.execute(ctx.detached(), {"order_id": order_id, "reason": cancelled.reason})
         raise

@@ -142,3 +142,47 @@ def test_the_example_settings_refuse_to_run_without_a_secret_key_unless_debug(
     assert demo.returncode == 0, demo.stderr
     values = json.loads(demo.stdout)
     assert values["debug"] is True and "demo" in values["secret_key"]
+
+
+PROGRESS_SCRIPT = """
+import json
+import django
+django.setup()
+from django.core.management import call_command
+call_command("migrate", verbosity=0)
+from django.contrib.auth.models import User
+from django.test import Client
+from selvedge_django.testing import run_until_idle
+from selvedge_django.worker import Worker
+from shop.models import Order, Product
+
+alice = User.objects.create_user("alice", password="pw-alice-1")
+c = Client()
+c.force_login(alice)
+mug = Product.objects.get(sku="mug")
+form = {"product": mug.pk, "quantity": 1, "customer_email": "a@example.com", "card": "ok"}
+c.post("/orders/", form)
+order = Order.objects.get()
+run_until_idle(Worker())  # reserves the stock, then waits for the approval signal
+import selvedge_django as sv
+from selvedge_django import operations
+
+def no_replay(*args, **kwargs):
+    raise AssertionError("the page replayed the workflow")
+
+sv.query = operations.query = no_replay
+page = c.get(f"/orders/{order.pk}/progress/").content.decode()
+print(json.dumps({
+    "current": 'id="current-step">awaiting payment approval<' in page,
+    "done": '<li class="done">reserving stock</li>' in page,
+    "stored": sv.describe(order.instance_id).progress["step"],
+}))
+"""
+
+
+def test_the_order_page_reads_the_stored_progress_without_a_replay(tmp_path: Path) -> None:
+    done = run_example(tmp_path, PROGRESS_SCRIPT, DEBUG="1", ALLOWED_HOSTS="testserver")
+    assert done.returncode == 0, done.stdout + done.stderr
+    out: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    # The step the workflow stored with ctx.set_progress(), shown without a query.
+    assert out == {"current": True, "done": True, "stored": "awaiting payment approval"}
