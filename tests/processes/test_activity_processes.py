@@ -6,7 +6,9 @@ database clock (no test offset), so the backoff here is real time.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from pathlib import Path
 
 import selvedge_django as sv
 from selvedge_django.engine.codec import Codec
@@ -98,3 +100,40 @@ def test_queues_option_restricts_a_worker_process(
     assert (task.queue, task.status, task.attempts) == ("proc-s", "queued", 0)
     assert entries("step:pq") == ["step:pq-yes:1"]
     assert proc.terminate() == 0
+
+
+def test_heartbeat_details_survive_a_killed_worker_and_reach_the_next_attempt(
+    worker_process: Callable[..., WorkerProcess], tmp_path: Path
+) -> None:
+    # Attempt 1 heartbeats {"attempt": 1, "beats": k} in a worker process that is then
+    # SIGKILLed; its claim lapses (heartbeat timeout) and attempt 2, in another process,
+    # is handed the last details a renewal of the dead worker stored.
+    marker = tmp_path / "hold"
+    marker.touch()
+    first = worker_process("--worker-id", "hb-a")
+    iid = sv.start_workflow(
+        "act.run",
+        {
+            "activity": "act.wait",
+            "input": {"tag": "hbk", "hold_while": str(marker), "hold_on": [1], "details": True},
+            "options": {"heartbeat_timeout": 2, "retry_policy": {"max_attempts": 3}},
+        },
+    )
+
+    def stored_beats() -> int:
+        task = ActivityTask.objects.filter(instance_id=iid).first()
+        details = json.loads(task.heartbeat_details) if task and task.heartbeat_details else {}
+        return int(details.get("beats", 0))
+
+    wait_until(lambda: stored_beats() >= 2)  # stored by at least two renewals
+    first.kill()
+    beats = stored_beats()  # (a commit the kill cut short may still land: at least these)
+    second = worker_process("--worker-id", "hb-b")
+    result = sv.wait_workflow(iid, timeout=40)
+    assert (result.status, result.output) == ("completed", "hbk:2"), result.error
+    (entry,) = Ledger.objects.filter(entry__startswith="wait:hbk:2:from:")
+    handed = json.loads(entry.entry.removeprefix("wait:hbk:2:from:"))
+    assert handed["attempt"] == 1 and handed["beats"] >= beats >= 2
+    task = ActivityTask.objects.get(instance_id=iid)
+    assert (task.attempts, task.claim_owner) == (2, "hb-b")
+    assert second.terminate() == 0

@@ -78,6 +78,11 @@ def start_from_a_view(order: Order) -> str:
     assert_type(instance_id, str)
     sv.start_workflow(no_input)
     sv.start_workflow("typing.parent", {"any": "json"})
+    again = sv.start_workflow(parent, "Ada", instance_id=instance_id, if_exists="return")
+    assert_type(again, str)
+    sv.signal(instance_id, "approve", {"by": "ada"}, idempotency_key="approve-1")
+    cart = sv.signal_with_start(parent, "Ada", instance_id="cart-1", channel="add", payload=1)
+    assert_type(cart, str)
     result = sv.wait_workflow(instance_id, timeout=10)
     assert_type(result, sv.WorkflowResult)
     return instance_id

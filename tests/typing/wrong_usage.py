@@ -33,6 +33,8 @@ def parent(ctx: sv.WorkflowContext, name: str) -> str:
 def start() -> None:
     sv.start_workflow(parent, 42)  # error: misc
     sv.start_workflow(parent)  # error: arg-type
+    sv.start_workflow(parent, "Ada", if_exists="replace")  # error: call-overload
+    sv.signal_with_start(parent, 42, instance_id="c", channel="add")  # error: misc
 
 
 async def astart() -> None:

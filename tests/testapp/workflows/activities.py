@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any
@@ -81,16 +82,27 @@ def wait(data: dict[str, Any]) -> str:
     ``quiet`` heartbeats for ``heartbeat_for`` seconds, then stops heartbeating
     and raises ActivityCancelled once activity_cancelled() turns true,
     ``ignore`` never looks. ``record_end`` (default true) records the end as well.
+    With ``details`` the heartbeats carry ``{"attempt": n, "beats": k}`` and the
+    start records the heartbeat details the attempt was handed
+    (``wait:<tag>:<n>:from:<JSON>``); the attempts in ``fail_on`` raise StepError
+    once they stop holding.
     """
     info = _attempt()
     tag = data["tag"]
     Ledger.objects.create(entry=f"wait:{tag}:{info.attempt}:start")
+    if data.get("details"):
+        handed = json.dumps(info.heartbeat_details, sort_keys=True)
+        Ledger.objects.create(entry=f"wait:{tag}:{info.attempt}:from:{handed}")
+    beats = 0
     if info.attempt in data.get("hold_on", [info.attempt]):
         mode = data.get("mode", "heartbeat")
         started = time.monotonic()
         deadline = started + data.get("max_hold", 30)
         while os.path.exists(data["hold_while"]) and time.monotonic() < deadline:
-            if mode == "heartbeat":
+            if mode == "heartbeat" and data.get("details"):
+                beats += 1
+                sv.heartbeat({"attempt": info.attempt, "beats": beats})
+            elif mode == "heartbeat":
                 sv.heartbeat()
             elif mode == "quiet":
                 if time.monotonic() - started < data.get("heartbeat_for", 0):
@@ -99,6 +111,8 @@ def wait(data: dict[str, Any]) -> str:
                     Ledger.objects.create(entry=f"wait:{tag}:{info.attempt}:cancelled")
                     sv.heartbeat()  # raises ActivityCancelled
             time.sleep(0.01)
+    if info.attempt in data.get("fail_on", ()):
+        raise StepError(f"attempt {info.attempt} of {tag} failed after {beats} heartbeats")
     if data.get("record_end", True):
         Ledger.objects.create(entry=f"wait:{tag}:{info.attempt}:end")
     return f"{tag}:{info.attempt}"
