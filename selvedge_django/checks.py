@@ -10,7 +10,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 
 from . import exceptions as exc
-from .conf import lease_problems, resolve_settings
+from .conf import lease_problems, resolve_settings, workflow_cache_problems
 
 
 @register("selvedge")
@@ -26,6 +26,17 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                     f"Unsafe SELVEDGE['LEASE']: {problem}.",
                     hint="Keep RENEW_INTERVAL + MARGIN and MARGIN + MAX_SKEW below TTL.",
                     id="selvedge.E002",
+                )
+            )
+    cache = raw.get("WORKFLOW_CACHE") if isinstance(raw, dict) else None
+    if cache is not None:
+        for problem in workflow_cache_problems(cache):
+            messages.append(
+                Error(
+                    f"Invalid SELVEDGE['WORKFLOW_CACHE']: {problem}.",
+                    hint="MAX_ENTRIES from 0 (no cache) to 10000, MAX_BYTES a positive integer,"
+                    " STICKY_WINDOW from 0 to 60 seconds.",
+                    id="selvedge.E005",
                 )
             )
     if messages:

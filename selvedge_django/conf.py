@@ -23,9 +23,25 @@ from django.utils.module_loading import import_string
 
 from .engine.durations import to_seconds
 
-__all__ = ["DEFAULTS", "LeaseSettings", "SelvedgeSettings", "get_settings", "resolve_settings"]
+__all__ = [
+    "DEFAULTS",
+    "LeaseSettings",
+    "SelvedgeSettings",
+    "WorkflowCacheSettings",
+    "get_settings",
+    "resolve_settings",
+    "workflow_cache_problems",
+]
 
 DEFAULT_LEASE = {"TTL": 30.0, "RENEW_INTERVAL": 10.0, "MARGIN": 5.0, "MAX_SKEW": 1.0}
+# The worker's cache of suspended executions (docs/deployment.md, "Workflow cache"):
+# MAX_ENTRIES executions (0: no cache) of at most MAX_BYTES estimated together, each
+# preferred by its worker's dispatcher for STICKY_WINDOW seconds after it suspended.
+DEFAULT_WORKFLOW_CACHE: dict[str, Any] = {
+    "MAX_ENTRIES": 0,
+    "MAX_BYTES": 64 * 1024 * 1024,
+    "STICKY_WINDOW": 2.0,
+}
 
 DEFAULTS: dict[str, Any] = {
     "DATABASE": "default",
@@ -44,6 +60,7 @@ DEFAULTS: dict[str, Any] = {
     "MAX_WORKFLOWS_PER_BATCH": 100,
     "MAX_TIMERS_PER_BATCH": 100,
     "LEASE": DEFAULT_LEASE,
+    "WORKFLOW_CACHE": DEFAULT_WORKFLOW_CACHE,
     "LEADER_LEASE_DURATION": 45.0,
     "LEADER_HEARTBEAT_INTERVAL": 15.0,
     "LISTEN_NOTIFY": None,
@@ -126,6 +143,19 @@ class LeaseSettings:
 
 
 @dataclass(frozen=True)
+class WorkflowCacheSettings:
+    """The worker's cache of suspended executions; ``max_entries`` 0 turns it off."""
+
+    max_entries: int = 0
+    max_bytes: int = 64 * 1024 * 1024
+    sticky_window: float = 2.0
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_entries > 0
+
+
+@dataclass(frozen=True)
 class SelvedgeSettings:
     """The validated ``SELVEDGE`` settings (lower-case attribute names)."""
 
@@ -149,6 +179,7 @@ class SelvedgeSettings:
     max_workflows_per_batch: int = 100
     max_timers_per_batch: int = 100
     lease: LeaseSettings = field(default_factory=LeaseSettings)
+    workflow_cache: WorkflowCacheSettings = field(default_factory=WorkflowCacheSettings)
     leader_lease_duration: float = 45.0
     leader_heartbeat_interval: float = 15.0
     listen_notify: bool | None = None
@@ -210,6 +241,11 @@ class SelvedgeSettings:
                 "RENEW_INTERVAL": self.lease.renew_interval,
                 "MARGIN": self.lease.margin,
                 "MAX_SKEW": self.lease.max_skew,
+            },
+            "WORKFLOW_CACHE": {
+                "MAX_ENTRIES": self.workflow_cache.max_entries,
+                "MAX_BYTES": self.workflow_cache.max_bytes,
+                "STICKY_WINDOW": self.workflow_cache.sticky_window,
             },
             "LEADER_LEASE_DURATION": self.leader_lease_duration,
             "LEADER_HEARTBEAT_INTERVAL": self.leader_heartbeat_interval,
@@ -275,6 +311,34 @@ def lease_problems(lease: Mapping[str, Any]) -> list[str]:
 MAX_COMPATIBLE_VERSIONS = 100
 
 
+def workflow_cache_problems(cache: object) -> list[str]:
+    """Return what is wrong with a WORKFLOW_CACHE dict (empty when it is valid)."""
+    if not isinstance(cache, Mapping):
+        return ["WORKFLOW_CACHE must be a dict"]
+    unknown = set(cache) - set(DEFAULT_WORKFLOW_CACHE)
+    if unknown:
+        return [f"unknown WORKFLOW_CACHE keys: {sorted(unknown)}"]
+    problems = []
+    entries = cache.get("MAX_ENTRIES", DEFAULT_WORKFLOW_CACHE["MAX_ENTRIES"])
+    if isinstance(entries, bool) or not isinstance(entries, int) or not 0 <= entries <= 10_000:
+        problems.append("WORKFLOW_CACHE MAX_ENTRIES must be an integer from 0 (off) to 10000")
+    size = cache.get("MAX_BYTES", DEFAULT_WORKFLOW_CACHE["MAX_BYTES"])
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        problems.append("WORKFLOW_CACHE MAX_BYTES must be a positive integer")
+    try:
+        window = to_seconds(
+            cache.get("STICKY_WINDOW", DEFAULT_WORKFLOW_CACHE["STICKY_WINDOW"]),
+            "WORKFLOW_CACHE['STICKY_WINDOW']",
+            allow_nonpositive=True,
+        )
+    except (TypeError, ValueError) as error:
+        problems.append(str(error))
+    else:
+        if window < 0 or window > 60:
+            problems.append("WORKFLOW_CACHE STICKY_WINDOW must be from 0 to 60 seconds")
+    return problems
+
+
 def _version_ok(value: object) -> bool:
     return isinstance(value, str) and 1 <= len(value) <= 255 and value.isprintable()
 
@@ -333,6 +397,18 @@ def resolve_settings(raw_in: Mapping[str, Any] | None) -> SelvedgeSettings:
         renew_interval=lease_values["RENEW_INTERVAL"],
         margin=lease_values["MARGIN"],
         max_skew=lease_values["MAX_SKEW"],
+    )
+    cache_raw = raw["WORKFLOW_CACHE"] or {}
+    problems = workflow_cache_problems(cache_raw)
+    if problems:
+        raise ImproperlyConfigured("invalid SELVEDGE['WORKFLOW_CACHE']: " + "; ".join(problems))
+    cache_values = {**DEFAULT_WORKFLOW_CACHE, **cache_raw}
+    workflow_cache = WorkflowCacheSettings(
+        max_entries=cache_values["MAX_ENTRIES"],
+        max_bytes=cache_values["MAX_BYTES"],
+        sticky_window=to_seconds(
+            cache_values["STICKY_WINDOW"], "STICKY_WINDOW", allow_nonpositive=True
+        ),
     )
     if durations["LEADER_HEARTBEAT_INTERVAL"] >= durations["LEADER_LEASE_DURATION"]:
         raise ImproperlyConfigured(
@@ -434,6 +510,7 @@ def resolve_settings(raw_in: Mapping[str, Any] | None) -> SelvedgeSettings:
         max_workflows_per_batch=ints["MAX_WORKFLOWS_PER_BATCH"],
         max_timers_per_batch=ints["MAX_TIMERS_PER_BATCH"],
         lease=lease,
+        workflow_cache=workflow_cache,
         leader_lease_duration=durations["LEADER_LEASE_DURATION"],
         leader_heartbeat_interval=durations["LEADER_HEARTBEAT_INTERVAL"],
         listen_notify=listen,

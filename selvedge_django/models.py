@@ -155,6 +155,18 @@ class WorkflowInstance(models.Model):
         blank=True,
         help_text="the key of the command where the last execution suspended",
     )
+    sticky_owner = models.CharField(
+        max_length=255,
+        default="",
+        db_default="",
+        blank=True,
+        help_text="the worker that keeps the last execution in its workflow cache (empty: none)",
+    )
+    sticky_until_ms = models.BigIntegerField(
+        default=0,
+        db_default=0,
+        help_text="until when (database clock, Unix ms) only the sticky worker dispatches it",
+    )
     execution_timeout_ms = models.BigIntegerField(
         null=True,
         blank=True,

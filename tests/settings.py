@@ -116,6 +116,10 @@ if os.environ.get("SELVEDGE_TEST_POLL_INTERVAL"):
     for _key in ("WORKFLOW_RESUMPTION_INTERVAL", "ACTIVITY_POLL_INTERVAL", "TIMER_CHECK_INTERVAL"):
         SELVEDGE[_key] = _poll
     SELVEDGE["MAX_POLL_INTERVAL"] = _poll
+# The suite both ways: SELVEDGE_TEST_WORKFLOW_CACHE=N gives every worker (threads and
+# processes) a workflow cache of N entries; the default runs without one.
+if os.environ.get("SELVEDGE_TEST_WORKFLOW_CACHE"):
+    SELVEDGE["WORKFLOW_CACHE"] = {"MAX_ENTRIES": int(os.environ["SELVEDGE_TEST_WORKFLOW_CACHE"])}
 
 # Worker subprocesses of tests/processes/test_pgbouncer.py: the engine's alias goes through a
 # pgbouncer in transaction mode on this port, and the listener has a direct connection

@@ -293,33 +293,36 @@ def wait_condition(execution: Execution, scope: Scope, predicate: Any) -> None:
     if execution.readonly:
         raise execution.suspend("condition not met in recorded history")
     store = execution.runtime.store
-    arrivals = execution.guarded(lambda: store.arrivals(execution.instance_id))
-    for arrived_key in arrivals.keys:
-        execution.refresh(arrived_key)
-    for signal_id, channel in arrivals.signals:
-        execution.signals.setdefault(signal_id, SignalPosition(signal_id, channel))
-    with execution.with_candidates(arrivals):
-        satisfied = _evaluate(execution, predicate)
-    if satisfied:
-        execution.observe(
-            Observation(
-                seq,
-                record=HistoryRow(key, seq, CMD_AWAIT, EV_AWAIT_COMPLETED, json.dumps(None)),
-                deliver=arrivals,
+    while True:  # again after each wait the worker's cache continues (wait_here)
+        arrivals = execution.guarded(lambda: store.arrivals(execution.instance_id))
+        for arrived_key in arrivals.keys:
+            execution.refresh(arrived_key)
+        for signal_id, channel in arrivals.signals:
+            execution.signals.setdefault(signal_id, SignalPosition(signal_id, channel))
+        with execution.with_candidates(arrivals):
+            satisfied = _evaluate(execution, predicate)
+        if satisfied:
+            execution.observe(
+                Observation(
+                    seq,
+                    record=HistoryRow(key, seq, CMD_AWAIT, EV_AWAIT_COMPLETED, json.dumps(None)),
+                    deliver=arrivals,
+                )
             )
-        )
-        return
-    cancelled = execution.cancellation(scope)
-    if cancelled is not None:
-        execution.observe(
-            Observation(
-                seq,
-                record=HistoryRow(key, seq, CMD_AWAIT, EV_AWAIT_CANCELLED, error_data(cancelled)),
-                deliver_all=True,
+            return
+        cancelled = execution.cancellation(scope)
+        if cancelled is not None:
+            execution.observe(
+                Observation(
+                    seq,
+                    record=HistoryRow(
+                        key, seq, CMD_AWAIT, EV_AWAIT_CANCELLED, error_data(cancelled)
+                    ),
+                    deliver_all=True,
+                )
             )
-        )
-        raise cancelled
-    raise execution.suspend("condition not met")
+            raise cancelled
+        execution.wait_here("condition not met")
 
 
 # -- children ----------------------------------------------------------------------------

@@ -133,8 +133,9 @@ class Future(_Handle, Generic[OutT_co]):
         if self._resolved is None:
             self._execution.check_command("Future.get()")
             row = self._lookup()
-            if row is None:
-                raise self._execution.suspend(f"activity {self._key!r} has no outcome yet")
+            while row is None:  # again after each wait the worker's cache continues
+                self._execution.wait_here(f"activity {self._key!r} has no outcome yet")
+                row = self._lookup()
             self._resolve(row)
             if self._execution.is_replaying and self._execution.live:
                 self._execution.runtime.fire(
@@ -218,8 +219,9 @@ class Timer(_Handle):
             row = self._stored()
             if row is None and execution.live:
                 row = self._cancel_on_wait(batch=batch)
-            if row is None:
-                raise execution.suspend(f"timer {self._key!r} has not fired")
+            while row is None:  # again after each wait the worker's cache continues
+                execution.wait_here(f"timer {self._key!r} has not fired")
+                row = self._stored() or self._cancel_on_wait(batch=batch)
             self._resolve(row)
         row = self._resolved
         assert row is not None
@@ -274,8 +276,9 @@ class ChildHandle(_Handle, Generic[OutT_co]):
             row = self._stored()
             if row is None and execution.live:
                 row = self._cancel_on_wait()
-            if row is None:
-                raise execution.suspend(f"child {self._child_id!r} has not closed")
+            while row is None:  # again after each wait the worker's cache continues
+                execution.wait_here(f"child {self._child_id!r} has not closed")
+                row = self._stored() or self._cancel_on_wait()
             self._resolve(row)
         assert self._resolved is not None
         return execution.runtime.codec.result(self._result_fn, decode_outcome(self._resolved))

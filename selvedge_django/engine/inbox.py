@@ -58,22 +58,24 @@ def receive(execution: Execution, scope: Scope, channel: str) -> Any:
         return _signal_outcome(execution, recorded)
     if execution.readonly:
         raise execution.suspend(f"receive {key!r} is not recorded")
-    cancelled = execution.cancellation(scope)
-    if cancelled is not None:
-        execution.observe(
-            Observation(
-                seq,
-                record=HistoryRow(
-                    key, seq, CMD_RECEIVE, EV_SIGNAL_CANCELLED, error_data(cancelled)
-                ),
-                deliver_all=True,
-            )
-        )
-        raise cancelled
     store = execution.runtime.store
-    message = execution.guarded(lambda: store.next_signal(execution.instance_id, channel))
-    if message is None:
-        raise execution.suspend(f"no signal on {channel!r}")
+    while True:  # again after each wait the worker's cache continues (wait_here)
+        cancelled = execution.cancellation(scope)
+        if cancelled is not None:
+            execution.observe(
+                Observation(
+                    seq,
+                    record=HistoryRow(
+                        key, seq, CMD_RECEIVE, EV_SIGNAL_CANCELLED, error_data(cancelled)
+                    ),
+                    deliver_all=True,
+                )
+            )
+            raise cancelled
+        message = execution.guarded(lambda: store.next_signal(execution.instance_id, channel))
+        if message is not None:
+            break
+        execution.wait_here(f"no signal on {channel!r}")
     execution.observe(
         Observation(
             seq,
@@ -133,29 +135,30 @@ def receive_with_timeout(
         )
         stored = execution.guarded(lambda: store.reserve_timer(fence, row, expires, seconds))
         execution.check_stored(key, stored, CMD_RECEIVE)
-    cancelled = execution.cancellation(scope)
-    if cancelled is not None:
-        _fill(execution, seq, key, EV_SIGNAL_CANCELLED, error_data(cancelled))
-        raise cancelled
-    message = execution.guarded(lambda: store.next_signal(execution.instance_id, channel))
-    if message is not None:
-        result = execution.observe(
-            Observation(
-                seq,
-                fill=HistoryRow(key, seq, CMD_RECEIVE, EV_SIGNAL_RECEIVED, message.payload),
-                consume=message.id,
-                retire_timer=key,
-                deliver_all=True,
+    while True:  # again after each wait the worker's cache continues (wait_here)
+        cancelled = execution.cancellation(scope)
+        if cancelled is not None:
+            _fill(execution, seq, key, EV_SIGNAL_CANCELLED, error_data(cancelled))
+            raise cancelled
+        message = execution.guarded(lambda: store.next_signal(execution.instance_id, channel))
+        if message is not None:
+            result = execution.observe(
+                Observation(
+                    seq,
+                    fill=HistoryRow(key, seq, CMD_RECEIVE, EV_SIGNAL_RECEIVED, message.payload),
+                    consume=message.id,
+                    retire_timer=key,
+                    deliver_all=True,
+                )
             )
-        )
-        assert result.stored is not None
-        if result.stored.event_type == EV_SIGNAL_RECEIVED:
-            _signal_received(execution, key)
-        return _signal_outcome(execution, result.stored)
-    if execution.guarded(lambda: store.timer_fired(execution.instance_id, key)):
-        stored_row = _fill(execution, seq, key, EV_SIGNAL_TIMEOUT, json.dumps(None))
-        return _signal_outcome(execution, stored_row)
-    raise execution.suspend(f"no signal on {channel!r} yet")
+            assert result.stored is not None
+            if result.stored.event_type == EV_SIGNAL_RECEIVED:
+                _signal_received(execution, key)
+            return _signal_outcome(execution, result.stored)
+        if execution.guarded(lambda: store.timer_fired(execution.instance_id, key)):
+            stored_row = _fill(execution, seq, key, EV_SIGNAL_TIMEOUT, json.dumps(None))
+            return _signal_outcome(execution, stored_row)
+        execution.wait_here(f"no signal on {channel!r} yet")
 
 
 def _fill(execution: Execution, seq: int, key: str, event_type: str, data: str) -> HistoryRow:

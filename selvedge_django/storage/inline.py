@@ -149,7 +149,11 @@ class InlineResultStore(StoreBase):
         return recorded
 
     def _release_with_deferred(
-        self, fence: Fence, runnable: bool, parked: tuple[int, str] | None
+        self,
+        fence: Fence,
+        runnable: bool,
+        parked: tuple[int, str] | None,
+        sticky: float | None = None,
     ) -> None:
         """release_lease with the inline results it records, in one transaction.
 
@@ -162,6 +166,9 @@ class InlineResultStore(StoreBase):
             "lease_expires_ms": None,
             "execution_errors": 0,
             "execution_error": "",
+            # A worker's cache that keeps the execution (release_lease's ``sticky``).
+            "sticky_owner": fence.owner if sticky is not None else "",
+            "sticky_until_ms": self.now_expr(sticky or 0.0),
         }
         if parked is not None:
             updates.update(parked_seq=parked[0], parked_key=parked[1])

@@ -11,7 +11,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.db.models import F, Q
 
@@ -30,7 +30,7 @@ from ..models import WorkflowInstance, WorkflowStatus
 from . import sql
 from .base import operation
 from .cancels import CancelStore
-from .children import ChildStore
+from .releases import LeaseReleaseStore
 from .starts import StartStore
 from .wakeups import TOPIC_RUNNABLE, closed_topic
 
@@ -58,14 +58,8 @@ class InstanceHead:
     taken_over: bool = False
 
 
-class InstanceStore(StartStore, CancelStore, ChildStore):
+class InstanceStore(StartStore, CancelStore, LeaseReleaseStore):
     """Starts, leases, snapshots, cancel requests, closes and what holds an instance back."""
-
-    if TYPE_CHECKING:  # provided by InlineResultStore
-
-        def _release_with_deferred(
-            self, fence: Fence, runnable: bool, parked: tuple[int, str] | None
-        ) -> None: ...
 
     # -- progress -----------------------------------------------------------------------
 
@@ -120,6 +114,8 @@ class InstanceStore(StartStore, CancelStore, ChildStore):
             version_sql, version_params = self.versions_sql(versions)
             named += version_sql
             name_params += version_params
+        named += sql.DISPATCH_STICKY
+        name_params += [owner, *clock]
         where = [*clock, *name_params]
         ttl_ms = round(ttl * 1000)
         rows = self._lease_rows(owner, limit, named, where, [owner, *clock, ttl_ms, False])
@@ -214,39 +210,6 @@ class InstanceStore(StartStore, CancelStore, ChildStore):
             )
             .update(lease_expires_ms=self.now_expr(ttl))
         )
-
-    @operation
-    def release_lease(
-        self, fence: Fence, runnable: bool = False, parked: tuple[int, str] | None = None
-    ) -> None:
-        """Clear a matching lease, keeping pending input runnable.
-
-        ``parked`` is the position and key of the command a suspended execution waits
-        at, kept for the next one (see :mod:`selvedge_django.engine.patches`).
-
-        The execution ended without a storage error: its instance's count of them
-        in a row goes back to 0, in the same update. One statement that also says
-        whether input arrived meanwhile: only then is a dispatcher woken (every
-        worker's, through NOTIFY), not on every release. An inline result still
-        held for the execution commits with it (:mod:`.inline`).
-        """
-        if self.has_deferred(fence):
-            self._release_with_deferred(fence, runnable, parked)
-            return
-        rows = self._fetch(
-            sql.RELEASE_LEASE,
-            [
-                *(parked if parked is not None else (None, None)),
-                runnable,
-                *self.now_sql().params,
-                runnable,
-                fence.instance_id,
-                fence.owner,
-                fence.epoch,
-            ],
-        )
-        if rows and rows[0][0]:
-            self.after_commit(TOPIC_RUNNABLE)
 
     # -- snapshots and commands ---------------------------------------------------------
 

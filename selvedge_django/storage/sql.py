@@ -135,6 +135,9 @@ SELECT_HEAD = f"SELECT {HEAD_COLUMNS} FROM {{instance}} WHERE instance_id = %s"
 DISPATCH_EXPIRED = (
     "status = 'running' AND NOT (lease_owner = '') AND lease_expires_ms < {now}{named}"
 )
+# Both parts of a dispatch pass over an instance another worker keeps in its workflow
+# cache until its sticky window ends (the worker's own, and any other once it ended).
+DISPATCH_STICKY = " AND (sticky_owner = '' OR sticky_owner = %s OR sticky_until_ms <= {now})"
 # Dispatch, second part: running, unowned, runnable and ready ({named}: the names).
 DISPATCH_READY = "status = 'running' AND lease_owner = '' AND runnable AND ready_ms <= {now}{named}"
 # The SET of a dispatch: the lease to the owner, a new epoch, not runnable.
@@ -143,10 +146,12 @@ LEASE_SET = (
     " lease_expires_ms = {now} + %s, runnable = %s"
 )
 # Release a lease (input that arrived keeps it runnable); says whether it is runnable.
-# A suspended execution also records where it parked (NULL: keep the last one).
+# A suspended execution also records where it parked (NULL: keep the last one), and the
+# worker that keeps it cached with the end of its sticky window ('' and now: none).
 RELEASE_LEASE = (
     "UPDATE {instance} SET lease_owner = '', lease_expires_ms = NULL,"
     " execution_errors = 0, execution_error = '',"
+    " sticky_owner = %s, sticky_until_ms = {now} + %s,"
     " parked_seq = COALESCE(%s, parked_seq), parked_key = COALESCE(%s, parked_key),"
     " ready_ms = CASE WHEN runnable OR NOT %s THEN ready_ms ELSE {now} END,"
     " runnable = (runnable OR %s) WHERE instance_id = %s AND lease_owner = %s"

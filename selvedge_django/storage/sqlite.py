@@ -211,10 +211,14 @@ class SQLiteStore(DjangoStore):
 
     @operation
     def release_lease(
-        self, fence: Fence, runnable: bool = False, parked: tuple[int, str] | None = None
+        self,
+        fence: Fence,
+        runnable: bool = False,
+        parked: tuple[int, str] | None = None,
+        sticky: float | None = None,
     ) -> None:
         if self._returning or self.has_deferred(fence):
-            super().release_lease(fence, runnable, parked)
+            super().release_lease(fence, runnable, parked, sticky)
             return
         updated = (
             WorkflowInstance.objects.using(self.alias)
@@ -230,6 +234,8 @@ class SQLiteStore(DjangoStore):
                 execution_error="",
                 **(self.wake_fields() if runnable else {}),
                 **({} if parked is None else {"parked_seq": parked[0], "parked_key": parked[1]}),
+                sticky_owner=fence.owner if sticky is not None else "",
+                sticky_until_ms=self.now_expr(sticky or 0.0),
             )
         )
         if updated:

@@ -44,11 +44,14 @@ class Dispatcher(Loop):
             self.runtime.worker_id, settings.lease.ttl, free, registered_workflow_names()
         )
         self.saturated = len(leased) >= free
+        cache = self.runtime.cache
         for fence, head in leased:
             _count_dispatch(head)
             # Held (and renewed) from now on, even if a start handed over in this process
             # took the slot meanwhile and the execution waits for a thread.
             self.runtime.hold(fence, started)
+            if cache is not None and cache.resume(fence, head):
+                continue  # the parked execution goes on under the new lease, no replay
             self.pool.submit(self.runtime.execute, fence, started, None, head)
         return len(leased)
 

@@ -35,8 +35,19 @@ class _Slot:
         self.task: Any = None
 
 
+_thread = threading.local()
+
+
 class ThreadPool:
-    """Run submitted callables on ``size`` threads; ``free_slots()`` bounds claiming."""
+    """Run submitted callables on ``size`` threads; ``free_slots()`` bounds claiming.
+
+    A task may leave the pool while it waits (:meth:`detach`: a suspended execution
+    kept in the worker's workflow cache): its slot is freed and a new thread takes
+    its place, so the pool keeps ``size`` threads of its own. While a detached task
+    runs again it holds a slot (:meth:`attach`, counted by ``free_slots()``); its
+    thread ends with the task. The detached threads are bounded by their caller (the
+    cache's entries), so the threads of a pool number at most ``size`` plus those.
+    """
 
     def __init__(self, name: str, size: int, on_done: Callable[[], None] | None = None) -> None:
         self.name = name
@@ -45,25 +56,94 @@ class ThreadPool:
         self._lock = threading.Lock()
         self._pending = 0
         self._idle = threading.Condition(self._lock)
+        self._detached_ended = threading.Condition(self._lock)
         self._idle_slots: list[_Slot] = []  # most recently idle last
         self._backlog: deque[tuple[Callable[..., Any], tuple[Any, ...]]] = deque()
         self._stopping = False
         self._threads: list[threading.Thread] = []
+        self._spawned = 0
+        self.detached = 0
         # Inline pools run submitted work at once in the submitting thread
         # (selvedge_django.testing.run_until_idle uses them).
         self.inline = False
 
     def start(self) -> None:
         self._stopping = False
-        for index in range(self.size):
-            slot = _Slot()
-            thread = threading.Thread(
-                target=self._work, args=(slot,), name=f"selvedge-{self.name}-{index}", daemon=True
-            )
-            with self._lock:
+        with self._lock:
+            self._spawned = 0
+            self.detached = 0  # threads whose task left the pool and has not ended
+            for _ in range(self.size):
+                self._spawn(first=True)
+
+    def _spawn(self, *, first: bool = False) -> None:
+        """Start one thread of the pool (the lock held)."""
+        slot = _Slot()
+        self._spawned += 1
+        thread = threading.Thread(
+            target=self._work,
+            args=(slot,),
+            name=f"selvedge-{self.name}-{self._spawned - 1}",
+            daemon=True,
+        )
+        if first:
+            self._idle_slots.insert(0, slot)
+        else:
+            self._threads = [t for t in self._threads if t.is_alive()]
+            # A replacement: the backlog first, as a thread that finished a task does.
+            if self._backlog:
+                slot.task = self._backlog.popleft()
+                slot.ready.set()
+            else:
                 self._idle_slots.insert(0, slot)
-            thread.start()
-            self._threads.append(thread)
+        thread.start()
+        self._threads.append(thread)
+
+    def in_pool_thread(self) -> bool:
+        """Whether the calling thread runs a task of this pool (not inline)."""
+        return getattr(_thread, "pool", None) is self
+
+    def is_detached(self) -> bool:
+        """Whether the calling thread's task left the pool (see :meth:`detach`)."""
+        return bool(getattr(_thread, "detached", False))
+
+    def detach(self) -> bool:
+        """Free the calling task's slot while it waits outside the pool.
+
+        The first time a task detaches, a new thread takes its place in the pool.
+        Returns False (nothing done) when the pool is stopping or inline, or the
+        caller is not one of its tasks.
+        """
+        if self.inline or not self.in_pool_thread():
+            return False
+        with self._lock:
+            if self._stopping:
+                return False
+            if not getattr(_thread, "detached", False):
+                _thread.detached = True
+                self.detached += 1
+                self._spawn()
+            self._pending -= 1
+            _thread.holding = False
+            if self._pending == 0:
+                self._idle.notify_all()
+        if self.on_done is not None:
+            self.on_done()
+        return True
+
+    def wait_detached_below(self, count: int, timeout: float) -> bool:
+        """Wait until fewer than ``count`` detached threads are alive (up to ``timeout``)."""
+        with self._lock:
+            return self._detached_ended.wait_for(lambda: self.detached < count, timeout)
+
+    def attach(self) -> None:
+        """A detached task runs again (on its own thread): it holds a slot until it
+        waits again or ends."""
+        with self._lock:
+            self._pending += 1
+
+    def attached(self) -> None:
+        """Called on the detached task's thread once :meth:`attach` gave it a slot."""
+        _thread.holding = True
 
     def free_slots(self) -> int:
         with self._lock:
@@ -83,6 +163,7 @@ class ThreadPool:
                 self._backlog.append((fn, args))
 
     def _work(self, slot: _Slot) -> None:
+        _thread.pool = self
         try:
             while True:
                 slot.ready.wait()
@@ -92,6 +173,8 @@ class ThreadPool:
                     if task is _STOP:
                         return
                     self._run(*task)
+                    if getattr(_thread, "detached", False):
+                        return  # another thread took this one's place in the pool
                     with self._lock:
                         if self._backlog:
                             task = self._backlog.popleft()
@@ -110,11 +193,17 @@ class ThreadPool:
             logger.exception("%s task failed", self.name)
         finally:
             drop_broken_connections()
+            detached = getattr(_thread, "detached", False)
+            holding = not detached or getattr(_thread, "holding", False)
             with self._lock:
-                self._pending -= 1
+                if detached:
+                    self.detached -= 1
+                    self._detached_ended.notify_all()
+                if holding:
+                    self._pending -= 1
                 if self._pending == 0:
                     self._idle.notify_all()
-            if self.on_done is not None:
+            if holding and self.on_done is not None:
                 self.on_done()
 
     def wait_idle(self, timeout: float | None) -> bool:

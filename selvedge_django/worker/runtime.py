@@ -31,6 +31,7 @@ from ..storage import InstanceHead, client_codec, store_for
 from ..storage.errors import backoff_delay, describe, is_data_error
 from . import handoff
 from .attempts import HUNG_AFTER, AttemptRunner, HungAttempt
+from .cache import WorkflowCache
 
 __all__ = ["HUNG_AFTER", "HungAttempt", "WorkerRuntime", "client_codec"]  # client_codec: storage's
 
@@ -57,6 +58,8 @@ class WorkerRuntime(AttemptRunner):
         # Monotonic times at which instances this worker held back after a storage error
         # become dispatchable again (the dispatcher polls then).
         self._deferred: list[float] = []
+        # Set by the Worker when SELVEDGE["WORKFLOW_CACHE"] keeps suspended executions.
+        self.cache: WorkflowCache | None = None
 
     # -- engine Runtime protocol --------------------------------------------------------
 
@@ -71,6 +74,54 @@ class WorkerRuntime(AttemptRunner):
         with self._lock:
             deadline = self._beliefs.get(fence)
         return deadline is not None and time.monotonic() < deadline
+
+    def park(self, execution: Execution, why: str) -> Fence | None:
+        """Keep a suspending execution in the workflow cache until its next lease here.
+
+        Called by :meth:`Execution.wait_here` on the execution's thread with the lease
+        held. Returns the new fence to go on under, or None: either not kept (the lease
+        is still held and the suspension goes on as without a cache) or let go after the
+        release (``execution.let_go``: nothing is left to write).
+        """
+        cache = self.cache
+        fence = execution.fence
+        if cache is None or fence is None or self.stopping.is_set():
+            return None
+        definition = get_workflow(execution.workflow_name)
+        if definition is None:
+            return None
+        entry = cache.admit(execution, definition.fn)
+        if entry is None:
+            return None
+        if not cache.pool.detach():
+            cache.discard(entry)
+            return None
+        if not execution.released:
+            try:
+                self.store.release_lease(
+                    fence,
+                    parked=(execution.seq, execution.last_key),
+                    sticky=self.settings.workflow_cache.sticky_window,
+                )
+            except Exception:
+                # Suspended as without a cache: the release is tried again, and a
+                # failure there is handled as a storage error.
+                cache.discard(entry)
+                return None
+        execution.released = True
+        self.drop(fence)
+        handoff.finished(fence.instance_id)
+        self.fire(
+            "on_workflow_suspended",
+            instance_id=fence.instance_id,
+            workflow_name=execution.workflow_name,
+        )
+        resumed = cache.wait(entry)
+        if resumed is None:
+            execution.let_go = True
+            return None
+        execution.cache_resumed_at = time.monotonic()
+        return resumed
 
     def tasks_reserved(self) -> None:
         """New queued tasks: the store already wakes local activity workers on commit."""
@@ -227,6 +278,15 @@ class WorkerRuntime(AttemptRunner):
         execution = Execution(self, snapshot, fence)
         started = time.monotonic()
         outcome = execution.run(definition.fn, WorkflowContext(execution, execution.root_scope))
+        if execution.let_go:
+            # Parked in the workflow cache, which let it go: its lease was released when
+            # it parked, and a replay (or nothing) follows.
+            return outcome
+        # The lease it ends under: a later one when the cache continued it.
+        current = execution.fence
+        assert current is not None
+        if execution.cache_resumptions:
+            started = max(started, execution.cache_resumed_at)
         try:
             self._finish(execution, outcome)
         except exc.Fenced:
@@ -241,9 +301,12 @@ class WorkerRuntime(AttemptRunner):
         except Exception as error:
             # The close or the release failed (or committed, and the connection was lost
             # before it said so: then the lease is no longer held, and nothing is done).
-            failure = self._after_storage_error(fence, error)
+            failure = self._after_storage_error(current, error)
             outcome.kind = "abandoned" if failure is None else "failed"
             outcome.error = error if failure is None else failure
+        finally:
+            if current != fence:
+                self.drop(current)
         if outcome.kind in ("completed", "failed", "cancelled"):
             self.fire(
                 f"on_workflow_{outcome.kind}",

@@ -1,0 +1,75 @@
+"""Releasing an execution lease: the one statement a suspension (or an abandonment) ends with.
+
+The release keeps pending input runnable, records where a suspended execution
+waits, and names the worker whose workflow cache keeps the execution (its sticky
+window, during which other workers' dispatchers pass the instance over).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..engine.events import Fence
+from . import sql
+from .base import operation
+from .children import ChildStore
+from .wakeups import TOPIC_RUNNABLE
+
+__all__ = ["LeaseReleaseStore"]
+
+
+class LeaseReleaseStore(ChildStore):
+    """release_lease, portable (the SQLite store without RETURNING has its own)."""
+
+    if TYPE_CHECKING:  # provided by InlineResultStore
+
+        def _release_with_deferred(
+            self,
+            fence: Fence,
+            runnable: bool,
+            parked: tuple[int, str] | None,
+            sticky: float | None = None,
+        ) -> None: ...
+
+    @operation
+    def release_lease(
+        self,
+        fence: Fence,
+        runnable: bool = False,
+        parked: tuple[int, str] | None = None,
+        sticky: float | None = None,
+    ) -> None:
+        """Clear a matching lease, keeping pending input runnable.
+
+        ``parked`` is the position and key of the command a suspended execution waits
+        at, kept for the next one (see :mod:`selvedge_django.engine.patches`).
+        ``sticky`` (seconds) says the releasing worker keeps the execution in its
+        workflow cache: other workers' dispatchers pass the instance over for that
+        long (``WORKFLOW_CACHE["STICKY_WINDOW"]``); without it nobody is preferred.
+
+        The execution ended without a storage error: its instance's count of them
+        in a row goes back to 0, in the same update. One statement that also says
+        whether input arrived meanwhile: only then is a dispatcher woken (every
+        worker's, through NOTIFY), not on every release. An inline result still
+        held for the execution commits with it (:mod:`.inline`).
+        """
+        if self.has_deferred(fence):
+            self._release_with_deferred(fence, runnable, parked, sticky)
+            return
+        rows = self._fetch(
+            sql.RELEASE_LEASE,
+            [
+                fence.owner if sticky is not None else "",
+                *self.now_sql().params,
+                round((sticky or 0.0) * 1000),
+                *(parked if parked is not None else (None, None)),
+                runnable,
+                *self.now_sql().params,
+                runnable,
+                fence.instance_id,
+                fence.owner,
+                fence.epoch,
+            ],
+        )
+        if rows and rows[0][0]:
+            self.after_commit(TOPIC_RUNNABLE)
