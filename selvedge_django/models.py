@@ -512,6 +512,13 @@ class SignalMessage(models.Model):
                 name="sv_signal_pending_idx",
                 condition=Q(consumed_seq__isnull=True),
             ),
+            # The signals a delivery batch marks: without it each delivery walked every
+            # signal the instance ever received (O(n^2) for n signals handled one by one).
+            models.Index(
+                fields=["instance"],
+                name="sv_signal_undelivered_idx",
+                condition=Q(delivered_seq__isnull=True),
+            ),
         ]
 
     def __str__(self) -> str:

@@ -104,8 +104,9 @@ class WorkflowCache:
         """Take ``execution`` in (its lease still held), or None when it cannot be kept.
 
         Makes room first, letting the least recently parked entries go. Declines when
-        the cache is closed, the caller is not a thread of the pool (an inline run),
-        the execution alone is over ``MAX_BYTES``, or the thread bound is reached.
+        the cache is closed, the caller is not a thread of the pool (an inline run) or
+        the execution alone is over ``MAX_BYTES``. The caller detaches its thread next
+        (:meth:`detach`), which may still decline at the thread bound.
         """
         settings = self.settings
         if not settings.enabled or not self.pool.in_pool_thread() or self.pool.inline:
@@ -116,7 +117,6 @@ class WorkflowCache:
         if size > settings.max_bytes:
             self._count("declined")
             return None
-        new_thread = not self.pool.is_detached()
         with self._lock:
             if self._closed:
                 return None
@@ -131,9 +131,6 @@ class WorkflowCache:
                 _, oldest = self._entries.popitem(last=False)
                 self._bytes -= oldest.size
                 self._let_go(oldest, "evicted")
-        if new_thread and not self.pool.wait_detached_below(settings.max_entries, _THREAD_WAIT):
-            self._count("declined")
-            return None
         entry = _Entry(execution, fence, fn, size)
         with self._lock:
             if self._closed or len(self._entries) >= settings.max_entries:
@@ -143,6 +140,14 @@ class WorkflowCache:
             self._bytes += size
             self._counts["parked"] += 1
         return entry
+
+    def detach(self, entry: _Entry) -> bool:
+        """Leave the pool for the wait, within the thread bound; False: not kept."""
+        if self.pool.detach(self.settings.max_entries, _THREAD_WAIT):
+            return True
+        self._count("declined")
+        self.discard(entry)
+        return False
 
     def discard(self, entry: _Entry) -> None:
         """Take back :meth:`admit` before the lease was released (the release failed)."""

@@ -102,16 +102,13 @@ class ThreadPool:
         """Whether the calling thread runs a task of this pool (not inline)."""
         return getattr(_thread, "pool", None) is self
 
-    def is_detached(self) -> bool:
-        """Whether the calling thread's task left the pool (see :meth:`detach`)."""
-        return bool(getattr(_thread, "detached", False))
-
-    def detach(self) -> bool:
+    def detach(self, limit: int, timeout: float = 0.0) -> bool:
         """Free the calling task's slot while it waits outside the pool.
 
-        The first time a task detaches, a new thread takes its place in the pool.
-        Returns False (nothing done) when the pool is stopping or inline, or the
-        caller is not one of its tasks.
+        The first time a task detaches, a new thread takes its place in the pool, and
+        only while fewer than ``limit`` detached threads are alive (waiting up to
+        ``timeout`` for one to end). Returns False (nothing done) when that bound is
+        reached, the pool is stopping or inline, or the caller is not one of its tasks.
         """
         if self.inline or not self.in_pool_thread():
             return False
@@ -119,6 +116,10 @@ class ThreadPool:
             if self._stopping:
                 return False
             if not getattr(_thread, "detached", False):
+                if not self._detached_ended.wait_for(lambda: self.detached < limit, timeout):
+                    return False
+                if self._stopping:
+                    return False
                 _thread.detached = True
                 self.detached += 1
                 self._spawn()
@@ -129,11 +130,6 @@ class ThreadPool:
         if self.on_done is not None:
             self.on_done()
         return True
-
-    def wait_detached_below(self, count: int, timeout: float) -> bool:
-        """Wait until fewer than ``count`` detached threads are alive (up to ``timeout``)."""
-        with self._lock:
-            return self._detached_ended.wait_for(lambda: self.detached < count, timeout)
 
     def attach(self) -> None:
         """A detached task runs again (on its own thread): it holds a slot until it

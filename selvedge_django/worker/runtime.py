@@ -93,8 +93,7 @@ class WorkerRuntime(AttemptRunner):
         entry = cache.admit(execution, definition.fn)
         if entry is None:
             return None
-        if not cache.pool.detach():
-            cache.discard(entry)
+        if not cache.detach(entry):
             return None
         if not execution.released:
             try:
