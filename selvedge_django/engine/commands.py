@@ -39,6 +39,7 @@ from .execution import Execution
 from .handles import ChildHandle, Future, Timer, decode_outcome
 from .identifiers import check_instance_id, check_workflow_name
 from .options import ActivityOptions
+from .parking import wait_here
 from .ports import ChildSpec, Observation, TaskSpec
 from .scope import Scope
 
@@ -322,7 +323,7 @@ def wait_condition(execution: Execution, scope: Scope, predicate: Any) -> None:
                 )
             )
             raise cancelled
-        execution.wait_here("condition not met")
+        wait_here(execution, "condition not met")
 
 
 # -- children ----------------------------------------------------------------------------

@@ -142,14 +142,6 @@ class Execution:
         self.workflow_error: BaseException | None = None
         # The lease was released by the write that made this execution suspend.
         self.released = False
-        # Set by the runtime when its workflow cache let go of this execution while it
-        # waited (parked with its lease released, see :meth:`wait_here`): it unwinds
-        # with nothing to write, not even a release.
-        self.let_go = False
-        # How many times a parked wait went on under a new lease instead of a replay,
-        # and when (monotonic) it last did.
-        self.cache_resumptions = 0
-        self.cache_resumed_at = 0.0
         self.in_activity = False
         self.in_predicate = False
         self.in_query = False
@@ -263,37 +255,6 @@ class Execution:
         """Return the unwinding to raise; later commands are rejected without writes."""
         self.continuation = ContinueAsNew(input_text)
         return self.continuation
-
-    def wait_here(self, why: str) -> None:
-        """A live wait cannot complete: park in the worker's cache, or suspend.
-
-        With a runtime that keeps executions (``park``), a live execution at the end of
-        its recorded history stays where it is: the runtime releases the lease and
-        blocks this thread until the instance is leased to it again, then this returns
-        with the new fence and the wait looks again for what arrived, exactly where a
-        replay would look. Otherwise, or when the runtime lets the execution go, this
-        raises :class:`Suspend` as a wait without a cache does.
-        """
-        park = getattr(self.runtime, "park", None)
-        if (
-            park is None
-            or self.readonly
-            or self.fatal is not None
-            or self.suspension is not None
-            or self.continuation is not None
-            or self.in_predicate
-            or self.in_activity
-            # Recorded commands past this position: the suspension judges them (leftovers).
-            or self.seq < self.max_recorded_seq
-        ):
-            raise self.suspend(why)
-        # None: not kept (the lease still held), or let go after the release (let_go).
-        fence = park(self, why)
-        if fence is None:
-            raise self.suspend(why)
-        self.fence = fence
-        self.released = False
-        self.cache_resumptions += 1
 
     def next_position(self, key: str | None, command: str, label: str) -> tuple[int, str]:
         """Take the next command position and validate its key against history."""

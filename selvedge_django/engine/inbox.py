@@ -26,6 +26,7 @@ from .events import (
 from .execution import Execution
 from .handles import decode_outcome
 from .identifiers import valid_channel
+from .parking import wait_here
 from .ports import Observation
 from .scope import Scope
 
@@ -75,7 +76,7 @@ def receive(execution: Execution, scope: Scope, channel: str) -> Any:
         message = execution.guarded(lambda: store.next_signal(execution.instance_id, channel))
         if message is not None:
             break
-        execution.wait_here(f"no signal on {channel!r}")
+        wait_here(execution, f"no signal on {channel!r}")
     execution.observe(
         Observation(
             seq,
@@ -158,7 +159,7 @@ def receive_with_timeout(
         if execution.guarded(lambda: store.timer_fired(execution.instance_id, key)):
             stored_row = _fill(execution, seq, key, EV_SIGNAL_TIMEOUT, json.dumps(None))
             return _signal_outcome(execution, stored_row)
-        execution.wait_here(f"no signal on {channel!r} yet")
+        wait_here(execution, f"no signal on {channel!r} yet")
 
 
 def _fill(execution: Execution, seq: int, key: str, event_type: str, data: str) -> HistoryRow:

@@ -13,6 +13,7 @@ import json
 import logging
 import threading
 import time
+import weakref
 from typing import Any
 
 from django.db import connections
@@ -58,8 +59,12 @@ class WorkerRuntime(AttemptRunner):
         # Monotonic times at which instances this worker held back after a storage error
         # become dispatchable again (the dispatcher polls then).
         self._deferred: list[float] = []
-        # Set by the Worker when SELVEDGE["WORKFLOW_CACHE"] keeps suspended executions.
+        # Set by the Worker when SELVEDGE["WORKFLOW_CACHE"] keeps suspended executions:
+        # the executions it let go while parked (nothing left to write for them), and
+        # when (monotonic) each one it continued last went on.
         self.cache: WorkflowCache | None = None
+        self._let_go: weakref.WeakSet[Execution] = weakref.WeakSet()
+        self._resumed_at: weakref.WeakKeyDictionary[Execution, float] = weakref.WeakKeyDictionary()
 
     # -- engine Runtime protocol --------------------------------------------------------
 
@@ -78,10 +83,10 @@ class WorkerRuntime(AttemptRunner):
     def park(self, execution: Execution, why: str) -> Fence | None:
         """Keep a suspending execution in the workflow cache until its next lease here.
 
-        Called by :meth:`Execution.wait_here` on the execution's thread with the lease
+        Called by :func:`~selvedge_django.engine.parking.wait_here` on the execution's thread with the lease
         held. Returns the new fence to go on under, or None: either not kept (the lease
         is still held and the suspension goes on as without a cache) or let go after the
-        release (``execution.let_go``: nothing is left to write).
+        release (nothing is left to write: :meth:`_execute` returns at once).
         """
         cache = self.cache
         fence = execution.fence
@@ -116,10 +121,11 @@ class WorkerRuntime(AttemptRunner):
             workflow_name=execution.workflow_name,
         )
         resumed = cache.wait(entry)
-        if resumed is None:
-            execution.let_go = True
-            return None
-        execution.cache_resumed_at = time.monotonic()
+        with self._lock:
+            if resumed is None:
+                self._let_go.add(execution)
+            else:
+                self._resumed_at[execution] = time.monotonic()
         return resumed
 
     def tasks_reserved(self) -> None:
@@ -277,15 +283,16 @@ class WorkerRuntime(AttemptRunner):
         execution = Execution(self, snapshot, fence)
         started = time.monotonic()
         outcome = execution.run(definition.fn, WorkflowContext(execution, execution.root_scope))
-        if execution.let_go:
+        with self._lock:
+            let_go = execution in self._let_go
+            started = max(started, self._resumed_at.get(execution, started))
+        if let_go:
             # Parked in the workflow cache, which let it go: its lease was released when
             # it parked, and a replay (or nothing) follows.
             return outcome
         # The lease it ends under: a later one when the cache continued it.
         current = execution.fence
         assert current is not None
-        if execution.cache_resumptions:
-            started = max(started, execution.cache_resumed_at)
         try:
             self._finish(execution, outcome)
         except exc.Fenced:
