@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("selvedge_django", "0012_continue_as_new"),
+        ("selvedge_django", "0013_worker_heartbeat_and_status_indexes"),
     ]
 
     operations = [
