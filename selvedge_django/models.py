@@ -155,18 +155,9 @@ class WorkflowInstance(models.Model):
         blank=True,
         help_text="the key of the command where the last execution suspended",
     )
-    sticky_owner = models.CharField(
-        max_length=255,
-        default="",
-        db_default="",
-        blank=True,
-        help_text="the worker that keeps the last execution in its workflow cache (empty: none)",
-    )
-    sticky_until_ms = models.BigIntegerField(
-        default=0,
-        db_default=0,
-        help_text="until when (database clock, Unix ms) only the sticky worker dispatches it",
-    )
+    # The worker whose workflow cache keeps it; others dispatch it after sticky_until_ms.
+    sticky_owner = models.CharField(max_length=255, default="", db_default="", blank=True)
+    sticky_until_ms = models.BigIntegerField(default=0, db_default=0)
     execution_timeout_ms = models.BigIntegerField(
         null=True,
         blank=True,
@@ -512,8 +503,6 @@ class SignalMessage(models.Model):
                 name="sv_signal_pending_idx",
                 condition=Q(consumed_seq__isnull=True),
             ),
-            # The signals a delivery batch marks: without it each delivery walked every
-            # signal the instance ever received (O(n^2) for n signals handled one by one).
             models.Index(
                 fields=["instance"],
                 name="sv_signal_undelivered_idx",

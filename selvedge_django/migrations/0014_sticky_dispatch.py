@@ -4,37 +4,24 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
+
     dependencies = [
-        ("selvedge_django", "0013_worker_heartbeat_and_status_indexes"),
+        ('selvedge_django', '0013_worker_heartbeat_and_status_indexes'),
     ]
 
     operations = [
         migrations.AddField(
-            model_name="workflowinstance",
-            name="sticky_owner",
-            field=models.CharField(
-                blank=True,
-                db_default="",
-                default="",
-                help_text="the worker that keeps the last execution in its workflow cache (empty: none)",
-                max_length=255,
-            ),
+            model_name='workflowinstance',
+            name='sticky_owner',
+            field=models.CharField(blank=True, db_default='', default='', max_length=255),
         ),
         migrations.AddField(
-            model_name="workflowinstance",
-            name="sticky_until_ms",
-            field=models.BigIntegerField(
-                db_default=0,
-                default=0,
-                help_text="until when (database clock, Unix ms) only the sticky worker dispatches it",
-            ),
+            model_name='workflowinstance',
+            name='sticky_until_ms',
+            field=models.BigIntegerField(db_default=0, default=0),
         ),
         migrations.AddIndex(
-            model_name="signalmessage",
-            index=models.Index(
-                condition=models.Q(("delivered_seq__isnull", True)),
-                fields=["instance"],
-                name="sv_signal_undelivered_idx",
-            ),
+            model_name='signalmessage',
+            index=models.Index(condition=models.Q(('delivered_seq__isnull', True)), fields=['instance'], name='sv_signal_undelivered_idx'),
         ),
     ]
