@@ -155,7 +155,8 @@ class WorkflowInstance(models.Model):
         blank=True,
         help_text="the key of the command where the last execution suspended",
     )
-    # The worker whose workflow cache keeps it; others dispatch it after sticky_until_ms.
+    # The worker whose workflow cache keeps the last execution ("": none), and until when
+    # (database clock, Unix ms) other workers' dispatchers leave the instance to it.
     sticky_owner = models.CharField(max_length=255, default="", db_default="", blank=True)
     sticky_until_ms = models.BigIntegerField(default=0, db_default=0)
     execution_timeout_ms = models.BigIntegerField(

@@ -32,7 +32,7 @@ from .base import operation
 from .cancels import CancelStore
 from .releases import LeaseReleaseStore
 from .starts import StartStore
-from .wakeups import TOPIC_RUNNABLE, closed_topic
+from .wakeups import closed_topic
 
 __all__ = ["EXECUTION_ERROR_CHARS", "InstanceHead", "InstanceStore"]
 

@@ -73,6 +73,9 @@ INPUTS: dict[str, Any] = {
     "status.tour": None,
     'status.<b>stalled</b> & "held"': None,
     "status.generations": 2,
+    "inline.two_steps": None,
+    "inline.then_wait": None,
+    "inline.one_step": None,
     "child.echo": "echo",
     "child.waiter": None,
     "child.fail": {"mode": "raise"},
@@ -102,6 +105,8 @@ INPUTS: dict[str, Any] = {
     "resume.child": "c",
     "resume.parent": "p",
     "resume.caught": "c",
+    "resume.reserving_child": "r",
+    "resume.default_child_parent": "d",
     "scale.three": "t",
     "sched.echo": 1,
     "sched.wait": 1,
@@ -444,6 +449,10 @@ def _drive(make_worker: Any, mode: str, **overrides: Any) -> tuple[dict[str, Any
     for name, iid in ids.items():
         row = WorkflowInstance.objects.get(instance_id=iid)
         result[name] = (row.status, _normal(row.output, iid), _history(iid))
+        if name.startswith("inline."):
+            # inline.step numbers its bodies with one counter for all instances (RUNS): the
+            # numbers follow the order the instances ran in, not what each one recorded.
+            result[name] = json.loads(re.sub(r'"([ab]):\d+"', r'"\1:N"', json.dumps(result[name])))
     stats = worker.workflow_cache_stats()
     worker.stop(timeout=10)
     # The next run starts the same ids (and its children the same child ids) afresh.

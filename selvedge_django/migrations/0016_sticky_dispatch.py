@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('selvedge_django', '0013_worker_heartbeat_and_status_indexes'),
+        ('selvedge_django', '0015_idempotency_and_progress'),
     ]
 
     operations = [
