@@ -207,7 +207,8 @@ def test_without_the_cache_each_signal_replays(make_worker: Any) -> None:
         def on_workflow_replayed(self, event: Any) -> None:
             replays.append(event.instance_id)
 
-    worker = make_worker(hooks=Hooks())
+    # Off explicitly: SELVEDGE_TEST_WORKFLOW_CACHE may give every worker a cache.
+    worker = make_worker(hooks=Hooks(), workflow_cache={"MAX_ENTRIES": 0})
     iid = sv.start_workflow("wait.receive", {"channels": ["a"] * 3})
     _receive(worker, iid, [0, 1, 2])
     assert sv.wait_workflow(iid, timeout=20).output == [0, 1, 2]
@@ -467,7 +468,7 @@ def test_every_test_app_workflow_is_compared_or_skipped_for_a_reason() -> None:
 
 
 def test_every_test_app_workflow_records_the_same_history_both_ways(make_worker: Any) -> None:
-    without, _ = _drive(make_worker, "off")
+    without, _ = _drive(make_worker, "off", workflow_cache={"MAX_ENTRIES": 0})
     with_cache, stats = _drive(make_worker, "on", workflow_cache=CACHE)
     differ = {
         name: (without[name], with_cache[name])
