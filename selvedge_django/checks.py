@@ -10,7 +10,12 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 
 from . import exceptions as exc
-from .conf import lease_problems, resolve_settings, workflow_cache_problems
+from .conf import (
+    lease_problems,
+    rate_limit_problems,
+    resolve_settings,
+    workflow_cache_problems,
+)
 
 
 @register("selvedge")
@@ -37,6 +42,16 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                     hint="MAX_ENTRIES from 0 (no cache) to 10000, MAX_BYTES a positive integer,"
                     " STICKY_WINDOW from 0 to 60 seconds.",
                     id="selvedge.E005",
+                )
+            )
+    limits = raw.get("QUEUE_RATE_LIMITS") if isinstance(raw, dict) else None
+    if limits:
+        for problem in rate_limit_problems(limits):
+            messages.append(
+                Error(
+                    f"Invalid SELVEDGE['QUEUE_RATE_LIMITS']: {problem}.",
+                    hint='Give each queue a rate such as "100/m" (per second: /s, per hour: /h).',
+                    id="selvedge.E006",
                 )
             )
     if messages:

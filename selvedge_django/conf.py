@@ -82,7 +82,12 @@ DEFAULTS: dict[str, Any] = {
     "MAX_EXECUTION_ERROR_BACKOFF": 300.0,
     "MAX_EXECUTION_ERRORS": 50,
     "SCHEDULES": {},
+    "QUEUE_RATE_LIMITS": {},
 }
+
+# QUEUE_RATE_LIMITS periods: a rate is "N/s", "N/m" or "N/h" (N from 1 to MAX_RATE).
+RATE_PERIODS_MS = {"s": 1000, "m": 60_000, "h": 3_600_000}
+MAX_RATE = 1_000_000
 
 # PRAGMA synchronous values offered for the engine's SQLite database: FULL syncs the
 # write-ahead log at every commit (an acknowledged commit survives a power loss);
@@ -208,6 +213,10 @@ class SelvedgeSettings:
     max_execution_errors: int | None = 50
     # SCHEDULES: name -> definition, checked by the system checks and at worker start.
     schedules: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # QUEUE_RATE_LIMITS parsed: queue -> (claims, period in ms).
+    queue_rate_limits: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    # ... and as written, for to_raw().
+    queue_rate_limits_raw: Mapping[str, str] = field(default_factory=dict)
 
     def with_overrides(self, **overrides: Any) -> SelvedgeSettings:
         """Return a copy with lower-case ``SELVEDGE`` keys overridden and revalidated."""
@@ -268,6 +277,7 @@ class SelvedgeSettings:
             "MAX_EXECUTION_ERROR_BACKOFF": self.max_execution_error_backoff,
             "MAX_EXECUTION_ERRORS": self.max_execution_errors,
             "SCHEDULES": self.schedules,
+            "QUEUE_RATE_LIMITS": dict(self.queue_rate_limits_raw),
         }
 
 
@@ -305,6 +315,32 @@ def lease_problems(lease: Mapping[str, Any]) -> list[str]:
         problems.append("LEASE RENEW_INTERVAL + MARGIN must be less than TTL")
     if values["MARGIN"] + values["MAX_SKEW"] >= values["TTL"]:
         problems.append("LEASE MARGIN + MAX_SKEW must be less than TTL")
+    return problems
+
+
+def parse_rate(value: object) -> tuple[int, int] | None:
+    """``"N/s"``, ``"N/m"`` or ``"N/h"`` as (N, period in ms); None when malformed."""
+    if not isinstance(value, str) or len(value) > 20:
+        return None
+    count, _, unit = value.strip().partition("/")
+    if unit not in RATE_PERIODS_MS or not count.isdigit() or not 1 <= int(count) <= MAX_RATE:
+        return None
+    return int(count), RATE_PERIODS_MS[unit]
+
+
+def rate_limit_problems(limits: object) -> list[str]:
+    """What is wrong with a QUEUE_RATE_LIMITS value (empty when it is valid)."""
+    if not isinstance(limits, Mapping):
+        return ["SELVEDGE['QUEUE_RATE_LIMITS'] must be a dict of queue names to rates"]
+    problems: list[str] = []
+    for queue, rate in limits.items():
+        if not isinstance(queue, str) or len(queue) > 255:
+            problems.append(f"queue name {queue!r} is not a string of at most 255 characters"[:300])
+        elif parse_rate(rate) is None:
+            problems.append(
+                f"rate {rate!r} of queue {queue!r} is not 'N/s', 'N/m' or 'N/h'"
+                f" with N from 1 to {MAX_RATE}"[:300]
+            )
     return problems
 
 
@@ -492,6 +528,10 @@ def resolve_settings(raw_in: Mapping[str, Any] | None) -> SelvedgeSettings:
     schedules = raw["SCHEDULES"] or {}
     if not isinstance(schedules, Mapping) or not all(isinstance(name, str) for name in schedules):
         raise ImproperlyConfigured("SELVEDGE['SCHEDULES'] must be a dict of names to dicts")
+    rate_limits = raw["QUEUE_RATE_LIMITS"] or {}
+    problems = rate_limit_problems(rate_limits)
+    if problems:
+        raise ImproperlyConfigured("; ".join(problems))
     return SelvedgeSettings(
         database=database,
         worker_id=str(raw["WORKER_ID"] or default_worker_id()),
@@ -532,6 +572,8 @@ def resolve_settings(raw_in: Mapping[str, Any] | None) -> SelvedgeSettings:
         max_execution_error_backoff=durations["MAX_EXECUTION_ERROR_BACKOFF"],
         max_execution_errors=max_errors,
         schedules=dict(schedules),
+        queue_rate_limits={queue: parse_rate(rate) for queue, rate in rate_limits.items()},  # type: ignore[misc]
+        queue_rate_limits_raw=dict(rate_limits),
     )
 
 

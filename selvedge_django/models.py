@@ -16,6 +16,7 @@ from django.db import models
 from django.db.models import F, Q
 from django.utils.translation import gettext_lazy as _
 
+from .flow_models import READY_INDEXES, TASK_FLOW_INDEXES, QueueClaim
 from .schedule_models import Schedule, ScheduleOverlap, ScheduleQuerySet
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "ActivityTaskStatus",
     "ArchivedHistoryEvent",
     "HistoryEvent",
+    "QueueClaim",
     "Schedule",
     "ScheduleOverlap",
     "ScheduleQuerySet",
@@ -100,6 +102,9 @@ class WorkflowInstance(models.Model):
         db_default=0,
         help_text="when the instance last became runnable (database clock, Unix ms): dispatch"
         " leases the oldest first, and never before this time",
+    )
+    priority = models.SmallIntegerField(
+        default=0, db_default=0, help_text="dispatch order, -100 to 100, larger first"
     )
     execution_errors = models.IntegerField(
         default=0,
@@ -197,11 +202,7 @@ class WorkflowInstance(models.Model):
             ("start_workflowinstance", _("Can start workflow instances")),
         ]
         indexes = [
-            models.Index(
-                fields=["ready_ms", "workflow_name", "code_version"],
-                name="sv_inst_ready_idx",
-                condition=Q(status="running", runnable=True, lease_owner=""),
-            ),
+            *READY_INDEXES,
             models.Index(
                 fields=["lease_expires_ms", "code_version"],
                 name="sv_inst_lease_idx",
@@ -371,12 +372,17 @@ class ActivityTask(models.Model):
     queue = models.CharField(max_length=255, default="", blank=True)
     options = models.JSONField(default=dict)
     max_attempts = models.IntegerField(default=5)
+    priority = models.SmallIntegerField(
+        default=0, db_default=0, help_text="claim order, -100 to 100, larger first"
+    )
+    concurrency_key = models.CharField(max_length=255, default="", db_default="", blank=True)
+    max_concurrency = models.IntegerField(null=True, blank=True)  # of concurrency_key, if any
     status = models.CharField(
         max_length=16, choices=ActivityTaskStatus.choices, default=ActivityTaskStatus.QUEUED
     )
     attempts = models.IntegerField(default=0, help_text="claims so far")
     failures = models.IntegerField(default=0, help_text="attempts that used retry budget")
-    not_before_ms = models.BigIntegerField(default=0)
+    not_before_ms = models.BigIntegerField(default=0)  # due (and ready) from, database clock
     last_error = models.TextField(null=True, blank=True)
     claim_owner = models.CharField(max_length=255, default="", blank=True)
     claim_epoch = models.BigIntegerField(default=0)
@@ -404,11 +410,7 @@ class ActivityTask(models.Model):
             models.UniqueConstraint(fields=["instance", "key"], name="sv_task_key_uniq"),
         ]
         indexes = [
-            models.Index(
-                fields=["not_before_ms", "id"],
-                name="sv_task_queued_idx",
-                condition=Q(status="queued"),
-            ),
+            *TASK_FLOW_INDEXES,
             models.Index(
                 fields=["claim_expires_ms"],
                 name="sv_task_claim_idx",

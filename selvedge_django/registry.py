@@ -288,6 +288,9 @@ def activity(
     heartbeat_timeout: float | timedelta | None = None,
     retry_policy: RetryPolicy | None = None,
     transactional: bool = False,
+    priority: int | None = None,
+    concurrency_key: str | None = None,
+    max_concurrency: int | None = None,
 ) -> _ActivityDecorator: ...
 
 
@@ -302,11 +305,15 @@ def activity(
     heartbeat_timeout: float | timedelta | None = None,
     retry_policy: RetryPolicy | None = None,
     transactional: bool = False,
+    priority: int | None = None,
+    concurrency_key: str | None = None,
+    max_concurrency: int | None = None,
 ) -> Any:
     """Define an activity: ``@activity(name="charge", retry_policy=RetryPolicy(...))``.
 
     ``name`` is required and durable. The other arguments are the defaults that
-    ``execute(..., options=ActivityOptions(...))`` can override field by field.
+    ``execute(..., options=ActivityOptions(...))`` can override field by field
+    (``priority``, ``concurrency_key`` and ``max_concurrency``: docs/flow-control.md).
     With ``transactional=True`` the body runs in ``transaction.atomic()`` on the
     engine's database and its outcome commits in that same transaction.
     """
@@ -321,6 +328,9 @@ def activity(
         schedule_to_start_timeout=schedule_to_start_timeout,
         heartbeat_timeout=heartbeat_timeout,
         retry_policy=retry_policy,
+        priority=priority,
+        concurrency_key=concurrency_key,
+        max_concurrency=max_concurrency,
     )
 
     def decorate(func: Callable[[Any], Any]) -> ActivityDefinition[Any, Any]:

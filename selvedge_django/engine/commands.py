@@ -115,6 +115,7 @@ def issue_activity(
         )
         return future
     policy = resolved.effective_retry_policy()
+    concurrency = resolved.concurrency_limit(activity.name)
     spec = TaskSpec(
         name=activity.name,
         workflow_name=execution.workflow_name,
@@ -125,12 +126,16 @@ def issue_activity(
         schedule_to_start_timeout=_float(resolved.schedule_to_start_timeout),
         start_to_close_timeout=_float(resolved.start_to_close_timeout),
         heartbeat_timeout=_float(resolved.heartbeat_timeout),
+        priority=resolved.effective_priority,
+        concurrency=concurrency,
     )
     row = HistoryRow(key=key, seq=seq, command=CMD_ACTIVITY, reservation=reservation)
     runtime = execution.runtime
+    # A task under a concurrency limit is claimed only by the claim statement, which
+    # counts the attempts of its key.
     claim_owner = (
         runtime.worker_id
-        if inline and runtime.can_run_inline(activity.name, resolved.queue)
+        if inline and concurrency is None and runtime.can_run_inline(activity.name, resolved.queue)
         else None
     )
     fence = execution.fence

@@ -10,7 +10,20 @@ from typing import Any
 from .durations import Duration, optional_seconds, to_seconds
 from .identifiers import instance_id_problem
 
-__all__ = ["ActivityOptions", "RetryPolicy"]
+__all__ = ["MAX_PRIORITY", "MIN_PRIORITY", "ActivityOptions", "RetryPolicy", "check_priority"]
+
+# Priorities of starts and activity tasks: whole numbers, larger first.
+MIN_PRIORITY = -100
+MAX_PRIORITY = 100
+
+
+def check_priority(value: object, what: str = "priority") -> int:
+    """Return ``value`` as a priority; TypeError or ValueError names what is wrong."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what} must be a whole number, not {value!r}"[:200])
+    if not MIN_PRIORITY <= value <= MAX_PRIORITY:
+        raise ValueError(f"{what} must be from {MIN_PRIORITY} to {MAX_PRIORITY}, not {value}")
+    return int(value)
 
 
 @dataclass(frozen=True)
@@ -104,6 +117,12 @@ class ActivityOptions:
     schedule_to_start_timeout: Duration | None = None
     heartbeat_timeout: Duration | None = None
     retry_policy: RetryPolicy | None = None
+    # Claim order, -100 to 100, larger first (None: inherit; 0 when set nowhere).
+    priority: int | None = None
+    # At most max_concurrency attempts of tasks sharing concurrency_key run at once,
+    # across all workers; max_concurrency alone limits the activity (its name is the key).
+    concurrency_key: str | None = None
+    max_concurrency: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.queue, str):
@@ -118,6 +137,43 @@ class ActivityOptions:
             object.__setattr__(self, name, optional_seconds(getattr(self, name), name))
         if self.retry_policy is not None and not isinstance(self.retry_policy, RetryPolicy):
             raise TypeError("retry_policy must be a RetryPolicy")
+        if self.priority is not None:
+            check_priority(self.priority)
+        key = self.concurrency_key
+        if key is not None:
+            if not isinstance(key, str):
+                raise TypeError(f"concurrency_key must be a string, not {key!r}"[:200])
+            if not 1 <= len(key) <= 255 or instance_id_problem(key, "concurrency_key"):
+                raise ValueError(
+                    "concurrency_key must be 1 to 255 characters without control characters"
+                    " or lone surrogates"
+                )
+        limit = self.max_concurrency
+        if limit is not None and (
+            isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000
+        ):
+            raise ValueError(
+                f"max_concurrency must be a whole number from 1 to 10000, not {limit!r}"
+            )
+
+    @property
+    def effective_priority(self) -> int:
+        """The priority recorded on the task (0 when set nowhere)."""
+        return 0 if self.priority is None else self.priority
+
+    def concurrency_limit(self, activity_name: str) -> tuple[str, int] | None:
+        """The (key, limit) the task's claims respect, or None for no limit.
+
+        A ``concurrency_key`` needs a ``max_concurrency`` (here or on the definition);
+        ``max_concurrency`` alone limits every task of the activity.
+        """
+        if self.max_concurrency is None:
+            if self.concurrency_key is not None:
+                raise ValueError(
+                    f"activity {activity_name!r} has a concurrency_key but no max_concurrency"
+                )
+            return None
+        return (self.concurrency_key or activity_name, self.max_concurrency)
 
     def merged(self, override: ActivityOptions | None) -> ActivityOptions:
         """Return these defaults with the non-empty fields of ``override`` applied."""
@@ -135,6 +191,9 @@ class ActivityOptions:
             "schedule_to_start_timeout",
             "heartbeat_timeout",
             "retry_policy",
+            "priority",
+            "concurrency_key",
+            "max_concurrency",
         ):
             value = getattr(override, name)
             if value is not None:
@@ -152,6 +211,12 @@ class ActivityOptions:
             "schedule_to_start_timeout": self.schedule_to_start_timeout,
             "heartbeat_timeout": self.heartbeat_timeout,
             "retry_policy": self.effective_retry_policy().to_json(),
+            # Flow control only where set: the stored form of other tasks is unchanged.
+            **{
+                name: getattr(self, name)
+                for name in ("priority", "concurrency_key", "max_concurrency")
+                if getattr(self, name) is not None
+            },
         }
 
     @classmethod
@@ -163,4 +228,7 @@ class ActivityOptions:
             schedule_to_start_timeout=data.get("schedule_to_start_timeout"),
             heartbeat_timeout=data.get("heartbeat_timeout"),
             retry_policy=RetryPolicy.from_json(policy) if policy else None,
+            priority=data.get("priority"),
+            concurrency_key=data.get("concurrency_key"),
+            max_concurrency=data.get("max_concurrency"),
         )

@@ -133,6 +133,9 @@ class TaskSpec:
     schedule_to_start_timeout: float | None
     start_to_close_timeout: float | None
     heartbeat_timeout: float | None
+    priority: int = 0
+    # (key, max_concurrency): claims keep the running attempts of the key within it.
+    concurrency: tuple[str, int] | None = None
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,8 @@ class WorkflowDescription:
     # The last value the workflow gave ctx.set_progress() (None: none), read without a
     # replay.
     progress: Any = None
+    # The dispatch priority it was started with (-100 to 100, larger first).
+    priority: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -100,6 +102,7 @@ class WorkflowDescription:
                 None if self.execution_deadline is None else self.execution_deadline.isoformat()
             ),
             "progress": self.progress,
+            "priority": self.priority,
         }
 
 
@@ -171,6 +174,7 @@ def _describe(inst: WorkflowInstance) -> WorkflowDescription:
         ),
         execution_deadline=_from_ms(inst.execution_deadline_ms),
         progress=None if inst.progress is None else json.loads(inst.progress),
+        priority=inst.priority,
     )
 
 

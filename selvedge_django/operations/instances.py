@@ -23,6 +23,7 @@ from ..engine.codec import contains_nul
 from ..engine.durations import Duration, execution_timeout_ms
 from ..engine.events import error_data
 from ..engine.identifiers import check_workflow_name, valid_channel
+from ..engine.options import check_priority
 from ..engine.ports import ExecutionSnapshot
 from ..models import WorkflowStatus
 from ..registry import WorkflowDefinition, get_workflow
@@ -62,6 +63,7 @@ def start_workflow(
     instance_id: str | None = None,
     execution_timeout: Duration | None = None,
     if_exists: IfExists = "fail",
+    priority: int = 0,
 ) -> str: ...
 
 
@@ -73,6 +75,7 @@ def start_workflow(
     instance_id: str | None = None,
     execution_timeout: Duration | None = None,
     if_exists: IfExists = "fail",
+    priority: int = 0,
 ) -> str: ...
 
 
@@ -84,6 +87,7 @@ def start_workflow(
     instance_id: str | None = None,
     execution_timeout: Duration | None = None,
     if_exists: IfExists = "fail",
+    priority: int = 0,
 ) -> str: ...
 
 
@@ -94,6 +98,7 @@ def start_workflow(
     instance_id: str | None = None,
     execution_timeout: Duration | None = None,
     if_exists: IfExists = "fail",
+    priority: int = 0,
 ) -> str:
     """Create a workflow instance and return its id.
 
@@ -113,10 +118,18 @@ def start_workflow(
     and that id is returned; an instance of another workflow still raises
     :class:`WorkflowAlreadyStarted`. The database's unique key decides, so of
     racing starts with one id exactly one creates the instance.
+
+    ``priority`` (a whole number from -100 to 100, default 0) orders dispatch:
+    larger first, then the oldest; each minute an instance waits counts as one
+    more point, so a lower priority is delayed, never starved (docs/flow-control.md).
     """
     name, instance_id, text, timeout_ms = _start_parts(
         workflow_or_name, input, instance_id, execution_timeout, if_exists
     )
+    try:
+        priority = check_priority(priority)
+    except (TypeError, ValueError) as error:
+        raise exc.WorkflowStartRejected(str(error)) from error
     store = client_store()
     settings = get_settings()
     # A worker running in this process takes the instance straight from the start.
@@ -139,6 +152,7 @@ def start_workflow(
         execution_timeout_ms=timeout_ms,
         if_exists=if_exists,
         trace_context=trace,
+        priority=priority,
     )
     if not result.created:
         return instance_id  # if_exists="return": the instance of that id, left as it is

@@ -93,6 +93,7 @@ def store_for(alias: str, codec: Codec, settings: SelvedgeSettings | None = None
         store.listen_alias = settings.listen_database or settings.database
         store.code_version = settings.code_version
         store.compatible_versions = settings.compatible_versions
+        store.queue_rate_limits = dict(settings.queue_rate_limits)
     return store
 
 

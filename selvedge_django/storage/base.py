@@ -29,6 +29,7 @@ from ..models import (
     ActivityTask,
     ArchivedHistoryEvent,
     HistoryEvent,
+    QueueClaim,
     Schedule,
     SignalMessage,
     TimerSubscription,
@@ -107,6 +108,9 @@ class StoreBase:
         # limits what it leases.
         self.code_version: str | None = None
         self.compatible_versions: tuple[str | None, ...] | None = None
+        # QUEUE_RATE_LIMITS (queue -> claims, period ms); full queues, until when (a hint).
+        self.queue_rate_limits: dict[str, tuple[int, int]] = {}
+        self.queues_full_until: dict[str, float] = {}
         self.notify_enabled = self.can_notify
         # The alias whose connection LISTENs for the wake-ups of this store's bus.
         self.listen_alias = alias
@@ -292,6 +296,7 @@ class StoreBase:
                 "timer": quote(TimerSubscription._meta.db_table),
                 "schedule": quote(Schedule._meta.db_table),
                 "archive": quote(ArchivedHistoryEvent._meta.db_table),
+                "queue_claim": quote(QueueClaim._meta.db_table),
                 "now": self.NOW_MS,
             }
         return statement.format_map(names)

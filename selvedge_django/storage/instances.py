@@ -94,12 +94,12 @@ class InstanceStore(StartStore, CancelStore, LeaseReleaseStore):
 
         Dispatchable: running, and either owned under an expired lease (taken first:
         an execution was interrupted), or unowned and runnable since ``ready_ms`` at
-        the latest, the one runnable longest first. So an instance that is runnable
-        again right after each execution waits behind those that waited longer, and
-        one busy workflow type cannot keep another from running; an instance held
-        back after an execution error (``ready_ms`` in the future) waits until then.
-        Each part walks its own partial index (``sv_inst_lease_idx``,
-        ``sv_inst_ready_idx``), whose conditions the statement repeats as literals.
+        the latest, by sql.READY_RANK (a priority point is worth a minute waited). So
+        an instance runnable again after each execution waits behind those that
+        waited longer, and a higher priority goes first without starving a lower
+        one; one held back after an execution error waits until its ``ready_ms``.
+        Each part walks its partial index (``sv_inst_lease_idx``,
+        ``sv_inst_rank_idx``), whose conditions the statement repeats as literals.
         The instance columns an execution needs come back with the lease, so loading
         its snapshot then reads only the history. How concurrent dispatchers keep
         apart is the dialect's (:meth:`_lease_rows`).

@@ -68,10 +68,10 @@ LOCK_TASK = "SELECT 1 FROM {task} WHERE id = %s FOR NO KEY UPDATE SKIP LOCKED"
 LEASE_BATCH = (
     "WITH e AS (SELECT instance_id FROM {instance} WHERE {expired}"
     " ORDER BY lease_expires_ms LIMIT %s FOR UPDATE SKIP LOCKED),"
-    " r AS (SELECT instance_id, ready_ms FROM {instance} WHERE {ready}"
-    " ORDER BY ready_ms LIMIT %s FOR UPDATE SKIP LOCKED),"
+    f" r AS (SELECT instance_id, {sql.READY_RANK} AS since FROM {{instance}} WHERE {{ready}}"
+    f" ORDER BY {sql.READY_RANK} LIMIT %s FOR UPDATE SKIP LOCKED),"
     " c AS (SELECT instance_id FROM (SELECT instance_id, 0 AS part, 0 AS since"
-    " FROM e UNION ALL SELECT instance_id, 1, ready_ms FROM r) u"
+    " FROM e UNION ALL SELECT instance_id, 1, since FROM r) u"
     " ORDER BY part, since LIMIT %s)"
     f" {sql.LEASE_SET} WHERE instance_id IN (SELECT instance_id FROM c)"
     f" RETURNING instance_id, lease_epoch, {sql.HEAD_COLUMNS}, ready_ms, lease_expires_ms,"
@@ -86,6 +86,14 @@ RENEW_BATCH = (
     " SELECT {columns}, 1 FROM u UNION ALL SELECT {columns}, 0 FROM {table}"
     " WHERE {where} AND {key} NOT IN (SELECT {key} FROM u)"
 )
+# Transaction-level advisory locks of flow control, in order: the rate-limited queues
+# (class QUEUE_LOCK_CLASS), then the concurrency keys (KEY_LOCK_CLASS), each sorted.
+LOCK_LIMITS = (
+    "SELECT pg_advisory_xact_lock(c, hashtext(n)) FROM (SELECT c, n"
+    " FROM unnest(%s::int[], %s::text[]) AS l (c, n) ORDER BY c, n) s"
+)
+QUEUE_LOCK_CLASS = 0x5376_0001
+KEY_LOCK_CLASS = 0x5376_0002
 # The due timers' and their instances' rows are locked, skipping held ones.
 DUE_TIMERS_LOCK = " FOR NO KEY UPDATE OF i, t SKIP LOCKED"
 # complete_task in one statement: the instance row first (i), then the claim-checked
@@ -121,6 +129,7 @@ class PostgresStore(DjangoStore):
     NOW_MS = sql.NOW_MS_POSTGRESQL
     can_notify = True
     DUE_TIMERS_LOCK = DUE_TIMERS_LOCK
+    CLAIM_LOCK = " FOR UPDATE SKIP LOCKED"
 
     @property
     def _one_statement(self) -> bool:
@@ -200,6 +209,12 @@ class PostgresStore(DjangoStore):
 
     def _lock_task(self, task_id: int) -> bool:
         return bool(self._fetch(LOCK_TASK, [task_id]))
+
+    def _lock_limits(self, queues: Sequence[str], keys: Sequence[str]) -> None:
+        """One advisory lock per queue and key until commit, so the counts that follow
+        see every claim committed before (a hash collision only serialises more)."""
+        classes = [QUEUE_LOCK_CLASS] * len(queues) + [KEY_LOCK_CLASS] * len(keys)
+        self._fetch(LOCK_LIMITS, [classes, [*queues, *keys]])
 
     # -- dispatch and renewals ------------------------------------------------------------
 

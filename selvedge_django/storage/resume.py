@@ -115,8 +115,8 @@ SELECT_ARCHIVED_KEYS = (
 )
 # What a fork reads of its source.
 SELECT_FORK_SOURCE = (
-    "SELECT status, workflow_name, error, service_name, execution_timeout_ms FROM {instance}"
-    " WHERE instance_id = %s"
+    "SELECT status, workflow_name, error, service_name, execution_timeout_ms, priority"
+    " FROM {instance} WHERE instance_id = %s"
 )
 # How many forks of the source exist (the default id of the next one counts from it).
 COUNT_FORKS = "SELECT count(*) FROM {instance} WHERE forked_from = %s"
@@ -216,6 +216,7 @@ class ResumeStoreMixin(StoreBase):
             service_name: str = "",
             code_version: str | None = None,
             execution_timeout_ms: int | None = None,
+            priority: int = 0,
         ) -> Any: ...
 
         @property
@@ -348,8 +349,8 @@ class ResumeStoreMixin(StoreBase):
 
         The cut is as for :meth:`resume` (a completed source: every row but the
         close; a running one: every row up to the first still waiting for a value).
-        The new instance has the source's workflow and input, its execution
-        timeout (counted from the fork), no parent, and ``forked_from`` set; it is
+        The new instance has the source's workflow and input, its priority, its
+        execution timeout (counted from the fork), no parent, and ``forked_from`` set; it is
         runnable. The source's signals are copied in
         their order, pending again from the cut on. The source is read, never
         written. The default id is ``<instance_id>/fork-<n>``. Raises
@@ -361,7 +362,7 @@ class ResumeStoreMixin(StoreBase):
             head = self._fetch(SELECT_FORK_SOURCE, [instance_id])
             if not head:
                 raise exc.WorkflowNotFound(instance_id)
-            status, workflow_name, error, service_name, timeout_ms = head[0]
+            status, workflow_name, error, service_name, timeout_ms, priority = head[0]
             input_value = (
                 WorkflowInstance.objects.using(self.alias)
                 .filter(instance_id=instance_id)
@@ -381,6 +382,7 @@ class ResumeStoreMixin(StoreBase):
                 service_name=str(service_name),
                 code_version=self.code_version,
                 execution_timeout_ms=None if timeout_ms is None else int(timeout_ms),
+                priority=int(priority),
             )
             self._execute(MARK_FORK, [instance_id, new_instance_id])
             self._execute(

@@ -118,9 +118,9 @@ INSERT_INSTANCE = (
     " error, lease_owner, lease_epoch, lease_expires_ms, runnable,"
     " cancel_requested, cancel_reason, parent_instance_id, parent_key,"
     " service_name, current_step, started_at, updated_at, closed_at, ready_ms, code_version,"
-    " execution_timeout_ms, execution_deadline_ms, trace_context)"
+    " execution_timeout_ms, execution_deadline_ms, trace_context, priority)"
     " VALUES (%s, %s, %s, %s, NULL, NULL, %s, %s, (CASE WHEN %s THEN {now} + %s END), %s,"
-    " %s, %s, %s, %s, %s, %s, %s, %s, NULL, {now}, %s, %s, {now} + %s, %s)"
+    " %s, %s, %s, %s, %s, %s, %s, %s, NULL, {now}, %s, %s, {now} + %s, %s, %s)"
     " ON CONFLICT (instance_id) DO NOTHING"
 )
 # The workflow of an instance (an id a start found taken).
@@ -138,6 +138,11 @@ DISPATCH_EXPIRED = (
 # Both parts of a dispatch pass over an instance another worker keeps in its workflow
 # cache until its sticky window ends (the worker's own, and any other once it ended).
 DISPATCH_STICKY = " AND (sticky_owner = '' OR sticky_owner = %s OR sticky_until_ms <= {now})"
+# The dispatch order of ready instances, smallest first: the expression of the index
+# sv_inst_rank_idx (models.PriorityRank), so the planner walks that index.
+READY_RANK = "(ready_ms - 60000 * priority)"
+# The claim order of queued tasks, smallest first (sv_task_rank_idx).
+TASK_RANK = "(not_before_ms - 60000 * priority)"
 # Dispatch, second part: running, unowned, runnable and ready ({named}: the names).
 DISPATCH_READY = "status = 'running' AND lease_owner = '' AND runnable AND ready_ms <= {now}{named}"
 # The SET of a dispatch: the lease to the owner, a new epoch, not runnable.
@@ -296,6 +301,72 @@ COMPLETE_TASK = (
     "UPDATE {task} SET status = %s, claim_expires_ms = NULL WHERE id = %s"
     " AND claim_owner = %s AND claim_epoch = %s AND status = %s"
     " AND claim_expires_ms >= {now}"
+)
+
+# -- claims --------------------------------------------------------------------------------
+
+_CLAIM_COLUMNS = "id, queue, concurrency_key, max_concurrency"
+# The candidates of a claim, in two parts that each walk their own partial index: lapsed
+# claims with retries left (sv_task_claim_idx, taken first: an attempt was interrupted),
+# then due queued tasks by priority and age (sv_task_rank_idx). {names}: the activities
+# served (a VALUES list); {filters}: further ANDs; {lock}: the dialect's row locks;
+# {limit}: the batch size, a validated int written into the text (the planner sees it);
+# {hint}: the dialect's way to name sv_task_rank_idx (SQLite prefers sv_task_queued_idx
+# for the due-time range and sorts the backlog).
+# The clock is read once (t) and the names bound once (n): the statement binds no more
+# values than the names and the queues. The literals repeat the indexes' conditions.
+CLAIM_PICK = (
+    "WITH n (name) AS (VALUES {names}), t (now) AS (SELECT {now}),"
+    f" e AS (SELECT {_CLAIM_COLUMNS}, 0 AS part, 0 AS since FROM {{task}}"
+    " WHERE status = 'running' AND claim_expires_ms < (SELECT now FROM t)"
+    " AND (max_attempts = 0 OR failures < max_attempts - 1)"
+    " AND name IN (SELECT name FROM n){filters} ORDER BY claim_expires_ms LIMIT {limit}{lock}),"
+    f" q AS (SELECT {_CLAIM_COLUMNS}, 1 AS part, {TASK_RANK} AS since FROM {{task}}{{hint}}"
+    " WHERE status = 'queued' AND not_before_ms <= (SELECT now FROM t)"
+    f" AND name IN (SELECT name FROM n){{filters}} ORDER BY {TASK_RANK}, id"
+    " LIMIT {limit}{lock})"
+    f" SELECT {_CLAIM_COLUMNS} FROM (SELECT * FROM e UNION ALL SELECT * FROM q) c"
+    " ORDER BY part, since, id LIMIT {limit}"
+)
+# Whether a claim would find anything ({pick}: CLAIM_PICK for one row).
+CLAIM_PROBE = "SELECT 1 FROM ({pick}) p"
+# CLAIM_PICK's VALUES row of one activity name.
+CLAIM_NAME = "(%s)"
+# CLAIM_PICK part: only these queues ({queues}: marks).
+CLAIM_QUEUES = " AND queue IN ({queues})"
+# CLAIM_PICK part: not these (rate-limited, full) queues ({queues}: marks).
+CLAIM_NOT_QUEUES = " AND queue NOT IN ({queues})"
+
+# -- flow control: concurrency keys and queue rate limits ----------------------------------
+
+# CLAIM_PICK part: no concurrency key, or fewer live attempts of its key than its
+# max_concurrency (sv_task_running_key_idx; t is CLAIM_PICK's clock). The keyless test
+# comes first: an OR evaluates its terms in order, so keyless rows count nothing, and the
+# planner estimates the condition from the key column's statistics (nearly every row).
+CONCURRENCY_ROOM = (
+    "({task}.concurrency_key = '' OR (SELECT COUNT(*) FROM {task} r"
+    " WHERE r.status = 'running' AND r.concurrency_key = {task}.concurrency_key"
+    " AND NOT (r.concurrency_key = '') AND r.claim_expires_ms >= (SELECT now FROM t))"
+    " < {task}.max_concurrency)"
+)
+# The live attempts of some concurrency keys ({keys}: marks), counted after their locks.
+RUNNING_BY_KEY = (
+    "SELECT concurrency_key, COUNT(*) FROM {task} WHERE status = 'running'"
+    " AND NOT (concurrency_key = '') AND claim_expires_ms >= {now}"
+    " AND concurrency_key IN ({keys}) GROUP BY concurrency_key"
+)
+# A rate-limited queue's claims in its window (the last %s ms), the oldest, and now.
+QUEUE_WINDOW = (
+    "SELECT COUNT(*), MIN(claimed_ms), {now} FROM {queue_claim}"
+    " WHERE queue = %s AND claimed_ms > {now} - %s"
+)
+# Forget a queue's claims that left its window.
+QUEUE_PRUNE = "DELETE FROM {queue_claim} WHERE queue = %s AND claimed_ms <= {now} - %s"
+# Record the claims of rate-limited queues just taken ({ids}: marks), at the claims' own
+# time: a claim counted later sees exactly the claims of the last period before it.
+QUEUE_RECORD = (
+    "INSERT INTO {queue_claim} (queue, claimed_ms) SELECT queue, claim_started_ms"
+    " FROM {task} WHERE id IN ({ids})"
 )
 
 # -- renewals ------------------------------------------------------------------------------

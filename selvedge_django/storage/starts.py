@@ -54,6 +54,7 @@ class StartStore(StoreBase):
         execution_timeout_ms: int | None = None,
         if_exists: str = "fail",
         trace_context: str | None = None,
+        priority: int = 0,
     ) -> StartResult:
         """Insert a runnable instance; a taken id raises WorkflowAlreadyStarted.
 
@@ -64,6 +65,7 @@ class StartStore(StoreBase):
 
         ``code_version`` is recorded on it (the starting process's CODE_VERSION), and
         ``trace_context`` (the starting caller's, JSON text) for the spans of the run.
+        ``priority`` (validated by the caller) orders its dispatches (sql.READY_RANK).
         With ``execution_timeout_ms`` the run's deadline is that long from now on
         the database clock (the leader terminates it then); without, both columns
         stay NULL.
@@ -106,6 +108,7 @@ class StartStore(StoreBase):
             *clock,
             execution_timeout_ms,
             trace_context,
+            priority,
         ]
         if not self._insert_instance(params, leased):
             self._existing_start(instance_id, workflow_name, if_exists)

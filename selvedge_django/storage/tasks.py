@@ -5,7 +5,7 @@ attempt's outcome is fenced by the claim (owner, claim epoch) and, where the
 outcome arrives in the instance's history, takes the instance row first (the
 lock order of every write path). Claims expire on the database clock. The
 leader's timeout sweeps are in :mod:`.task_timeouts`, batch renewals in
-:mod:`.renewals`.
+:mod:`.renewals`, the claim's candidates and flow control limits in :mod:`.flow_control`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from ..engine.events import (
 from ..engine.ports import ClaimedTask, TaskClaim, TaskSpec
 from ..models import ActivityTask, ActivityTaskStatus
 from . import sql
-from .base import StoreBase, _ms, operation
+from .base import _ms, operation
+from .flow_control import FlowControlStore
 from .wakeups import TOPIC_TASK
 
 __all__ = ["TaskStore", "lapse_error_data", "lapse_timeout"]
@@ -79,7 +80,7 @@ def lapse_error_data(
     return json.dumps(envelope)
 
 
-class TaskStore(StoreBase):
+class TaskStore(FlowControlStore):
     """Activity tasks: reserve with the command, claim, record outcomes, renew one claim."""
 
     def _claim_ttl(self, start_to_close: float | None, heartbeat: float | None) -> float:
@@ -109,7 +110,7 @@ class TaskStore(StoreBase):
         that ``Future.get()`` would record, with a cancelled task, and claims nothing.
         """
         ttl = self._claim_ttl(task.start_to_close_timeout, task.heartbeat_timeout)
-        fields = _task_fields(fence, row, task)
+        fields = _task_fields(fence, row, task, self.now_sql())
         if claim_owner is not None:
             fields.update(
                 status=ActivityTaskStatus.RUNNING,
@@ -196,7 +197,10 @@ class TaskStore(StoreBase):
             error_data(exc.WorkflowCancelled(fence.instance_id, reason)),
             row.reservation,
         )
-        fields = {**_task_fields(fence, row, task), "status": ActivityTaskStatus.CANCELLED}
+        fields = {
+            **_task_fields(fence, row, task, self.now_sql()),
+            "status": ActivityTaskStatus.CANCELLED,
+        }
         self._reserve(fence, cancelled, fields, current_step, release=False)
         return cancelled
 
@@ -278,10 +282,16 @@ class TaskStore(StoreBase):
 
     @operation
     def claim_task(self, instance_id: str, key: str, owner: str) -> ClaimedTask | None:
-        """Claim one task of an instance inline, if due and servable here."""
+        """Claim one task of an instance inline, if due and servable here.
+
+        A task under a concurrency limit or in a rate-limited queue is left to
+        :meth:`claim_tasks`, which counts them.
+        """
         names = self.activity_names()
         with self.atomic():
-            qs = self._claimable().filter(instance_id=instance_id, key=key)
+            qs = self._claimable().filter(instance_id=instance_id, key=key, concurrency_key="")
+            if self.queue_rate_limits:
+                qs = qs.exclude(queue__in=list(self.queue_rate_limits))
             if names is not None:
                 qs = qs.filter(name__in=list(names))
             ids = list(
@@ -289,23 +299,6 @@ class TaskStore(StoreBase):
             )
             claimed = self._take_claims(ids, owner)
         return claimed[0] if claimed else None
-
-    @operation
-    def claim_tasks(self, owner: str, limit: int, names: Sequence[str]) -> list[ClaimedTask]:
-        """Claim up to ``limit`` due tasks of registered activities, oldest first."""
-        if limit <= 0 or not names:
-            return []
-        if not self.worth_locking(self._claimable().filter(name__in=list(names))):
-            return []
-        with self.atomic():
-            ids = list(
-                self._claimable()
-                .filter(name__in=list(names))
-                .order_by("not_before_ms", "id")
-                .select_for_update(skip_locked=True)
-                .values_list("id", flat=True)[:limit]
-            )
-            return self._take_claims(ids, owner)
 
     def _claim_filter(self, claim: TaskClaim, *, live: bool = False) -> Any:
         """The task row an attempt still owns; ``live`` also requires an unexpired claim.
@@ -562,8 +555,10 @@ class TaskStore(StoreBase):
         return lapse_error_data(timeout, task.claim_owner, task.last_error)
 
 
-def _task_fields(fence: Fence, row: HistoryRow, task: TaskSpec) -> dict[str, Any]:
-    """The columns of a new task row for ``task``, reserved at ``row`` under ``fence``."""
+def _task_fields(fence: Fence, row: HistoryRow, task: TaskSpec, now: Any) -> dict[str, Any]:
+    """The columns of a new task row for ``task``, reserved at ``row`` under ``fence``;
+    ``now`` (the database clock) is its ready time, from which its wait is counted."""
+    key, limit = task.concurrency or ("", None)
     return dict(
         instance_id=fence.instance_id,
         workflow_name=task.workflow_name,
@@ -577,7 +572,10 @@ def _task_fields(fence: Fence, row: HistoryRow, task: TaskSpec) -> dict[str, Any
         schedule_to_start_ms=_ms(task.schedule_to_start_timeout),
         start_to_close_ms=_ms(task.start_to_close_timeout),
         heartbeat_timeout_ms=_ms(task.heartbeat_timeout),
-        not_before_ms=0,
+        not_before_ms=now,
+        priority=task.priority,
+        concurrency_key=key,
+        max_concurrency=limit,
     )
 
 

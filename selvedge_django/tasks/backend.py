@@ -40,7 +40,9 @@ class SelvedgeBackend(compat.BaseTaskBackend):
     workflow: the instance id is the result id, the task's queue is the activity queue.
 
     ``enqueue`` joins the caller's ``transaction.atomic()`` (the task exists only if
-    the transaction commits; ``task_enqueued`` is sent after the commit), ``run_after``
+    the transaction commits; ``task_enqueued`` is sent after the commit), the task's
+    ``priority`` orders both its dispatch and its activity's claim (larger first, then
+    the oldest, a minute of waiting worth a point), ``run_after``
     is a durable timer on the database clock, failures retry under ``OPTIONS
     ["retry_policy"]`` (or the task's own ``retry_policy``), and ``get_result`` reads
     the instance and its task from any process.
@@ -85,7 +87,7 @@ class SelvedgeBackend(compat.BaseTaskBackend):
             run_after_ms = round(task.run_after.timestamp() * 1000)
             input["delay_ms"] = max(0, run_after_ms - database_now_ms())
         try:
-            start_workflow(TASK_WORKFLOW, input, instance_id=result_id)
+            start_workflow(TASK_WORKFLOW, input, instance_id=result_id, priority=task.priority)
         except exc.WorkflowStartRejected as error:
             raise compat.InvalidTask(str(error)) from error
         object.__setattr__(result, "enqueued_at", timezone.now())

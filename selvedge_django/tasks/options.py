@@ -82,10 +82,12 @@ def retry_policy_for(task: Any) -> RetryPolicy | None:
 
 
 def activity_options(task: Any, queue: str) -> ActivityOptions:
-    """The options the task's activity runs under (recorded at enqueue)."""
+    """The options the task's activity runs under (recorded at enqueue): its queue, its
+    priority (claims take the highest first), the timeout and the retry policy."""
     options = task.get_backend().options
     return ActivityOptions(
         queue=queue,
         start_to_close_timeout=options.get("start_to_close_timeout"),
         retry_policy=retry_policy_for(task),
+        priority=task.priority,
     )

@@ -60,4 +60,9 @@ class ActivityPoller(Loop):
             return idle_delay
         if due_ms is None:
             return idle_delay
+        if due_ms <= 0:
+            # Due tasks this claim did not take: another worker's, or held back by a
+            # concurrency key or a queue's rate limit. Look again at the base interval
+            # (a slot that frees elsewhere sends no wake-up), never in a busy loop.
+            return min(idle_delay, self.interval)
         return min(idle_delay, due_ms / 1000 + 0.005)

@@ -109,6 +109,8 @@ class AttemptRunner:
     def can_run_inline(self, activity_name: str, queue: str) -> bool:
         if self.stopping.is_set() or get_activity(activity_name) is None:
             return False
+        if queue in self.settings.queue_rate_limits:
+            return False  # only claim_tasks counts a rate-limited queue's claims
         queues = self.settings.activity_queues
         return queues is None or queue in queues
 

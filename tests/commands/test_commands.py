@@ -140,6 +140,9 @@ def test_start_prints_the_id_and_records_the_input(stepper: Worker) -> None:
     run_until_idle(stepper)
     assert sv.get_workflow_result("cmd-1").output == {"a": [1, 2]}
     assert sv.get_workflow_result(generated[1]).output is None
+    assert sv.describe("cmd-1").priority == 0
+    assert run("start", "ops.echo", "--id", "cmd-2", "--priority", "40") == "started cmd-2\n"
+    assert sv.describe("cmd-2").priority == 40
 
 
 @pytest.mark.parametrize(
@@ -150,6 +153,7 @@ def test_start_prints_the_id_and_records_the_input(stepper: Worker) -> None:
         (("start", "ops.echo", "1", "--id", "bad\x00id"), "control characters"),
         (("start", "ops.echo", "1", "--id", ""), "1 to 255"),
         (("start",), "name"),
+        (("start", "ops.echo", "1", "--priority", "101"), "priority must be from -100 to 100"),
     ],
 )
 def test_start_failures(tdb: None, args: tuple[str, ...], message: str) -> None:

@@ -51,6 +51,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "conf",
             "models",
             "schedule_models",
+            "flow_models",
             "migrations",
             "signals",
             "hooks",

@@ -68,6 +68,7 @@ def test_a_lapsed_claim_can_neither_complete_fail_retry_nor_release(
     drive(clock, activity_queues=[])
     store = store_for("default", Codec())
     store.lease_ttl = 5
+    ready_ms = task_of(instance_id).not_before_ms  # its reservation time
     (claimed,) = store.claim_tasks("slow-worker", 1, ["act.step"])
     clock.advance(5.1)  # lapsed, and nobody has reclaimed it yet
 
@@ -81,7 +82,7 @@ def test_a_lapsed_claim_can_neither_complete_fail_retry_nor_release(
         "running",
         "slow-worker",
         0,
-        0,
+        ready_ms,
     )
     assert HistoryEvent.objects.get(instance_id=instance_id, key__contains="act.step").data is None
 

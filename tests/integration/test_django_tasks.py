@@ -202,6 +202,25 @@ def test_a_worker_without_the_queue_leaves_its_tasks_ready(make_worker: Any) -> 
     assert tasks.send_email.get_result(mail.id).status == Status.READY
 
 
+def test_tasks_run_highest_priority_first_then_oldest() -> None:
+    from selvedge_django.testing import run_until_idle
+    from selvedge_django.worker import Worker
+
+    enqueued = [
+        tasks.noted.using(priority=priority).enqueue(label)
+        for label, priority in [("low", -10), ("first-0", 0), ("top", 100), ("second-0", 0)]
+    ]
+    # One instance per dispatch: the order of the calls is the order of the dispatches.
+    run_until_idle(Worker(max_workflows_per_batch=1, max_concurrent_resumptions=1))
+    # (The two of priority 0 may share their enqueue millisecond: either goes first.)
+    order = [value for name, value in tasks.calls if name == "noted"]
+    assert (order[0], sorted(order[1:3]), order[3]) == ("top", ["first-0", "second-0"], "low")
+    [activity] = sv.list_activity_tasks(enqueued[2].id)
+    assert activity.options.priority == 100
+    assert sv.describe(enqueued[2].id).priority == 100
+    assert tasks.noted.get_result(enqueued[0].id).task.priority == -10
+
+
 def test_validation_follows_base_task_backend() -> None:
     with pytest.raises(compat.InvalidTask, match="Queue 'nope' is not valid"):
         tasks.add.using(queue_name="nope")

@@ -129,6 +129,12 @@ class Command(BaseCommand):
             help="taken --id: fail or exit 0",
         )
         start.add_argument(
+            "--priority",
+            type=int,
+            default=0,
+            help="dispatch priority, -100 to 100, larger first (default 0)",
+        )
+        start.add_argument(
             "--allow-unregistered",
             action="store_true",
             help="start a workflow this process does not register (another service runs it)",
@@ -351,6 +357,7 @@ class Command(BaseCommand):
             options["input"],
             instance_id=options["instance_id"],
             execution_timeout=options.get("execution_timeout"),
+            priority=options.get("priority", 0),
         )
         try:
             instance_id = start()

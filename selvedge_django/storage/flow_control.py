@@ -1,0 +1,167 @@
+"""The claim's candidates and the limits they pass: priorities, concurrency keys, rates.
+
+A claim picks its candidates with one statement (``sql.CLAIM_PICK``): lapsed claims
+first, then due queued tasks by priority and age, skipping tasks whose concurrency
+key is at its limit and rate-limited queues known to be full. The candidates that
+have a key or a rate-limited queue are then counted against their limits under
+the limits' locks, in the claim's transaction (:meth:`FlowControlStore._within_limits`);
+others pass without a statement. docs/flow-control.md states the rules.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from ..engine.ports import ClaimedTask
+from . import sql
+from .base import StoreBase, operation
+from .clock import clock_offset_ms
+
+__all__ = ["FlowControlStore"]
+
+
+class FlowControlStore(StoreBase):
+    """The candidates of activity claims, and the limits that hold some of them back."""
+
+    # The row locks of a claim's candidates (PostgreSQL: FOR UPDATE SKIP LOCKED).
+    CLAIM_LOCK: ClassVar[str] = ""
+
+    if TYPE_CHECKING:  # provided by TaskStore
+
+        def _take_claims(self, ids: list[int], owner: str) -> list[ClaimedTask]: ...
+
+    @operation
+    def claim_tasks(self, owner: str, limit: int, names: Sequence[str]) -> list[ClaimedTask]:
+        """Claim up to ``limit`` due tasks of registered activities, by priority and age.
+
+        sql.TASK_RANK order (a minute waited is worth a point). Tasks of a key at its
+        ``max_concurrency`` and of full rate-limited queues are skipped; the rest are
+        counted against their limits under the limits' locks (:meth:`_within_limits`)
+        and the rate-limited claims recorded, in the claim's transaction.
+        """
+        if limit <= 0 or not names or self.activity_queues == ():
+            return []
+        if not self._worth_writing(*self._claim_probe(names)):
+            return []
+        statement, params = self._claim_pick(names, limit)
+        with self.atomic():
+            rows = [(int(r[0]), str(r[1]), str(r[2]), r[3]) for r in self._fetch(statement, params)]
+            taken, limited = self._within_limits(rows)
+            claimed = self._take_claims(taken, owner)
+            self._record_queue_claims(limited)
+            return claimed
+
+    def _index_hint(self, index: str) -> str:
+        """SQL after a table name that makes the database use ``index`` (none here)."""
+        return ""
+
+    def _claim_pick(self, names: Sequence[str], limit: int) -> tuple[str, list[Any]]:
+        """sql.CLAIM_PICK with this store's queues, full queues and concurrency room."""
+        filters = ""
+        params: list[Any] = []
+        if self.activity_queues is not None:
+            queues = list(self.activity_queues)
+            filters += sql.compose(sql.CLAIM_QUEUES, queues=sql.marks(len(queues)))
+            params += queues
+        full = self._full_queues()
+        if full:
+            filters += sql.compose(sql.CLAIM_NOT_QUEUES, queues=sql.marks(len(full)))
+            params += full
+        filters += " AND " + sql.CONCURRENCY_ROOM
+        statement = sql.compose(
+            sql.CLAIM_PICK,
+            names=", ".join([sql.CLAIM_NAME] * len(names)),
+            filters=filters,
+            lock=self.CLAIM_LOCK,
+            limit=str(int(limit)),
+            hint=self._index_hint("sv_task_rank_idx"),
+        )
+        return statement, [*names, *self.now_sql().params, *params, *params]
+
+    def _claim_probe(self, names: Sequence[str]) -> tuple[str, list[Any]]:
+        """Whether a claim would find a candidate (:meth:`_worth_writing`'s probe)."""
+        statement, params = self._claim_pick(names, 1)
+        return sql.compose(sql.CLAIM_PROBE, pick=statement), params
+
+    def _full_queues(self) -> list[str]:
+        """The rate-limited queues whose window was full at their last claim, until it
+        frees (a hint: the count under the queue's lock decides)."""
+        now = _local_clock_ms()
+        full = self.queues_full_until
+        for queue in [q for q, until in full.items() if until <= now]:
+            del full[queue]
+        return sorted(full)
+
+    def _within_limits(
+        self, rows: list[tuple[int, str, str, int | None]]
+    ) -> tuple[list[int], list[int]]:
+        """The ids of the candidate ``rows`` (id, queue, key, max) that their limits let
+        in, and those of them in rate-limited queues (for :meth:`_record_queue_claims`).
+
+        Rows without a concurrency key or a rate-limited queue pass with no statement.
+        Otherwise the limits' locks are taken (the dialect's; SQLite's write lock
+        already serialises claims), then the live attempts of each key and each
+        queue's window are counted, and the rows are taken in order while both have
+        room.
+        """
+        limits = self.queue_rate_limits
+        keys = sorted({key for _, _, key, _ in rows if key})
+        queues = sorted({queue for _, queue, _, _ in rows if queue in limits})
+        if not keys and not queues:
+            return [row[0] for row in rows], []
+        self._lock_limits(queues, keys)
+        running: dict[str, int] = {}
+        if keys:
+            statement = sql.compose(sql.RUNNING_BY_KEY, keys=sql.marks(len(keys)))
+            counted = self._fetch(statement, [*self.now_sql().params, *keys])
+            running = {key: int(count) for key, count in counted}
+        room: dict[str, int] = {}
+        for queue in queues:
+            room[queue] = self._queue_room(queue, *limits[queue])
+        taken: list[int] = []
+        limited: list[int] = []
+        for task_id, queue, key, max_concurrency in rows:
+            if key and running.get(key, 0) >= (max_concurrency or 0):
+                continue
+            if queue in room:
+                if room[queue] <= 0:
+                    continue
+                room[queue] -= 1
+                limited.append(task_id)
+            if key:
+                running[key] = running.get(key, 0) + 1
+            taken.append(task_id)
+        return taken, limited
+
+    def _record_queue_claims(self, task_ids: list[int]) -> None:
+        """Record the claims just taken of rate-limited queues, in the claim's transaction,
+        at the claims' own time (``claim_started_ms``, later than the count before them)."""
+        if task_ids:
+            statement = sql.compose(sql.QUEUE_RECORD, ids=sql.marks(len(task_ids)))
+            self._execute(statement, task_ids)
+
+    def _queue_room(self, queue: str, count: int, period_ms: int) -> int:
+        """How many claims ``queue``'s window has room for now (pruning what left it);
+        a full window is remembered in :attr:`queues_full_until` until it frees."""
+        clock = self.now_sql().params
+        self._execute(sql.QUEUE_PRUNE, [queue, *clock, period_ms])
+        window = self._fetch(sql.QUEUE_WINDOW, [*clock, queue, *clock, period_ms])
+        claimed, oldest, now_ms = window[0]
+        room = count - int(claimed)
+        if room <= 0 and oldest is not None:
+            # When the oldest claim leaves the window, on the local clock.
+            frees_in = int(oldest) + period_ms - int(now_ms)
+            self.queues_full_until[queue] = _local_clock_ms() + max(0, frees_in)
+        return room
+
+    def _lock_limits(self, queues: Sequence[str], keys: Sequence[str]) -> None:
+        """Serialise claims per rate-limited queue and per concurrency key until commit
+        (queues first, each in sorted order); nothing where one writer already does."""
+
+
+def _local_clock_ms() -> float:
+    """A local stand-in for the database clock's progress (ms): monotonic time plus the
+    test clock's offset, so a hint follows ``ControllableClock.advance`` too."""
+    return time.monotonic() * 1000 + clock_offset_ms()
