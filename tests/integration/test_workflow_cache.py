@@ -107,6 +107,7 @@ INPUTS: dict[str, Any] = {
     "resume.caught": "c",
     "resume.reserving_child": "r",
     "resume.default_child_parent": "d",
+    "flow.run": {"tag": "cache", "options": {"priority": 3}},
     "scale.three": "t",
     "sched.echo": 1,
     "sched.wait": 1,
