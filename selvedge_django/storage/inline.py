@@ -17,8 +17,8 @@ lapsed before the write makes that write fail (nothing of it commits) with
 :class:`InlineClaimLapsed`, a :class:`LeaseLost`: the execution stops and the
 instance replays from what is recorded. Whatever is still pending when an
 execution ends without such a write (it was fenced out, a write failed) is
-recorded on its own by :meth:`flush_deferred`, as a background completion would
-be.
+handed back by :meth:`take_deferred` and recorded on its own, as a background
+completion would be (retried while the database refuses it).
 """
 
 from __future__ import annotations
@@ -136,17 +136,14 @@ class InlineResultStore(StoreBase):
             item.applying = False
 
     @operation
-    def flush_deferred(self, fence: Fence) -> int:
-        """Record, each on its own, the results still held for ``fence`` (the execution
-        ended without a write that took them); return how many were recorded."""
-        recorded = 0
-        for item in [p for p in self._pending() if p.fence == fence]:
+    def take_deferred(self, fence: Fence) -> list[tuple[TaskClaim, str, Callable[[], None] | None]]:
+        """Hand over the results still held for ``fence`` (the execution ended without a
+        write that took them): each is then recorded on its own with
+        :meth:`complete_task`, claim-checked, as a background attempt records its own."""
+        items = [p for p in self._pending() if p.fence == fence]
+        for item in items:
             self._pending().remove(item)
-            if self.complete_task(item.claim, item.output):
-                recorded += 1
-                if item.on_recorded is not None:
-                    item.on_recorded()
-        return recorded
+        return [(item.claim, item.output, item.on_recorded) for item in items]
 
     def _release_with_deferred(
         self,

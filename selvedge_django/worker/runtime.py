@@ -16,7 +16,7 @@ import time
 import weakref
 from typing import Any
 
-from django.db import connections
+from django.db import DatabaseError, connections
 
 from .. import exceptions as exc
 from .. import hooks as hooks_module
@@ -26,12 +26,25 @@ from ..engine.codec import error_to_envelope
 from ..engine.context import WorkflowContext
 from ..engine.events import Fence
 from ..engine.execution import Execution
-from ..engine.ports import CloseRequest, ExecutionOutcome, ExecutionSnapshot, HistoryLimits
+from ..engine.ports import (
+    CloseRequest,
+    ExecutionOutcome,
+    ExecutionSnapshot,
+    HistoryLimits,
+    TaskClaim,
+)
 from ..registry import get_workflow, registered_activity_names
 from ..storage import InstanceHead, client_codec, store_for
 from ..storage.errors import backoff_delay, describe, is_data_error
 from . import handoff
-from .attempts import HUNG_AFTER, AttemptRunner, HungAttempt
+from .attempts import (
+    HUNG_AFTER,
+    OUTCOME_RETRY_FIRST_PAUSE,
+    OUTCOME_RETRY_MAX_PAUSE,
+    OUTCOME_WRITE_TRIES,
+    AttemptRunner,
+    HungAttempt,
+)
 from .cache import WorkflowCache
 
 __all__ = ["HUNG_AFTER", "HungAttempt", "WorkerRuntime", "client_codec"]  # client_codec: storage's
@@ -228,16 +241,45 @@ class WorkerRuntime(AttemptRunner):
 
     def _flush_inline_results(self, fence: Fence) -> None:
         """Record, each on its own, inline results that no write of the execution took
-        (it was fenced out, or a write failed): as a background attempt records its own."""
+        (it was fenced out, or a write failed): as a background attempt records its own,
+        trying again while the database refuses the write (a row a client holds, a
+        statement timeout, a connection the server ended). The write is claim-checked,
+        so a claim that lapsed meanwhile records nothing and the activity runs again."""
         if not self.store.has_deferred(fence):
             return
-        try:
-            self.store.flush_deferred(fence)
-        except Exception:
-            # Not recorded: the claims lapse and the activities run again.
-            logger.warning(
-                "could not record the inline results of %s", fence.instance_id, exc_info=True
-            )
+        for claim, output, on_recorded in self.store.take_deferred(fence):
+            if self._write_claimed(claim, "inline result", output) and on_recorded is not None:
+                on_recorded()
+
+    def _write_claimed(self, claim: TaskClaim, what: str, output: str) -> bool:
+        pause = OUTCOME_RETRY_FIRST_PAUSE
+        for tries in range(1, OUTCOME_WRITE_TRIES + 1):
+            try:
+                return self.store.complete_task(claim, output)
+            except DatabaseError:
+                self.drop_broken_connection()
+                if tries == OUTCOME_WRITE_TRIES:
+                    # Not recorded: the claim lapses and the activity runs again.
+                    logger.warning(
+                        "could not record the %s of %s/%s after %d tries",
+                        what,
+                        claim.instance_id,
+                        claim.key,
+                        tries,
+                        exc_info=True,
+                    )
+                    return False
+                logger.info(
+                    "recording the %s of %s/%s failed; trying again in %.2f s",
+                    what,
+                    claim.instance_id,
+                    claim.key,
+                    pause,
+                    exc_info=True,
+                )
+                time.sleep(pause)
+                pause = min(pause * 2, OUTCOME_RETRY_MAX_PAUSE)
+        return False  # pragma: no cover - the loop returns
 
     def _execute(
         self, fence: Fence, snapshot: ExecutionSnapshot | None, head: InstanceHead | None

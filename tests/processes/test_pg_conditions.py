@@ -243,8 +243,12 @@ def test_every_worker_connection_terminated_at_once_loses_nothing(
         assert entries(f"wait:{tag}") == Counter({f"wait:{tag}:1:start": 1})
     tasks = ActivityTask.objects.filter(instance_id__in=[inline, background])
     assert set(tasks.values_list("status", "attempts", "failures")) == {("completed", 1, 0)}
-    # The leases were renewed all along: one execution ran the inline activity.
-    assert WorkflowInstance.objects.get(instance_id=inline).lease_epoch == 1
+    # The leases were renewed all along. The inline result commits with the execution's
+    # next write (one commit per step); when that write is the first statement on a
+    # connection the server ended, the execution stops there and its result is
+    # recorded on its own, so at most one replay follows, which takes the recorded
+    # value: the activity ran once (above).
+    assert WorkflowInstance.objects.get(instance_id=inline).lease_epoch in (1, 2)
     assert proc.terminate() == 0
 
 
