@@ -251,9 +251,7 @@ def _queues(alias: str, now: int) -> dict[str, dict[str, Any]]:
     for name in sorted({*_queue_names(alias), *running}):
         queued = tasks.filter(status=ActivityTaskStatus.QUEUED, queue=name)
         due = queued.filter(not_before_ms__lte=now)
-        oldest = (
-            due.order_by("not_before_ms", "id").values_list("not_before_ms", "created_at").first()
-        )
+        oldest = due.order_by("not_before_ms").values_list("not_before_ms", "created_at").first()
         age = None
         if oldest is not None:
             # A first attempt is due from its creation (not_before_ms 0), a retry from
