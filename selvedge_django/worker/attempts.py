@@ -201,13 +201,22 @@ class AttemptRunner:
                 )
         return released
 
-    def _write_outcome(self, claim: TaskClaim, what: str, write: Callable[[], bool]) -> bool:
+    def _write_outcome(
+        self,
+        claim: TaskClaim,
+        what: str,
+        write: Callable[[], bool],
+        *,
+        past_belief: bool = False,
+    ) -> bool:
         """Run one write of an attempt's outcome; retry a database error with backoff.
 
         A failed statement is the infrastructure's fault, never the activity's: the
         write is tried again (``OUTCOME_WRITE_TRIES`` in all, pauses doubling from
-        ``OUTCOME_RETRY_FIRST_PAUSE``) while the claim is still believed valid. After
-        that the claim is left to lapse, and the lapse path decides (False).
+        ``OUTCOME_RETRY_FIRST_PAUSE``) while the claim is still believed valid, or
+        regardless of that belief with ``past_belief`` (a claim-checked write whose
+        attempt is no longer tracked). After that the claim is left to lapse, and
+        the lapse path decides (False).
         """
         pause = OUTCOME_RETRY_FIRST_PAUSE
         for tries in range(1, OUTCOME_WRITE_TRIES + 1):
@@ -216,7 +225,8 @@ class AttemptRunner:
             except DatabaseError:
                 self.drop_broken_connection()
                 valid_until = self.claim_belief(claim)
-                if tries == OUTCOME_WRITE_TRIES or time.monotonic() + pause >= valid_until:
+                out_of_time = not past_belief and time.monotonic() + pause >= valid_until
+                if tries == OUTCOME_WRITE_TRIES or out_of_time:
                     logger.warning(
                         "could not record the %s of %s/%s after %d tries; the claim is left"
                         " to lapse",

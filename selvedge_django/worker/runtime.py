@@ -8,6 +8,7 @@ lease without asking the database (renewal start + TTL - MARGIN - MAX_SKEW).
 
 from __future__ import annotations
 
+import functools
 import heapq
 import json
 import logging
@@ -16,7 +17,7 @@ import time
 import weakref
 from typing import Any
 
-from django.db import DatabaseError, connections
+from django.db import connections
 
 from .. import exceptions as exc
 from .. import hooks as hooks_module
@@ -31,20 +32,12 @@ from ..engine.ports import (
     ExecutionOutcome,
     ExecutionSnapshot,
     HistoryLimits,
-    TaskClaim,
 )
 from ..registry import get_workflow, registered_activity_names
 from ..storage import InstanceHead, client_codec, store_for
 from ..storage.errors import backoff_delay, describe, is_data_error
 from . import handoff
-from .attempts import (
-    HUNG_AFTER,
-    OUTCOME_RETRY_FIRST_PAUSE,
-    OUTCOME_RETRY_MAX_PAUSE,
-    OUTCOME_WRITE_TRIES,
-    AttemptRunner,
-    HungAttempt,
-)
+from .attempts import HUNG_AFTER, AttemptRunner, HungAttempt
 from .cache import WorkflowCache
 
 __all__ = ["HUNG_AFTER", "HungAttempt", "WorkerRuntime", "client_codec"]  # client_codec: storage's
@@ -248,38 +241,10 @@ class WorkerRuntime(AttemptRunner):
         if not self.store.has_deferred(fence):
             return
         for claim, output, on_recorded in self.store.take_deferred(fence):
-            if self._write_claimed(claim, "inline result", output) and on_recorded is not None:
+            write = functools.partial(self.store.complete_task, claim, output)
+            recorded = self._write_outcome(claim, "inline result", write, past_belief=True)
+            if recorded and on_recorded is not None:
                 on_recorded()
-
-    def _write_claimed(self, claim: TaskClaim, what: str, output: str) -> bool:
-        pause = OUTCOME_RETRY_FIRST_PAUSE
-        for tries in range(1, OUTCOME_WRITE_TRIES + 1):
-            try:
-                return self.store.complete_task(claim, output)
-            except DatabaseError:
-                self.drop_broken_connection()
-                if tries == OUTCOME_WRITE_TRIES:
-                    # Not recorded: the claim lapses and the activity runs again.
-                    logger.warning(
-                        "could not record the %s of %s/%s after %d tries",
-                        what,
-                        claim.instance_id,
-                        claim.key,
-                        tries,
-                        exc_info=True,
-                    )
-                    return False
-                logger.info(
-                    "recording the %s of %s/%s failed; trying again in %.2f s",
-                    what,
-                    claim.instance_id,
-                    claim.key,
-                    pause,
-                    exc_info=True,
-                )
-                time.sleep(pause)
-                pause = min(pause * 2, OUTCOME_RETRY_MAX_PAUSE)
-        return False  # pragma: no cover - the loop returns
 
     def _execute(
         self, fence: Fence, snapshot: ExecutionSnapshot | None, head: InstanceHead | None
