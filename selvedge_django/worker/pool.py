@@ -57,6 +57,7 @@ class ThreadPool:
         self._pending = 0
         self._idle = threading.Condition(self._lock)
         self._detached_ended = threading.Condition(self._lock)
+        self._ended: list[threading.Thread] = []  # detached threads done, to join
         self._idle_slots: list[_Slot] = []  # most recently idle last
         self._backlog: deque[tuple[Callable[..., Any], tuple[Any, ...]]] = deque()
         self._stopping = False
@@ -118,6 +119,7 @@ class ThreadPool:
             if not getattr(_thread, "detached", False):
                 if not self._detached_ended.wait_for(lambda: self.detached < limit, timeout):
                     return False
+                self._join_ended()
                 if self._stopping:
                     return False
                 _thread.detached = True
@@ -181,6 +183,20 @@ class ThreadPool:
                             self._idle_slots.append(slot)
         finally:
             connections.close_all()
+            if getattr(_thread, "detached", False):
+                # Counted as ended only now, its connections closed: a thread that
+                # detaches next joins this one first (_join_ended), so the threads
+                # alive never exceed the pool's size plus the detach limit.
+                with self._lock:
+                    self.detached -= 1
+                    self._ended.append(threading.current_thread())
+                    self._detached_ended.notify_all()
+
+    def _join_ended(self) -> None:
+        """Join the detached threads that have ended (the lock held; they take it no more)."""
+        ended, self._ended = self._ended, []
+        for thread in ended:
+            thread.join()
 
     def _run(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
         try:
@@ -192,9 +208,6 @@ class ThreadPool:
             detached = getattr(_thread, "detached", False)
             holding = not detached or getattr(_thread, "holding", False)
             with self._lock:
-                if detached:
-                    self.detached -= 1
-                    self._detached_ended.notify_all()
                 if holding:
                     self._pending -= 1
                 if self._pending == 0:
