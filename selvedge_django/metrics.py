@@ -44,6 +44,11 @@ __all__ = [
     "QUEUE_OLDEST_AGE",
     "WORKFLOWS_CLOSED",
     "WORKFLOWS_STARTED",
+    "WORKFLOW_CACHE_DECLINED",
+    "WORKFLOW_CACHE_HITS",
+    "WORKFLOW_CACHE_LET_GO",
+    "WORKFLOW_CACHE_MISSES",
+    "WORKFLOW_CACHE_PARKED",
     "WORKFLOW_EXECUTION_DURATION",
     "GaugeReading",
     "clear_gauge_source",
@@ -74,6 +79,12 @@ QUEUE_OLDEST_AGE = "selvedge.queue.oldest_age"  # gauge s {queue}: oldest due qu
 ACTIVITY_RUNNING = "selvedge.activity.running"  # gauge {queue}: claimed attempts
 INSTANCES_RUNNABLE = "selvedge.instances.runnable"  # gauge: waiting for a dispatch
 INSTANCES_OLDEST_RUNNABLE_AGE = "selvedge.instances.oldest_runnable_age"  # gauge s
+# The workflow cache (SELVEDGE["WORKFLOW_CACHE"]), per worker process:
+WORKFLOW_CACHE_HITS = "selvedge.workflow_cache.hits"  # counter: continued without replay
+WORKFLOW_CACHE_MISSES = "selvedge.workflow_cache.misses"  # counter {reason}: replayed
+WORKFLOW_CACHE_PARKED = "selvedge.workflow_cache.parked"  # counter: executions kept
+WORKFLOW_CACHE_LET_GO = "selvedge.workflow_cache.let_go"  # counter {reason}
+WORKFLOW_CACHE_DECLINED = "selvedge.workflow_cache.declined"  # counter: not kept
 
 INSTRUMENT_NAMES = (
     WORKFLOWS_STARTED,
@@ -93,6 +104,11 @@ INSTRUMENT_NAMES = (
     ACTIVITY_RUNNING,
     INSTANCES_RUNNABLE,
     INSTANCES_OLDEST_RUNNABLE_AGE,
+    WORKFLOW_CACHE_HITS,
+    WORKFLOW_CACHE_MISSES,
+    WORKFLOW_CACHE_PARKED,
+    WORKFLOW_CACHE_LET_GO,
+    WORKFLOW_CACHE_DECLINED,
 )
 
 _COUNTERS = {
@@ -104,6 +120,11 @@ _COUNTERS = {
     ACTIVITY_TIMEOUTS: "activity attempts that timed out, by kind",
     LEASE_TAKEOVERS: "leases and claims taken over after they lapsed",
     FENCED_WRITES: "writes refused because the writer no longer held its lease or claim",
+    WORKFLOW_CACHE_HITS: "leases that continued a parked execution without a replay",
+    WORKFLOW_CACHE_MISSES: "leases replayed while the workflow cache was on, by reason",
+    WORKFLOW_CACHE_PARKED: "suspended executions kept in the workflow cache",
+    WORKFLOW_CACHE_LET_GO: "parked executions let go (evicted, replaced, stopped, mismatched)",
+    WORKFLOW_CACHE_DECLINED: "suspensions the cache could not keep (size or thread bound)",
 }
 _HISTOGRAMS = {
     WORKFLOW_EXECUTION_DURATION: "one execution, from its lease to suspension or close",

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connections
 
+from .. import metrics
 from ..registry import get_workflow
 
 if TYPE_CHECKING:
@@ -52,6 +53,15 @@ if TYPE_CHECKING:
 __all__ = ["CONNECTION_IDLE", "WorkflowCache", "estimate_size"]
 
 logger = logging.getLogger("selvedge_django.worker")
+
+# The metric each of the cache's events adds to (SELVEDGE["METRICS"]).
+_METRICS = {
+    "hits": metrics.WORKFLOW_CACHE_HITS,
+    "misses": metrics.WORKFLOW_CACHE_MISSES,
+    "parked": metrics.WORKFLOW_CACHE_PARKED,
+    "let_go": metrics.WORKFLOW_CACHE_LET_GO,
+    "declined": metrics.WORKFLOW_CACHE_DECLINED,
+}
 
 # Seconds a parked execution keeps its thread's database connections open: a signal
 # soon after reuses them, a long wait holds none.
@@ -115,7 +125,8 @@ class WorkflowCache:
         fence = execution.fence
         assert fence is not None
         if size > settings.max_bytes:
-            self._count("declined")
+            with self._lock:
+                self._note("declined")
             return None
         with self._lock:
             if self._closed:
@@ -134,18 +145,19 @@ class WorkflowCache:
         entry = _Entry(execution, fence, fn, size)
         with self._lock:
             if self._closed or len(self._entries) >= settings.max_entries:
-                self._counts["declined"] += 1
+                self._note("declined")
                 return None
             self._entries[fence.instance_id] = entry
             self._bytes += size
-            self._counts["parked"] += 1
+            self._note("parked")
         return entry
 
     def detach(self, entry: _Entry) -> bool:
         """Leave the pool for the wait, within the thread bound; False: not kept."""
         if self.pool.detach(self.settings.max_entries, _THREAD_WAIT):
             return True
-        self._count("declined")
+        with self._lock:
+            self._note("declined")
         self.discard(entry)
         return False
 
@@ -182,15 +194,15 @@ class WorkflowCache:
         with self._lock:
             entry = self._entries.pop(fence.instance_id, None)
             if entry is None:
-                self._counts["misses"] += 1
+                self._note("misses", "absent")
                 return False
             self._bytes -= entry.size
             reason = self._mismatch(entry, fence, head)
             if reason is not None:
-                self._counts["misses"] += 1
+                self._note("misses", reason)
                 self._let_go(entry, reason)
                 return False
-            self._counts["hits"] += 1
+            self._note("hits")
             self.pool.attach()
             entry.resumed = fence
             entry.wake.set()
@@ -219,14 +231,15 @@ class WorkflowCache:
 
     def _let_go(self, entry: _Entry, reason: str) -> None:
         """Wake a parked thread with nothing to go on with (the lock held)."""
-        self._counts["let_go"] += 1
+        self._note("let_go", reason)
         self._counts[f"let_go_{reason}"] += 1
         entry.resumed = None
         entry.wake.set()
 
-    def _count(self, name: str) -> None:
-        with self._lock:
-            self._counts[name] += 1
+    def _note(self, name: str, reason: str | None = None) -> None:
+        """Count one event in the stats and in its metric (the lock held)."""
+        self._counts[name] += 1
+        metrics.record(_METRICS[name], 1, reason=reason)
 
     def open(self) -> None:
         """Take executions in (again): the worker starts."""

@@ -321,6 +321,51 @@ def test_stopping_lets_parked_executions_go_and_another_worker_finishes(
     assert sv.wait_workflow(iid, timeout=20).output == [0, 1]
 
 
+def test_the_cache_events_are_counted_as_metrics(make_worker: Any) -> None:
+    from django.conf import settings
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from selvedge_django import metrics
+
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    with override_settings(SELVEDGE={**settings.SELVEDGE, "METRICS": provider}):
+        worker = make_worker(workflow_cache=CACHE)
+        done = sv.start_workflow("wait.receive", {"channels": ["a"] * 3})
+        _receive(worker, done, [0, 1, 2])
+        assert sv.wait_workflow(done, timeout=20).output == [0, 1, 2]
+        cancelled = sv.start_workflow("wait.receive", {"channels": ["a"]})
+        wait_until(lambda: _parked(cancelled, 1))
+        sv.cancel_workflow(cancelled)  # the cancel request lets the parked execution go
+        assert sv.wait_workflow(cancelled, timeout=20).status == "cancelled"
+        kept = sv.start_workflow("wait.receive", {"channels": ["a"]})
+        wait_until(lambda: _parked(kept, 1))
+        worker.stop(timeout=10)  # lets the parked execution go
+    stats = worker.workflow_cache_stats()
+    found: dict[tuple[str, tuple[Any, ...]], int] = {}
+    data = reader.get_metrics_data()
+    assert data is not None
+    for resource in data.resource_metrics:
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                if not metric.name.startswith("selvedge.workflow_cache."):
+                    continue
+                for point in metric.data.data_points:
+                    key = (metric.name, tuple(sorted(point.attributes.items())))
+                    found[key] = point.value
+    provider.shutdown()
+    reason = "selvedge.reason"
+    assert (stats["hits"], stats["parked"], stats["misses"]) == (3, 5, 1)
+    assert found == {
+        (metrics.WORKFLOW_CACHE_HITS, ()): 3,
+        (metrics.WORKFLOW_CACHE_PARKED, ()): 5,
+        (metrics.WORKFLOW_CACHE_MISSES, ((reason, "status"),)): 1,
+        (metrics.WORKFLOW_CACHE_LET_GO, ((reason, "status"),)): 1,
+        (metrics.WORKFLOW_CACHE_LET_GO, ((reason, "stopped"),)): 1,
+    }
+
+
 # -- sticky dispatch ---------------------------------------------------------------------
 
 
