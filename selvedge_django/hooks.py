@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +29,7 @@ __all__ = [
     "capture_trace_context",
     "fire",
     "parse_trace_context",
+    "schedule_trace",
 ]
 
 logger = logging.getLogger("selvedge_django.hooks")
@@ -49,9 +50,11 @@ HOOK_NAMES = (
     "on_timer_fired",
 )
 
-# The writes whose caller's trace context is stored: a start (on the instance), a
-# signal (on the signal) and a cancel request (on the instance).
-TRACE_OPERATIONS = ("start", "signal", "cancel")
+# The writes whose trace context is asked for: a start (stored on the instance), a
+# signal (on the signal), a cancel request (on the instance), a fork (on the new
+# instance), a resume (not stored: the run keeps its start's), and a run a schedule
+# starts (on the run; the leader's or the triggering caller's context).
+TRACE_OPERATIONS = ("start", "signal", "cancel", "fork", "resume", "schedule")
 
 # W3C Trace Context: ``version-trace_id-parent_id-flags``; ``tracestate`` at most 512
 # characters. Anything else a hook returns is dropped, so stored contexts stay small.
@@ -71,6 +74,8 @@ class HookEvent:
     error: BaseException | None = None
     duration: float | None = None
     worker_id: str | None = None
+    # trace_context() only: a fork's source instance, a schedule run's schedule name.
+    source: str | None = None
 
 
 class WorkflowHooks:
@@ -116,11 +121,15 @@ class WorkflowHooks:
         """A timer fired."""
 
     def trace_context(self, operation: str, event: HookEvent) -> Mapping[str, str] | None:
-        """Return the trace context to store with a start, signal or cancel request.
+        """Return the trace context to store with a start, signal, cancel request,
+        fork or schedule run (asked for a resume too, and not stored).
 
         ``operation`` is one of :data:`TRACE_OPERATIONS`. Called in the caller's
-        thread before the write (which may still fail or roll back); the mapping
-        holds W3C ``traceparent`` and optionally ``tracestate``. None stores nothing.
+        thread before the write (which may still fail or roll back; a fork's and a
+        schedule run's inside the transaction that creates the instance, once its id
+        is known; a resume's after its write); ``event.source`` names a fork's
+        source instance and a schedule run's schedule. The mapping holds W3C
+        ``traceparent`` and optionally ``tracestate``. None stores nothing.
         """
         return None
 
@@ -166,6 +175,21 @@ def capture_trace_context(hooks: Any, operation: str, **fields: Any) -> str | No
     if isinstance(state, str) and state and len(state) <= _TRACESTATE_MAX:
         kept["tracestate"] = state
     return json.dumps(kept, separators=(",", ":"))
+
+
+def schedule_trace(hooks: Any) -> Callable[[str, Any], str | None]:
+    """The trace context of each run a schedule starts: ``(run id, schedule row)``."""
+
+    def trace(run_id: str, schedule: Any) -> str | None:
+        return capture_trace_context(
+            hooks,
+            "schedule",
+            instance_id=run_id,
+            workflow_name=schedule.workflow_name,
+            source=schedule.name,
+        )
+
+    return trace
 
 
 def parse_trace_context(text: str | None) -> dict[str, str] | None:

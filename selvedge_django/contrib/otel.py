@@ -73,6 +73,9 @@ _CALLER_SPANS = {
     "start": "selvedge.workflow.start",
     "signal": "selvedge.signal.send",
     "cancel": "selvedge.workflow.cancel",
+    "fork": "selvedge.workflow.fork",
+    "resume": "selvedge.workflow.resume",
+    "schedule": "selvedge.schedule.fire",
 }
 
 _MISSING = object()
@@ -175,7 +178,9 @@ class OpenTelemetryHooks(WorkflowHooks):
     # -- the caller's side ----------------------------------------------------------------
 
     def trace_context(self, operation: str, event: HookEvent) -> Mapping[str, str] | None:
-        """Open and close the caller's span of a start, signal or cancel; return its context."""
+        """Open and close the caller's span of a start, signal, cancel, fork, resume or
+        schedule run; return its context (the new run's start span for a start, a
+        fork and a schedule run)."""
         from opentelemetry.trace import SpanKind
 
         name = _CALLER_SPANS.get(operation)
@@ -186,7 +191,13 @@ class OpenTelemetryHooks(WorkflowHooks):
         if operation == "signal":
             attributes.pop("selvedge.key", None)
             attributes.update(_messaging("send", self._text("selvedge.key", event.key or "")))
-        if operation != "start":
+        if operation == "fork" and event.source:
+            links = self._link(self._instance_carrier(event.source))
+            attributes["selvedge.forked_from"] = self._text("selvedge.forked_from", event.source)
+        elif operation == "schedule":
+            if event.source:
+                attributes["selvedge.schedule"] = self._text("selvedge.schedule", event.source)
+        elif operation != "start":
             links = self._link(self._instance_carrier(event.instance_id))
         span = self.tracer.start_span(
             name, kind=SpanKind.PRODUCER, attributes=attributes, links=links
@@ -194,8 +205,9 @@ class OpenTelemetryHooks(WorkflowHooks):
         carrier: dict[str, str] = {}
         self.propagator.inject(carrier, context=self._trace.set_span_in_context(span))
         span.end()
-        if operation == "start":
+        if operation in ("start", "fork", "schedule"):
             self._remember(self._contexts, event.instance_id, carrier)
+        if operation in ("start", "schedule"):  # their on_workflow_started makes no span
             self._remember(self._started, event.instance_id, None)
         return carrier
 

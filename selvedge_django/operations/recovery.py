@@ -15,6 +15,8 @@ from asgiref.sync import sync_to_async
 from django.db import transaction
 from django.utils import timezone
 
+from .. import hooks as hooks_module
+from ..conf import get_settings
 from ..models import WorkflowInstance, WorkflowStatus
 from ..storage.resume import ResumeOutcome
 from .base import client_store, known_id, reason_text, validate_instance_id
@@ -65,6 +67,10 @@ def resume_workflow(instance_id: str, *, from_key: str | None = None, reason: st
         raise TypeError("from_key must be a string")
     store = client_store()
     outcome: ResumeOutcome = store.resume(instance_id, from_key)
+    # The resumed run keeps its start's trace; the operator's span links to it.
+    hooks_module.capture_trace_context(
+        get_settings().hooks, "resume", instance_id=instance_id, workflow_name=outcome.workflow_name
+    )
 
     def resumed() -> None:
         logger.info(
@@ -107,7 +113,14 @@ def fork_workflow(
     if new_instance_id is not None:
         new_instance_id = validate_instance_id(new_instance_id)
     store = client_store()
-    new_id, name = store.fork(instance_id, from_key, new_instance_id)
+    hooks = get_settings().hooks
+
+    def trace(new_id: str, name: str) -> str | None:
+        return hooks_module.capture_trace_context(
+            hooks, "fork", instance_id=new_id, workflow_name=name, source=instance_id
+        )
+
+    new_id, name = store.fork(instance_id, from_key, new_instance_id, trace)
 
     def forked() -> None:
         logger.info("forked %s (%s) as %s", instance_id, name, new_id)

@@ -167,6 +167,12 @@ def _set_paused(name: str, paused: bool) -> None:
     schedule_store().change(name, values)
 
 
+def _trace() -> Any:
+    """The trace context source of the runs a client call starts (None: no hooks)."""
+    hooks = get_settings().hooks
+    return None if hooks is None else hooks_module.schedule_trace(hooks)
+
+
 def _started(runs: list[tuple[str, str]]) -> None:
     """Fire the start hooks of runs a client call started, after commit."""
     if not runs:
@@ -190,7 +196,7 @@ def trigger_schedule(name: str) -> str:
     The id is ``<name>@<now as ISO 8601 UTC with milliseconds>`` (a slot's id has
     none, so a triggered run never takes a slot). It becomes the schedule's last run.
     """
-    run_id, workflow_name = schedule_store().trigger(known_name(name))
+    run_id, workflow_name = schedule_store().trigger(known_name(name), _trace())
     _started([(run_id, workflow_name)])
     return run_id
 
@@ -216,7 +222,7 @@ def backfill_schedule(name: str, start: datetime, end: datetime) -> list[str]:
     def slots(row: Schedule, now_ms: int) -> list[int]:
         return rule_of(row).between(start_ms, min(end_ms, now_ms + 1), MAX_BACKFILL_SLOTS)
 
-    ids, started, workflow_name = schedule_store().backfill(name, slots)
+    ids, started, workflow_name = schedule_store().backfill(name, slots, _trace())
     _started([(run_id, workflow_name) for run_id in started])
     return ids
 

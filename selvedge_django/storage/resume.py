@@ -10,6 +10,7 @@ belonged to.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -217,6 +218,7 @@ class ResumeStoreMixin(StoreBase):
             code_version: str | None = None,
             execution_timeout_ms: int | None = None,
             priority: int = 0,
+            trace_context: str | None = None,
         ) -> Any: ...
 
         @property
@@ -342,7 +344,11 @@ class ResumeStoreMixin(StoreBase):
 
     @operation
     def fork(
-        self, instance_id: str, from_key: str | None, new_instance_id: str | None
+        self,
+        instance_id: str,
+        from_key: str | None,
+        new_instance_id: str | None,
+        trace: Callable[[str, str], str | None] | None = None,
     ) -> tuple[str, str]:
         """Start a new instance from a copy of another's history before a cut, in one
         transaction; return (the new id, the workflow name).
@@ -353,7 +359,9 @@ class ResumeStoreMixin(StoreBase):
         execution timeout (counted from the fork), no parent, and ``forked_from`` set; it is
         runnable. The source's signals are copied in
         their order, pending again from the cut on. The source is read, never
-        written. The default id is ``<instance_id>/fork-<n>``. Raises
+        written. The default id is ``<instance_id>/fork-<n>``. ``trace(new id,
+        workflow name)``, when given, returns the trace context the new instance
+        stores (JSON text or None). Raises
         :class:`WorkflowNotFound`, :class:`HistoryKeyConflict` or
         :class:`WorkflowAlreadyStarted` (the new id is taken).
         """
@@ -383,6 +391,7 @@ class ResumeStoreMixin(StoreBase):
                 code_version=self.code_version,
                 execution_timeout_ms=None if timeout_ms is None else int(timeout_ms),
                 priority=int(priority),
+                trace_context=None if trace is None else trace(new_instance_id, str(workflow_name)),
             )
             self._execute(MARK_FORK, [instance_id, new_instance_id])
             self._execute(

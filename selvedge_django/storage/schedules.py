@@ -36,12 +36,14 @@ from .base import operation
 from .store import DjangoStore
 from .wakeups import TOPIC_RUNNABLE
 
-__all__ = ["FireResult", "ScheduleStore", "rule_of"]
+__all__ = ["FireResult", "ScheduleStore", "TraceSource", "rule_of"]
 
 logger = logging.getLogger("selvedge_django.schedules")
 
 # Ids of runs a schedule keeps for ``recent_instance_ids``, newest first.
 RECENT_RUNS = 10
+# (run id, schedule) -> the trace context the run stores (JSON text), or None.
+TraceSource = Callable[[str, Schedule], "str | None"]
 # Rows of one INSERT of runs.
 INSERT_CHUNK = 100
 # A schedule whose plan cannot be made (a row edited by hand into nonsense) is
@@ -189,14 +191,16 @@ class ScheduleStore:
     # -- starts outside the slots' order: trigger and backfill --------------------------
 
     @operation
-    def trigger(self, name: str) -> tuple[str, str]:
-        """Start a run of schedule ``name`` now (id with milliseconds); return (id, workflow)."""
+    def trigger(self, name: str, trace: TraceSource | None = None) -> tuple[str, str]:
+        """Start a run of schedule ``name`` now (id with milliseconds); return (id, workflow).
+
+        ``trace`` gives each run's trace context, as for :meth:`fire_due`."""
         with self.store.atomic():
             row = self._locked(name)
             now = self.store.now_ms()
             for step in range(1000):  # two triggers in one millisecond take the next one
                 run_id = trigger_id(name, now + step)
-                if self._start_runs([(run_id, row)]):
+                if self._start_runs([(run_id, row)], trace):
                     break
             else:  # pragma: no cover - a thousand triggers in one millisecond
                 raise exc.WorkflowAlreadyStarted(run_id)
@@ -208,7 +212,10 @@ class ScheduleStore:
 
     @operation
     def backfill(
-        self, name: str, slots: Callable[[Schedule, int], list[int]]
+        self,
+        name: str,
+        slots: Callable[[Schedule, int], list[int]],
+        trace: TraceSource | None = None,
     ) -> tuple[list[str], list[str], str]:
         """Start the runs of the slots ``slots(row, now_ms)`` names that do not exist yet.
 
@@ -221,7 +228,7 @@ class ScheduleStore:
             started: list[str] = []
             for first in range(0, len(ids), INSERT_CHUNK):
                 chunk = ids[first : first + INSERT_CHUNK]
-                started += self._start_runs([(run_id, row) for run_id in chunk])
+                started += self._start_runs([(run_id, row) for run_id in chunk], trace)
             if started:
                 record = _Record(row, row.next_slot_ms, row.buffered_slot_ms, started)
                 record.new_runs = len(started)
@@ -239,7 +246,7 @@ class ScheduleStore:
         return bool(self.store._fetch(sql.SCHEDULES_DUE_PROBE, params))
 
     @operation
-    def fire_due(self, limit: int) -> FireResult:
+    def fire_due(self, limit: int, trace: TraceSource | None = None) -> FireResult:
         """Handle up to ``limit`` schedules that need it, in one transaction.
 
         A schedule needs the leader when its next slot is due, or when it holds a
@@ -247,6 +254,8 @@ class ScheduleStore:
         started, the last run asked to cancel (``cancel_other``), the bookkeeping
         written. A plan that cannot be made is recorded as the schedule's
         ``last_error`` and tried again a minute later; the others go on.
+        ``trace(run id, schedule)``, when given, returns the trace context each new
+        run stores (JSON text or None), asked inside the transaction.
         """
         result = FireResult()
         if limit <= 0 or not self.probe_due():
@@ -285,7 +294,7 @@ class ScheduleStore:
                 starts += [(run_id, row) for run_id in record.started]
             inserted: set[str] = set()
             for first in range(0, len(starts), INSERT_CHUNK):
-                inserted.update(self._start_runs(starts[first : first + INSERT_CHUNK]))
+                inserted.update(self._start_runs(starts[first : first + INSERT_CHUNK], trace))
             for record in records:
                 record.new_runs = sum(run_id in inserted for run_id in record.started)
                 self._record(record, now)
@@ -361,7 +370,9 @@ class ScheduleStore:
             found.update((str(i), str(s)) for i, s in self.store._fetch(statement, chunk))
         return found
 
-    def _start_runs(self, runs: Sequence[tuple[str, Schedule]]) -> list[str]:
+    def _start_runs(
+        self, runs: Sequence[tuple[str, Schedule]], trace: TraceSource | None = None
+    ) -> list[str]:
         """Insert the runs that do not exist yet (one statement); return their ids."""
         if not runs:
             return []
@@ -381,6 +392,7 @@ class ScheduleStore:
                     "started_at": now,
                     "updated_at": now,
                     "code_version": self.store.code_version,
+                    "trace_context": None if trace is None else trace(run_id, schedule),
                 },
                 skip_pk=False,
             )

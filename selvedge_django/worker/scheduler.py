@@ -16,6 +16,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError
 
 from .. import exceptions as exc
+from ..hooks import schedule_trace
 from ..storage.schedules import ScheduleStore
 
 if TYPE_CHECKING:
@@ -60,7 +61,11 @@ class ScheduleDuty:
         if not self.synced:
             self.sync()
         runtime = self.runtime
-        result = self.store.fire_due(runtime.settings.max_workflows_per_batch)
+        hooks = runtime.settings.hooks
+        result = self.store.fire_due(
+            runtime.settings.max_workflows_per_batch,
+            None if hooks is None else schedule_trace(hooks),
+        )
         for run_id, workflow_name in result.started:
             runtime.fire("on_workflow_started", instance_id=run_id, workflow_name=workflow_name)
         return result.schedules

@@ -123,6 +123,88 @@ def test_a_cancelled_execution_links_to_the_cancel_request(
     assert [link.context.span_id for link in cancelled.links] == [request.context.span_id]
 
 
+def test_a_fork_is_a_trace_of_its_own_under_the_operators_span_linked_to_its_source(
+    traced: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    provider, exporter = traced
+    tracer = provider.get_tracer("test")
+    worker = Worker()
+    source = sv.start_workflow(ops_workflows.echo, "hello")
+    run_until_idle(worker)
+    with tracer.start_as_current_span("admin fork") as admin:
+        fork = sv.fork_workflow(source)
+    run_until_idle(worker)
+    assert sv.describe(fork).status == "completed"
+
+    finished = exporter.get_finished_spans()
+    (source_start,) = [s for s in of(finished, source) if s.name == "selvedge.workflow.start"]
+    spans = of(finished, fork)
+    (forked,) = [s for s in spans if s.name == "selvedge.workflow.fork"]
+    assert forked.parent.span_id == admin.get_span_context().span_id
+    assert forked.attributes["selvedge.forked_from"] == source
+    assert [link.context.span_id for link in forked.links] == [source_start.context.span_id]
+    work = [s for s in spans if s is not forked]
+    assert {s.name for s in work} >= {"selvedge.workflow.execute"}
+    for span in work:
+        assert span.parent.span_id == forked.context.span_id, span.name
+    stored = json.loads(WorkflowInstance.objects.get(pk=fork).trace_context)
+    assert stored["traceparent"].split("-")[2] == f"{forked.context.span_id:016x}"
+
+
+def test_a_resumed_run_stays_in_its_trace_and_the_resume_links_to_it(
+    traced: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    provider, exporter = traced
+    tracer = provider.get_tracer("test")
+    worker = Worker()
+    iid = sv.start_workflow(ops_workflows.fail, "broken")
+    run_until_idle(worker)
+    assert sv.describe(iid).status == "failed"
+    stored = WorkflowInstance.objects.get(pk=iid).trace_context
+    with tracer.start_as_current_span("admin resume") as admin:
+        sv.resume_workflow(iid)
+    assert WorkflowInstance.objects.get(pk=iid).trace_context == stored
+    run_until_idle(worker)
+
+    spans = of(exporter.get_finished_spans(), iid)
+    (start,) = [s for s in spans if s.name == "selvedge.workflow.start"]
+    (resumed,) = [s for s in spans if s.name == "selvedge.workflow.resume"]
+    assert resumed.parent.span_id == admin.get_span_context().span_id
+    assert [link.context.span_id for link in resumed.links] == [start.context.span_id]
+    executions = [s for s in spans if s.name == "selvedge.workflow.execute"]
+    assert len(executions) == 2  # the first run and the resumed one, both under the start
+    assert {s.parent.span_id for s in executions} == {start.context.span_id}
+
+
+def test_each_scheduled_run_is_one_trace_under_its_fire_span(
+    clock: ControllableClock, traced: tuple[TracerProvider, InMemorySpanExporter]
+) -> None:
+    provider, exporter = traced
+    tracer = provider.get_tracer("test")
+    worker = Worker()
+    sv.create_schedule("traced", ops_workflows.echo, interval=60, input="tick")
+    clock.advance(61)
+    run_until_idle(worker)  # the leader starts the slot's run
+    with tracer.start_as_current_span("admin trigger") as admin:
+        triggered = sv.trigger_schedule("traced")
+    run_until_idle(worker)
+    runs = list(WorkflowInstance.objects.filter(workflow_name="ops.echo").order_by("started_at"))
+    assert len(runs) == 2 and {r.status for r in runs} == {"completed"}
+    (slot_run,) = [r.instance_id for r in runs if r.instance_id != triggered]
+
+    finished = exporter.get_finished_spans()
+    for run_id, parent in [(slot_run, None), (triggered, admin.get_span_context().span_id)]:
+        spans = of(finished, run_id)
+        (fire,) = [s for s in spans if s.name == "selvedge.schedule.fire"]
+        assert fire.attributes["selvedge.schedule"] == "traced"
+        assert (fire.parent.span_id if fire.parent else None) == parent
+        assert not [s for s in spans if s.name == "selvedge.workflow.start"]  # no second root
+        work = [s for s in spans if s is not fire]
+        assert {s.name for s in work} >= {"selvedge.workflow.execute"}
+        for span in work:
+            assert span.parent.span_id == fire.context.span_id, span.name
+
+
 class Hostile(WorkflowHooks):
     """Hooks whose trace_context returns whatever the test sets (or raises)."""
 
