@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from django.core.checks import CheckMessage, Warning
-from django.db import OperationalError, transaction
+from django.db import DatabaseError, OperationalError, transaction
 
 from ..engine.events import Arrivals, Fence
 from ..engine.ports import Observation
@@ -74,13 +76,63 @@ RENEW_SELECT = "SELECT {columns} FROM {table} WHERE {where}"
 # Renew the rows found ({ids}: marks).
 RENEW_UPDATE = "UPDATE {table} SET {set} WHERE {key} IN ({ids})"
 # Connection set-up of the engine's database.
-BUSY_TIMEOUT = "PRAGMA busy_timeout = 30000"
+BUSY_TIMEOUT_S = 30
+BUSY_TIMEOUT = f"PRAGMA busy_timeout = {BUSY_TIMEOUT_S * 1000}"
 JOURNAL_WAL = "PRAGMA journal_mode = WAL"
 SYNCHRONOUS = "PRAGMA synchronous = {level}"
 
 
 def _in_memory(name: str) -> bool:
     return not name or ":memory:" in name or "mode=memory" in name
+
+
+# One lock per database file: the turns of this process's write transactions. A
+# wait for the turn longer than this (s) shortens SQLite's busy timeout to what is left.
+_TURN_WAIT_NOTICED = 0.5
+_writer_locks: dict[str, threading.RLock] = {}
+_writer_locks_guard = threading.Lock()
+
+
+@contextlib.contextmanager
+def _writer_turn(conn: Any) -> Iterator[None]:
+    """Wait for this process's turn to write to ``conn``'s database file.
+
+    SQLite lets one writer in at a time and makes the others poll with sleeps that
+    grow to 100 ms, so under contention the lock is often free while every waiter
+    sleeps. Threads of one process queue on a Python lock instead and take the
+    database lock as the previous writer commits. Re-entrant (a callback run at a
+    commit may write again). The wait for the turn counts against the busy timeout:
+    after a long one, SQLite waits only what is left of it (and then fails with
+    "database is locked" as before); a writer whose turn does not come within the
+    whole timeout goes on without it. Other processes still meet at SQLite's lock.
+    """
+    name = str(conn.settings_dict.get("NAME") or "")
+    if _in_memory(name):
+        yield
+        return
+    with _writer_locks_guard:
+        lock = _writer_locks.setdefault(name, threading.RLock())
+    options = conn.settings_dict.get("OPTIONS") or {}
+    timeout = float(options.get("timeout", BUSY_TIMEOUT_S))
+    began = time.monotonic()
+    taken = lock.acquire(timeout=timeout)
+    waited = time.monotonic() - began
+    shortened = waited > _TURN_WAIT_NOTICED
+    try:
+        if shortened:
+            left_ms = max(1, round((timeout - waited) * 1000))
+            with conn.cursor() as cursor:
+                cursor.execute(f"PRAGMA busy_timeout = {left_ms}")  # an int, never user text
+        yield
+    finally:
+        try:
+            if shortened:
+                with contextlib.suppress(DatabaseError), conn.cursor() as cursor:
+                    # A broken connection is dropped; a new one gets the timeout back.
+                    cursor.execute(f"PRAGMA busy_timeout = {round(timeout * 1000)}")
+        finally:
+            if taken:
+                lock.release()
 
 
 class SQLiteStore(DjangoStore):
@@ -123,7 +175,13 @@ class SQLiteStore(DjangoStore):
 
     @contextlib.contextmanager
     def _write_transaction(self) -> Iterator[None]:
-        """Begin IMMEDIATE: take the write lock first, waiting with the busy timeout."""
+        """Begin IMMEDIATE: take the write lock first, waiting with the busy timeout.
+
+        The threads of one process take turns on a lock of the database file first
+        (:func:`_writer_turn`), so a writer waiting behind another of its process is
+        handed the turn when that one commits, instead of polling SQLite's lock with
+        the busy handler's growing sleeps.
+        """
         conn = self.connection
         if conn.in_atomic_block:
             with transaction.atomic(using=self.alias):
@@ -133,7 +191,7 @@ class SQLiteStore(DjangoStore):
         conn.ensure_connection()
         conn.transaction_mode = "IMMEDIATE"
         try:
-            with transaction.atomic(using=self.alias):
+            with _writer_turn(conn), transaction.atomic(using=self.alias):
                 conn.transaction_mode = previous
                 yield
         finally:
