@@ -133,7 +133,22 @@ class WorkerRuntime(AttemptRunner):
                 self._let_go.add(execution)
             else:
                 self._resumed_at[execution] = time.monotonic()
+        if resumed is not None:
+            # Continued, not loaded: the history it holds is the one a replay would load.
+            self._warn_history(resumed.instance_id, len(execution.history))
         return resumed
+
+    def _warn_history(self, instance_id: str, events: int) -> None:
+        """Log that an execution goes on with a history over the warning threshold."""
+        threshold = self.settings.history_warning_threshold
+        if events > threshold:
+            logger.warning(
+                "instance %s has %d history events (threshold %d)",
+                instance_id,
+                events,
+                threshold,
+                extra={"instance_id": instance_id},
+            )
 
     def tasks_reserved(self) -> None:
         """New queued tasks: the store already wakes local activity workers on commit."""
@@ -277,14 +292,7 @@ class WorkerRuntime(AttemptRunner):
             return None
         if len(snapshot.history) > self.settings.max_history_events:
             return self._fail_oversized(fence, snapshot)
-        if len(snapshot.history) > self.settings.history_warning_threshold:
-            logger.warning(
-                "instance %s has %d history events (threshold %d)",
-                fence.instance_id,
-                len(snapshot.history),
-                self.settings.history_warning_threshold,
-                extra={"instance_id": fence.instance_id},
-            )
+        self._warn_history(fence.instance_id, len(snapshot.history))
         base = dict(instance_id=fence.instance_id, workflow_name=snapshot.workflow_name)
         if snapshot.history:
             self.fire("on_workflow_replayed", **base)

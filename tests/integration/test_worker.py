@@ -359,7 +359,8 @@ def test_finally_runs_on_suspension_and_the_workflow_completes_later(
             # Rejected without writes while suspending; runs for real on the last dispatch.
             basics.record.execute(ctx, "cleanup")
 
-    first = make_worker(activity_queues=["default-only"])
+    # Without a cache: a parked execution keeps its frames (test_workflow_cache.py).
+    first = make_worker(activity_queues=["default-only"], workflow_cache={"MAX_ENTRIES": 0})
     instance_id = sv.start_workflow(name, {})
     wait_until(lambda: unwound and instance(instance_id).lease_owner == "")
     first.stop()  # one worker from here on, so the cleanup activity always runs inline

@@ -321,6 +321,45 @@ def test_stopping_lets_parked_executions_go_and_another_worker_finishes(
     assert sv.wait_workflow(iid, timeout=20).output == [0, 1]
 
 
+def test_a_parked_execution_runs_its_finally_once_when_it_really_leaves_it(
+    make_worker: Any,
+) -> None:
+    name = "cache.scratch.finally"
+    unwound: list[str] = []
+
+    @sv.workflow(name=name)
+    def with_cleanup(ctx: sv.WorkflowContext, _: Any) -> list[Any]:
+        try:
+            return [ctx.receive("a"), ctx.receive("a")]
+        finally:
+            unwound.append(ctx.instance_id)
+
+    try:
+        worker = make_worker(workflow_cache=CACHE)
+        iid = sv.start_workflow(name, None)
+        _receive(worker, iid, [0, 1])
+        assert sv.wait_workflow(iid, timeout=20).output == [0, 1]
+        assert worker.workflow_cache_stats()["hits"] == 2
+        assert unwound == [iid]  # without the cache: once per suspension, three in all
+    finally:
+        registry.unregister(name, kind="workflow")
+
+
+def test_a_continued_execution_past_the_history_threshold_logs_the_warning(
+    make_worker: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="selvedge_django")
+    worker = make_worker(workflow_cache=CACHE, history_warning_threshold=1)
+    iid = sv.start_workflow("wait.receive", {"channels": ["a"] * 3})
+    _receive(worker, iid, [0, 1, 2])
+    assert sv.wait_workflow(iid, timeout=20).output == [0, 1, 2]
+    assert worker.workflow_cache_stats()["hits"] == 3
+    warned = [r for r in caplog.records if "history events" in r.getMessage()]
+    assert warned and {r.instance_id for r in warned} == {iid}  # type: ignore[attr-defined]
+
+
 def test_the_cache_events_are_counted_as_metrics(make_worker: Any) -> None:
     from django.conf import settings
     from opentelemetry.sdk.metrics import MeterProvider
