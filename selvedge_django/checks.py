@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from django.core.checks import CheckMessage, Error, Warning, register
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connections
+from django.db import DatabaseError, connections
 
 from . import exceptions as exc
 from .conf import (
@@ -150,6 +150,26 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage
                 )
             )
     return messages
+
+
+@register(Tags.database)
+def check_database_server(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """selvedge.W006 (PostgreSQL without autovacuum): run where Django runs its database
+    checks (``migrate``, ``check --database``), as it queries the server."""
+    try:
+        resolved = resolve_settings(getattr(settings, "SELVEDGE", None))
+    except ImproperlyConfigured:
+        return []  # reported by check_settings (E003)
+    if not databases or resolved.database not in databases:
+        return []
+    from .storage import server_checks
+
+    try:
+        return server_checks(resolved.database)
+    except DatabaseError:
+        return []  # an unreachable server is for migrate itself to report
 
 
 @register("selvedge")

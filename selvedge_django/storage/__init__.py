@@ -55,6 +55,7 @@ __all__ = [
     "clock_offset_ms",
     "configure_connection",
     "database_checks",
+    "server_checks",
     "set_clock_offset_ms",
     "store_class",
     "store_for",
@@ -102,6 +103,15 @@ def configure_connection(sender: Any, connection: Any, **kwargs: Any) -> None:
     cls = STORES.get(connection.vendor)
     if cls is not None:
         cls.connection_created(connection)
+
+
+def server_checks(alias: str) -> list[CheckMessage]:
+    """The check messages that query the engine's database server (PostgreSQL: W006).
+
+    A store class with such checks defines ``server_checks(alias, connection)``.
+    """
+    checks = getattr(store_class(alias), "server_checks", None)
+    return [] if checks is None else list(checks(alias, connections[alias]))
 
 
 def database_checks(alias: str) -> list[CheckMessage]:

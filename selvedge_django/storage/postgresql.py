@@ -23,6 +23,7 @@ import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from django.core.checks import CheckMessage, Warning
 from django.db import DatabaseError, IntegrityError, transaction
 
 from ..engine.events import CLOSE_KEY, EV_ACTIVITY_COMPLETED, Fence, HistoryRow
@@ -123,8 +124,37 @@ CLOSE = (
 )
 
 
+# The server's autovacuum setting (selvedge.W006).
+SHOW_AUTOVACUUM = "SHOW autovacuum"
+
+
 class PostgresStore(DjangoStore):
     """The store on PostgreSQL."""
+
+    @classmethod
+    def server_checks(cls, alias: str, connection: Any) -> list[CheckMessage]:
+        """selvedge.W006: the server runs without autovacuum.
+
+        Every lease, release and claim rewrites an instance or task row, so the
+        partial indexes dispatch and claims walk fill with dead entries that only
+        vacuum removes, and the planner works without statistics: each poll slows
+        as the tables grow.
+        """
+        with connection.cursor() as cursor:
+            cursor.execute(SHOW_AUTOVACUUM)
+            (value,) = cursor.fetchone()
+        if str(value).lower() == "on":
+            return []
+        return [
+            Warning(
+                f"autovacuum is {value} on the PostgreSQL server of database {alias!r}: the "
+                "engine's tables and indexes fill with dead rows and lose their statistics, "
+                "and dispatch and claims slow down as they grow.",
+                hint="Turn autovacuum on (see docs/deployment.md), or VACUUM ANALYZE the "
+                "selvedge_django tables on a schedule.",
+                id="selvedge.W006",
+            )
+        ]
 
     NOW_MS = sql.NOW_MS_POSTGRESQL
     can_notify = True

@@ -505,3 +505,28 @@ def test_sqlite_without_immediate_transactions_is_warning_w002(
         assert "'engine'" in output and "IMMEDIATE" in output
     # Only the alias the engine uses is checked ("default" has no transaction_mode).
     assert output.count("selvedge.W002") == (1 if warned else 0), output
+
+
+def test_postgresql_without_autovacuum_is_warning_w006(tdb: None) -> None:
+    """A database check (``migrate``, ``check --database``): plain checks never query.
+
+    The server's setting is read, never changed: the suite's two PostgreSQL passes
+    share one server, and autovacuum's statistics would move the plan tests' plans.
+    """
+    from django.core.checks import run_checks
+    from django.db import connection
+
+    assert [m for m in run_checks() if m.id == "selvedge.W006"] == []
+    found = [m for m in run_checks(databases=["default"]) if m.id == "selvedge.W006"]
+    if connection.vendor != "postgresql":
+        assert found == []
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW autovacuum")
+        configured = cursor.fetchone()[0]
+    if configured == "on":
+        assert found == []
+    else:
+        (message,) = found
+        assert f"autovacuum is {configured}" in message.msg and not message.is_serious()
+        assert "VACUUM ANALYZE" in message.hint
