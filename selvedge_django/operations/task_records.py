@@ -1,18 +1,16 @@
 """The rows behind one ``django.tasks`` result: an instance and its single activity task.
 
 ``selvedge_django.tasks`` builds a ``TaskResult`` from this record without replaying
-anything: two indexed reads by primary key (the instance, then its task by key).
+anything: one hand-written read of the instance joined with its task by key.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from .. import exceptions as exc
-from ..models import ActivityTask, WorkflowInstance
 from .base import client_store, known_id
 
 __all__ = ["TaskRecord", "database_now_ms", "task_record"]
@@ -58,41 +56,22 @@ def _from_ms(ms: int | None) -> datetime | None:
 
 def task_record(instance_id: str, key: str) -> TaskRecord:
     """Read an instance and its activity task ``key``; raise WorkflowNotFound if absent."""
-    alias = client_store().alias
-    instance = (
-        WorkflowInstance.objects.using(alias)
-        .filter(instance_id=known_id(instance_id))
-        .values("workflow_name", "status", "input", "output", "error", "started_at", "closed_at")
-        .first()
-    )
-    if instance is None:
-        raise exc.WorkflowNotFound(instance_id)
-    record = TaskRecord(
+    row = client_store().get_task_record_row(known_id(instance_id), key)
+    return TaskRecord(
         instance_id=instance_id,
-        workflow_name=instance["workflow_name"],
-        status=instance["status"],
-        input=instance["input"],
-        output=instance["output"],
-        error=_envelope(instance["error"]),
-        started_at=instance["started_at"],
-        closed_at=instance["closed_at"],
-    )
-    task = (
-        ActivityTask.objects.using(alias)
-        .filter(instance_id=instance_id, key=key)
-        .values("status", "attempts", "failures", "last_error", "claim_owner", "claim_started_ms")
-        .first()
-    )
-    if task is None:
-        return record
-    return replace(
-        record,
-        task_status=task["status"],
-        attempts=task["attempts"],
-        failures=task["failures"],
-        last_error=_envelope(task["last_error"]),
-        claim_owner=task["claim_owner"],
-        claim_started_at=_from_ms(task["claim_started_ms"]),
+        workflow_name=row["workflow_name"],
+        status=row["status"],
+        input=row["input"],
+        output=row["output"],
+        error=_envelope(row["error"]),
+        started_at=row["started_at"],
+        closed_at=row["closed_at"],
+        task_status=row["task_status"],
+        attempts=row["attempts"],
+        failures=row["failures"],
+        last_error=_envelope(row["last_error"]),
+        claim_owner=row["claim_owner"],
+        claim_started_at=_from_ms(row["claim_started_ms"]),
     )
 
 

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from django.db.models import Func, IntegerField
+from django.utils.dateparse import parse_datetime
 
 from .. import exceptions as exc
 from . import sql
 
-__all__ = ["DbNowMs", "clock_offset_ms", "set_clock_offset_ms"]
+__all__ = ["DbNowMs", "aware_utc", "clock_offset_ms", "set_clock_offset_ms"]
 
 
 # Added to the database clock by every store in this process. Only
@@ -54,3 +56,20 @@ class DbNowMs(Func):
         self, compiler: Any, connection: Any, **extra: Any
     ) -> tuple[str, list[Any]]:
         return sql.NOW_MS_SQLITE, [self.offset_ms]
+
+
+def aware_utc(value: Any) -> datetime:
+    """A datetime column read by a hand-written statement, as an aware UTC datetime.
+
+    SQLite returns the stored text (naive, UTC); PostgreSQL an aware datetime.
+    """
+    if isinstance(value, str):
+        parsed = parse_datetime(value)
+        if parsed is None:
+            raise ValueError(f"not a datetime: {value!r}")
+        value = parsed
+    if not isinstance(value, datetime):
+        raise ValueError(f"not a datetime: {value!r}")
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return value.astimezone(UTC)

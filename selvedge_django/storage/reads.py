@@ -6,10 +6,14 @@ operator pages through are the operations layer's.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from ..exceptions import WorkflowNotFound
 from ..models import WorkflowInstance
 from . import sql
 from .base import StoreBase, operation
+from .clock import aware_utc
 
 __all__ = ["ReadStore"]
 
@@ -33,3 +37,32 @@ class ReadStore(StoreBase):
             raise WorkflowNotFound(instance_id)
         status, output, error = rows[0]
         return str(status), output, error
+
+    @operation
+    def get_task_record_row(self, instance_id: str, key: str) -> dict[str, Any]:
+        """An instance and its activity task ``key`` in one hand-written read.
+
+        The instance's ``input`` is decoded and its datetimes are aware (UTC); the
+        task's fields are None when it has no task under ``key`` yet. WorkflowNotFound
+        when there is no instance.
+        """
+        rows = self._fetch(sql.SELECT_TASK_RECORD, [key, instance_id])
+        if not rows:
+            raise WorkflowNotFound(instance_id)
+        row: Sequence[Any] = rows[0]
+        field: Any = WorkflowInstance._meta.get_field("input")
+        return {
+            "workflow_name": row[0],
+            "status": row[1],
+            "input": field.from_db_value(row[2], None, self.connection),
+            "output": row[3],
+            "error": row[4],
+            "started_at": aware_utc(row[5]),
+            "closed_at": None if row[6] is None else aware_utc(row[6]),
+            "task_status": row[7],
+            "attempts": int(row[8] or 0),
+            "failures": int(row[9] or 0),
+            "last_error": row[10],
+            "claim_owner": row[11] or "",
+            "claim_started_ms": row[12],
+        }

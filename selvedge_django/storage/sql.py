@@ -127,6 +127,13 @@ INSERT_INSTANCE = (
 SELECT_WORKFLOW_NAME = "SELECT workflow_name FROM {instance} WHERE instance_id = %s"
 # An instance's result, for the client API.
 SELECT_RESULT = "SELECT status, output, error FROM {instance} WHERE instance_id = %s"
+# A django.tasks record: the instance and its task by key (no task row yet: NULLs).
+SELECT_TASK_RECORD = (
+    "SELECT i.workflow_name, i.status, i.input, i.output, i.error, i.started_at, i.closed_at,"
+    " t.status, t.attempts, t.failures, t.last_error, t.claim_owner, t.claim_started_ms"
+    " FROM {instance} i LEFT JOIN {task} t ON t.instance_id = i.instance_id AND t.key = %s"
+    " WHERE i.instance_id = %s"
+)
 # An instance's status.
 SELECT_STATUS = "SELECT status FROM {instance} WHERE instance_id = %s"
 # What an execution reads of its instance (when it did not come with the lease).

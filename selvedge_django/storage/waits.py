@@ -7,12 +7,11 @@ lease; observations always do (they start with the fence check).
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, ClassVar, NoReturn
 
 from django.db import transaction
 from django.utils import timezone
-from django.utils.dateparse import parse_datetime
 
 from .. import exceptions as exc
 from ..engine.events import CMD_RECEIVE, EV_TIMER_EXPIRED, Arrivals, Fence, HistoryRow
@@ -31,6 +30,7 @@ from ..models import (
 from . import sql
 from .base import Sql, operation
 from .children import ChildStore
+from .clock import aware_utc
 from .wakeups import TOPIC_RUNNABLE, TOPIC_TIMER
 
 __all__ = ["WaitStore"]
@@ -144,14 +144,7 @@ class WaitStore(ChildStore):
     @staticmethod
     def _aware(value: Any) -> datetime:
         """A datetime column read by a hand-written statement, as an aware UTC datetime."""
-        if isinstance(value, str):  # SQLite returns the stored text
-            parsed = parse_datetime(value)
-            if parsed is None:
-                raise ValueError(f"not a datetime: {value!r}")
-            value = parsed
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=UTC)
-        return value.astimezone(UTC)
+        return aware_utc(value)
 
     @operation
     def next_timer_due_ms(self) -> int | None:
