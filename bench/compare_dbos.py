@@ -1,8 +1,8 @@
 #!/usr/bin/env python
-"""selvedge_django against DBOS Transact on the same PostgreSQL server, in one run.
+"""selvedge_django against DBOS Transact on the same database server, in one run.
 
-    python bench/compare_dbos.py [--quick] [--workflows N] [--processes 1,2,4] [--samples N]
-                                 [--json PATH]
+    python bench/compare_dbos.py [--db postgres|sqlite] [--quick] [--workflows N]
+                                 [--processes 1,2,4] [--samples N] [--json PATH]
 
 The same three cases on both, one after the other:
 
@@ -27,7 +27,10 @@ DBOS is installed only for this benchmark, in its own virtualenv: the
 created with ``pip install dbos`` on first use. The selvedge side runs in the
 interpreter running this script. Databases: the selvedge side's is created by
 ``bench/bench_scale.py``; DBOS's system database ``selvedge_compare_dbos_<pid>``
-is created here and dropped at the end.
+is created here and dropped at the end. With ``--db sqlite`` each side has a
+fresh SQLite file in a temporary directory on the same disk: selvedge's in WAL
+mode with ``synchronous = FULL`` (its default), DBOS's with DBOS's own settings
+(printed with its version).
 """
 
 from __future__ import annotations
@@ -49,20 +52,26 @@ if str(REPO_ROOT) not in sys.path[:1]:
 from bench.harness import _pg_admin, _quote  # noqa: E402 - the repository root goes first
 
 
-def bench_venv() -> Path:
-    """The benchmark virtualenv's interpreter, with DBOS installed (created on first use)."""
+def bench_venv(db: str) -> Path:
+    """The benchmark virtualenv's interpreter, with DBOS installed (created on first use).
+
+    For SQLite it also gets ``pysqlite3-binary`` when the interpreter's SQLite is older
+    than DBOS's schema needs (3.42)."""
     root = Path(os.environ.get("SELVEDGE_BENCH_VENV", REPO_ROOT / ".venv-bench"))
     python = root / "bin" / "python"
     if not python.exists():
         print(f"creating {root} for DBOS Transact ...", flush=True)
         venv.EnvBuilder(with_pip=True).create(root)
-    probe = subprocess.run([str(python), "-c", "import dbos"], capture_output=True)
-    if probe.returncode != 0:
-        print("installing dbos into the benchmark virtualenv ...", flush=True)
-        subprocess.run(
-            [str(python), "-m", "pip", "install", "--quiet", "dbos", "psycopg[binary]"],
-            check=True,
-        )
+    wanted = {"dbos": ["dbos", "psycopg[binary]"]}
+    if db == "sqlite":
+        old = "import sqlite3, sys; sys.exit(sqlite3.sqlite_version_info < (3, 42))"
+        if subprocess.run([str(python), "-c", old]).returncode != 0:
+            wanted["pysqlite3"] = ["pysqlite3-binary"]
+    for module, packages in wanted.items():
+        probe = subprocess.run([str(python), "-c", f"import {module}"], capture_output=True)
+        if probe.returncode != 0:
+            print(f"installing {' '.join(packages)} into the benchmark virtualenv ...", flush=True)
+            subprocess.run([str(python), "-m", "pip", "install", "--quiet", *packages], check=True)
     return python
 
 
@@ -76,27 +85,34 @@ def pg_url(name: str) -> str:
 
 
 def run_selvedge(args: argparse.Namespace, out: Path) -> dict[str, Any]:
-    command = [sys.executable, str(REPO_ROOT / "bench" / "bench_scale.py"), "--db", "postgres"]
+    command = [sys.executable, str(REPO_ROOT / "bench" / "bench_scale.py"), "--db", args.db]
     command += ["--only", "throughput,latency,signal", "--json", str(out)]
     command += ["--workflows", str(args.workflows), "--samples", str(args.samples)]
     command += ["--processes", ",".join(map(str, args.processes))]
     subprocess.run(command, check=True)
-    return dict(json.loads(out.read_text())["postgres"])
+    return dict(json.loads(out.read_text())[args.db])
 
 
 def run_dbos(args: argparse.Namespace, python: Path, out: Path) -> dict[str, Any]:
+    if args.db == "sqlite":
+        url = f"sqlite:///{out.parent / 'dbos.sqlite3'}"
+        subprocess.run([*dbos_command(args, python, out), "--url", url], check=True)
+        return dict(json.loads(out.read_text()))
     name = f"selvedge_compare_dbos_{os.getpid()}"
     _pg_admin(f"DROP DATABASE IF EXISTS {_quote(name)} WITH (FORCE)")
     _pg_admin(f"CREATE DATABASE {_quote(name)}")
     try:
-        command = [str(python), str(REPO_ROOT / "bench" / "dbos_side.py"), "run"]
-        command += ["--url", pg_url(name), "--json", str(out)]
-        command += ["--workflows", str(args.workflows), "--samples", str(args.samples)]
-        command += ["--processes", ",".join(map(str, args.processes))]
-        subprocess.run(command, check=True)
+        subprocess.run([*dbos_command(args, python, out), "--url", pg_url(name)], check=True)
     finally:
         _pg_admin(f"DROP DATABASE IF EXISTS {_quote(name)} WITH (FORCE)")
     return dict(json.loads(out.read_text()))
+
+
+def dbos_command(args: argparse.Namespace, python: Path, out: Path) -> list[str]:
+    command = [str(python), str(REPO_ROOT / "bench" / "dbos_side.py"), "run", "--json", str(out)]
+    command += ["--workflows", str(args.workflows), "--samples", str(args.samples)]
+    command += ["--processes", ",".join(map(str, args.processes))]
+    return command
 
 
 def rows(ours: dict[str, Any], theirs: dict[str, Any]) -> list[tuple[str, float, float, str]]:
@@ -125,8 +141,11 @@ def rows(ours: dict[str, Any], theirs: dict[str, Any]) -> list[tuple[str, float,
     return table
 
 
-def print_table(table: list[tuple[str, float, float, str]], ours: str, theirs: str) -> None:
-    print(f"selvedge_django ({ours}) vs {theirs}, same PostgreSQL server, same run")
+def print_table(
+    table: list[tuple[str, float, float, str]], ours: str, theirs: str, db: str
+) -> None:
+    where = "same PostgreSQL server" if db == "postgres" else "SQLite files on the same disk"
+    print(f"selvedge_django ({ours}) vs {theirs}, {where}, same run")
     print(f"  {'figure':<40}{'selvedge':>12}{'DBOS':>12}  {'unit':<12}{'ratio':>8}  better")
     for figure, mine, other, unit in table:
         higher_is_better = unit.endswith("/s")
@@ -141,6 +160,7 @@ def print_table(table: list[tuple[str, float, float, str]], ours: str, theirs: s
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--db", choices=("postgres", "sqlite"), default="postgres")
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
     parser.add_argument("--workflows", type=int, default=None, metavar="N")
     parser.add_argument("--processes", default="1,2,4")
@@ -151,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     args.workflows = args.workflows or (100 if args.quick else 1000)
     args.samples = args.samples or (30 if args.quick else 200)
 
-    python = bench_venv()
+    python = bench_venv(args.db)
     with tempfile.TemporaryDirectory(prefix="selvedge-compare-") as tmp:
         print("== selvedge_django ==", flush=True)
         ours = run_selvedge(args, Path(tmp) / "selvedge.json")
@@ -159,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         theirs = run_dbos(args, python, Path(tmp) / "dbos.json")
     table = rows(ours, theirs)
     print()
-    print_table(table, ours.get("version", "PostgreSQL"), theirs.get("version", "DBOS"))
+    print_table(table, ours.get("version", args.db), theirs.get("version", "DBOS"), args.db)
     if args.json:
         Path(args.json).write_text(
             json.dumps(

@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import signal
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -30,6 +31,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+if sqlite3.sqlite_version_info < (3, 42):
+    # DBOS's SQLite schema uses unixepoch('subsec') (SQLite 3.42): take the SQLite
+    # of pysqlite3-binary when the interpreter's own is older (compare_dbos.py
+    # installs it into the benchmark virtualenv for --db sqlite).
+    try:
+        import pysqlite3  # type: ignore[import-not-found]
+    except ImportError:
+        pass
+    else:
+        sys.modules["sqlite3"] = pysqlite3
 
 from dbos import DBOS, DBOSClient
 
@@ -139,14 +151,22 @@ def _status(client: DBOSClient, ids: list[str]) -> tuple[int, float]:
     """(workflows that succeeded, latest completion as a Unix time) among ``ids``."""
     import sqlalchemy as sa
 
-    with client._sys_db.engine.connect() as conn:
-        done, last = conn.execute(
-            sa.text(
-                "SELECT count(*), max(updated_at) FROM dbos.workflow_status"
-                " WHERE status = 'SUCCESS' AND workflow_uuid = ANY(:ids)"
-            ),
-            {"ids": ids},
-        ).one()
+    engine = client._sys_db.engine
+    if engine.dialect.name == "sqlite":  # no schemas and no arrays: an IN list
+        marks = ", ".join(f":id{index}" for index in range(len(ids)))
+        statement = (
+            "SELECT count(*), max(updated_at) FROM workflow_status"
+            f" WHERE status = 'SUCCESS' AND workflow_uuid IN ({marks})"
+        )
+        params: dict[str, Any] = {f"id{index}": value for index, value in enumerate(ids)}
+    else:
+        statement = (
+            "SELECT count(*), max(updated_at) FROM dbos.workflow_status"
+            " WHERE status = 'SUCCESS' AND workflow_uuid = ANY(:ids)"
+        )
+        params = {"ids": ids}
+    with engine.connect() as conn:
+        done, last = conn.execute(sa.text(statement), params).one()
     return int(done), (last or 0) / 1000
 
 
@@ -302,16 +322,28 @@ def cmd_run(args: argparse.Namespace) -> None:
             with workers(args.url, 1):
                 remote = remote_signal(client, args.samples, warmup=3)
             results["signal"] = {"in_process": inproc["signal"], "worker_process": remote}
+        results["version"] = _version(client)
     finally:
         client.destroy()
-    results["version"] = _version()
     Path(args.json).write_text(json.dumps(results, indent=2))
 
 
-def _version() -> str:
+def _version(client: DBOSClient | None = None) -> str:
     from importlib.metadata import version
 
-    return f"DBOS Transact {version('dbos')}"
+    text = f"DBOS Transact {version('dbos')}"
+    engine = client._sys_db.engine if client is not None else None
+    if engine is not None and engine.dialect.name == "sqlite":
+        import sqlalchemy as sa
+
+        with engine.connect() as conn:
+            journal = conn.execute(sa.text("PRAGMA journal_mode")).scalar()
+            synchronous = conn.execute(sa.text("PRAGMA synchronous")).scalar()
+        levels = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}
+        library = sys.modules["sqlite3"].sqlite_version
+        level = levels.get(synchronous, synchronous)
+        text += f" on SQLite {library} ({journal}, synchronous = {level})"
+    return text
 
 
 def main() -> None:
