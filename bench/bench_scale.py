@@ -138,10 +138,15 @@ def client_polling(db: str) -> Iterator[None]:
     if db != "sqlite":
         yield
         return
+    from django.conf import settings
     from django.test import override_settings
 
     with override_settings(
-        SELVEDGE={"MODULES": ["bench.workloads"], "WAIT_POLL_INTERVAL": SQLITE_POLL}
+        SELVEDGE={
+            **settings.SELVEDGE,
+            "MODULES": ["bench.workloads"],
+            "WAIT_POLL_INTERVAL": SQLITE_POLL,
+        }
     ):
         yield
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 import os
 
 from bench.settings import *  # noqa: F403 - the same database and logging
+from bench.settings import SELVEDGE as _BASE
 
-SELVEDGE: dict[str, object] = {"MODULES": ["bench.workloads"]}
+SELVEDGE: dict[str, object] = {**_BASE, "MODULES": ["bench.workloads"]}
 
 if os.environ.get("SELVEDGE_BENCH_POLL"):
     _poll = float(os.environ["SELVEDGE_BENCH_POLL"])

@@ -46,6 +46,9 @@ else:
 
 # Project defaults throughout, so the figures describe an untuned install.
 SELVEDGE: dict[str, object] = {}
+# SELVEDGE_BENCH_CACHE=N turns the workflow cache on with N entries (off by default).
+if os.environ.get("SELVEDGE_BENCH_CACHE"):
+    SELVEDGE["WORKFLOW_CACHE"] = {"MAX_ENTRIES": int(os.environ["SELVEDGE_BENCH_CACHE"])}
 
 LOGGING = {
     "version": 1,
