@@ -106,12 +106,32 @@ class InlineResultStore(StoreBase):
                 # The claim lapsed: this value may never be recorded. The write fails
                 # (it rolls back), and the execution replays from what is recorded.
                 self._pending().remove(item)
-                raise InlineClaimLapsed(
-                    f"the claim of inline activity {item.claim.key!r} of"
-                    f" {fence.instance_id!r} lapsed before its result was recorded"
-                )
+                raise self._lapsed(fence, item.claim)
             item.applying = True
             transaction.on_commit(functools.partial(self._recorded, item), using=self.alias)
+
+    def _sole_deferred(self, fence: Fence) -> _Pending | None:
+        """The one result held for ``fence`` (None: none, several, or one being written),
+        for a store that records it inside the write's own statement."""
+        items = [p for p in getattr(self._inline, "items", ()) or () if p.fence == fence]
+        if len(items) != 1 or items[0].applying:
+            return None
+        return items[0]
+
+    def _settle_deferred(self, item: _Pending, *, recorded: bool) -> None:
+        """A held result that a committed statement recorded (``recorded``), or found
+        unrecordable because its claim lapsed: it is no longer held."""
+        if recorded:
+            self._recorded(item)
+        elif item in self._pending():
+            self._pending().remove(item)
+
+    @staticmethod
+    def _lapsed(fence: Fence, claim: TaskClaim) -> InlineClaimLapsed:
+        return InlineClaimLapsed(
+            f"the claim of inline activity {claim.key!r} of"
+            f" {fence.instance_id!r} lapsed before its result was recorded"
+        )
 
     def _record_inline(self, claim: TaskClaim, output: str, fence: Fence) -> bool:
         """The claim-checked completion and the history value (no wake-up: the execution

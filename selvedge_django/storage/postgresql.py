@@ -123,6 +123,21 @@ CLOSE = (
     " SELECT (SELECT count(*) FROM c), {notify}"
 )
 
+# close with the inline result it carries, in one statement: the instance row locked
+# first (i), the claim-checked task (t), its history value (r), the wake of another
+# holder when ours is gone (w), then, only when the result was recorded, the fenced
+# close (c) and its record (h). {closerow}: the close record's insert (from c).
+CLOSE_WITH_INLINE = (
+    "WITH i AS (SELECT instance_id FROM {instance} WHERE instance_id = %s"
+    " FOR NO KEY UPDATE),"
+    " t AS ({complete} AND EXISTS (SELECT 1 FROM i) RETURNING id),"
+    " r AS ({record} AND EXISTS (SELECT 1 FROM t) RETURNING id),"
+    " w AS ({wake} AND EXISTS (SELECT 1 FROM t) RETURNING instance_id),"
+    " c AS ({close} AND EXISTS (SELECT 1 FROM t) RETURNING instance_id),"
+    " h AS ({closerow} RETURNING id)"
+    " SELECT (SELECT count(*) FROM t), (SELECT count(*) FROM c), (SELECT count(*) FROM w),"
+    " {notify}, {woken}"
+)
 
 # The server's autovacuum setting (selvedge.W006).
 SHOW_AUTOVACUUM = "SHOW autovacuum"
@@ -419,6 +434,9 @@ class PostgresStore(DjangoStore):
         ):
             return super().close(fence, request)
         if self.has_deferred(fence):
+            item = self._sole_deferred(fence)
+            if item is not None and not self.connection.in_atomic_block:
+                return self._close_with_inline(fence, request, item.claim, item.output)
             # The inline result before it, then the close: one transaction, two statements.
             with self.atomic():
                 self._apply_deferred(fence)
@@ -449,6 +467,59 @@ class PostgresStore(DjangoStore):
             self._closed_on_commit(fence.instance_id)
             self.after_commit(topic)
             return str(status)
+        self._closed(fence.instance_id)
+        self._publish_now(topic)
+        return str(status)
+
+    def _close_with_inline(
+        self, fence: Fence, request: CloseRequest, claim: TaskClaim, output: str
+    ) -> str:
+        """The close and the one inline result it carries, in one statement.
+
+        Nothing is closed unless the result is recorded: a claim that lapsed writes
+        nothing and raises InlineClaimLapsed (the run replays), as the two-statement
+        transaction does. A result recorded while the fence no longer holds stays
+        recorded (its claim was live) and wakes the instance's new holder, and the close
+        raises Fenced: an outcome recorded as a background attempt records its own.
+        """
+        item = self._sole_deferred(fence)
+        assert item is not None
+        status = request.status
+        data = request.output if status == WorkflowStatus.COMPLETED else request.error
+        complete, complete_params = self._complete_sql(claim)
+        (record, record_params), (wake, wake_params) = self._arrive_sql(
+            claim, EV_ACTIVITY_COMPLETED, output, fence
+        )
+        close_sql, close_params = self._close_sql(fence, status, request)
+        row_sql, row_params = self._history_insert_sql(
+            fence.instance_id, self._close_row(status, data), "c"
+        )
+        topic = closed_topic(fence.instance_id)
+        notify, notify_params = self._notify_from("c", [topic])
+        woken, woken_params = self._notify_from("w", [TOPIC_RUNNABLE])
+        statement = sql.compose(
+            CLOSE_WITH_INLINE,
+            complete=complete,
+            record=record,
+            wake=wake,
+            close=close_sql,
+            closerow=row_sql,
+            notify=notify,
+            woken=woken,
+        )
+        params = [fence.instance_id, *complete_params, *record_params, *wake_params]
+        params += [*close_params, *row_params, *notify_params, *woken_params]
+        try:
+            claimed, closed, woke, _, _ = self._fetch(statement, params)[0]
+        except IntegrityError as error:
+            raise self._key_conflict(fence.instance_id, CLOSE_KEY) from error
+        self._settle_deferred(item, recorded=bool(claimed))
+        if not claimed:
+            raise self._lapsed(fence, claim)
+        if woke:
+            self._publish_now(TOPIC_RUNNABLE)
+        if closed != 1:
+            raise self._fenced_error(fence)
         self._closed(fence.instance_id)
         self._publish_now(topic)
         return str(status)

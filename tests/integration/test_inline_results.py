@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django.db import connection
 from django.db.models import F
 
 import selvedge_django as sv
@@ -118,6 +119,46 @@ def test_a_result_whose_write_was_fenced_out_is_recorded_on_its_own(
     run_until_idle(worker)
     assert sv.get_workflow_result(iid).output == ["a:1", "b:1"]
     assert inline.RUNS == {"a": 1, "b": 1}
+
+
+def test_a_close_fenced_out_keeps_its_result_recorded_once(
+    tdb: None, selvedge_clock: ControllableClock
+) -> None:
+    """The close that was to carry a's result finds the lease taken: nothing closes, a's
+    result stays recorded (on PostgreSQL by the close's own statement, on SQLite on its
+    own after the close rolled back), and the next holder closes without running a."""
+    iid = sv.start_workflow("inline.one_step", None)
+    inline.AFTER_BODY.append(
+        lambda: WorkflowInstance.objects.filter(instance_id=iid).update(
+            lease_epoch=F("lease_epoch") + 1
+        )
+    )
+    worker = Worker(**QUIET)
+    run_until_idle(worker)
+    assert WorkflowInstance.objects.get(instance_id=iid).status == "running"
+    assert HistoryEvent.objects.get(instance_id=iid, seq=1).data == '"a:1"'
+    assert task(iid, "a") == ("completed", 1, 0)
+    selvedge_clock.advance(120)
+    run_until_idle(worker)
+    assert sv.get_workflow_result(iid).output == "a:1"
+    assert inline.RUNS == {"a": 1}
+    assert HistoryEvent.objects.filter(instance_id=iid, key="$close").count() == 1
+    sv.replay_instance(iid)
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's one-statement close")
+def test_the_close_and_the_result_it_carries_are_one_statement_on_postgresql(tdb: None) -> None:
+    iid = sv.start_workflow("inline.one_step", None)
+    injector = FaultInjector(trace=True).install()
+    try:
+        run_until_idle(Worker(**QUIET))
+    finally:
+        injector.uninstall()
+    assert sv.get_workflow_result(iid).output == "a:1"
+    assert task(iid, "a") == ("completed", 1, 0)
+    closing = [s for s in injector.statements if s.instance_id == iid and s.operation == "close"]
+    assert len(closing) == 1, [s.sql for s in closing]
+    assert "complete_task" not in {s.operation for s in injector.statements}
 
 
 def test_a_suspension_records_the_result_with_the_release(tdb: None) -> None:
