@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from .base import client_store, known_id
@@ -50,29 +50,12 @@ def _envelope(text: str | None) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def _from_ms(ms: int | None) -> datetime | None:
-    return None if ms is None else datetime.fromtimestamp(ms / 1000, UTC)
-
-
 def task_record(instance_id: str, key: str) -> TaskRecord:
     """Read an instance and its activity task ``key``; raise WorkflowNotFound if absent."""
     row = client_store().get_task_record_row(known_id(instance_id), key)
-    return TaskRecord(
-        instance_id=instance_id,
-        workflow_name=row["workflow_name"],
-        status=row["status"],
-        input=row["input"],
-        output=row["output"],
-        error=_envelope(row["error"]),
-        started_at=row["started_at"],
-        closed_at=row["closed_at"],
-        task_status=row["task_status"],
-        attempts=row["attempts"],
-        failures=row["failures"],
-        last_error=_envelope(row["last_error"]),
-        claim_owner=row["claim_owner"],
-        claim_started_at=_from_ms(row["claim_started_ms"]),
-    )
+    row["error"] = _envelope(row["error"])
+    row["last_error"] = _envelope(row["last_error"])
+    return TaskRecord(instance_id=instance_id, **row)
 
 
 def database_now_ms() -> int:

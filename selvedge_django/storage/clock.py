@@ -11,7 +11,7 @@ from django.utils.dateparse import parse_datetime
 from .. import exceptions as exc
 from . import sql
 
-__all__ = ["DbNowMs", "aware_utc", "clock_offset_ms", "set_clock_offset_ms"]
+__all__ = ["DbNowMs", "aware_utc", "aware_utc_ms", "clock_offset_ms", "set_clock_offset_ms"]
 
 
 # Added to the database clock by every store in this process. Only
@@ -73,3 +73,8 @@ def aware_utc(value: Any) -> datetime:
     if value.tzinfo is None:
         value = value.replace(tzinfo=UTC)
     return value.astimezone(UTC)
+
+
+def aware_utc_ms(ms: int) -> datetime:
+    """Unix milliseconds (the engine's clock columns) as an aware UTC datetime."""
+    return datetime.fromtimestamp(ms / 1000, UTC)

@@ -37,7 +37,7 @@ from ..models import WorkflowInstance
 from .base import StoreBase, operation
 from .wakeups import TOPIC_RUNNABLE
 
-__all__ = ["InlineClaimLapsed", "InlineResultStore"]
+__all__ = ["InlineClaimLapsed", "InlineResultStore", "Pending"]
 
 
 class InlineClaimLapsed(exc.LeaseLost):
@@ -45,7 +45,9 @@ class InlineClaimLapsed(exc.LeaseLost):
 
 
 @dataclass
-class _Pending:
+class Pending:
+    """An inline attempt's result held for its execution's next fenced write."""
+
     fence: Fence
     claim: TaskClaim
     output: str
@@ -69,8 +71,8 @@ class InlineResultStore(StoreBase):
             self, claim: TaskClaim, output: str, *, inline_fence: Fence | None = None
         ) -> bool: ...
 
-    def _pending(self) -> list[_Pending]:
-        items: list[_Pending] | None = getattr(self._inline, "items", None)
+    def _pending(self) -> list[Pending]:
+        items: list[Pending] | None = getattr(self._inline, "items", None)
         if items is None:
             items = self._inline.items = []
         return items
@@ -87,7 +89,7 @@ class InlineResultStore(StoreBase):
 
         ``on_recorded`` runs once the result has committed.
         """
-        self._pending().append(_Pending(fence, claim, output, on_recorded))
+        self._pending().append(Pending(fence, claim, output, on_recorded))
 
     @operation
     def has_deferred(self, fence: Fence) -> bool:
@@ -110,7 +112,7 @@ class InlineResultStore(StoreBase):
             item.applying = True
             transaction.on_commit(functools.partial(self._recorded, item), using=self.alias)
 
-    def _sole_deferred(self, fence: Fence) -> _Pending | None:
+    def _sole_deferred(self, fence: Fence) -> Pending | None:
         """The one result held for ``fence`` (None: none, several, or one being written),
         for a store that records it inside the write's own statement."""
         items = [p for p in getattr(self._inline, "items", ()) or () if p.fence == fence]
@@ -118,7 +120,7 @@ class InlineResultStore(StoreBase):
             return None
         return items[0]
 
-    def _settle_deferred(self, item: _Pending, *, recorded: bool) -> None:
+    def _settle_deferred(self, item: Pending, *, recorded: bool) -> None:
         """A held result that a committed statement recorded (``recorded``), or found
         unrecordable because its claim lapsed: it is no longer held."""
         if recorded:
@@ -143,7 +145,7 @@ class InlineResultStore(StoreBase):
         self._execute(record, record_params)
         return True
 
-    def _recorded(self, item: _Pending) -> None:
+    def _recorded(self, item: Pending) -> None:
         pending = self._pending()
         if item in pending:
             pending.remove(item)

@@ -31,6 +31,7 @@ from ..engine.ports import CloseRequest, TaskClaim
 from ..models import ActivityTask, ActivityTaskStatus, WorkflowStatus
 from . import sql
 from .base import operation
+from .inline import Pending
 from .store import DjangoStore
 from .wakeups import (
     NOTIFY_CHANNEL,
@@ -436,7 +437,7 @@ class PostgresStore(DjangoStore):
         if self.has_deferred(fence):
             item = self._sole_deferred(fence)
             if item is not None and not self.connection.in_atomic_block:
-                return self._close_with_inline(fence, request, item.claim, item.output)
+                return self._close_with_inline(fence, request, item)
             # The inline result before it, then the close: one transaction, two statements.
             with self.atomic():
                 self._apply_deferred(fence)
@@ -471,9 +472,7 @@ class PostgresStore(DjangoStore):
         self._publish_now(topic)
         return str(status)
 
-    def _close_with_inline(
-        self, fence: Fence, request: CloseRequest, claim: TaskClaim, output: str
-    ) -> str:
+    def _close_with_inline(self, fence: Fence, request: CloseRequest, item: Pending) -> str:
         """The close and the one inline result it carries, in one statement.
 
         Nothing is closed unless the result is recorded: a claim that lapsed writes
@@ -482,13 +481,12 @@ class PostgresStore(DjangoStore):
         recorded (its claim was live) and wakes the instance's new holder, and the close
         raises Fenced: an outcome recorded as a background attempt records its own.
         """
-        item = self._sole_deferred(fence)
-        assert item is not None
+        claim = item.claim
         status = request.status
         data = request.output if status == WorkflowStatus.COMPLETED else request.error
         complete, complete_params = self._complete_sql(claim)
         (record, record_params), (wake, wake_params) = self._arrive_sql(
-            claim, EV_ACTIVITY_COMPLETED, output, fence
+            claim, EV_ACTIVITY_COMPLETED, item.output, fence
         )
         close_sql, close_params = self._close_sql(fence, status, request)
         row_sql, row_params = self._history_insert_sql(

@@ -13,7 +13,7 @@ from ..exceptions import WorkflowNotFound
 from ..models import WorkflowInstance
 from . import sql
 from .base import StoreBase, operation
-from .clock import aware_utc
+from .clock import aware_utc, aware_utc_ms
 
 __all__ = ["ReadStore"]
 
@@ -42,9 +42,9 @@ class ReadStore(StoreBase):
     def get_task_record_row(self, instance_id: str, key: str) -> dict[str, Any]:
         """An instance and its activity task ``key`` in one hand-written read.
 
-        The instance's ``input`` is decoded and its datetimes are aware (UTC); the
-        task's fields are None when it has no task under ``key`` yet. WorkflowNotFound
-        when there is no instance.
+        Keyed by ``TaskRecord``'s fields: the instance's ``input`` decoded, datetimes
+        aware (UTC), the error envelopes as stored text; the task's fields are empty when
+        it has no task under ``key`` yet. WorkflowNotFound when there is no instance.
         """
         rows = self._fetch(sql.SELECT_TASK_RECORD, [key, instance_id])
         if not rows:
@@ -64,5 +64,5 @@ class ReadStore(StoreBase):
             "failures": int(row[9] or 0),
             "last_error": row[10],
             "claim_owner": row[11] or "",
-            "claim_started_ms": row[12],
+            "claim_started_at": None if row[12] is None else aware_utc_ms(row[12]),
         }

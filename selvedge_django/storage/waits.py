@@ -118,7 +118,7 @@ class WaitStore(ChildStore):
                         sql.FILL_HISTORY,
                         [
                             EV_TIMER_EXPIRED,
-                            json.dumps(self._aware(expires_at).isoformat()),
+                            json.dumps(aware_utc(expires_at).isoformat()),
                             self._now_param(),
                             instance_id,
                             key,
@@ -140,11 +140,6 @@ class WaitStore(ChildStore):
                 ).update(**self.wake_fields())
                 self.after_commit(TOPIC_RUNNABLE)
             return len(due)
-
-    @staticmethod
-    def _aware(value: Any) -> datetime:
-        """A datetime column read by a hand-written statement, as an aware UTC datetime."""
-        return aware_utc(value)
 
     @operation
     def next_timer_due_ms(self) -> int | None:
