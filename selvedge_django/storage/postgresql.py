@@ -32,6 +32,28 @@ from ..models import ActivityTask, ActivityTaskStatus, WorkflowStatus
 from . import sql
 from .base import operation
 from .inline import Pending
+from .postgresql_sql import (
+    CLOSE,
+    CLOSE_WITH_INLINE,
+    COMPLETE_TASK,
+    DUE_TIMERS_LOCK,
+    IDLE_TIMEOUT_SETTING,
+    KEY_LOCK_CLASS,
+    LEASE_BATCH,
+    LOCK_INSTANCE,
+    LOCK_LIMITS,
+    LOCK_TASK,
+    NOTIFY_ALL,
+    NOTIFY_CALL,
+    NOTIFY_FROM,
+    QUEUE_LOCK_CLASS,
+    RENEW_BATCH,
+    RESERVE_ACTIVITY,
+    RESERVE_WITH_INLINE,
+    SET_IDLE_TIMEOUT,
+    SHOW_AUTOVACUUM,
+    SNAPSHOT_ISOLATION,
+)
 from .store import DjangoStore
 from .wakeups import (
     NOTIFY_CHANNEL,
@@ -45,103 +67,6 @@ from .wakeups import (
 __all__ = ["PostgresStore"]
 
 logger = logging.getLogger("selvedge_django.store")
-
-# -- statements only PostgreSQL runs ----------------------------------------------------------
-
-# One consistent read of several statements.
-SNAPSHOT_ISOLATION = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY"
-# The session's idle-in-transaction timeout (read once per connection).
-IDLE_TIMEOUT_SETTING = "SELECT setting FROM pg_settings WHERE name = %s"
-# Raise (or turn off) the idle-in-transaction timeout for the current transaction.
-SET_IDLE_TIMEOUT = "SELECT set_config('idle_in_transaction_session_timeout', %s, true)"
-# One NOTIFY call; NOTIFY_ALL sends {calls} unless the notification queue is too full.
-NOTIFY_CALL = "pg_notify(%s, %s)"
-NOTIFY_ALL = "SELECT {calls} WHERE pg_notification_queue_usage() < %s"
-# A scalar subquery sending {calls} once if the CTE {source} has a row.
-NOTIFY_FROM = (
-    "(SELECT count(*) FROM (SELECT {calls} FROM {source}"
-    " WHERE pg_notification_queue_usage() < %s LIMIT 1) n)"
-)
-# Lock an instance row the way a fence update does ({skip}: SKIP LOCKED or nothing).
-LOCK_INSTANCE = "SELECT 1 FROM {instance} WHERE instance_id = %s FOR NO KEY UPDATE{skip}"
-# Lock a task row unless another transaction holds it.
-LOCK_TASK = "SELECT 1 FROM {task} WHERE id = %s FOR NO KEY UPDATE SKIP LOCKED"
-# Dispatch in one statement: each part locks what it picks, skipping held rows.
-LEASE_BATCH = (
-    "WITH e AS (SELECT instance_id FROM {instance} WHERE {expired}"
-    " ORDER BY lease_expires_ms LIMIT %s FOR UPDATE SKIP LOCKED),"
-    f" r AS (SELECT instance_id, {sql.READY_RANK} AS since FROM {{instance}} WHERE {{ready}}"
-    f" ORDER BY {sql.READY_RANK} LIMIT %s FOR UPDATE SKIP LOCKED),"
-    " c AS (SELECT instance_id FROM (SELECT instance_id, 0 AS part, 0 AS since"
-    " FROM e UNION ALL SELECT instance_id, 1, since FROM r) u"
-    " ORDER BY part, since LIMIT %s)"
-    f" {sql.LEASE_SET} WHERE instance_id IN (SELECT instance_id FROM c)"
-    f" RETURNING instance_id, lease_epoch, {sql.HEAD_COLUMNS}, ready_ms, lease_expires_ms,"
-    " instance_id IN (SELECT instance_id FROM e)"
-)
-# Renew a batch: the locking read skips held rows; the outer reads see the statement's
-# snapshot, where a skipped row still matches: reported as busy (0), not lost.
-RENEW_BATCH = (
-    "WITH l AS (SELECT {key} FROM {table} WHERE {where} FOR NO KEY UPDATE SKIP LOCKED),"
-    " u AS (UPDATE {table} SET {set} WHERE {key} IN (SELECT {key} FROM l)"
-    " RETURNING {columns})"
-    " SELECT {columns}, 1 FROM u UNION ALL SELECT {columns}, 0 FROM {table}"
-    " WHERE {where} AND {key} NOT IN (SELECT {key} FROM u)"
-)
-# Transaction-level advisory locks of flow control, in order: the rate-limited queues
-# (class QUEUE_LOCK_CLASS), then the concurrency keys (KEY_LOCK_CLASS), each sorted.
-LOCK_LIMITS = (
-    "SELECT pg_advisory_xact_lock(c, hashtext(n)) FROM (SELECT c, n"
-    " FROM unnest(%s::int[], %s::text[]) AS l (c, n) ORDER BY c, n) s"
-)
-QUEUE_LOCK_CLASS = 0x5376_0001
-KEY_LOCK_CLASS = 0x5376_0002
-# The due timers' and their instances' rows are locked, skipping held ones.
-DUE_TIMERS_LOCK = " FOR NO KEY UPDATE OF i, t SKIP LOCKED"
-# complete_task in one statement: the instance row first (i), then the claim-checked
-# task update (t), the history value (h) and the wake (w), then the NOTIFY.
-COMPLETE_TASK = (
-    "WITH i AS (SELECT instance_id FROM {instance} WHERE instance_id = %s"
-    " FOR NO KEY UPDATE),"
-    " t AS ({complete} AND EXISTS (SELECT 1 FROM i) RETURNING id),"
-    " h AS ({record} AND EXISTS (SELECT 1 FROM t) RETURNING id),"
-    " w AS ({wake} AND EXISTS (SELECT 1 FROM t) RETURNING instance_id)"
-    " SELECT (SELECT count(*) FROM t), (SELECT count(*) FROM w), {notify}"
-)
-# reserve_activity in one statement: fence (f), history row (h), task (t), then whether
-# the released instance is still runnable (r), and the NOTIFYs.
-RESERVE_ACTIVITY = (
-    "WITH f AS ({fence} RETURNING instance_id, runnable),"
-    " h AS ({history} RETURNING id),"
-    " t AS (INSERT INTO {task} ({columns}) SELECT {values} FROM h RETURNING id),"
-    " r AS (SELECT 1 FROM f WHERE runnable)"
-    " SELECT (SELECT count(*) FROM f), (SELECT count(*) FROM r), (SELECT id FROM t),"
-    " {notify}, {wake}"
-)
-# close in one statement: the fenced close (c), the close record (h) and the NOTIFY.
-CLOSE = (
-    "WITH c AS ({close} RETURNING instance_id), h AS ({history} RETURNING id)"
-    " SELECT (SELECT count(*) FROM c), {notify}"
-)
-
-# close with the inline result it carries, in one statement: the instance row locked
-# first (i), the claim-checked task (t), its history value (r), the wake of another
-# holder when ours is gone (w), then, only when the result was recorded, the fenced
-# close (c) and its record (h). {closerow}: the close record's insert (from c).
-CLOSE_WITH_INLINE = (
-    "WITH i AS (SELECT instance_id FROM {instance} WHERE instance_id = %s"
-    " FOR NO KEY UPDATE),"
-    " t AS ({complete} AND EXISTS (SELECT 1 FROM i) RETURNING id),"
-    " r AS ({record} AND EXISTS (SELECT 1 FROM t) RETURNING id),"
-    " w AS ({wake} AND EXISTS (SELECT 1 FROM t) RETURNING instance_id),"
-    " c AS ({close} AND EXISTS (SELECT 1 FROM t) RETURNING instance_id),"
-    " h AS ({closerow} RETURNING id)"
-    " SELECT (SELECT count(*) FROM t), (SELECT count(*) FROM c), (SELECT count(*) FROM w),"
-    " {notify}, {woken}"
-)
-
-# The server's autovacuum setting (selvedge.W006).
-SHOW_AUTOVACUUM = "SHOW autovacuum"
 
 
 class PostgresStore(DjangoStore):
@@ -341,15 +266,20 @@ class PostgresStore(DjangoStore):
         """
         if not self._one_statement:
             return super()._reserve(fence, row, fields, current_step, release, uncancelled)
+        item = None
         if self.has_deferred(fence):
-            # The inline result before it, then the reservation: one transaction, two
-            # statements, wake-ups after its commit.
-            with self.atomic():
-                self._apply_deferred(fence)
-                return self._reserve_statement(
-                    fence, row, fields, current_step, release, uncancelled, deferred=True
-                )
-        return self._reserve_statement(fence, row, fields, current_step, release, uncancelled)
+            item = self._sole_deferred(fence)
+            if item is None:
+                # Several results before it: they, then the reservation, in one
+                # transaction, wake-ups after its commit.
+                with self.atomic():
+                    self._apply_deferred(fence)
+                    return self._reserve_statement(
+                        fence, row, fields, current_step, release, uncancelled, deferred=True
+                    )
+        return self._reserve_statement(
+            fence, row, fields, current_step, release, uncancelled, carried=item
+        )
 
     def _reserve_statement(
         self,
@@ -361,9 +291,19 @@ class PostgresStore(DjangoStore):
         uncancelled: bool,
         *,
         deferred: bool = False,
+        carried: Pending | None = None,
     ) -> int:
         """The one-statement reservation; ``deferred``: inside a transaction, which sends
-        the wake-ups when it commits."""
+        the wake-ups when it commits; ``carried``: the one inline result held before it,
+        recorded by the same statement.
+
+        With a ``carried`` result nothing is reserved unless the result is recorded: a
+        claim that lapsed writes nothing and raises InlineClaimLapsed (the run replays).
+        A result recorded while the fence no longer matches (the lease is gone, or a
+        cancel request came first for an ``uncancelled`` reservation) stays recorded,
+        waking the instance's new holder if there is one, and the reservation raises
+        Fenced, as it would have without the result.
+        """
         queued = fields["status"] == ActivityTaskStatus.QUEUED
         fence_sql, fence_params = self._fence_sql(
             fence, current_step, release=release, uncancelled=uncancelled
@@ -376,22 +316,41 @@ class PostgresStore(DjangoStore):
         wake, wake_params = self._notify_from(
             "r", [TOPIC_RUNNABLE] if release and not deferred else []
         )
-        statement = sql.compose(
-            RESERVE_ACTIVITY,
-            fence=fence_sql,
-            history=history_sql,
-            columns=columns,
-            values=values,
-            notify=notify,
-            wake=wake,
-        )
+        parts = {"fence": fence_sql, "columns": columns, "values": values, "notify": notify}
+        params = [*fence_params, *history_params, *task_params, *notify_params, *wake_params]
+        if carried is None:
+            statement = sql.compose(RESERVE_ACTIVITY, history=history_sql, wake=wake, **parts)
+        else:
+            complete, complete_params = self._complete_sql(carried.claim)
+            (record, record_params), (arrive, arrive_params) = self._arrive_sql(
+                carried.claim, EV_ACTIVITY_COMPLETED, carried.output, fence
+            )
+            woken, woken_params = self._notify_from("w", [TOPIC_RUNNABLE])
+            statement = sql.compose(
+                RESERVE_WITH_INLINE,
+                complete=complete,
+                record=record,
+                wake=arrive,
+                reserved=history_sql,
+                wake_runnable=wake,
+                woken=woken,
+                **parts,
+            )
+            params = [fence.instance_id, *complete_params, *record_params, *arrive_params]
+            params += [*fence_params, *history_params, *task_params, *notify_params]
+            params += [*wake_params, *woken_params]
         try:
-            fenced, runnable, task_id, _, _ = self._fetch(
-                statement,
-                [*fence_params, *history_params, *task_params, *notify_params, *wake_params],
-            )[0]
+            fetched = self._fetch(statement, params)[0]
         except IntegrityError as error:
             raise self._key_conflict(fence.instance_id, row.key) from error
+        fenced, runnable, task_id = fetched[:3]
+        if carried is not None:
+            recorded, woke = fetched[5:7]
+            self._settle_deferred(carried, recorded=bool(recorded))
+            if not recorded:
+                raise self._lapsed(fence, carried.claim)
+            if woke:
+                self._publish_now(TOPIC_RUNNABLE)
         if fenced != 1:
             raise self._fenced_error(fence)
         if deferred:

@@ -203,3 +203,39 @@ def test_a_failing_write_leaves_the_result_to_be_recorded_on_its_own(tdb: None) 
     assert sv.get_workflow_result(iid).output == ["a:1", "b:1"]
     assert inline.RUNS == {"a": 1, "b": 1}
     assert task(iid, "a") == ("completed", 1, 0)
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's one-statement writes")
+def test_the_reservation_and_the_result_it_carries_are_one_statement_on_postgresql(
+    tdb: None,
+) -> None:
+    iid = sv.start_workflow("inline.two_steps", None)
+    injector = FaultInjector(trace=True).install()
+    try:
+        run_until_idle(Worker(**QUIET))
+    finally:
+        injector.uninstall()
+    assert sv.get_workflow_result(iid).output == ["a:1", "b:1"]
+    reserving_b = [
+        s
+        for s in injector.statements
+        if s.operation == "reserve_activity" and s.instance_id == iid and s.call == 2
+    ]
+    assert len(reserving_b) == 1, [s.sql for s in reserving_b]
+    assert task(iid, "a") == ("completed", 1, 0)
+
+
+def test_a_cancel_request_before_the_next_reservation_keeps_the_result_and_cancels_the_next(
+    tdb: None,
+) -> None:
+    """A cancel request arrives while a runs inline: a's result is recorded once, b is
+    recorded cancelled without running, and the run ends cancelled."""
+    iid = sv.start_workflow("inline.two_steps", None)
+    inline.AFTER_BODY.append(lambda: sv.cancel_workflow(iid, "stop"))
+    run_until_idle(Worker(**QUIET))
+    assert sv.describe(iid).status == "cancelled"
+    assert inline.RUNS == {"a": 1}
+    assert task(iid, "a") == ("completed", 1, 0)
+    assert HistoryEvent.objects.get(instance_id=iid, seq=1).data == '"a:1"'
+    assert task(iid, "b")[0] == "cancelled"
+    sv.replay_instance(iid)

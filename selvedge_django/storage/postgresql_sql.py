@@ -1,0 +1,145 @@
+"""The statements only the PostgreSQL store runs (:mod:`.postgresql`).
+
+Module-level text only: the store composes them with the portable parts of
+:mod:`.sql` (table names, fence updates, history inserts).
+"""
+
+from __future__ import annotations
+
+from . import sql
+
+__all__ = [
+    "CLOSE",
+    "CLOSE_WITH_INLINE",
+    "COMPLETE_TASK",
+    "DUE_TIMERS_LOCK",
+    "IDLE_TIMEOUT_SETTING",
+    "KEY_LOCK_CLASS",
+    "LEASE_BATCH",
+    "LOCK_INSTANCE",
+    "LOCK_LIMITS",
+    "LOCK_TASK",
+    "NOTIFY_ALL",
+    "NOTIFY_CALL",
+    "NOTIFY_FROM",
+    "QUEUE_LOCK_CLASS",
+    "RENEW_BATCH",
+    "RESERVE_ACTIVITY",
+    "RESERVE_WITH_INLINE",
+    "SET_IDLE_TIMEOUT",
+    "SHOW_AUTOVACUUM",
+    "SNAPSHOT_ISOLATION",
+]
+
+# One consistent read of several statements.
+SNAPSHOT_ISOLATION = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY"
+# The session's idle-in-transaction timeout (read once per connection).
+IDLE_TIMEOUT_SETTING = "SELECT setting FROM pg_settings WHERE name = %s"
+# Raise (or turn off) the idle-in-transaction timeout for the current transaction.
+SET_IDLE_TIMEOUT = "SELECT set_config('idle_in_transaction_session_timeout', %s, true)"
+# One NOTIFY call; NOTIFY_ALL sends {calls} unless the notification queue is too full.
+NOTIFY_CALL = "pg_notify(%s, %s)"
+NOTIFY_ALL = "SELECT {calls} WHERE pg_notification_queue_usage() < %s"
+# A scalar subquery sending {calls} once if the CTE {source} has a row.
+NOTIFY_FROM = (
+    "(SELECT count(*) FROM (SELECT {calls} FROM {source}"
+    " WHERE pg_notification_queue_usage() < %s LIMIT 1) n)"
+)
+# Lock an instance row the way a fence update does ({skip}: SKIP LOCKED or nothing).
+LOCK_INSTANCE = "SELECT 1 FROM {instance} WHERE instance_id = %s FOR NO KEY UPDATE{skip}"
+# Lock a task row unless another transaction holds it.
+LOCK_TASK = "SELECT 1 FROM {task} WHERE id = %s FOR NO KEY UPDATE SKIP LOCKED"
+# Dispatch in one statement: each part locks what it picks, skipping held rows.
+LEASE_BATCH = (
+    "WITH e AS (SELECT instance_id FROM {instance} WHERE {expired}"
+    " ORDER BY lease_expires_ms LIMIT %s FOR UPDATE SKIP LOCKED),"
+    f" r AS (SELECT instance_id, {sql.READY_RANK} AS since FROM {{instance}} WHERE {{ready}}"
+    f" ORDER BY {sql.READY_RANK} LIMIT %s FOR UPDATE SKIP LOCKED),"
+    " c AS (SELECT instance_id FROM (SELECT instance_id, 0 AS part, 0 AS since"
+    " FROM e UNION ALL SELECT instance_id, 1, since FROM r) u"
+    " ORDER BY part, since LIMIT %s)"
+    f" {sql.LEASE_SET} WHERE instance_id IN (SELECT instance_id FROM c)"
+    f" RETURNING instance_id, lease_epoch, {sql.HEAD_COLUMNS}, ready_ms, lease_expires_ms,"
+    " instance_id IN (SELECT instance_id FROM e)"
+)
+# Renew a batch: the locking read skips held rows; the outer reads see the statement's
+# snapshot, where a skipped row still matches: reported as busy (0), not lost.
+RENEW_BATCH = (
+    "WITH l AS (SELECT {key} FROM {table} WHERE {where} FOR NO KEY UPDATE SKIP LOCKED),"
+    " u AS (UPDATE {table} SET {set} WHERE {key} IN (SELECT {key} FROM l)"
+    " RETURNING {columns})"
+    " SELECT {columns}, 1 FROM u UNION ALL SELECT {columns}, 0 FROM {table}"
+    " WHERE {where} AND {key} NOT IN (SELECT {key} FROM u)"
+)
+# Transaction-level advisory locks of flow control, in order: the rate-limited queues
+# (class QUEUE_LOCK_CLASS), then the concurrency keys (KEY_LOCK_CLASS), each sorted.
+LOCK_LIMITS = (
+    "SELECT pg_advisory_xact_lock(c, hashtext(n)) FROM (SELECT c, n"
+    " FROM unnest(%s::int[], %s::text[]) AS l (c, n) ORDER BY c, n) s"
+)
+QUEUE_LOCK_CLASS = 0x5376_0001
+KEY_LOCK_CLASS = 0x5376_0002
+# The due timers' and their instances' rows are locked, skipping held ones.
+DUE_TIMERS_LOCK = " FOR NO KEY UPDATE OF i, t SKIP LOCKED"
+# complete_task in one statement: the instance row first (i), then the claim-checked
+# task update (t), the history value (h) and the wake (w), then the NOTIFY.
+COMPLETE_TASK = (
+    "WITH i AS (SELECT instance_id FROM {instance} WHERE instance_id = %s"
+    " FOR NO KEY UPDATE),"
+    " t AS ({complete} AND EXISTS (SELECT 1 FROM i) RETURNING id),"
+    " h AS ({record} AND EXISTS (SELECT 1 FROM t) RETURNING id),"
+    " w AS ({wake} AND EXISTS (SELECT 1 FROM t) RETURNING instance_id)"
+    " SELECT (SELECT count(*) FROM t), (SELECT count(*) FROM w), {notify}"
+)
+# reserve_activity in one statement: fence (f), history row (h), task (t), then whether
+# the released instance is still runnable (r), and the NOTIFYs.
+RESERVE_ACTIVITY = (
+    "WITH f AS ({fence} RETURNING instance_id, runnable),"
+    " h AS ({history} RETURNING id),"
+    " t AS (INSERT INTO {task} ({columns}) SELECT {values} FROM h RETURNING id),"
+    " r AS (SELECT 1 FROM f WHERE runnable)"
+    " SELECT (SELECT count(*) FROM f), (SELECT count(*) FROM r), (SELECT id FROM t),"
+    " {notify}, {wake}"
+)
+# reserve_activity with the inline result it carries, in one statement: the instance row
+# locked first (i), the claim-checked task (d), its history value (v), the wake of another
+# holder when ours is gone (w), then, only when the result was recorded, the reservation
+# as RESERVE_ACTIVITY writes it (f, h, t, r). {reserved}: the reservation's history row
+# (not {history}, the table name the result's record names).
+RESERVE_WITH_INLINE = (
+    "WITH i AS (SELECT instance_id FROM {instance} WHERE instance_id = %s"
+    " FOR NO KEY UPDATE),"
+    " d AS ({complete} AND EXISTS (SELECT 1 FROM i) RETURNING id),"
+    " v AS ({record} AND EXISTS (SELECT 1 FROM d) RETURNING id),"
+    " w AS ({wake} AND EXISTS (SELECT 1 FROM d) RETURNING instance_id),"
+    " f AS ({fence} AND EXISTS (SELECT 1 FROM d) RETURNING instance_id, runnable),"
+    " h AS ({reserved} RETURNING id),"
+    " t AS (INSERT INTO {task} ({columns}) SELECT {values} FROM h RETURNING id),"
+    " r AS (SELECT 1 FROM f WHERE runnable)"
+    " SELECT (SELECT count(*) FROM f), (SELECT count(*) FROM r), (SELECT id FROM t),"
+    " {notify}, {wake_runnable}, (SELECT count(*) FROM d), (SELECT count(*) FROM w), {woken}"
+)
+# close in one statement: the fenced close (c), the close record (h) and the NOTIFY.
+CLOSE = (
+    "WITH c AS ({close} RETURNING instance_id), h AS ({history} RETURNING id)"
+    " SELECT (SELECT count(*) FROM c), {notify}"
+)
+
+# close with the inline result it carries, in one statement: the instance row locked
+# first (i), the claim-checked task (t), its history value (r), the wake of another
+# holder when ours is gone (w), then, only when the result was recorded, the fenced
+# close (c) and its record (h). {closerow}: the close record's insert (from c).
+CLOSE_WITH_INLINE = (
+    "WITH i AS (SELECT instance_id FROM {instance} WHERE instance_id = %s"
+    " FOR NO KEY UPDATE),"
+    " t AS ({complete} AND EXISTS (SELECT 1 FROM i) RETURNING id),"
+    " r AS ({record} AND EXISTS (SELECT 1 FROM t) RETURNING id),"
+    " w AS ({wake} AND EXISTS (SELECT 1 FROM t) RETURNING instance_id),"
+    " c AS ({close} AND EXISTS (SELECT 1 FROM t) RETURNING instance_id),"
+    " h AS ({closerow} RETURNING id)"
+    " SELECT (SELECT count(*) FROM t), (SELECT count(*) FROM c), (SELECT count(*) FROM w),"
+    " {notify}, {woken}"
+)
+
+# The server's autovacuum setting (selvedge.W006).
+SHOW_AUTOVACUUM = "SHOW autovacuum"
