@@ -18,7 +18,7 @@ from django.db import connection
 from django.db.models import F
 
 import selvedge_django as sv
-from selvedge_django.models import ActivityTask, HistoryEvent, WorkflowInstance
+from selvedge_django.models import ActivityTask, HistoryEvent, SignalMessage, WorkflowInstance
 from selvedge_django.testing import ControllableClock, FaultInjector, run_until_idle
 from selvedge_django.worker import Worker
 from tests.testapp.workflows import inline
@@ -238,4 +238,37 @@ def test_a_cancel_request_before_the_next_reservation_keeps_the_result_and_cance
     assert task(iid, "a") == ("completed", 1, 0)
     assert HistoryEvent.objects.get(instance_id=iid, seq=1).data == '"a:1"'
     assert task(iid, "b")[0] == "cancelled"
+    sv.replay_instance(iid)
+
+
+def test_receiving_a_signal_commits_the_row_the_signal_and_the_batch_together(
+    tdb: None,
+) -> None:
+    """The fence, the consumed signal, the received row and the delivery batch (here
+    also a signal on another channel) commit together, on PostgreSQL as one statement,
+    and replay agrees."""
+    iid = sv.start_workflow("inline.then_wait", None)
+    run_until_idle(Worker(**QUIET))
+    sv.signal(iid, "other", 1)
+    sv.signal(iid, "go", "now")
+    injector = FaultInjector(trace=True).install()
+    try:
+        run_until_idle(Worker(**QUIET))
+    finally:
+        injector.uninstall()
+    assert sv.get_workflow_result(iid).output == ["a:1", "now"]
+    observing = [
+        s for s in injector.statements if s.instance_id == iid and s.operation == "observe"
+    ]
+    if connection.vendor == "postgresql":
+        assert len(observing) == 1, [s.sql for s in observing]
+    rows = dict(HistoryEvent.objects.filter(instance_id=iid).values_list("key", "delivered_seq"))
+    received = HistoryEvent.objects.get(instance_id=iid, command="receive")
+    assert rows[received.key] == received.seq
+    signals = sorted(
+        SignalMessage.objects.filter(instance_id=iid).values_list(
+            "channel", "delivered_seq", "consumed_seq"
+        )
+    )
+    assert signals == [("go", received.seq, received.seq), ("other", received.seq, None)]
     sv.replay_instance(iid)

@@ -212,13 +212,21 @@ def wait_crash_timer(ctx: sv.WorkflowContext, data: dict[str, Any]) -> str:
 
 @sv.workflow(name="wait.crash_receive")
 def wait_crash_receive(ctx: sv.WorkflowContext, _: Any) -> list[Any]:
-    """Receive twice from "c"; the crashing worker dies inside or right after the first."""
+    """Receive twice from "c"; the crashing worker dies inside or right after the first.
+
+    Inside: right after the statement that consumes the signal, in the observation's
+    transaction; where the observation is one statement (PostgreSQL outside a
+    caller's transaction), which commits whole or not at all, just before it runs.
+    """
     if os.environ.get("SELVEDGE_WAIT_CRASH") == "receive_mid_commit":
         from django.db import connection
 
         def die_after_consuming(execute: Any, sql: str, *args: Any) -> Any:
+            statement = sql.lstrip().upper()
+            if statement.startswith("WITH") and "consumed_seq" in sql:
+                _crash_here("receive_mid_commit")  # before the one-statement observation
             result = execute(sql, *args)
-            if sql.lstrip().upper().startswith("UPDATE") and "consumed_seq" in sql:
+            if statement.startswith("UPDATE") and "consumed_seq" in sql:
                 _crash_here("receive_mid_commit")  # inside the observation's transaction
             return result
 
