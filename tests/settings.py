@@ -121,6 +121,12 @@ if os.environ.get("SELVEDGE_TEST_POLL_INTERVAL"):
 if os.environ.get("SELVEDGE_TEST_WORKFLOW_CACHE"):
     SELVEDGE["WORKFLOW_CACHE"] = {"MAX_ENTRIES": int(os.environ["SELVEDGE_TEST_WORKFLOW_CACHE"])}
 
+# SELVEDGE_TEST_PG_PREPARE=1: PostgreSQL connections bind parameters on the server and
+# prepare each statement from its fifth run on (the set-up docs/deployment.md recommends
+# for direct connections); CI runs one PostgreSQL pass this way.
+if DB == "postgres" and os.environ.get("SELVEDGE_TEST_PG_PREPARE") == "1":
+    DATABASES["default"]["OPTIONS"] = {"server_side_binding": True, "prepare_threshold": 5}
+
 # Worker subprocesses of tests/processes/test_pgbouncer.py: the engine's alias goes through a
 # pgbouncer in transaction mode on this port, and the listener has a direct connection
 # (unless SELVEDGE_TEST_PGBOUNCER_LISTEN=pooled: the set-up that cannot work).
@@ -128,6 +134,8 @@ if DB == "postgres" and os.environ.get("SELVEDGE_TEST_PGBOUNCER_PORT"):
     DATABASES["direct"] = dict(DATABASES["default"])
     DATABASES["default"]["PORT"] = os.environ["SELVEDGE_TEST_PGBOUNCER_PORT"]
     DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
+    # pgbouncer's transaction mode (before 1.21) keeps no prepared statement.
+    DATABASES["default"].pop("OPTIONS", None)
     if os.environ.get("SELVEDGE_TEST_PGBOUNCER_LISTEN") != "pooled":
         SELVEDGE["LISTEN_DATABASE"] = "direct"
 
