@@ -6,6 +6,10 @@ SELVEDGE_BENCH_PG_NAME the PostgreSQL database created and dropped by the run
                        (default selvedge_bench_<pid>); the server is found through the
                        SELVEDGE_PG_HOST / _PORT / _USER / _PASSWORD variables the
                        test settings use (default 127.0.0.1:5432, user postgres)
+SELVEDGE_BENCH_PREPARE 1: PostgreSQL connections bind parameters on the server and
+                       prepare statements (OPTIONS server_side_binding and
+                       prepare_threshold, as docs/deployment.md recommends); off by
+                       default (Django's client-side binding)
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ if DB == "postgres":
             "PORT": os.environ.get("SELVEDGE_PG_PORT", "5432"),
         }
     }
+    if os.environ.get("SELVEDGE_BENCH_PREPARE") == "1":
+        DATABASES["default"]["OPTIONS"] = {"server_side_binding": True, "prepare_threshold": 5}
 elif DB == "sqlite":
     DATABASES = {
         "default": {
