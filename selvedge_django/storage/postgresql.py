@@ -44,6 +44,7 @@ from .postgresql_sql import (
     LOCK_INSTANCE,
     LOCK_LIMITS,
     LOCK_TASK,
+    NOT_HELD_BY_LOCKED,
     NOTIFY_ALL,
     NOTIFY_CALL,
     NOTIFY_FROM,
@@ -237,8 +238,8 @@ class PostgresStore(DjangoStore):
         if not self._one_statement:
             return super().complete_task(claim, output, inline_fence=inline_fence)
         complete, params = self._complete_sql(claim)
-        (record, record_params), (wake, wake_params) = self._arrive_sql(
-            claim, EV_ACTIVITY_COMPLETED, output, inline_fence
+        (record, record_params), (wake, wake_params) = self._arrive_locked_sql(
+            claim, output, inline_fence
         )
         notify, notify_params = self._notify_from("w", [TOPIC_RUNNABLE])
         statement = sql.compose(
@@ -251,6 +252,20 @@ class PostgresStore(DjangoStore):
         if woken:
             self._publish_now(TOPIC_RUNNABLE)
         return bool(claimed)
+
+    def _arrive_locked_sql(
+        self, claim: TaskClaim, output: str, inline_fence: Fence | None
+    ) -> tuple[tuple[str, list[Any]], tuple[str, list[Any]]]:
+        """The two updates of a completion in a statement that locks the instance row
+        first (its CTE ``i``): the history value, and the wake, whose condition on the
+        inline holder reads the locked row (NOT_HELD_BY_LOCKED), not the statement's
+        snapshot, which may predate a lease that changed hands meanwhile."""
+        record = self._arrive_record(claim, EV_ACTIVITY_COMPLETED, output)
+        condition, params = "", []
+        if inline_fence is not None:
+            condition, params = NOT_HELD_BY_LOCKED, [inline_fence.owner, inline_fence.epoch]
+        wake, wake_params = self._wake_sql(claim.instance_id, condition)
+        return record, (wake, [*wake_params, *params])
 
     def _reserve(
         self,
@@ -324,8 +339,8 @@ class PostgresStore(DjangoStore):
             statement = sql.compose(RESERVE_ACTIVITY, history=history_sql, wake=wake, **parts)
         else:
             complete, complete_params = self._complete_sql(carried.claim)
-            (record, record_params), (arrive, arrive_params) = self._arrive_sql(
-                carried.claim, EV_ACTIVITY_COMPLETED, carried.output, fence
+            (record, record_params), (arrive, arrive_params) = self._arrive_locked_sql(
+                carried.claim, carried.output, fence
             )
             woken, woken_params = self._notify_from("w", [TOPIC_RUNNABLE])
             statement = sql.compose(
@@ -420,9 +435,7 @@ class PostgresStore(DjangoStore):
         """The inline result in one statement: the instance row (held by ``fence``'s
         execution, so nobody is woken), the claim-checked task and the history value."""
         complete, params = self._complete_sql(claim)
-        (record, record_params), (wake, wake_params) = self._arrive_sql(
-            claim, EV_ACTIVITY_COMPLETED, output, fence
-        )
+        (record, record_params), (wake, wake_params) = self._arrive_locked_sql(claim, output, fence)
         statement = sql.compose(COMPLETE_TASK, complete=complete, record=record, wake=wake)
         claimed, _, _ = self._fetch(
             sql.compose(statement, notify="0"),
@@ -495,8 +508,8 @@ class PostgresStore(DjangoStore):
         status = request.status
         data = request.output if status == WorkflowStatus.COMPLETED else request.error
         complete, complete_params = self._complete_sql(claim)
-        (record, record_params), (wake, wake_params) = self._arrive_sql(
-            claim, EV_ACTIVITY_COMPLETED, item.output, fence
+        (record, record_params), (wake, wake_params) = self._arrive_locked_sql(
+            claim, item.output, fence
         )
         close_sql, close_params = self._close_sql(fence, status, request)
         row_sql, row_params = self._history_insert_sql(

@@ -22,6 +22,7 @@ __all__ = [
     "NOTIFY_ALL",
     "NOTIFY_CALL",
     "NOTIFY_FROM",
+    "NOT_HELD_BY_LOCKED",
     "OBSERVE_RECEIVE",
     "QUEUE_LOCK_CLASS",
     "RENEW_BATCH",
@@ -82,11 +83,18 @@ QUEUE_LOCK_CLASS = 0x5376_0001
 KEY_LOCK_CLASS = 0x5376_0002
 # The due timers' and their instances' rows are locked, skipping held ones.
 DUE_TIMERS_LOCK = " FOR NO KEY UPDATE OF i, t SKIP LOCKED"
+# The wake condition of an arrival in the statements below: unless the execution that ran
+# the attempt inline holds the lease, read from the locked row (i), which is the row's
+# newest version; the statement's snapshot may predate a lease that changed hands while
+# it waited for that lock.
+NOT_HELD_BY_LOCKED = (
+    " AND EXISTS (SELECT 1 FROM i WHERE NOT (i.lease_owner = %s AND i.lease_epoch = %s))"
+)
 # complete_task in one statement: the instance row first (i), then the claim-checked
 # task update (t), the history value (h) and the wake (w), then the NOTIFY.
 COMPLETE_TASK = (
-    "WITH i AS (SELECT instance_id FROM {instance} WHERE instance_id = %s"
-    " FOR NO KEY UPDATE),"
+    "WITH i AS (SELECT instance_id, lease_owner, lease_epoch FROM {instance}"
+    " WHERE instance_id = %s FOR NO KEY UPDATE),"
     " t AS ({complete} AND EXISTS (SELECT 1 FROM i) RETURNING id),"
     " h AS ({record} AND EXISTS (SELECT 1 FROM t) RETURNING id),"
     " w AS ({wake} AND EXISTS (SELECT 1 FROM t) RETURNING instance_id)"
@@ -108,8 +116,8 @@ RESERVE_ACTIVITY = (
 # as RESERVE_ACTIVITY writes it (f, h, t, r). {reserved}: the reservation's history row
 # (not {history}, the table name the result's record names).
 RESERVE_WITH_INLINE = (
-    "WITH i AS (SELECT instance_id FROM {instance} WHERE instance_id = %s"
-    " FOR NO KEY UPDATE),"
+    "WITH i AS (SELECT instance_id, lease_owner, lease_epoch FROM {instance}"
+    " WHERE instance_id = %s FOR NO KEY UPDATE),"
     " d AS ({complete} AND EXISTS (SELECT 1 FROM i) RETURNING id),"
     " v AS ({record} AND EXISTS (SELECT 1 FROM d) RETURNING id),"
     " w AS ({wake} AND EXISTS (SELECT 1 FROM d) RETURNING instance_id),"
@@ -131,8 +139,8 @@ CLOSE = (
 # holder when ours is gone (w), then, only when the result was recorded, the fenced
 # close (c) and its record (h). {closerow}: the close record's insert (from c).
 CLOSE_WITH_INLINE = (
-    "WITH i AS (SELECT instance_id FROM {instance} WHERE instance_id = %s"
-    " FOR NO KEY UPDATE),"
+    "WITH i AS (SELECT instance_id, lease_owner, lease_epoch FROM {instance}"
+    " WHERE instance_id = %s FOR NO KEY UPDATE),"
     " t AS ({complete} AND EXISTS (SELECT 1 FROM i) RETURNING id),"
     " r AS ({record} AND EXISTS (SELECT 1 FROM t) RETURNING id),"
     " w AS ({wake} AND EXISTS (SELECT 1 FROM t) RETURNING instance_id),"

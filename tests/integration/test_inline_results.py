@@ -10,11 +10,13 @@ runs twice).
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import F
 
 import selvedge_django as sv
@@ -272,3 +274,64 @@ def test_receiving_a_signal_commits_the_row_the_signal_and_the_batch_together(
     )
     assert signals == [("go", received.seq, received.seq), ("other", received.seq, None)]
     sv.replay_instance(iid)
+
+
+taken = threading.Event()
+
+
+def _take_the_lease_while_the_next_write_waits(iid: str, done: list[BaseException | None]) -> None:
+    """Another worker takes the lease in a transaction that commits only once the next
+    write of this execution waits for the instance row (that write's statement then
+    started before the new holder was committed)."""
+    try:
+        with transaction.atomic():
+            WorkflowInstance.objects.filter(instance_id=iid).update(
+                lease_owner="other-worker", lease_epoch=F("lease_epoch") + 1, runnable=False
+            )
+            taken.set()
+            deadline = time.monotonic() + 30
+            with connection.cursor() as cursor:
+                while time.monotonic() < deadline:
+                    cursor.execute("SELECT pg_stat_clear_snapshot()")
+                    cursor.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                        " AND datname = current_database() AND pid <> pg_backend_pid()"
+                    )
+                    if cursor.fetchone()[0]:
+                        break
+                    time.sleep(0.005)
+                else:
+                    raise AssertionError("the next write never waited for the instance row")
+        done.append(None)
+    except BaseException as error:  # reported by the test
+        done.append(error)
+    finally:
+        connection.close()
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="one statement, one snapshot")
+@pytest.mark.parametrize("workflow", ["inline.two_steps", "inline.one_step"])
+def test_a_result_recorded_as_the_lease_changes_hands_wakes_the_new_holder(
+    tdb: None, workflow: str
+) -> None:
+    """The write carrying a's result (b's reservation, or the close) started while another
+    worker was taking the lease: it is fenced out, a's result stays recorded, and the new
+    holder, which may have read the history before it, is woken to see it."""
+    iid = sv.start_workflow(workflow, None)
+    done: list[BaseException | None] = []
+    taken.clear()
+    other = threading.Thread(target=_take_the_lease_while_the_next_write_waits, args=(iid, done))
+
+    def race() -> None:
+        other.start()
+        assert taken.wait(30)
+
+    inline.AFTER_BODY.append(race)
+    run_until_idle(Worker(**QUIET))
+    other.join(30)
+    assert done == [None]
+    assert HistoryEvent.objects.get(instance_id=iid, seq=1).data == '"a:1"'
+    assert task(iid, "a") == ("completed", 1, 0)
+    inst = WorkflowInstance.objects.get(instance_id=iid)
+    assert (inst.lease_owner, inst.status) == ("other-worker", "running")
+    assert inst.runnable, "the new holder was not woken for the result recorded under it"
