@@ -394,23 +394,23 @@ class Execution:
         assert fence is not None
         store = self.runtime.store
         result: ObservationResult = self.guarded(lambda: store.observe(fence, observation))
+        self.fold(observation, result)
+        return result
+
+    def fold(self, observation: Observation, result: ObservationResult) -> None:
+        """Fold a committed observation (stored, delivered, consumed) into the local view."""
+        seq = observation.seq
         if not result.consumed:
             raise self.fail(
                 exc.HistoryKeyConflict("signal was consumed by another execution"), abandon=True
             )
         if result.stored is not None:
             self.check_stored(result.stored.key, result.stored, result.stored.command)
-        self.apply_delivery(observation.seq, result.delivered)
+        self.apply_delivery(seq, result.delivered)
         for key, _, _ in observation.fill_cancelled:
             self.refresh(key)
-        if observation.consume is not None:
-            position = self.signals.get(observation.consume)
-            if position is None:
-                position = self.signals[observation.consume] = SignalPosition(
-                    observation.consume, "", None, None
-                )
-            position.consumed_seq = observation.seq
-        return result
+        if (consumed := observation.consume) is not None:
+            self.signals.setdefault(consumed, SignalPosition(consumed, "")).consumed_seq = seq
 
     def apply_delivery(self, seq: int, delivered: Arrivals) -> None:
         for key in delivered.keys:

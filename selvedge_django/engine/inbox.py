@@ -27,7 +27,7 @@ from .execution import Execution
 from .handles import decode_outcome
 from .identifiers import valid_channel
 from .parking import wait_here
-from .ports import Observation
+from .ports import Observation, ReceiveOutcome
 from .scope import Scope
 
 __all__ = ["receive", "receive_async", "receive_with_timeout"]
@@ -61,7 +61,25 @@ def receive(execution: Execution, scope: Scope, channel: str) -> Any:
         raise execution.suspend(f"receive {key!r} is not recorded")
     store = execution.runtime.store
     while True:  # again after each wait the worker's cache continues (wait_here)
-        cancelled = execution.cancellation(scope)
+        cancelled: BaseException | None = None
+        if scope.locally_cancelled():
+            cancelled = exc.ScopeCancelled()
+        else:
+            # The store's one write: the cancel state, the signal and the observation.
+            outcome = _receive_next(execution, seq, key, channel, scope.attached())
+            if outcome is None:  # not offered: read both, then observe
+                cancelled = execution.cancellation(scope)
+                if cancelled is None:
+                    message = execution.guarded(
+                        lambda: store.next_signal(execution.instance_id, channel)
+                    )
+                    if message is not None:
+                        break
+            elif outcome.cancel_reason is not None:
+                cancelled = exc.WorkflowCancelled(execution.instance_id, outcome.cancel_reason)
+            elif outcome.message is not None:
+                _signal_received(execution, key)
+                return json.loads(outcome.message.payload)
         if cancelled is not None:
             execution.observe(
                 Observation(
@@ -73,9 +91,6 @@ def receive(execution: Execution, scope: Scope, channel: str) -> Any:
                 )
             )
             raise cancelled
-        message = execution.guarded(lambda: store.next_signal(execution.instance_id, channel))
-        if message is not None:
-            break
         wait_here(execution, f"no signal on {channel!r}")
     execution.observe(
         Observation(
@@ -87,6 +102,28 @@ def receive(execution: Execution, scope: Scope, channel: str) -> Any:
     )
     _signal_received(execution, key)
     return json.loads(message.payload)
+
+
+def _receive_next(
+    execution: Execution, seq: int, key: str, channel: str, uncancelled: bool
+) -> ReceiveOutcome | None:
+    """The store's one-write receive (None: not offered here), folded into the view."""
+    fence = execution.fence
+    assert fence is not None
+    store = execution.runtime.store
+    outcome: ReceiveOutcome | None = execution.guarded(
+        lambda: store.receive_next(fence, seq, key, channel, uncancelled)
+    )
+    if outcome is not None and outcome.message is not None and outcome.result is not None:
+        message = outcome.message
+        observation = Observation(
+            seq,
+            record=HistoryRow(key, seq, CMD_RECEIVE, EV_SIGNAL_RECEIVED, message.payload),
+            consume=message.id,
+            deliver_all=True,
+        )
+        execution.fold(observation, outcome.result)
+    return outcome
 
 
 def _signal_received(execution: Execution, key: str) -> None:

@@ -31,6 +31,7 @@ __all__ = [
     "HistoryLimits",
     "Observation",
     "ObservationResult",
+    "ReceiveOutcome",
     "Runtime",
     "SignalMessage",
     "TaskClaim",
@@ -105,6 +106,20 @@ class ObservationResult:
     stored: HistoryRow | None
     delivered: Arrivals
     consumed: bool = True
+
+
+@dataclass(frozen=True)
+class ReceiveOutcome:
+    """What a one-statement receive found (:meth:`WorkflowStore.receive_next`).
+
+    ``cancel_reason`` set: a cancel request comes first and nothing was consumed;
+    ``message`` and ``result`` set: the signal was consumed and its row recorded,
+    with the delivery batch in ``result``; neither: no signal yet, nothing written.
+    """
+
+    message: SignalMessage | None = None
+    result: ObservationResult | None = None
+    cancel_reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -292,6 +307,18 @@ class EngineStore(Protocol):
 
     def next_signal(self, instance_id: str, channel: str) -> SignalMessage | None:
         """Return the oldest unconsumed signal of the channel."""
+        ...
+
+    def receive_next(
+        self, fence: Fence, seq: int, key: str, channel: str, uncancelled: bool
+    ) -> ReceiveOutcome | None:
+        """Receive ``channel``'s oldest unconsumed signal at ``seq`` in one write.
+
+        Reads the cancel state (when ``uncancelled``, a cancel request wins over a
+        pending signal) and the signal, consumes it, records ``key``'s row and
+        delivers every arrival, as one statement. None when the store does not offer
+        it here: the caller reads the cancel state and the signal, then observes.
+        """
         ...
 
     def signal_payload(self, signal_id: int) -> str | None:

@@ -19,7 +19,6 @@ Only what differs from the portable :class:`~.store.DjangoStore`:
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -27,12 +26,21 @@ from typing import Any
 from django.core.checks import CheckMessage, Warning
 from django.db import DatabaseError, IntegrityError, transaction
 
-from ..engine.events import CLOSE_KEY, EV_ACTIVITY_COMPLETED, Fence, HistoryRow
-from ..engine.ports import Arrivals, CloseRequest, Observation, ObservationResult, TaskClaim
+from ..engine.events import (
+    CLOSE_KEY,
+    EV_ACTIVITY_COMPLETED,
+    Fence,
+    HistoryRow,
+)
+from ..engine.ports import (
+    CloseRequest,
+    TaskClaim,
+)
 from ..models import ActivityTask, ActivityTaskStatus, WorkflowStatus
 from . import sql
 from .base import operation
 from .inline import Pending
+from .postgresql_inbox import PostgresInbox
 from .postgresql_sql import (
     CLOSE,
     CLOSE_WITH_INLINE,
@@ -48,7 +56,6 @@ from .postgresql_sql import (
     NOTIFY_ALL,
     NOTIFY_CALL,
     NOTIFY_FROM,
-    OBSERVE_RECEIVE,
     QUEUE_LOCK_CLASS,
     RENEW_BATCH,
     RESERVE_ACTIVITY,
@@ -57,7 +64,6 @@ from .postgresql_sql import (
     SHOW_AUTOVACUUM,
     SNAPSHOT_ISOLATION,
 )
-from .store import DjangoStore
 from .wakeups import (
     NOTIFY_CHANNEL,
     NOTIFY_QUEUE_CEILING,
@@ -72,7 +78,7 @@ __all__ = ["PostgresStore"]
 logger = logging.getLogger("selvedge_django.store")
 
 
-class PostgresStore(DjangoStore):
+class PostgresStore(PostgresInbox):
     """The store on PostgreSQL."""
 
     @classmethod
@@ -104,11 +110,6 @@ class PostgresStore(DjangoStore):
     can_notify = True
     DUE_TIMERS_LOCK = DUE_TIMERS_LOCK
     CLAIM_LOCK = " FOR UPDATE SKIP LOCKED"
-
-    @property
-    def _one_statement(self) -> bool:
-        """Whether a fenced write may run as one statement: outside any transaction."""
-        return not self.connection.in_atomic_block
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -381,55 +382,6 @@ class PostgresStore(DjangoStore):
         if release and runnable:
             self._publish_now(TOPIC_RUNNABLE)
         return int(task_id)
-
-    @operation
-    def observe(self, fence: Fence, observation: Observation) -> ObservationResult:
-        """observe: a receive that consumes a signal, records its row and delivers every
-        arrival (the wake of a workflow waiting on a signal) as one statement."""
-        if not (
-            self._one_statement
-            and observation.consume is not None
-            and observation.record is not None
-            and observation.deliver_all
-            and observation.fill is None
-            and observation.retire_timer is None
-            and not observation.fill_cancelled
-            and not observation.cancel_tasks
-            and not observation.cancel_children
-            and not self.has_deferred(fence)
-        ):
-            return super().observe(fence, observation)
-        return self._observe_receive(fence, observation, observation.consume, observation.record)
-
-    def _observe_receive(
-        self, fence: Fence, observation: Observation, signal_id: int, row: HistoryRow
-    ) -> ObservationResult:
-        """The one-statement receive. The received row is inserted already delivered at
-        its own position, as the portable path's batch marks it; it is the newest row,
-        so it ends the batch's keys. Nothing but the fence's own update is written when
-        the signal was consumed already."""
-        iid, seq = fence.instance_id, observation.seq
-        fence_sql, fence_params = self._fence_sql(fence)
-        received = dataclasses.replace(row, delivered_seq=seq)
-        row_sql, row_params = self._history_insert_sql(iid, received, "c")
-        statement = sql.compose(OBSERVE_RECEIVE, fence=fence_sql, received=row_sql)
-        params = [*fence_params, signal_id, seq, row.key, seq, signal_id, iid, *row_params]
-        params += [seq, iid, seq, iid, signal_id]
-        try:
-            fenced, consumed, fresh, channel, keys, ids, channels = self._fetch(statement, params)[
-                0
-            ]
-        except IntegrityError as error:
-            raise self._key_conflict(iid, row.key) from error
-        if fenced != 1:
-            raise self._fenced_error(fence)
-        if not consumed:
-            return ObservationResult(None, Arrivals(), consumed=False)
-        signals = [(int(i), str(c)) for i, c in zip(ids or (), channels or (), strict=True)]
-        if fresh:
-            signals.append((signal_id, str(channel)))
-        delivered = Arrivals(keys=(*(keys or ()), row.key), signals=tuple(sorted(signals)))
-        return ObservationResult(row, delivered, consumed=True)
 
     def _record_inline(self, claim: TaskClaim, output: str, fence: Fence) -> bool:
         """The inline result in one statement: the instance row (held by ``fence``'s

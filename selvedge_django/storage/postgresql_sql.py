@@ -25,6 +25,7 @@ __all__ = [
     "NOT_HELD_BY_LOCKED",
     "OBSERVE_RECEIVE",
     "QUEUE_LOCK_CLASS",
+    "RECEIVE_NEXT",
     "RENEW_BATCH",
     "RESERVE_ACTIVITY",
     "RESERVE_WITH_INLINE",
@@ -175,4 +176,33 @@ OBSERVE_RECEIVE = (
     " SELECT (SELECT count(*) FROM f), (SELECT count(*) FROM c), (SELECT fresh FROM p),"
     " (SELECT channel FROM c), (SELECT array_agg(key ORDER BY id) FROM d),"
     " (SELECT array_agg(id ORDER BY id) FROM s), (SELECT array_agg(channel ORDER BY id) FROM s)"
+)
+
+# A receive in one statement, reads included: the oldest unconsumed signal of the
+# channel (n); the fence (f, when one was found; with no cancel request when the scope
+# observes cancellation); the signal consumed, delivered with the batch when it was
+# not (c); the received row, its value the signal's payload, inserted delivered (h);
+# the rest of the batch (d, s); the cancel request as the snapshot shows it, for the
+# case where no signal was found and nothing was written.
+RECEIVE_NEXT = (
+    "WITH n AS (SELECT id, channel, delivered_seq IS NULL AS fresh FROM {signal}"
+    " WHERE instance_id = %s AND channel = %s AND consumed_seq IS NULL ORDER BY id LIMIT 1),"
+    " f AS ({fence} AND EXISTS (SELECT 1 FROM n) RETURNING instance_id),"
+    " c AS (UPDATE {signal} SET consumed_seq = %s, consumed_key = %s,"
+    " delivered_seq = COALESCE(delivered_seq, %s)"
+    " WHERE id = (SELECT id FROM n) AND instance_id = %s AND consumed_seq IS NULL"
+    " AND EXISTS (SELECT 1 FROM f) RETURNING id, payload),"
+    " h AS (INSERT INTO {history} (instance_id, key, seq, command, event_type, data,"
+    " reservation, delivered_seq, created_at, arrived_at)"
+    " SELECT %s, %s, %s, %s, %s, c.payload, NULL, %s, %s, NULL FROM c RETURNING id),"
+    " d AS (UPDATE {history} SET delivered_seq = %s WHERE instance_id = %s"
+    " AND delivered_seq IS NULL AND data IS NOT NULL AND seq IS NOT NULL"
+    " AND EXISTS (SELECT 1 FROM c) RETURNING id, key),"
+    " s AS (UPDATE {signal} SET delivered_seq = %s WHERE instance_id = %s"
+    " AND delivered_seq IS NULL AND id <> (SELECT id FROM c) RETURNING id, channel),"
+    " x AS (SELECT cancel_requested, cancel_reason FROM {instance} WHERE instance_id = %s)"
+    " SELECT (SELECT id FROM n), (SELECT count(*) FROM f), (SELECT count(*) FROM c),"
+    " (SELECT fresh FROM n), (SELECT payload FROM c), (SELECT array_agg(key ORDER BY id) FROM d),"
+    " (SELECT array_agg(id ORDER BY id) FROM s), (SELECT array_agg(channel ORDER BY id) FROM s),"
+    " (SELECT cancel_requested FROM x), (SELECT cancel_reason FROM x)"
 )

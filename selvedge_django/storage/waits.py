@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from .. import exceptions as exc
 from ..engine.events import CMD_RECEIVE, EV_TIMER_EXPIRED, Arrivals, Fence, HistoryRow
-from ..engine.ports import Observation, ObservationResult, SignalMessage
+from ..engine.ports import Observation, ObservationResult, ReceiveOutcome, SignalMessage
 from ..models import (
     ActivityTask,
     ActivityTaskStatus,
@@ -248,6 +248,13 @@ class WaitStore(ChildStore):
     def next_signal(self, instance_id: str, channel: str) -> SignalMessage | None:
         rows = self._fetch(sql.NEXT_SIGNAL, [instance_id, channel])
         return SignalMessage(*rows[0]) if rows else None
+
+    @operation
+    def receive_next(
+        self, fence: Fence, seq: int, key: str, channel: str, uncancelled: bool
+    ) -> ReceiveOutcome | None:
+        """Not offered by the portable store: the engine reads, then observes."""
+        return None
 
     @operation
     def signal_payload(self, signal_id: int) -> str | None:

@@ -33,6 +33,7 @@ from selvedge_django.engine.ports import (
     ExecutionSnapshot,
     Observation,
     ObservationResult,
+    ReceiveOutcome,
     SignalMessage,
     TaskSpec,
 )
@@ -112,6 +113,11 @@ class MemoryStore:
     def next_signal(self, instance_id: str, channel: str) -> SignalMessage | None:
         self.calls.append("next_signal")
         return None
+
+    def receive_next(
+        self, fence: Fence, seq: int, key: str, channel: str, uncancelled: bool
+    ) -> ReceiveOutcome | None:
+        return None  # the engine reads, then observes
 
     def signal_payload(self, signal_id: int) -> str | None:
         self.calls.append("signal_payload")

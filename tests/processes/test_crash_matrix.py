@@ -128,6 +128,10 @@ class Target:
         return self.label
 
 
+ONE_STATEMENT_RECEIVE = connection.vendor == "postgresql"
+RECEIVE_OPERATION = "receive_next" if ONE_STATEMENT_RECEIVE else "observe"
+OBSERVE_CALLS = (1, 2) if ONE_STATEMENT_RECEIVE else (2, 3)
+
 TARGETS = [
     Target("start", "create_instance", "parent", client=True),
     Target("signal", "append_signal", "parent", client=True),
@@ -170,12 +174,14 @@ TARGETS = [
     Target("suspend", "release_lease", "parent"),
     Target("timer reserve", "reserve_timer", "parent"),
     Target("timer fire", "fire_due_timers", None),
-    Target("receive", "observe", "parent", call=1, mid_transaction={}),
-    Target("timed receive", "observe", "parent", call=2),
+    # On PostgreSQL a plain receive is its own operation (reads and observation in one
+    # statement); the timed receive and the scope cancel observe.
+    Target("receive", RECEIVE_OPERATION, "parent", call=1, mid_transaction={}),
+    Target("timed receive", "observe", "parent", call=OBSERVE_CALLS[0]),
     Target("child start", "start_child", "parent", mid_transaction={}),
     # The child's close also records its inline step's result.
     Target("child close", "close", "child", mid_transaction={"child": ("completed", 2, 1, 2)}),
-    Target("scope cancel", "observe", "parent", call=3),
+    Target("scope cancel", "observe", "parent", call=OBSERVE_CALLS[1]),
     Target("close", "close", "parent", mid_transaction={}),
 ]
 MID_TRANSACTION = [t for t in TARGETS if t.mid_transaction is not None]
