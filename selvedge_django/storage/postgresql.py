@@ -339,23 +339,11 @@ class PostgresStore(PostgresInbox):
         if carried is None:
             statement = sql.compose(RESERVE_ACTIVITY, history=history_sql, wake=wake, **parts)
         else:
-            complete, complete_params = self._complete_sql(carried.claim)
-            (record, record_params), (arrive, arrive_params) = self._arrive_locked_sql(
-                carried.claim, carried.output, fence
-            )
-            woken, woken_params = self._notify_from("w", [TOPIC_RUNNABLE])
+            carrying, leading, woken_params = self._carried_parts(carried, fence)
             statement = sql.compose(
-                RESERVE_WITH_INLINE,
-                complete=complete,
-                record=record,
-                wake=arrive,
-                reserved=history_sql,
-                wake_runnable=wake,
-                woken=woken,
-                **parts,
+                RESERVE_WITH_INLINE, reserved=history_sql, wake_runnable=wake, **carrying, **parts
             )
-            params = [fence.instance_id, *complete_params, *record_params, *arrive_params]
-            params += [*fence_params, *history_params, *task_params, *notify_params]
+            params = [*leading, *fence_params, *history_params, *task_params, *notify_params]
             params += [*wake_params, *woken_params]
         try:
             fetched = self._fetch(statement, params)[0]
@@ -363,12 +351,7 @@ class PostgresStore(PostgresInbox):
             raise self._key_conflict(fence.instance_id, row.key) from error
         fenced, runnable, task_id = fetched[:3]
         if carried is not None:
-            recorded, woke = fetched[5:7]
-            self._settle_deferred(carried, recorded=bool(recorded))
-            if not recorded:
-                raise self._lapsed(fence, carried.claim)
-            if woke:
-                self._publish_now(TOPIC_RUNNABLE)
+            self._settle_carried(carried, fence, recorded=bool(fetched[5]), woke=bool(fetched[6]))
         if fenced != 1:
             raise self._fenced_error(fence)
         if deferred:
@@ -447,6 +430,34 @@ class PostgresStore(PostgresInbox):
         self._publish_now(topic)
         return str(status)
 
+    def _carried_parts(
+        self, carried: Pending, fence: Fence
+    ) -> tuple[dict[str, str], list[Any], list[Any]]:
+        """The parts of a statement that carries an inline result: the claim-checked
+        completion ({complete}), its history value ({record}), the wake of another holder
+        ({wake}) and that wake's NOTIFY ({woken}). Returns the parts, the leading
+        parameters (the instance row's lock, then the three writes) and the NOTIFY's,
+        which come last."""
+        complete, complete_params = self._complete_sql(carried.claim)
+        (record, record_params), (wake, wake_params) = self._arrive_locked_sql(
+            carried.claim, carried.output, fence
+        )
+        woken, woken_params = self._notify_from("w", [TOPIC_RUNNABLE])
+        parts = {"complete": complete, "record": record, "wake": wake, "woken": woken}
+        leading = [fence.instance_id, *complete_params, *record_params, *wake_params]
+        return parts, leading, woken_params
+
+    def _settle_carried(
+        self, carried: Pending, fence: Fence, *, recorded: bool, woke: bool
+    ) -> None:
+        """After the statement that carried ``carried``: a lapsed claim raises
+        InlineClaimLapsed (nothing was written); a woken holder hears it now."""
+        self._settle_deferred(carried, recorded=recorded)
+        if not recorded:
+            raise self._lapsed(fence, carried.claim)
+        if woke:
+            self._publish_now(TOPIC_RUNNABLE)
+
     def _close_with_inline(self, fence: Fence, request: CloseRequest, item: Pending) -> str:
         """The close and the one inline result it carries, in one statement.
 
@@ -456,41 +467,24 @@ class PostgresStore(PostgresInbox):
         recorded (its claim was live) and wakes the instance's new holder, and the close
         raises Fenced: an outcome recorded as a background attempt records its own.
         """
-        claim = item.claim
         status = request.status
         data = request.output if status == WorkflowStatus.COMPLETED else request.error
-        complete, complete_params = self._complete_sql(claim)
-        (record, record_params), (wake, wake_params) = self._arrive_locked_sql(
-            claim, item.output, fence
-        )
+        carrying, leading, woken_params = self._carried_parts(item, fence)
         close_sql, close_params = self._close_sql(fence, status, request)
         row_sql, row_params = self._history_insert_sql(
             fence.instance_id, self._close_row(status, data), "c"
         )
         topic = closed_topic(fence.instance_id)
         notify, notify_params = self._notify_from("c", [topic])
-        woken, woken_params = self._notify_from("w", [TOPIC_RUNNABLE])
         statement = sql.compose(
-            CLOSE_WITH_INLINE,
-            complete=complete,
-            record=record,
-            wake=wake,
-            close=close_sql,
-            closerow=row_sql,
-            notify=notify,
-            woken=woken,
+            CLOSE_WITH_INLINE, close=close_sql, closerow=row_sql, notify=notify, **carrying
         )
-        params = [fence.instance_id, *complete_params, *record_params, *wake_params]
-        params += [*close_params, *row_params, *notify_params, *woken_params]
+        params = [*leading, *close_params, *row_params, *notify_params, *woken_params]
         try:
             claimed, closed, woke, _, _ = self._fetch(statement, params)[0]
         except IntegrityError as error:
             raise self._key_conflict(fence.instance_id, CLOSE_KEY) from error
-        self._settle_deferred(item, recorded=bool(claimed))
-        if not claimed:
-            raise self._lapsed(fence, claim)
-        if woke:
-            self._publish_now(TOPIC_RUNNABLE)
+        self._settle_carried(item, fence, recorded=bool(claimed), woke=bool(woke))
         if closed != 1:
             raise self._fenced_error(fence)
         self._closed(fence.instance_id)
