@@ -316,6 +316,40 @@ def _take_the_lease_while_the_next_write_waits(iid: str, done: list[BaseExceptio
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="one statement, one snapshot")
+def test_a_receive_whose_lease_changes_hands_mid_statement_consumes_nothing(tdb: None) -> None:
+    """The receive's one statement found the signal, then waited for the instance row
+    while another worker took the lease: it is fenced out with the signal unconsumed and
+    no row recorded, and the instance's next holder receives it once."""
+    iid = sv.start_workflow("inline.then_wait", None)
+    run_until_idle(Worker(**QUIET))
+    sv.signal(iid, "go", "now")
+    done: list[BaseException | None] = []
+    taken.clear()
+    other = threading.Thread(target=_take_the_lease_while_the_next_write_waits, args=(iid, done))
+
+    def race(execute: Any, sql: str, *args: Any) -> Any:
+        if sql.startswith("WITH n AS") and not other.is_alive() and not done:
+            other.start()
+            assert taken.wait(30)
+        return execute(sql, *args)
+
+    with connection.execute_wrapper(race):
+        run_until_idle(Worker(**QUIET))
+    other.join(30)
+    assert done == [None]
+    assert SignalMessage.objects.get(instance_id=iid).consumed_seq is None
+    assert not HistoryEvent.objects.filter(instance_id=iid, command="receive").exists()
+    inst = WorkflowInstance.objects.get(instance_id=iid)
+    assert (inst.lease_owner, inst.status) == ("other-worker", "running")
+    # The other worker is gone: its lease lapses and the next holder receives the signal.
+    WorkflowInstance.objects.filter(instance_id=iid).update(lease_expires_ms=0)
+    run_until_idle(Worker(**QUIET))
+    assert sv.get_workflow_result(iid).output == ["a:1", "now"]
+    assert SignalMessage.objects.get(instance_id=iid).consumed_seq is not None
+    sv.replay_instance(iid)
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="one statement, one snapshot")
 @pytest.mark.parametrize("workflow", ["inline.two_steps", "inline.one_step"])
 def test_a_result_recorded_as_the_lease_changes_hands_wakes_the_new_holder(
     tdb: None, workflow: str
