@@ -26,16 +26,8 @@ from typing import Any
 from django.core.checks import CheckMessage, Warning
 from django.db import DatabaseError, IntegrityError, transaction
 
-from ..engine.events import (
-    CLOSE_KEY,
-    EV_ACTIVITY_COMPLETED,
-    Fence,
-    HistoryRow,
-)
-from ..engine.ports import (
-    CloseRequest,
-    TaskClaim,
-)
+from ..engine.events import CLOSE_KEY, EV_ACTIVITY_COMPLETED, Fence, HistoryRow
+from ..engine.ports import CloseRequest, TaskClaim
 from ..models import ActivityTask, ActivityTaskStatus, WorkflowStatus
 from . import sql
 from .base import operation

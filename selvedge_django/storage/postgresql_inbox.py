@@ -3,20 +3,20 @@
 The base of :class:`~.postgresql.PostgresStore`: the wake of a workflow blocked in
 ``receive`` (read the cancel state and the oldest signal, consume it, record the
 received row, deliver every arrival) as one statement, where the portable store
-reads twice and then observes in a transaction of several statements.
+reads twice and then observes in a transaction of several statements. Where the
+statement is not offered (inside a transaction, or with an inline result pending)
+the portable path runs whole.
 """
 
 from __future__ import annotations
 
-import dataclasses
-
 from django.db import IntegrityError
 
 from ..engine.events import CMD_RECEIVE, EV_SIGNAL_RECEIVED, Arrivals, Fence, HistoryRow
-from ..engine.ports import Observation, ObservationResult, ReceiveOutcome, SignalMessage
+from ..engine.ports import ObservationResult, ReceiveOutcome, SignalMessage
 from . import sql
 from .base import operation
-from .postgresql_sql import OBSERVE_RECEIVE, RECEIVE_NEXT
+from .postgresql_sql import RECEIVE_NEXT
 from .store import DjangoStore
 
 __all__ = ["PostgresInbox"]
@@ -29,55 +29,6 @@ class PostgresInbox(DjangoStore):
     def _one_statement(self) -> bool:
         """Whether a fenced write may run as one statement: outside any transaction."""
         return not self.connection.in_atomic_block
-
-    @operation
-    def observe(self, fence: Fence, observation: Observation) -> ObservationResult:
-        """observe: a receive that consumes a signal, records its row and delivers every
-        arrival (the wake of a workflow waiting on a signal) as one statement."""
-        if not (
-            self._one_statement
-            and observation.consume is not None
-            and observation.record is not None
-            and observation.deliver_all
-            and observation.fill is None
-            and observation.retire_timer is None
-            and not observation.fill_cancelled
-            and not observation.cancel_tasks
-            and not observation.cancel_children
-            and not self.has_deferred(fence)
-        ):
-            return super().observe(fence, observation)
-        return self._observe_receive(fence, observation, observation.consume, observation.record)
-
-    def _observe_receive(
-        self, fence: Fence, observation: Observation, signal_id: int, row: HistoryRow
-    ) -> ObservationResult:
-        """The one-statement receive. The received row is inserted already delivered at
-        its own position, as the portable path's batch marks it; it is the newest row,
-        so it ends the batch's keys. Nothing but the fence's own update is written when
-        the signal was consumed already."""
-        iid, seq = fence.instance_id, observation.seq
-        fence_sql, fence_params = self._fence_sql(fence)
-        received = dataclasses.replace(row, delivered_seq=seq)
-        row_sql, row_params = self._history_insert_sql(iid, received, "c")
-        statement = sql.compose(OBSERVE_RECEIVE, fence=fence_sql, received=row_sql)
-        params = [*fence_params, signal_id, seq, row.key, seq, signal_id, iid, *row_params]
-        params += [seq, iid, seq, iid, signal_id]
-        try:
-            fenced, consumed, fresh, channel, keys, ids, channels = self._fetch(statement, params)[
-                0
-            ]
-        except IntegrityError as error:
-            raise self._key_conflict(iid, row.key) from error
-        if fenced != 1:
-            raise self._fenced_error(fence)
-        if not consumed:
-            return ObservationResult(None, Arrivals(), consumed=False)
-        signals = [(int(i), str(c)) for i, c in zip(ids or (), channels or (), strict=True)]
-        if fresh:
-            signals.append((signal_id, str(channel)))
-        delivered = Arrivals(keys=(*(keys or ()), row.key), signals=tuple(sorted(signals)))
-        return ObservationResult(row, delivered, consumed=True)
 
     @operation
     def receive_next(

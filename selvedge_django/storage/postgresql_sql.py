@@ -23,7 +23,6 @@ __all__ = [
     "NOTIFY_CALL",
     "NOTIFY_FROM",
     "NOT_HELD_BY_LOCKED",
-    "OBSERVE_RECEIVE",
     "QUEUE_LOCK_CLASS",
     "RECEIVE_NEXT",
     "RENEW_BATCH",
@@ -153,30 +152,6 @@ CLOSE_WITH_INLINE = (
 
 # The server's autovacuum setting (selvedge.W006).
 SHOW_AUTOVACUUM = "SHOW autovacuum"
-
-# observe for a receive in one statement: the fence (f); whether the signal was still
-# undelivered (p, read before anything changes); the consumed signal, delivered with the
-# batch when it was not (c); the received row, inserted delivered (h); the rest of the
-# batch: arrived values (d) and signals (s), each only once the signal is consumed.
-# {received}: the received row's insert (from c).
-OBSERVE_RECEIVE = (
-    "WITH f AS ({fence} RETURNING instance_id),"
-    " p AS (SELECT delivered_seq IS NULL AS fresh FROM {signal} WHERE id = %s),"
-    " c AS (UPDATE {signal} SET consumed_seq = %s, consumed_key = %s,"
-    " delivered_seq = COALESCE(delivered_seq, %s)"
-    " WHERE id = %s AND instance_id = %s AND consumed_seq IS NULL"
-    " AND EXISTS (SELECT 1 FROM f) RETURNING id, channel),"
-    " h AS ({received} RETURNING id),"
-    " d AS (UPDATE {history} SET delivered_seq = %s WHERE instance_id = %s"
-    " AND delivered_seq IS NULL AND data IS NOT NULL AND seq IS NOT NULL"
-    " AND EXISTS (SELECT 1 FROM c) RETURNING id, key),"
-    " s AS (UPDATE {signal} SET delivered_seq = %s WHERE instance_id = %s"
-    " AND delivered_seq IS NULL AND id <> %s AND EXISTS (SELECT 1 FROM c)"
-    " RETURNING id, channel)"
-    " SELECT (SELECT count(*) FROM f), (SELECT count(*) FROM c), (SELECT fresh FROM p),"
-    " (SELECT channel FROM c), (SELECT array_agg(key ORDER BY id) FROM d),"
-    " (SELECT array_agg(id ORDER BY id) FROM s), (SELECT array_agg(channel ORDER BY id) FROM s)"
-)
 
 # A receive in one statement, reads included: the oldest unconsumed signal of the
 # channel (n); the fence (f, when one was found; with no cancel request when the scope
