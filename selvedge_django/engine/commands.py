@@ -44,6 +44,7 @@ from .ports import ChildSpec, Observation, TaskSpec
 from .scope import Scope
 
 __all__ = [
+    "activity_task",
     "cancel_scope",
     "continue_as_new",
     "default_child_id",
@@ -100,7 +101,8 @@ def issue_activity(
     if execution.readonly:
         raise execution.suspend(f"activity {key!r} is not recorded")
     assert input_text is not None
-    reservation = json.dumps({"name": activity.name, "queue": resolved.queue})
+    reservation, spec = activity_task(activity.name, execution.workflow_name, input_text, resolved)
+    concurrency = spec.concurrency
     if scope.locally_cancelled():
         execution.record(
             HistoryRow(
@@ -114,21 +116,6 @@ def issue_activity(
             )
         )
         return future
-    policy = resolved.effective_retry_policy()
-    concurrency = resolved.concurrency_limit(activity.name)
-    spec = TaskSpec(
-        name=activity.name,
-        workflow_name=execution.workflow_name,
-        input=input_text,
-        queue=resolved.queue,
-        options=resolved.to_json(),
-        max_attempts=policy.max_attempts,
-        schedule_to_start_timeout=_float(resolved.schedule_to_start_timeout),
-        start_to_close_timeout=_float(resolved.start_to_close_timeout),
-        heartbeat_timeout=_float(resolved.heartbeat_timeout),
-        priority=resolved.effective_priority,
-        concurrency=concurrency,
-    )
     row = HistoryRow(key=key, seq=seq, command=CMD_ACTIVITY, reservation=reservation)
     runtime = execution.runtime
     # A task under a concurrency limit is claimed only by the claim statement, which
@@ -164,6 +151,29 @@ def issue_activity(
         runtime.tasks_reserved()
     future._claimed = claimed
     return future
+
+
+def activity_task(
+    name: str, workflow_name: str, input_text: str, resolved: ActivityOptions
+) -> tuple[str, TaskSpec]:
+    """The reservation (JSON text) and the task of an activity issued with ``resolved``
+    options: what a live ``execute()`` records, and what a start that records its
+    workflow's first activity itself writes (``start_with_activity``)."""
+    policy = resolved.effective_retry_policy()
+    spec = TaskSpec(
+        name=name,
+        workflow_name=workflow_name,
+        input=input_text,
+        queue=resolved.queue,
+        options=resolved.to_json(),
+        max_attempts=policy.max_attempts,
+        schedule_to_start_timeout=_float(resolved.schedule_to_start_timeout),
+        start_to_close_timeout=_float(resolved.start_to_close_timeout),
+        heartbeat_timeout=_float(resolved.heartbeat_timeout),
+        priority=resolved.effective_priority,
+        concurrency=resolved.concurrency_limit(name),
+    )
+    return json.dumps({"name": name, "queue": resolved.queue}), spec
 
 
 def _float(value: object) -> float | None:

@@ -29,8 +29,9 @@ from ..engine.events import (
 from ..engine.ports import ClaimedTask, TaskClaim, TaskSpec
 from ..models import ActivityTask, ActivityTaskStatus
 from . import sql
-from .base import _ms, operation
+from .base import operation
 from .flow_control import FlowControlStore
+from .task_rows import task_fields
 from .wakeups import TOPIC_TASK
 
 __all__ = ["TaskStore", "lapse_error_data", "lapse_timeout"]
@@ -110,7 +111,7 @@ class TaskStore(FlowControlStore):
         that ``Future.get()`` would record, with a cancelled task, and claims nothing.
         """
         ttl = self._claim_ttl(task.start_to_close_timeout, task.heartbeat_timeout)
-        fields = _task_fields(fence, row, task, self.now_sql())
+        fields = task_fields(fence, row, task, self.now_sql())
         if claim_owner is not None:
             fields.update(
                 status=ActivityTaskStatus.RUNNING,
@@ -198,7 +199,7 @@ class TaskStore(FlowControlStore):
             row.reservation,
         )
         fields = {
-            **_task_fields(fence, row, task, self.now_sql()),
+            **task_fields(fence, row, task, self.now_sql()),
             "status": ActivityTaskStatus.CANCELLED,
         }
         self._reserve(fence, cancelled, fields, current_step, release=False)
@@ -553,30 +554,6 @@ class TaskStore(FlowControlStore):
             task.claim_expires_ms,
         )
         return lapse_error_data(timeout, task.claim_owner, task.last_error)
-
-
-def _task_fields(fence: Fence, row: HistoryRow, task: TaskSpec, now: Any) -> dict[str, Any]:
-    """The columns of a new task row for ``task``, reserved at ``row`` under ``fence``;
-    ``now`` (the database clock) is its ready time, from which its wait is counted."""
-    key, limit = task.concurrency or ("", None)
-    return dict(
-        instance_id=fence.instance_id,
-        workflow_name=task.workflow_name,
-        key=row.key,
-        seq=row.seq or 0,
-        name=task.name,
-        input=task.input,
-        queue=task.queue,
-        options=task.options,
-        max_attempts=task.max_attempts,
-        schedule_to_start_ms=_ms(task.schedule_to_start_timeout),
-        start_to_close_ms=_ms(task.start_to_close_timeout),
-        heartbeat_timeout_ms=_ms(task.heartbeat_timeout),
-        not_before_ms=now,
-        priority=task.priority,
-        concurrency_key=key,
-        max_concurrency=limit,
-    )
 
 
 def _waited_ms(task: ActivityTask, started_ms: int | None) -> int | None:

@@ -1,0 +1,35 @@
+"""The columns of a new activity task row, shared by every writer that creates one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..engine.events import Fence, HistoryRow
+from ..engine.ports import TaskSpec
+from .base import _ms
+
+__all__ = ["task_fields"]
+
+
+def task_fields(fence: Fence, row: HistoryRow, task: TaskSpec, now: Any) -> dict[str, Any]:
+    """The columns of a new task row for ``task``, reserved at ``row`` under ``fence``;
+    ``now`` (the database clock) is its ready time, from which its wait is counted."""
+    key, limit = task.concurrency or ("", None)
+    return dict(
+        instance_id=fence.instance_id,
+        workflow_name=task.workflow_name,
+        key=row.key,
+        seq=row.seq or 0,
+        name=task.name,
+        input=task.input,
+        queue=task.queue,
+        options=task.options,
+        max_attempts=task.max_attempts,
+        schedule_to_start_ms=_ms(task.schedule_to_start_timeout),
+        start_to_close_ms=_ms(task.start_to_close_timeout),
+        heartbeat_timeout_ms=_ms(task.heartbeat_timeout),
+        not_before_ms=now,
+        priority=task.priority,
+        concurrency_key=key,
+        max_concurrency=limit,
+    )
