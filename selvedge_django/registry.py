@@ -188,6 +188,11 @@ class WorkflowDefinition(Generic[InT, OutT]):
     def __init__(self, fn: Callable[[_WorkflowContext, InT], OutT], name: str) -> None:
         self.fn = fn
         self.name = name
+        # The activity key of a workflow that, started with that activity already
+        # reserved as its only command, returns the activity's result: a worker that
+        # records the activity's success closes such an instance (never leased since its
+        # start) in the same transaction. Set only by selvedge's own task workflow.
+        self.result_activity: str | None = None
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
 

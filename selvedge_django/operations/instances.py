@@ -20,13 +20,14 @@ from .. import hooks as hooks_module
 from .. import signals
 from ..conf import SelvedgeSettings, get_settings
 from ..engine.codec import contains_nul
+from ..engine.commands import activity_task
 from ..engine.durations import Duration, execution_timeout_ms
-from ..engine.events import error_data
+from ..engine.events import CMD_ACTIVITY, HistoryRow, error_data
 from ..engine.identifiers import check_workflow_name, valid_channel
-from ..engine.options import check_priority
+from ..engine.options import ActivityOptions, check_priority
 from ..engine.ports import ExecutionSnapshot
 from ..models import WorkflowStatus
-from ..registry import WorkflowDefinition, get_workflow
+from ..registry import ActivityDefinition, WorkflowDefinition, get_workflow
 from ..worker.handoff import local_worker
 from .base import client_store, known_id, reason_text, validate_instance_id
 
@@ -163,6 +164,55 @@ def start_workflow(
         transaction.on_commit(
             lambda: worker.run_local_start(fence, snapshot, leased_at), using=store.alias
         )
+    return instance_id
+
+
+def start_with_activity(
+    workflow: WorkflowDefinition[Any, Any],
+    input: Any,
+    activity: ActivityDefinition[Any, Any],
+    options: ActivityOptions,
+    *,
+    instance_id: str,
+    priority: int = 0,
+) -> str:
+    """Start ``workflow`` with its first command recorded: ``activity`` on ``input``.
+
+    For a workflow whose code begins with ``activity.execute(ctx, input,
+    options=options, activity_id=workflow.result_activity)``: the instance, that
+    activity's history reservation and its queued task commit together (inside the
+    caller's ``transaction.atomic()`` when there is one), exactly as the workflow's
+    first execution would have recorded them, so no worker leases the instance to
+    issue it. The attempt that succeeds closes the instance (storage.sole_activity);
+    anything else wakes it and the replay goes on from the recorded command.
+    Validation and errors are those of :func:`start_workflow`.
+    """
+    key = workflow.result_activity
+    if key is None:
+        raise ValueError(f"workflow {workflow.name!r} has no result_activity")
+    name, instance_id, text, _ = _start_parts(workflow, input, instance_id, None, "fail")
+    try:
+        priority = check_priority(priority)
+    except (TypeError, ValueError) as error:
+        raise exc.WorkflowStartRejected(str(error)) from error
+    reservation, task = activity_task(activity.name, name, text, activity.options.merged(options))
+    row = HistoryRow(key=key, seq=1, command=CMD_ACTIVITY, reservation=reservation)
+    store = client_store()
+    settings = get_settings()
+    trace = hooks_module.capture_trace_context(
+        settings.hooks, "start", instance_id=instance_id, workflow_name=name
+    )
+    store.create_instance(
+        instance_id,
+        name,
+        json.loads(text),
+        service_name=settings.service_name,
+        code_version=settings.code_version,
+        trace_context=trace,
+        priority=priority,
+        first_task=(row, task),
+    )
+    _started_on_commit(store, settings, instance_id, name)
     return instance_id
 
 

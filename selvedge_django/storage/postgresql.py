@@ -27,7 +27,7 @@ from django.core.checks import CheckMessage, Warning
 from django.db import DatabaseError, IntegrityError, transaction
 
 from ..engine.events import CLOSE_KEY, EV_ACTIVITY_COMPLETED, Fence, HistoryRow
-from ..engine.ports import CloseRequest, TaskClaim
+from ..engine.ports import CloseRequest, TaskClaim, TaskSpec
 from ..models import ActivityTask, ActivityTaskStatus, WorkflowStatus
 from . import sql
 from .base import operation
@@ -36,6 +36,7 @@ from .postgresql_inbox import PostgresInbox
 from .postgresql_sql import (
     CLOSE,
     CLOSE_WITH_INLINE,
+    COMPLETE_CLOSING,
     COMPLETE_TASK,
     DUE_TIMERS_LOCK,
     IDLE_TIMEOUT_SETTING,
@@ -55,6 +56,7 @@ from .postgresql_sql import (
     SET_IDLE_TIMEOUT,
     SHOW_AUTOVACUUM,
     SNAPSHOT_ISOLATION,
+    START_WITH_TASK,
 )
 from .wakeups import (
     NOTIFY_CHANNEL,
@@ -219,6 +221,30 @@ class PostgresStore(PostgresInbox):
             return self._execute(sql.INSERT_INSTANCE, params) == 1
         return super()._insert_instance(params, leased)
 
+    def _insert_with_task(
+        self, instance_id: str, params: list[Any], row: HistoryRow, task: TaskSpec
+    ) -> bool:
+        """The start, its first command's row and its queued task as one statement."""
+        if not self._one_statement:
+            return super()._insert_with_task(instance_id, params, row, task)
+        row_sql, row_params = self._history_insert_sql(instance_id, row, "i")
+        notify, notify_params = self._notify_from("i", [TOPIC_TASK])
+        statement = sql.compose(
+            START_WITH_TASK,
+            start=sql.INSERT_INSTANCE,
+            row=row_sql,
+            queued=sql.compose(sql.INSERT_QUEUED_TASK, source=" FROM i"),
+            notify=notify,
+        )
+        task_params = self._queued_task_params(instance_id, row, task)
+        inserted, _ = self._fetch(statement, [*params, *row_params, *task_params, *notify_params])[
+            0
+        ]
+        if not inserted:
+            return False
+        self._publish_now(TOPIC_TASK)
+        return True
+
     @operation
     def complete_task(
         self,
@@ -245,6 +271,55 @@ class PostgresStore(PostgresInbox):
         if woken:
             self._publish_now(TOPIC_RUNNABLE)
         return bool(claimed)
+
+    @operation
+    def complete_closing(self, claim: TaskClaim, output: str) -> bool | None:
+        """complete_closing: the claim check, the value and the close (or the wake), as
+        one statement that decides on the locked instance row."""
+        if not self._one_statement:
+            return super().complete_closing(claim, output)
+        iid = claim.instance_id
+        complete, params = self._complete_sql(claim)
+        record, record_params = self._arrive_record(claim, EV_ACTIVITY_COMPLETED, output)
+        close, close_params = self._close_unleased_sql(iid, output)
+        row_sql, row_params = self._history_insert_sql(iid, self._close_record(output), "c")
+        wake, wake_params = self._wake_sql(iid)
+        topic = closed_topic(iid)
+        notify, notify_params = self._notify_from("c", [topic])
+        woken, woken_params = self._notify_from("w", [TOPIC_RUNNABLE])
+        statement = sql.compose(
+            COMPLETE_CLOSING,
+            complete=complete,
+            record=record,
+            close=close,
+            closerow=row_sql,
+            wake=wake,
+            notify=notify,
+            woken=woken,
+        )
+        claimed, closed, woke, _, _ = self._fetch(
+            statement,
+            [
+                iid,
+                *params,
+                *record_params,
+                str(WorkflowStatus.RUNNING),
+                *close_params,
+                *row_params,
+                *wake_params,
+                *notify_params,
+                *woken_params,
+            ],
+        )[0]
+        if not claimed:
+            return None
+        if closed:
+            self._closed(iid)
+            self._publish_now(topic)
+            return True
+        if woke:
+            self._publish_now(TOPIC_RUNNABLE)
+        return False
 
     def _arrive_locked_sql(
         self, claim: TaskClaim, output: str, inline_fence: Fence | None

@@ -11,6 +11,7 @@ from . import sql
 __all__ = [
     "CLOSE",
     "CLOSE_WITH_INLINE",
+    "COMPLETE_CLOSING",
     "COMPLETE_TASK",
     "DUE_TIMERS_LOCK",
     "IDLE_TIMEOUT_SETTING",
@@ -31,6 +32,7 @@ __all__ = [
     "SET_IDLE_TIMEOUT",
     "SHOW_AUTOVACUUM",
     "SNAPSHOT_ISOLATION",
+    "START_WITH_TASK",
 ]
 
 # One consistent read of several statements.
@@ -132,6 +134,32 @@ RESERVE_WITH_INLINE = (
 CLOSE = (
     "WITH c AS ({close} RETURNING instance_id), h AS ({history} RETURNING id)"
     " SELECT (SELECT count(*) FROM c), {notify}"
+)
+
+# A start that records its first activity, in one statement: the instance (i), its
+# first command's row ({row}, from i) and its queued task ({queued}, from i), then
+# whether the instance was inserted, and the NOTIFYs.
+START_WITH_TASK = (
+    "WITH i AS ({start} RETURNING instance_id), h AS ({row} RETURNING id),"
+    " t AS ({queued} RETURNING id) SELECT (SELECT count(*) FROM i), {notify}"
+)
+
+# complete_closing in one statement: the instance row locked first (i), the
+# claim-checked task (t) and its history value (r); then, when the locked row is as its
+# start left it (k), the close (c) and its record (h), else the wake (w).
+COMPLETE_CLOSING = (
+    "WITH i AS (SELECT instance_id, lease_owner, lease_epoch, status, cancel_requested"
+    " FROM {instance} WHERE instance_id = %s FOR NO KEY UPDATE),"
+    " t AS ({complete} AND EXISTS (SELECT 1 FROM i) RETURNING id),"
+    " r AS ({record} AND EXISTS (SELECT 1 FROM t) RETURNING id),"
+    " k AS (SELECT 1 FROM i WHERE lease_owner = '' AND lease_epoch = 0 AND status = %s"
+    " AND NOT cancel_requested AND EXISTS (SELECT 1 FROM t)),"
+    " c AS ({close} AND EXISTS (SELECT 1 FROM k) RETURNING instance_id),"
+    " h AS ({closerow} RETURNING id),"
+    " w AS ({wake} AND EXISTS (SELECT 1 FROM t) AND NOT EXISTS (SELECT 1 FROM k)"
+    " RETURNING instance_id)"
+    " SELECT (SELECT count(*) FROM t), (SELECT count(*) FROM c), (SELECT count(*) FROM w),"
+    " {notify}, {woken}"
 )
 
 # close with the inline result it carries, in one statement: the instance row locked

@@ -194,6 +194,8 @@ CLOSE_UPDATE = (
     " WHERE instance_id = %s AND lease_owner = %s AND lease_epoch = %s"
     " AND status = %s"
 )
+# The close of an instance its start left unleased (epoch 0), without a cancel request.
+CLOSE_UNLEASED = CLOSE_UPDATE + " AND cancel_requested = %s"
 # The storage errors in a row of an instance a lease still holds.
 SELECT_EXECUTION_ERRORS = (
     "SELECT execution_errors FROM {instance} WHERE instance_id = %s"
@@ -308,6 +310,18 @@ COMPLETE_TASK = (
     "UPDATE {task} SET status = %s, claim_expires_ms = NULL WHERE id = %s"
     " AND claim_owner = %s AND claim_epoch = %s AND status = %s"
     " AND claim_expires_ms >= {now}"
+)
+
+# A queued task, every column given (a start that records its first activity);
+# {source}: nothing, or a CTE the row depends on (" FROM i").
+INSERT_QUEUED_TASK = (
+    "INSERT INTO {task} (instance_id, workflow_name, key, seq, name, input, queue, options,"
+    " max_attempts, priority, concurrency_key, max_concurrency, status, attempts, failures,"
+    " not_before_ms, last_error, claim_owner, claim_epoch, claim_expires_ms, claim_started_ms,"
+    " schedule_to_start_ms, start_to_close_ms, heartbeat_timeout_ms, schedule_deadline_ms,"
+    " attempt_deadline_ms, heartbeat_details, created_at, updated_at)"
+    " SELECT %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 0, 0, {now}, NULL, '', 0,"
+    " NULL, NULL, %s, %s, %s, (CASE WHEN %s THEN {now} + %s END), NULL, NULL, %s, %s{source}"
 )
 
 # -- claims --------------------------------------------------------------------------------

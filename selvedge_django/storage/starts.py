@@ -16,11 +16,12 @@ from typing import Any
 from django.utils import timezone
 
 from .. import exceptions as exc
-from ..engine.events import Fence
-from ..models import WorkflowInstance, WorkflowStatus
+from ..engine.events import Fence, HistoryRow
+from ..engine.ports import TaskSpec
+from ..models import ActivityTask, ActivityTaskStatus, WorkflowInstance, WorkflowStatus
 from . import sql
-from .base import StoreBase, operation
-from .wakeups import TOPIC_RUNNABLE
+from .base import StoreBase, _ms, operation
+from .wakeups import TOPIC_RUNNABLE, TOPIC_TASK
 
 __all__ = ["StartResult", "StartStore"]
 
@@ -55,6 +56,7 @@ class StartStore(StoreBase):
         if_exists: str = "fail",
         trace_context: str | None = None,
         priority: int = 0,
+        first_task: tuple[HistoryRow, TaskSpec] | None = None,
     ) -> StartResult:
         """Insert a runnable instance; a taken id raises WorkflowAlreadyStarted.
 
@@ -75,6 +77,11 @@ class StartStore(StoreBase):
         runnable, and the fence is returned: the owner runs it without a dispatch,
         and no dispatcher can take it before the owner does (the result's ``fence``).
         Nobody is woken then.
+
+        With ``first_task`` (the history reservation of the workflow's first command, an
+        activity, and its task) the start records that command itself, in the same
+        transaction: the instance is inserted not runnable, the row and the queued task
+        with it, and activity workers are woken after commit (:mod:`.sole_activity`).
         """
         now = self._now_param(started_at or timezone.now())
         stored_input = self._input_field.get_db_prep_save(input_value, self.connection)
@@ -83,6 +90,8 @@ class StartStore(StoreBase):
         clock = self.now_sql().params
         ttl = self.lease_ttl if lease_ttl is None else lease_ttl
         leased = lease_owner is not None
+        if first_task is not None and leased:
+            raise ValueError("a start that records its first activity is not leased")
         params = [
             instance_id,
             workflow_name,
@@ -93,13 +102,13 @@ class StartStore(StoreBase):
             leased,
             *clock,
             round(ttl * 1000),
-            not leased,
+            not leased and first_task is None,
             False,
             "",
             parent_instance_id,
             parent_key,
             service_name,
-            "",
+            "" if first_task is None else f"activity {first_task[1].name}",
             now,
             now,
             *clock,
@@ -110,7 +119,11 @@ class StartStore(StoreBase):
             trace_context,
             priority,
         ]
-        if not self._insert_instance(params, leased):
+        if first_task is not None:
+            inserted = self._insert_with_task(instance_id, params, *first_task)
+        else:
+            inserted = self._insert_instance(params, leased)
+        if not inserted:
             self._existing_start(instance_id, workflow_name, if_exists)
             return StartResult(created=False, fence=None)
         fence = None if lease_owner is None else Fence(instance_id, lease_owner, 1)
@@ -136,6 +149,54 @@ class StartStore(StoreBase):
             if inserted and not leased:
                 self.after_commit(TOPIC_RUNNABLE)
         return inserted
+
+    def _insert_with_task(
+        self, instance_id: str, params: list[Any], row: HistoryRow, task: TaskSpec
+    ) -> bool:
+        """Insert the instance, its first command's row and its queued task; wake the
+        activity workers after commit (False: the id was taken, nothing written)."""
+        with self.atomic():
+            if self._execute(sql.INSERT_INSTANCE, params) != 1:
+                return False
+            self._insert_row(instance_id, row)
+            self._execute(
+                sql.compose(sql.INSERT_QUEUED_TASK, source=""),
+                self._queued_task_params(instance_id, row, task),
+            )
+            self.after_commit(TOPIC_TASK)
+        return True
+
+    def _queued_task_params(self, instance_id: str, row: HistoryRow, task: TaskSpec) -> list[Any]:
+        """The parameters of INSERT_QUEUED_TASK: the columns ``task_fields`` names."""
+        key, limit = task.concurrency or ("", None)
+        clock = self.now_sql().params
+        schedule_ms = _ms(task.schedule_to_start_timeout)
+        now = self._now_param()
+        options = ActivityTask._meta.get_field("options")
+        return [
+            instance_id,
+            task.workflow_name,
+            row.key,
+            row.seq or 0,
+            task.name,
+            task.input,
+            task.queue,
+            options.get_db_prep_save(task.options, self.connection),
+            task.max_attempts,
+            task.priority,
+            key,
+            limit,
+            str(ActivityTaskStatus.QUEUED),
+            *clock,
+            schedule_ms,
+            _ms(task.start_to_close_timeout),
+            _ms(task.heartbeat_timeout),
+            schedule_ms is not None,
+            *clock,
+            schedule_ms or 0,
+            now,
+            now,
+        ]
 
     @property
     def _input_field(self) -> Any:

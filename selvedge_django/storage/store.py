@@ -24,6 +24,7 @@ from .locks import LockStore
 from .reads import ReadStore
 from .renewals import RenewalStore
 from .resume import ResumeStoreMixin
+from .sole_activity import SoleActivityStore
 from .status_reads import StatusReadStore
 from .task_timeouts import TaskTimeoutStore
 from .waits import WaitStore
@@ -43,6 +44,7 @@ class DjangoStore(
     StatusReadStore,
     ReadStore,
     InlineResultStore,
+    SoleActivityStore,
 ):
     """Durable operations over the Django ORM for one database alias (portable part).
 

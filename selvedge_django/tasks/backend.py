@@ -14,12 +14,12 @@ from django.utils import timezone
 from .. import exceptions as exc
 from ..conf import get_settings
 from ..engine.options import RetryPolicy
-from ..operations import start_workflow
 from ..operations.task_records import database_now_ms, task_record
 from . import compat
 from .names import TASK_KEY, TASK_WORKFLOW
 from .options import activity_options, check_options, parse_retry_policy
 from .results import build_result, load_task
+from .runner import start_task
 
 __all__ = ["SelvedgeBackend", "SelvedgeTask"]
 
@@ -87,7 +87,7 @@ class SelvedgeBackend(compat.BaseTaskBackend):
             run_after_ms = round(task.run_after.timestamp() * 1000)
             input["delay_ms"] = max(0, run_after_ms - database_now_ms())
         try:
-            start_workflow(TASK_WORKFLOW, input, instance_id=result_id, priority=task.priority)
+            start_task(input, instance_id=result_id, priority=task.priority)
         except exc.WorkflowStartRejected as error:
             raise compat.InvalidTask(str(error)) from error
         object.__setattr__(result, "enqueued_at", timezone.now())

@@ -32,12 +32,6 @@ def _class_path(error: BaseException) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def _backend_class() -> type:
-    from .backend import SelvedgeBackend
-
-    return SelvedgeBackend
-
-
 def _non_retryable(task: compat.Task) -> tuple[type[BaseException], ...]:
     """The error classes that end the task at once: the task's policy, else the backend's."""
     from .options import retry_policy_for
@@ -57,8 +51,8 @@ def run_attempt(input: dict[str, Any]) -> Any:
     previous = attempt_errors(record.last_error) if record.failures else []
     started = timezone.now()
     result = build_result(task, record, running_worker=worker_id)
-    sender = _backend_class()
-    compat.task_started.send(sender=sender, task_result=result)
+    # The sender is the task's backend class (SelvedgeBackend, or a subclass of it).
+    compat.task_started.send(sender=type(task.get_backend()), task_result=result)
     args, kwargs = input.get("args", []), input.get("kwargs", {})
     try:
         if task.takes_context:

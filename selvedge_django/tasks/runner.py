@@ -19,10 +19,11 @@ from typing import Any
 
 from ..engine.context import WorkflowContext
 from ..engine.options import ActivityOptions
+from ..operations.instances import start_with_activity, start_workflow
 from ..registry import activity, workflow
 from .names import RUN_AFTER_KEY, TASK_ACTIVITY, TASK_KEY, TASK_WORKFLOW
 
-__all__ = ["run_task", "run_task_activity"]
+__all__ = ["run_task", "run_task_activity", "start_task"]
 
 
 @activity(name=TASK_ACTIVITY)
@@ -33,6 +34,19 @@ def run_task_activity(input: dict[str, Any]) -> Any:
     return run_attempt(input)
 
 
+def start_task(input: dict[str, Any], *, instance_id: str, priority: int) -> None:
+    """Start the instance of an enqueued task: a task due now with its activity
+    reserved (what the workflow's first execution would record), a deferred one as a
+    plain start that waits for ``run_after`` first."""
+    if int(input.get("delay_ms") or 0) > 0:
+        start_workflow(run_task, input, instance_id=instance_id, priority=priority)
+        return
+    options = ActivityOptions.from_json(input.get("options") or {})
+    start_with_activity(
+        run_task, input, run_task_activity, options, instance_id=instance_id, priority=priority
+    )
+
+
 @workflow(name=TASK_WORKFLOW)
 def run_task(ctx: WorkflowContext, input: dict[str, Any]) -> Any:
     """Wait for ``run_after`` if the task was deferred, then run it as one activity."""
@@ -41,3 +55,8 @@ def run_task(ctx: WorkflowContext, input: dict[str, Any]) -> Any:
         ctx.sleep(timedelta(milliseconds=delay_ms), sleep_id=RUN_AFTER_KEY)
     options = ActivityOptions.from_json(input.get("options") or {})
     return run_task_activity.execute(ctx, input, options=options, activity_id=TASK_KEY)
+
+
+# A task due now is enqueued with its activity already reserved (start_with_activity),
+# and the attempt that succeeds closes the instance: two commits a task.
+run_task.result_activity = TASK_KEY

@@ -30,7 +30,7 @@ from ..engine.events import EV_ACTIVITY_COMPLETED, EV_ACTIVITY_FAILED, Fence
 from ..engine.execution import current_execution
 from ..engine.options import ActivityOptions, RetryPolicy
 from ..engine.ports import ClaimedTask, TaskClaim
-from ..registry import get_activity
+from ..registry import get_activity, get_workflow
 from ..storage import DjangoStore
 
 __all__ = ["HUNG_AFTER", "AttemptRunner", "HungAttempt"]
@@ -305,6 +305,7 @@ class AttemptRunner:
         )
         self.fire("on_activity_started", **hook_fields)
         _count_claim(task)
+        closed: list[bool] = []  # the completion also closed the instance
         try:
             try:
                 value = self.codec.argument(definition.fn, 0, json.loads(task.input))
@@ -336,11 +337,7 @@ class AttemptRunner:
                             )
                             return EV_ACTIVITY_COMPLETED, output
                         recorded = self._write_outcome(
-                            claim,
-                            "result",
-                            lambda: self.store.complete_task(
-                                claim, output, inline_fence=inline_fence
-                            ),
+                            claim, "result", lambda: self._complete(task, output, closed)
                         )
             except _LateResult:
                 recorded = False
@@ -358,9 +355,15 @@ class AttemptRunner:
                 self._write_outcome(claim, "release", lambda: self.store.release_task(claim))
                 return None
             if recorded:
-                self.fire(
-                    "on_activity_completed", duration=time.monotonic() - started, **hook_fields
-                )
+                duration = time.monotonic() - started
+                self.fire("on_activity_completed", duration=duration, **hook_fields)
+                if closed:  # storage.sole_activity
+                    self.fire(
+                        "on_workflow_completed",
+                        instance_id=claim.instance_id,
+                        workflow_name=task.workflow_name,
+                        duration=duration,
+                    )
                 return EV_ACTIVITY_COMPLETED, output
             else:
                 metrics.record(metrics.FENCED_WRITES, 1, lease_kind="activity")
@@ -388,6 +391,26 @@ class AttemptRunner:
                 self._claim_beliefs.pop(claim, None)
                 self._inline.pop(claim, None)
         return None
+
+    def _complete(self, task: ClaimedTask, output: str, closed: list[bool]) -> bool:
+        """Record a background attempt's success (False: the claim was lost).
+
+        The only activity of an instance whose workflow returns its result, reserved by
+        the start (``WorkflowDefinition.result_activity``), closes the instance in the
+        same transaction when nothing else happened to it since (``closed`` then holds
+        True).
+        """
+        outcome = self._record_success(task, output)
+        closed[:] = [True] if outcome == "closed" else []
+        return outcome != "lost"
+
+    def _record_success(self, task: ClaimedTask, output: str) -> str:
+        """Write a success: ``"lost"`` (the claim), ``"recorded"`` or ``"closed"``."""
+        workflow = get_workflow(task.workflow_name)
+        if workflow is None or workflow.result_activity != task.claim.key:
+            return "recorded" if self.store.complete_task(task.claim, output) else "lost"
+        outcome = self.store.complete_closing(task.claim, output)
+        return "lost" if outcome is None else "closed" if outcome else "recorded"
 
     def _run_transactional(
         self,

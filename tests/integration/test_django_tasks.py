@@ -210,8 +210,8 @@ def test_tasks_run_highest_priority_first_then_oldest() -> None:
         tasks.noted.using(priority=priority).enqueue(label)
         for label, priority in [("low", -10), ("first-0", 0), ("top", 100), ("second-0", 0)]
     ]
-    # One instance per dispatch: the order of the calls is the order of the dispatches.
-    run_until_idle(Worker(max_workflows_per_batch=1, max_concurrent_resumptions=1))
+    # One attempt at a time: the order of the calls is the order of the claims.
+    run_until_idle(Worker(max_concurrent_activities=1))
     # (The two of priority 0 may share their enqueue millisecond: either goes first.)
     order = [value for name, value in tasks.calls if name == "noted"]
     assert (order[0], sorted(order[1:3]), order[3]) == ("top", ["first-0", "second-0"], "low")

@@ -179,6 +179,23 @@ def test_each_callback_fires_once_in_lifecycle_order(
             assert event.worker_id == "hooked-worker", name
 
 
+def test_a_background_attempts_completion_fires_no_close_of_its_own(
+    clock: ControllableClock, recorder: Recorder, sent: list[tuple[str, Any, dict[str, Any]]]
+) -> None:
+    """An activity claimed by the poller (a concurrency limit keeps it off the inline
+    path) records its result and wakes the workflow; the workflow's close is the one
+    ``workflow_completed``, after the replay."""
+    sv.start_workflow("flow.run", {"tag": "bg", "activity": "flow.serial"}, instance_id="bg")
+    run_until_idle(Worker())
+    assert sv.get_workflow_result("bg").output == "bg"
+    assert recorder.seen("bg").count("workflow_completed") == 1
+    assert recorder.seen("bg")[-1] == "workflow_completed"
+    assert [name for name, _, kwargs in sent if kwargs["instance_id"] == "bg"] == [
+        "workflow_started",
+        "workflow_completed",
+    ]
+
+
 def test_callbacks_fire_after_the_durable_write_they_report(
     clock: ControllableClock, recorder: Recorder
 ) -> None:

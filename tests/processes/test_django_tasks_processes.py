@@ -22,7 +22,10 @@ if (
 ):
     pytest.skip("neither django.tasks nor the django-tasks backport", allow_module_level=True)
 
+import selvedge_django as sv
+from selvedge_django.models import HistoryEvent
 from selvedge_django.tasks import compat
+from selvedge_django.testing import FAULT_EXIT_STATUS, FaultInjector
 from tests.testapp import tasks
 
 Status = compat.TaskResultStatus
@@ -83,3 +86,47 @@ def test_an_attempt_lost_with_its_worker_counts_with_its_worker_id_and_keeps_ear
         "ActivityTimeoutError",
     ]
     assert "attempt 1 fails" in done.errors[0].traceback
+
+
+def test_a_worker_exiting_right_after_the_closing_completion_leaves_the_task_done_once(
+    worker_process: Callable[..., WorkerProcess], tmp_path: Path
+) -> None:
+    """The completion that closes the task's instance committed: the task is finished,
+    with its value, and nothing runs it again."""
+    faults = FaultInjector()
+    faults.exit_after_commit(operation="complete_closing")
+    result = tasks.marked.enqueue(str(tmp_path))
+    doomed = worker_process("--worker-id", "tasks-doomed", env=faults.to_env())
+    assert doomed.proc.wait(40) == FAULT_EXIT_STATUS, doomed.output()
+    done = tasks.marked.get_result(result.id)
+    assert (done.status, done.return_value, done.attempts) == (Status.SUCCESSFUL, "done", 1)
+    assert sv.get_workflow_result(result.id).status == "completed"
+    assert len(list(tmp_path.glob("run-*"))) == 1
+    sv.replay_instance(result.id)
+
+
+def test_a_worker_exiting_inside_the_closing_completion_leaves_the_task_to_run_again(
+    worker_process: Callable[..., WorkerProcess], tmp_path: Path
+) -> None:
+    """The process ends before the completion's last statement: nothing of it commits
+    (the task is still claimed, the instance still running); the claim lapses and the
+    next worker runs the task again (the lapse is one failure), and closes it."""
+    overrides = {"LEASE": SHORT_LEASE, "LEADER_LEASE_DURATION": 2, "LEADER_HEARTBEAT_INTERVAL": 0.5}
+    short = {"SELVEDGE_TEST_OVERRIDES": json.dumps(overrides)}
+    faults = FaultInjector()
+    faults.exit_at_statement("INSERT INTO", operation="complete_closing")
+    result = tasks.marked.enqueue(str(tmp_path))
+    doomed = worker_process("--worker-id", "tasks-doomed", env={**short, **faults.to_env()})
+    assert doomed.proc.wait(40) == FAULT_EXIT_STATUS, doomed.output()
+    assert sv.describe(result.id).status == "running"
+    events = HistoryEvent.objects.filter(instance_id=result.id).values_list("event_type", flat=True)
+    assert list(events) == ["Reserved"]
+    worker_process("--worker-id", "tasks-survivor", env=short)
+    done = finished(tasks.marked, result.id)
+    assert (done.status, done.return_value, done.attempts) == (Status.SUCCESSFUL, "done", 2)
+    assert done.worker_ids == ["tasks-doomed", "tasks-survivor"]
+    assert [e.exception_class_path.rsplit(".", 1)[-1] for e in done.errors] == [
+        "ActivityTimeoutError"
+    ]
+    assert len(list(tmp_path.glob("run-*"))) == 2
+    sv.replay_instance(result.id)

@@ -99,3 +99,13 @@ def lost_once(context: Any, folder: str) -> int:
         while time.monotonic() < deadline:  # killed long before
             time.sleep(0.05)
     return attempt
+
+
+@task()
+def marked(folder: str) -> str:
+    """Leaves one file in ``folder`` per run (runs are counted across processes)."""
+    import uuid
+    from pathlib import Path
+
+    Path(folder, f"run-{uuid.uuid4().hex}").touch()
+    return "done"

@@ -1,0 +1,88 @@
+"""Instances whose one command is an activity: the completion that closes them.
+
+A start may record its workflow's first command itself (:meth:`StartStore.create_instance`
+with ``first_task``): the instance row, the activity's history reservation and its
+queued task commit in the start's transaction, and nobody leases the instance. When
+that workflow returns the activity's result (``WorkflowDefinition.result_activity``,
+the built-in ``selvedge.task``), the attempt that succeeds also closes the instance,
+in the transaction that records its value: the history value, the close row and the
+instance's status and output commit together, as a worker would write them after
+replaying the one recorded command. So an enqueued task costs two commits (its start
+and its completion) plus its share of a claim batch.
+
+The close is guarded like any fenced write, by a conditional update of the instance
+row: still running, still unleased at epoch 0 (no execution ever held it, so its
+history is what the start wrote) and no cancel request. Anything else (an instance a
+cancel request or a failure already handed to a worker) takes the usual path: the
+value arrives and the instance is woken, and the replay closes it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..engine.events import (
+    CLOSE_EVENT_BY_STATUS,
+    CLOSE_KEY,
+    CMD_CLOSE,
+    EV_ACTIVITY_COMPLETED,
+    HistoryRow,
+)
+from ..engine.ports import TaskClaim
+from ..models import WorkflowStatus
+from . import sql
+from .base import StoreBase, operation
+from .wakeups import closed_topic
+
+__all__ = ["SoleActivityStore"]
+
+
+class SoleActivityStore(StoreBase):
+    """The completion of an instance's only activity, closing the instance with it."""
+
+    if TYPE_CHECKING:
+
+        def _complete_sql(self, claim: TaskClaim) -> tuple[str, list[Any]]: ...
+
+        def _arrive_record(
+            self, claim: TaskClaim, event_type: str, data: str
+        ) -> tuple[str, list[Any]]: ...
+
+    @operation
+    def complete_closing(self, claim: TaskClaim, output: str) -> bool | None:
+        """Record a successful attempt and close its instance with ``output`` as its result
+        when the instance is still as its start left it; otherwise wake it, as
+        :meth:`complete_task` does.
+
+        Returns None when the claim was lost (nothing written), True when the instance
+        closed as completed, False when the value arrived and the instance was woken.
+        """
+        complete, params = self._complete_sql(claim)
+        with self.atomic():
+            self._lock_instance(claim.instance_id)
+            if not self._execute(complete, params):
+                return None
+            record, record_params = self._arrive_record(claim, EV_ACTIVITY_COMPLETED, output)
+            self._execute(record, record_params)
+            closed = self._execute(*self._close_unleased_sql(claim.instance_id, output))
+            if not closed:
+                self._wake(claim.instance_id)
+                return False
+            self._insert_row(claim.instance_id, self._close_record(output))
+            self._closed_on_commit(claim.instance_id)
+            self.after_commit(closed_topic(claim.instance_id))
+        return True
+
+    def _close_unleased_sql(self, instance_id: str, output: str) -> tuple[str, list[Any]]:
+        """The conditional close of an instance its start left unleased (CLOSE_UNLEASED)."""
+        now = self._now_param()
+        running = str(WorkflowStatus.RUNNING)
+        status = str(WorkflowStatus.COMPLETED)
+        params = [status, output, None, "", False, now, now, instance_id, "", 0, running, False]
+        return sql.CLOSE_UNLEASED, params
+
+    @staticmethod
+    def _close_record(output: str) -> HistoryRow:
+        """The close record of an instance completed with ``output``."""
+        event = CLOSE_EVENT_BY_STATUS[WorkflowStatus.COMPLETED]
+        return HistoryRow(key=CLOSE_KEY, seq=None, command=CMD_CLOSE, event_type=event, data=output)
