@@ -32,6 +32,7 @@ from ..engine.options import ActivityOptions, RetryPolicy
 from ..engine.ports import ClaimedTask, TaskClaim
 from ..registry import get_activity, get_workflow
 from ..storage import DjangoStore
+from .group_commit import GroupCommit
 
 __all__ = ["HUNG_AFTER", "AttemptRunner", "HungAttempt"]
 
@@ -105,6 +106,8 @@ class AttemptRunner:
         # Per live attempt, the monotonic time until which its claim is surely unexpired
         # (the start of the last successful claim or renewal statement + the claim TTL).
         self._claim_beliefs: dict[TaskClaim, float] = {}
+        # SQLite: the successes of attempts that finish together commit together.
+        self._group = GroupCommit(self.store) if self.store.single_writer else None
 
     def can_run_inline(self, activity_name: str, queue: str) -> bool:
         if self.stopping.is_set() or get_activity(activity_name) is None:
@@ -398,9 +401,13 @@ class AttemptRunner:
         The only activity of an instance whose workflow returns its result, reserved by
         the start (``WorkflowDefinition.result_activity``), closes the instance in the
         same transaction when nothing else happened to it since (``closed`` then holds
-        True).
+        True). On SQLite the write joins those of the attempts finishing at the same
+        moment in one transaction (:mod:`.group_commit`).
         """
-        outcome = self._record_success(task, output)
+        if self._group is None:
+            outcome = self._record_success(task, output)
+        else:
+            outcome = self._group.submit(lambda: self._record_success(task, output))
         closed[:] = [True] if outcome == "closed" else []
         return outcome != "lost"
 

@@ -1,0 +1,82 @@
+"""Group commit: the outcomes of attempts that finish together, in one transaction.
+
+On SQLite one writer holds the database at a time and every commit waits for the
+disk, so ten attempts that finish together would take the write lock ten times, one
+after another, while every other process (the web process enqueueing tasks, say)
+waits with the busy handler's growing sleeps. Their outcomes are claim-checked
+conditional writes that do not depend on each other, so a worker commits the ones
+waiting at the same moment together: the first thread to find no batch being written
+writes every outcome waiting then, each as its own operation, in one transaction;
+the others' writes are done when it commits, and the writes that arrive while it
+writes wait for the next batch. A batch that fails (a statement error,
+a lost connection) is rolled back whole and each thread writes its own outcome again
+in a transaction of its own, on its own connection, as it would have without a
+batch; so a batch never turns one outcome's error into another's.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from ..storage import DjangoStore
+
+__all__ = ["GroupCommit"]
+
+T = TypeVar("T")
+
+
+@dataclass
+class _Write(Generic[T]):
+    write: Callable[[], T]
+    done: threading.Event = field(default_factory=threading.Event)
+    result: Any = None
+    written: bool = False  # False once done: the batch failed, write it alone
+
+
+class GroupCommit:
+    """Commit the writes submitted while a batch is being written in the next batch."""
+
+    def __init__(self, store: DjangoStore) -> None:
+        self._store = store
+        self._lock = threading.Lock()
+        self._waiting: list[_Write[Any]] = []
+        self._writing = threading.Lock()  # held by the thread writing a batch
+
+    def submit(self, write: Callable[[], T]) -> T:
+        """Run ``write`` (one store operation) in the next batch; return its result.
+
+        Raises what ``write`` raises when it runs alone (a batch of one, or after a
+        failed batch).
+        """
+        entry: _Write[T] = _Write(write)
+        with self._lock:
+            self._waiting.append(entry)
+        with self._writing:
+            if not entry.done.is_set():
+                with self._lock:
+                    batch, self._waiting = self._waiting, []
+                if len(batch) <= 1:
+                    # Alone: its own transaction, still holding the turn, so that the
+                    # writes that arrive meanwhile wait for it and go in the next batch.
+                    for other in batch:
+                        other.done.set()
+                    return write()
+                self._write(batch)
+        if entry.written:
+            return entry.result
+        # A failed batch, or one whose writer was interrupted: alone, in parallel.
+        return write()
+
+    def _write(self, batch: list[_Write[Any]]) -> None:
+        try:
+            with self._store.atomic():
+                results = [entry.write() for entry in batch]
+        except Exception:
+            results = None  # rolled back: each writes its own
+        for index, entry in enumerate(batch):
+            if results is not None:
+                entry.result, entry.written = results[index], True
+            entry.done.set()
