@@ -325,6 +325,18 @@ INSERT_QUEUED_TASK = (
 )
 
 # -- claims --------------------------------------------------------------------------------
+# Claim tasks no claim held before (one claim length): each row updated once.
+CLAIM_FRESH = (
+    "UPDATE {task} SET status = %s, attempts = attempts + 1, claim_owner = %s,"
+    " claim_epoch = claim_epoch + 1, claim_started_ms = {now}, schedule_deadline_ms = NULL,"
+    " claim_expires_ms = {now} + %s, attempt_deadline_ms = (CASE WHEN %s THEN {now} + %s END)"
+    " WHERE id IN ({ids})"
+)
+# What a claim reads back of the tasks it took.
+CLAIMED_BACK = (
+    "SELECT id, claim_epoch, attempts, failures, claim_started_ms FROM {task}"
+    " WHERE id IN ({ids}) AND claim_owner = %s"
+)
 
 _CLAIM_COLUMNS = "id, queue, concurrency_key, max_concurrency"
 # The candidates of a claim, in two parts that each walk their own partial index: lapsed

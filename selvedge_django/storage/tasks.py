@@ -225,12 +225,17 @@ class TaskStore(FlowControlStore):
         claimed_at = time.monotonic()
         before = list(ActivityTask.objects.using(self.alias).filter(id__in=ids).order_by("id"))
         ttls: dict[int, tuple[float, float | None, float | None]] = {}
+        fresh: dict[tuple[float, float | None], list[int]] = {}
         for task in before:
             start_to_close = task.start_to_close_ms / 1000 if task.start_to_close_ms else None
             heartbeat = task.heartbeat_timeout_ms / 1000 if task.heartbeat_timeout_ms else None
             ttl = self._claim_ttl(start_to_close, heartbeat)
             ttls[task.id] = (ttl, start_to_close, heartbeat)
-            fields: dict[str, Any] = dict(
+            if task.claim_expires_ms is None:
+                fresh.setdefault((ttl, start_to_close), []).append(task.id)
+                continue
+            # A lapsed claim taken over: its lapse is counted as a failure here.
+            ActivityTask.objects.using(self.alias).filter(id=task.id).update(
                 status=ActivityTaskStatus.RUNNING,
                 attempts=F("attempts") + 1,
                 claim_owner=owner,
@@ -239,19 +244,31 @@ class TaskStore(FlowControlStore):
                 schedule_deadline_ms=None,
                 claim_expires_ms=self.now_expr(ttl),
                 attempt_deadline_ms=self.now_expr(start_to_close) if start_to_close else None,
+                failures=F("failures") + 1,
+                last_error=self._lapse_envelope(task, task.attempts),
             )
-            if task.claim_expires_ms is not None:
-                # A lapsed claim taken over: its lapse is counted as a failure here.
-                fields["failures"] = F("failures") + 1
-                fields["last_error"] = self._lapse_envelope(task, task.attempts)
-            ActivityTask.objects.using(self.alias).filter(id=task.id).update(**fields)
+        for (ttl, start_to_close), group in fresh.items():
+            # The tasks no claim held before: one update for those of one claim length.
+            clock = self.now_sql().params
+            self._execute(
+                sql.compose(sql.CLAIM_FRESH, ids=sql.marks(len(group))),
+                [
+                    str(ActivityTaskStatus.RUNNING),
+                    owner,
+                    *clock,
+                    *clock,
+                    round(ttl * 1000),
+                    start_to_close is not None,
+                    *clock,
+                    round((start_to_close or 0) * 1000),
+                    *group,
+                ],
+            )
         read_back = {
             task_id: (epoch, attempts, failures, started_ms)
-            for task_id, epoch, attempts, failures, started_ms in ActivityTask.objects.using(
-                self.alias
+            for task_id, epoch, attempts, failures, started_ms in self._fetch(
+                sql.compose(sql.CLAIMED_BACK, ids=sql.marks(len(ids))), [*ids, owner]
             )
-            .filter(id__in=ids, claim_owner=owner)
-            .values_list("id", "claim_epoch", "attempts", "failures", "claim_started_ms")
         }
         claimed: list[ClaimedTask] = []
         for task in before:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -1184,7 +1185,7 @@ def test_a_graceful_release_uses_an_attempt_number_but_no_retry_budget(
 
 def _fail_claim_read_back(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
     """Break the connection while a claim is read back, after its UPDATE ran."""
-    if sql.lstrip().upper().startswith("SELECT") and '"claim_owner" = ' in sql:
+    if sql.lstrip().upper().startswith("SELECT") and re.search(r'\bclaim_owner"? = ', sql):
         raise OperationalError("connection lost while reading the claim back")
     return execute(sql, params, many, context)
 
