@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -30,18 +29,9 @@ import selvedge_django as sv
 from selvedge_django.tasks import SelvedgeBackend, compat
 from tests.testapp import tasks
 
-pytestmark = pytest.mark.usefixtures("tdb")
+pytestmark = pytest.mark.usefixtures("tdb", "task_calls")
 
 Status = compat.TaskResultStatus
-
-
-@pytest.fixture(autouse=True)
-def _fresh_calls() -> Iterator[None]:
-    with tasks.calls_lock:
-        tasks.calls.clear()
-    yield
-    with tasks.calls_lock:
-        tasks.calls.clear()
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -33,7 +32,7 @@ from selvedge_django.worker import Worker
 from tests.conftest import wait_until
 from tests.testapp import tasks
 
-pytestmark = pytest.mark.usefixtures("tdb")
+pytestmark = pytest.mark.usefixtures("tdb", "task_calls")
 
 Status = compat.TaskResultStatus
 # What an execution of the instance would write (not the worker's own activity claim).
@@ -56,15 +55,6 @@ TASK_COLUMNS = (
     "attempts",
     "failures",
 )
-
-
-@pytest.fixture(autouse=True)
-def _fresh_calls() -> Iterator[None]:
-    with tasks.calls_lock:
-        tasks.calls.clear()
-    yield
-    with tasks.calls_lock:
-        tasks.calls.clear()
 
 
 def history(instance_id: str) -> list[tuple[Any, ...]]:
