@@ -166,6 +166,12 @@ class WorkerProcess:
         line = self.proc.stdout.readline() if self.proc.stdout else ""
         if "started" not in line:
             rest = self.proc.stdout.read() if self.proc.stdout else ""
+            # Reaped and closed here: the caller never gets the object to clean up.
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.proc.wait(10)
+            if self.proc.stdout is not None:
+                self.proc.stdout.close()
             raise AssertionError(f"worker did not start: {line}{rest}")
 
     def kill(self) -> None:

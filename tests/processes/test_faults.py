@@ -21,6 +21,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from django.apps import apps
 from django.conf import settings
 from django.db import connection, connections, transaction
 from django.utils import timezone
@@ -145,6 +146,26 @@ def snapshot(instance_id: str) -> list[tuple[str, str, str | None]]:
     )
 
 
+def stop_between_writes(pid: int) -> None:
+    """SIGSTOP a worker process while it is inside no write transaction of the engine.
+
+    A process stopped inside one would hold its locks for as long as it stays stopped
+    (on SQLite the one write lock of the file), and no other worker could take over:
+    not the stall under test. So the signal is sent while this test holds the write
+    side of every engine table: SQLite's write lock (the test settings begin write
+    transactions IMMEDIATE), or PostgreSQL's EXCLUSIVE table locks, which wait for each
+    transaction that wrote to them and keep new writes out until the commit.
+    """
+    tables = [model._meta.db_table for model in apps.get_app_config("selvedge_django").get_models()]
+    with transaction.atomic(), connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            names = ", ".join(connection.ops.quote_name(table) for table in tables)
+            cursor.execute(f"LOCK TABLE {names} IN EXCLUSIVE MODE")
+        else:
+            WorkflowInstance.objects.filter(instance_id="").update(runnable=False)
+        os.kill(pid, signal.SIGSTOP)
+
+
 @pytest.mark.slow
 def test_a_worker_stalled_past_its_lease_is_fenced_when_it_resumes(
     workers: Callable[..., WorkerProcess], tmp_path: Path
@@ -158,7 +179,7 @@ def test_a_worker_stalled_past_its_lease_is_fenced_when_it_resumes(
     assert (held.lease_owner, held.lease_epoch) == ("stale", 1)
 
     # The stalled process can neither renew nor write; its lease and claim lapse.
-    os.kill(stale.proc.pid, signal.SIGSTOP)
+    stop_between_writes(stale.proc.pid)
     try:
         marker.unlink()
         successor = workers("successor")
