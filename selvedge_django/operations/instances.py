@@ -127,10 +127,7 @@ def start_workflow(
     name, instance_id, text, timeout_ms = _start_parts(
         workflow_or_name, input, instance_id, execution_timeout, if_exists
     )
-    try:
-        priority = check_priority(priority)
-    except (TypeError, ValueError) as error:
-        raise exc.WorkflowStartRejected(str(error)) from error
+    priority = _start_priority(priority)
     store = client_store()
     settings = get_settings()
     # A worker running in this process takes the instance straight from the start.
@@ -191,10 +188,7 @@ def start_with_activity(
     if key is None:
         raise ValueError(f"workflow {workflow.name!r} has no result_activity")
     name, instance_id, text, _ = _start_parts(workflow, input, instance_id, None, "fail")
-    try:
-        priority = check_priority(priority)
-    except (TypeError, ValueError) as error:
-        raise exc.WorkflowStartRejected(str(error)) from error
+    priority = _start_priority(priority)
     reservation, task = activity_task(activity.name, name, text, activity.options.merged(options))
     row = HistoryRow(key=key, seq=1, command=CMD_ACTIVITY, reservation=reservation)
     store = client_store()
@@ -214,6 +208,14 @@ def start_with_activity(
     )
     _started_on_commit(store, settings, instance_id, name)
     return instance_id
+
+
+def _start_priority(priority: int) -> int:
+    """A start's priority, validated (WorkflowStartRejected otherwise, nothing written)."""
+    try:
+        return check_priority(priority)
+    except (TypeError, ValueError) as error:
+        raise exc.WorkflowStartRejected(str(error)) from error
 
 
 def _start_parts(

@@ -237,9 +237,8 @@ class PostgresStore(PostgresInbox):
             notify=notify,
         )
         task_params = self._queued_task_params(instance_id, row, task)
-        inserted, _ = self._fetch(statement, [*params, *row_params, *task_params, *notify_params])[
-            0
-        ]
+        fetched = self._fetch(statement, [*params, *row_params, *task_params, *notify_params])
+        inserted = fetched[0][0]
         if not inserted:
             return False
         self._publish_now(TOPIC_TASK)

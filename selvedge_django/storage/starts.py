@@ -20,10 +20,14 @@ from ..engine.events import Fence, HistoryRow
 from ..engine.ports import TaskSpec
 from ..models import ActivityTask, ActivityTaskStatus, WorkflowInstance, WorkflowStatus
 from . import sql
-from .base import StoreBase, _ms, operation
+from .base import StoreBase, operation
+from .task_rows import task_fields
 from .wakeups import TOPIC_RUNNABLE, TOPIC_TASK
 
 __all__ = ["StartResult", "StartStore"]
+
+# The first columns of INSERT_QUEUED_TASK, as task_fields names them.
+QUEUED_TASK_COLUMNS = ("instance_id", "workflow_name", "key", "seq", "name", "input", "queue")
 
 
 @dataclass(frozen=True)
@@ -167,30 +171,24 @@ class StartStore(StoreBase):
         return True
 
     def _queued_task_params(self, instance_id: str, row: HistoryRow, task: TaskSpec) -> list[Any]:
-        """The parameters of INSERT_QUEUED_TASK: the columns ``task_fields`` names."""
-        key, limit = task.concurrency or ("", None)
+        """The parameters of INSERT_QUEUED_TASK, from the columns ``task_fields`` derives."""
+        fields = task_fields(Fence(instance_id, "", 0), row, task, None)
         clock = self.now_sql().params
-        schedule_ms = _ms(task.schedule_to_start_timeout)
+        schedule_ms = fields["schedule_to_start_ms"]
         now = self._now_param()
         options = ActivityTask._meta.get_field("options")
         return [
-            instance_id,
-            task.workflow_name,
-            row.key,
-            row.seq or 0,
-            task.name,
-            task.input,
-            task.queue,
-            options.get_db_prep_save(task.options, self.connection),
-            task.max_attempts,
-            task.priority,
-            key,
-            limit,
+            *(fields[column] for column in QUEUED_TASK_COLUMNS),
+            options.get_db_prep_save(fields["options"], self.connection),
+            fields["max_attempts"],
+            fields["priority"],
+            fields["concurrency_key"],
+            fields["max_concurrency"],
             str(ActivityTaskStatus.QUEUED),
             *clock,
             schedule_ms,
-            _ms(task.start_to_close_timeout),
-            _ms(task.heartbeat_timeout),
+            fields["start_to_close_ms"],
+            fields["heartbeat_timeout_ms"],
             schedule_ms is not None,
             *clock,
             schedule_ms or 0,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from ..storage import DjangoStore
@@ -31,7 +31,7 @@ T = TypeVar("T")
 @dataclass
 class _Write(Generic[T]):
     write: Callable[[], T]
-    done: threading.Event = field(default_factory=threading.Event)
+    done: bool = False  # written, or left to write alone (set and read under the turn)
     result: Any = None
     written: bool = False  # False once done: the batch failed, write it alone
 
@@ -55,14 +55,14 @@ class GroupCommit:
         with self._lock:
             self._waiting.append(entry)
         with self._writing:
-            if not entry.done.is_set():
+            if not entry.done:
                 with self._lock:
                     batch, self._waiting = self._waiting, []
                 if len(batch) <= 1:
                     # Alone: its own transaction, still holding the turn, so that the
                     # writes that arrive meanwhile wait for it and go in the next batch.
                     for other in batch:
-                        other.done.set()
+                        other.done = True
                     return write()
                 self._write(batch)
         if entry.written:
@@ -79,4 +79,4 @@ class GroupCommit:
         for index, entry in enumerate(batch):
             if results is not None:
                 entry.result, entry.written = results[index], True
-            entry.done.set()
+            entry.done = True
