@@ -63,13 +63,6 @@ def pytest_configure(config: pytest.Config) -> None:
     _delete_instead_of_truncate()
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Run the tests marked ``runs_last`` (a database server restart) after all others."""
-    last = [item for item in items if item.get_closest_marker("runs_last")]
-    if last:
-        items[:] = [item for item in items if item not in last] + last
-
-
 @pytest.fixture
 def tdb(transactional_db: None) -> None:
     """A real (transactional) test database that worker threads and processes can see."""

@@ -11,9 +11,7 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import signal
-import subprocess
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -29,6 +27,7 @@ from django.utils import timezone
 import selvedge_django as sv
 from selvedge_django.models import ActivityTask, HistoryEvent, WorkflowInstance
 from tests.conftest import WorkerProcess, wait_until
+from tests.pgcluster import PrivateCluster, private_cluster, private_database, server_bin_dir
 from tests.testapp.audit import audit
 from tests.testapp.models import Ledger
 
@@ -215,16 +214,6 @@ def test_a_worker_stalled_past_its_lease_is_fenced_when_it_resumes(
 # -- PostgreSQL restarted during a run ----------------------------------------------------
 
 
-def _pg_cluster() -> list[str] | None:
-    if shutil.which("pg_ctlcluster") is None or not os.path.isdir("/etc/postgresql"):
-        return None
-    versions = sorted(os.listdir("/etc/postgresql"))
-    if not versions:
-        return None
-    return ["pg_ctlcluster", "--skip-systemctl-redirect", versions[-1], "main"]
-
-
-PG_CLUSTER = _pg_cluster()
 ON_POSTGRES = settings.DATABASES["default"]["ENGINE"].endswith("postgresql")
 
 
@@ -242,18 +231,19 @@ def _pg_reachable() -> bool:
     return True
 
 
-def _pg_ctl(action: str) -> None:
-    assert PG_CLUSTER is not None
-    subprocess.run([*PG_CLUSTER, action], check=True, capture_output=True, timeout=120)
+@pytest.fixture
+def own_postgres(tdb: None) -> Iterator[PrivateCluster]:
+    """The test database on a PostgreSQL cluster of this test's own, which it may restart."""
+    with private_cluster() as cluster, private_database(cluster):
+        yield cluster
 
 
 @pytest.mark.slow
-@pytest.mark.runs_last
 @pytest.mark.timeout(300)
-@pytest.mark.skipif(not ON_POSTGRES, reason="restarts the PostgreSQL server")
-@pytest.mark.skipif(PG_CLUSTER is None, reason="needs pg_ctlcluster")
+@pytest.mark.skipif(not ON_POSTGRES, reason="restarts a PostgreSQL server")
+@pytest.mark.skipif(server_bin_dir() is None, reason="needs the PostgreSQL server binaries")
 def test_workers_carry_on_after_postgresql_restarts(
-    workers: Callable[..., WorkerProcess], tmp_path: Path
+    own_postgres: PrivateCluster, workers: Callable[..., WorkerProcess], tmp_path: Path
 ) -> None:
     rng = random.Random(7)
     procs = [workers(f"pg-{n}") for n in range(2)]
@@ -264,10 +254,10 @@ def test_workers_carry_on_after_postgresql_restarts(
     assert not all_closed(ids)
     connections.close_all()
     try:
-        _pg_ctl("restart")
+        own_postgres.restart()
     finally:
         if not _pg_reachable():
-            _pg_ctl("start")
+            own_postgres.start()
         wait_until(_pg_reachable, timeout=60, interval=0.2)
     # Work started after the restart is picked up too: nobody restarted the workers.
     ids += start_flows(6, rng, sleep=(0.0, 0.5))
