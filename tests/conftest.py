@@ -63,6 +63,48 @@ def pytest_configure(config: pytest.Config) -> None:
     _delete_instead_of_truncate()
 
 
+# A bystander on the machine's PostgreSQL server: a connection opened before the first
+# test and checked after the last one. The suite shares the server with whatever else
+# runs beside it; a test that restarted or reconfigured it (instead of a cluster of its
+# own, tests/pgcluster.py) would drop this connection and fail the run here.
+_bystander: Any = None
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    global _bystander
+    from django.conf import settings
+
+    db = settings.DATABASES["default"]
+    if not db["ENGINE"].endswith("postgresql") or os.environ.get("SELVEDGE_TEST_PGBOUNCER_PORT"):
+        return
+    import psycopg
+
+    _bystander = psycopg.connect(
+        host=db["HOST"],
+        port=db["PORT"],
+        user=db["USER"],
+        password=db["PASSWORD"] or None,
+        dbname="postgres",
+        autocommit=True,
+        application_name="selvedge-test-bystander",
+    )
+    _bystander.execute("SELECT 1")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _bystander is None:
+        return
+    import psycopg
+
+    try:
+        _bystander.execute("SELECT 1")
+    except psycopg.Error as exc:
+        print(f"\nthe machine's PostgreSQL dropped a bystander's connection during the run: {exc}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    finally:
+        _bystander.close()
+
+
 @pytest.fixture
 def tdb(transactional_db: None) -> None:
     """A real (transactional) test database that worker threads and processes can see."""
