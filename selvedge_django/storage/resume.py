@@ -20,8 +20,11 @@ from ..engine.events import (
     CMD_CLOSE,
     EV_ACTIVITY_CANCELLED,
     EV_ACTIVITY_FAILED,
+    EV_AWAIT_CANCELLED,
+    EV_CHILD_CANCELLED,
     EV_CHILD_FAILED,
     EV_CHILD_START_FAILED,
+    EV_SIGNAL_CANCELLED,
     EV_TIMER_CANCELLED,
     EV_WORKFLOW_CONTINUED,
     Fence,
@@ -45,6 +48,9 @@ CLOSED_UNFINISHED_MESSAGE = "workflow closed before it finished"
 _FAILURE_EVENTS = (EV_ACTIVITY_FAILED, EV_CHILD_FAILED, EV_CHILD_START_FAILED)
 # Event types a close writes into the rows it leaves unfinished.
 _CLOSE_FILLED_EVENTS = (EV_ACTIVITY_CANCELLED, EV_TIMER_CANCELLED)
+# Event types whose value can be the cancel request that closed the run (as the wait
+# that observed it recorded it; activity and timer rows are among the close-filled).
+_CANCEL_EVENTS = (EV_SIGNAL_CANCELLED, EV_AWAIT_CANCELLED, EV_CHILD_CANCELLED)
 
 # -- statements ----------------------------------------------------------------------------
 
@@ -52,12 +58,13 @@ _CLOSE_FILLED_EVENTS = (EV_ACTIVITY_CANCELLED, EV_TIMER_CANCELLED)
 SELECT_RESUME_HEAD = (
     "SELECT status, workflow_name, generation, error FROM {instance} WHERE instance_id = %s"
 )
-# The rows that decide where a resume cuts: the close, the requested key, failures, and
-# rows a close left without a value or filled with its cancellation. Bounded by what
-# failed or was left open, not by the history's length.
+# The rows that decide where a resume cuts: the close, the requested key, failures,
+# cancellations, and rows a close left without a value or filled with its cancellation.
+# Bounded by what failed, was cancelled or was left open, not by the history's length.
 SELECT_RESUME_CANDIDATES = (
     "SELECT id, key, seq, event_type, data FROM {history} WHERE instance_id = %s"
-    " AND (key = %s OR key = %s OR data IS NULL OR event_type IN (%s, %s, %s, %s, %s))"
+    " AND (key = %s OR key = %s OR data IS NULL"
+    " OR event_type IN (%s, %s, %s, %s, %s, %s, %s, %s))"
     " ORDER BY id"
 )
 # Running again under a new lease epoch and the next generation, guarded by the status
@@ -67,7 +74,7 @@ RESUME_INSTANCE = (
     " lease_owner = '',"
     " lease_expires_ms = NULL, lease_epoch = lease_epoch + 1, runnable = %s,"
     " ready_ms = {now}, execution_deadline_ms = {now} + execution_timeout_ms,"
-    " closed_at = NULL, cancel_requested = %s, cancel_reason = '',"
+    " closed_at = NULL, cancel_requested = %s, cancel_reason = '', cancel_trace_context = NULL,"
     " execution_errors = 0, execution_error = '', current_step = '',"
     " generation = generation + 1, resumed_count = resumed_count + 1, updated_at = %s,"
     " parked_seq = 0, parked_key = ''"
@@ -290,8 +297,10 @@ class ResumeStoreMixin(StoreBase):
         """Run a closed instance again, in place, in one transaction.
 
         The cut is ``from_key`` (default: the first row holding the failure that
-        closed the run; only the close for a run that did not fail on a recorded
-        step) or, when earlier, the first row the close left without a value or
+        closed the run; for a cancelled run, the first wait that observed the
+        cancel request, so the re-run waits there again instead of meeting the
+        recorded cancellation; only the close for a run that did neither on a
+        recorded step) or, when earlier, the first row the close left without a value or
         filled with its cancellation (a terminated run's open activity, timer or
         child). Every row from the cut on, the close included, moves to the
         archive under the current generation, with a summary of its activity task
@@ -299,7 +308,8 @@ class ResumeStoreMixin(StoreBase):
         budget); signals the archived part consumed or delivered return to the
         inbox in their order; values of kept rows it delivered are undelivered.
         The instance is running and runnable under a new lease epoch and the next
-        generation, with its cancel request withdrawn; a run started with an
+        generation, with its cancel request withdrawn (a new request cancels it as
+        usual); a run started with an
         execution timeout gets a new deadline that long from now (database clock). Raises
         :class:`WorkflowNotFound`, :class:`InvalidWorkflowState` (running) or
         :class:`HistoryKeyConflict` (``from_key`` is not in the history).
@@ -417,6 +427,7 @@ class ResumeStoreMixin(StoreBase):
                 from_key if from_key is not None else CLOSE_KEY,
                 *_FAILURE_EVENTS,
                 *_CLOSE_FILLED_EVENTS,
+                *_CANCEL_EVENTS,
             ],
         )
         by_key = {str(key): (int(row_id), seq) for row_id, key, seq, _, _ in rows}
@@ -428,11 +439,19 @@ class ResumeStoreMixin(StoreBase):
                     f"history key {from_key!r} is not in the current history of {instance_id!r}"
                 )
             cut = by_key[from_key]
-        elif status == WorkflowStatus.FAILED:
+        elif status in (WorkflowStatus.FAILED, WorkflowStatus.CANCELLED):
+            # A failed run: the first row holding the failure that closed it. A cancelled
+            # run: the first wait that observed the cancel request (the replay would meet
+            # it again and raise it, with no request left to close the run as cancelled).
             closing = _error_identity(error)
+            events = (
+                _FAILURE_EVENTS
+                if status == WorkflowStatus.FAILED
+                else _CANCEL_EVENTS + _CLOSE_FILLED_EVENTS
+            )
             for row_id, _key, seq, event_type, data in rows:
                 if (
-                    event_type in _FAILURE_EVENTS
+                    event_type in events
                     and closing is not None
                     and _error_identity(data) == closing
                 ):
