@@ -31,6 +31,7 @@ from selvedge_django.models import (
 from selvedge_django.operations import client_store as _store
 from selvedge_django.testing import FaultInjector, InjectedFault, run_until_idle
 from selvedge_django.worker import Worker
+from tests.testapp.models import Ledger
 from tests.testapp.workflows import recovery as resume_flows
 
 QUIET = {"run_local_starts": False}
@@ -524,4 +525,103 @@ def test_a_fork_replays_a_child_started_under_its_default_id(tdb: None) -> None:
     # A resume of the source replays the same row under the same id.
     sv.resume_workflow(iid)
     assert drive(iid) == "completed"
+    sv.replay_instance(iid)
+
+
+# -- resuming a cancelled run ------------------------------------------------------------
+
+
+def settle(instance_id: str) -> str:
+    """Run an inline worker serving the default queue only until nothing is left to do."""
+    run_until_idle(Worker(activity_queues=[""], run_local_starts=False))
+    return str(WorkflowInstance.objects.get(instance_id=instance_id).status)
+
+
+def test_a_cancelled_run_resumes_where_it_was_cancelled_and_completes(tdb: None) -> None:
+    iid = sv.start_workflow("resume.order", "k-1", instance_id="k-1")
+    assert settle(iid) == "running"  # waiting for "go"
+    sv.cancel_workflow(iid, reason="wrong day")
+    assert drive(iid) == "cancelled"
+    before = sv.export_history(iid).to_json()
+
+    sv.resume_workflow(iid, reason="today is fine")
+    # The wait that met the cancel request and the close go to the archive together.
+    assert archived(iid) == [
+        (1, "#2:receive:go", "SignalCancelled"),
+        (1, "$close", "WorkflowCancelled"),
+    ]
+    assert settle(iid) == "running"  # waiting for "go" again, not cancelled
+    sv.signal(iid, "go", {"by": "ops"})
+    assert drive(iid) == "completed"
+    assert sv.get_workflow_result(iid).output == {
+        "reserved": "reserved k-1",
+        "go": {"by": "ops"},
+        "charged": "charged k-1",
+    }
+    assert resume_flows.RUNS == {"reserve": 1, "charge": 1}
+    sv.replay_instance(iid)
+    # The history exported before the resume still replays as it was: cancelled.
+    sv.replay_history(sv.parse_history(before))
+
+
+@pytest.mark.parametrize(
+    "kind",
+    ["sleep", "receive", "receive_with_timeout", "wait_condition", "timer_get", "future_get"],
+)
+def test_a_resumed_cancelled_run_waits_again_and_a_new_cancel_cancels_it(
+    tdb: None, kind: str
+) -> None:
+    iid = sv.start_workflow("cancel.wait", {"kind": kind})
+    assert settle(iid) == "running"
+    sv.cancel_workflow(iid, reason="first")
+    assert settle(iid) == "cancelled"
+
+    sv.resume_workflow(iid)
+    assert settle(iid) == "running"
+    assert sv.describe(iid).status == "running"
+    sv.cancel_workflow(iid, reason="second")
+    assert settle(iid) == "cancelled"
+    result = sv.get_workflow_result(iid)
+    assert result.status == "cancelled"
+    assert isinstance(result.error, sv.WorkflowCancelled)
+    assert result.error.reason == "second"
+    sv.replay_instance(iid)
+
+
+def test_a_resumed_cancelled_run_archives_its_cleanup_and_runs_on(tdb: None) -> None:
+    iid = sv.start_workflow("cancel.cleanup", None)
+    assert settle(iid) == "running"
+    sv.cancel_workflow(iid)
+    assert settle(iid) == "cancelled"
+    cleanup = [key for key, event in history(iid) if event == "ActivityCompleted"]
+    assert len(cleanup) == 1
+
+    sv.resume_workflow(iid)
+    assert [key for _, key, _ in archived(iid)] == ["#1:receive:work", *cleanup, "$close"]
+    assert settle(iid) == "running"
+    sv.signal(iid, "work", "done")
+    assert settle(iid) == "completed"
+    assert sv.get_workflow_result(iid).output == "done"
+    assert Ledger.objects.filter(entry=f"cleanup:{iid}").count() == 1
+    sv.replay_instance(iid)
+
+
+def test_a_cancelled_parent_resumed_after_its_cancelled_child_waits_for_it_again(
+    tdb: None,
+) -> None:
+    iid = sv.start_workflow("cancel.wait", {"kind": "child_get"})
+    assert settle(iid) == "running"
+    (child_id,) = WorkflowInstance.objects.filter(parent_instance_id=iid).values_list(
+        "instance_id", flat=True
+    )
+    sv.cancel_workflow(iid)
+    assert settle(iid) == "cancelled"
+    assert settle(child_id) == "cancelled"  # the parent's close cancelled it too
+
+    sv.resume_workflow(child_id)
+    sv.resume_workflow(iid)
+    assert (settle(iid), settle(child_id)) == ("running", "running")
+    assert WorkflowInstance.objects.filter(parent_instance_id=iid).count() == 1
+    sv.cancel_workflow(iid, reason="second")
+    assert (settle(iid), settle(child_id)) == ("cancelled", "cancelled")
     sv.replay_instance(iid)
