@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import zipfile
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from django import forms
@@ -36,7 +37,8 @@ from django.utils.translation import gettext_lazy as _
 
 from .. import exceptions as exc
 from .. import operations
-from ..models import WorkflowInstance
+from ..models import WorkflowInstance, WorkflowStatus
+from ..operations.recovery import TERMINATED_TYPE
 from .base import APP, PERM_CANCEL, PERM_EXPORT, PERM_SIGNAL, PERM_TERMINATE, ReadOnlyAdmin
 from .display import CELL_CHARS, ID_CHARS, VALUE_CHARS, database_alias, safe_filename, truncate
 from .forms import CancelForm, SignalForm, TerminateForm
@@ -56,6 +58,28 @@ TERMINATE_INTRO = _(
     " fenced out, unfinished activity tasks are cancelled, timers are deleted and running"
     " children are asked to cancel. This cannot be undone."
 )
+
+
+@dataclass(frozen=True)
+class BulkPlan:
+    """What a bulk action does to each selected instance, shown before it is applied.
+
+    ``skip(instance, form data)`` is why the instance is skipped, or None when the
+    action applies to it (the form data is None on the confirmation page: the
+    form's defaults); ``applied`` names what happens to the others ("Resumed");
+    ``summary(applied, skipped)`` sums it up.
+    """
+
+    skip: Callable[[WorkflowInstance, dict[str, Any] | None], str | None]
+    applied: str
+    summary: Callable[[int, int], str]
+
+
+def status_label(obj: WorkflowInstance) -> str:
+    """An instance's status as the admin shows it, a terminated run told apart."""
+    if obj.status == WorkflowStatus.FAILED and obj.error_type == TERMINATED_TYPE:
+        return gettext("Failed (terminated)")
+    return str(obj.get_status_display())
 
 
 class _Sink:
@@ -433,13 +457,19 @@ class InstanceActionsAdmin(ReadOnlyAdmin):
         perform: Callable[[HttpRequest, WorkflowInstance, dict[str, Any]], None],
         *,
         check: Callable[[dict[str, Any], list[WorkflowInstance]], str | None] | None = None,
+        plan: BulkPlan | None = None,
         title: str,
         intro: str,
         submit: str,
         done: Callable[[int], str],
     ) -> HttpResponseBase | None:
-        """Show the action's form for the selection, then apply it to each instance."""
-        targets = list(queryset.only("instance_id", "status")[: MAX_BATCH + 1])
+        """Show the action's form for the selection, then apply it to each instance.
+
+        ``plan``, when given, skips the instances it gives a reason for, and the
+        confirmation page shows each selected instance's status and what will
+        happen to it.
+        """
+        targets = list(queryset.only("instance_id", "status", "error_type")[: MAX_BATCH + 1])
         if len(targets) > MAX_BATCH:
             self.message_user(
                 request,
@@ -456,6 +486,10 @@ class InstanceActionsAdmin(ReadOnlyAdmin):
             applied = 0
             failed: list[str] = []
             for obj in targets:
+                skip = None if plan is None else plan.skip(obj, form.cleaned_data)
+                if skip is not None:
+                    failed.append(truncate(f"{obj.instance_id}: {skip}", CELL_CHARS))
+                    continue
                 try:
                     perform(request, obj, form.cleaned_data)
                 except exc.SelvedgeError as error:
@@ -482,6 +516,25 @@ class InstanceActionsAdmin(ReadOnlyAdmin):
             (helpers.ACTION_CHECKBOX_NAME, pk)
             for pk in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)
         ]
+        extra = None
+        if plan is not None:
+            data = form.cleaned_data if form.is_bound and form.is_valid() else None
+            rows = [(obj, plan.skip(obj, data)) for obj in targets]
+            skipped = sum(1 for _, skip in rows if skip is not None)
+            extra = {
+                "plan": [
+                    {
+                        "url": self.instance_url(obj.instance_id),
+                        "label": truncate(obj.instance_id, ID_CHARS),
+                        "status": status_label(obj),
+                        "outcome": plan.applied
+                        if skip is None
+                        else gettext("Skipped: %(why)s") % {"why": skip},
+                    }
+                    for obj, skip in rows
+                ],
+                "plan_summary": plan.summary(len(rows) - skipped, skipped),
+            }
         return self.render_action_page(
             request,
             form,
@@ -490,6 +543,7 @@ class InstanceActionsAdmin(ReadOnlyAdmin):
             submit=submit,
             objects=targets,
             hidden=hidden,
+            extra=extra,
         )
 
     def render_action_page(

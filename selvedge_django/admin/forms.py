@@ -67,6 +67,19 @@ class ResumeForm(forms.Form):
     )
 
 
+class BulkResumeForm(ResumeForm):
+    """A bulk resume's form: the resume's, and whether runs that did not fail go too."""
+
+    include_closed = forms.BooleanField(
+        required=False,
+        label=_("Also resume completed, cancelled and terminated runs"),
+        help_text=_(
+            "Without this, only the failed runs of the selection are resumed and the others"
+            " are skipped."
+        ),
+    )
+
+
 class ForkForm(forms.Form):
     """A fork's history key (optional) and new instance id (optional)."""
 

@@ -1,7 +1,9 @@
 """The recovery actions of the admin: resume and fork, beside cancel and terminate.
 
 Each exists as a changelist action (a confirmation page asks for the reason and
-the key; "resume every selected failed run") and as a button on a closed
+the key; the bulk resume resumes the failed runs of the selection, and the
+completed, cancelled and terminated ones only when the operator asks for them,
+its page showing what will happen to each selected run) and as a button on a closed
 instance's page, needs its own permission (``resume_workflowinstance``,
 ``fork_workflowinstance``), goes through the operations layer and is written to
 the admin log.
@@ -20,12 +22,13 @@ from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
 from .. import exceptions as exc
-from ..models import WorkflowInstance
+from ..models import WorkflowInstance, WorkflowStatus
 from ..operations import recovery as lifecycle
-from .actions import InstanceActionsAdmin
+from ..operations.recovery import TERMINATED_TYPE
+from .actions import BulkPlan, InstanceActionsAdmin
 from .base import PERM_FORK, PERM_RESUME
 from .display import ID_CHARS, VALUE_CHARS, truncate
-from .forms import ForkForm, ResumeForm
+from .forms import BulkResumeForm, ForkForm, ResumeForm
 
 __all__ = ["RecoveryActionsAdmin"]
 
@@ -37,6 +40,23 @@ FORK_INTRO = _(
     "Start a new instance from a copy of each one's history before the failure (or the key);"
     " the original stays as it is."
 )
+
+
+def resume_skip(obj: WorkflowInstance, data: dict[str, Any] | None) -> str | None:
+    """Why a bulk resume skips an instance (None: it resumes it). Only failed runs are
+    resumed, unless the form includes the runs that closed otherwise."""
+    if obj.status == WorkflowStatus.RUNNING:
+        return gettext("it is running")
+    include_closed = bool(data and data.get("include_closed"))
+    if obj.status == WorkflowStatus.FAILED and obj.error_type != TERMINATED_TYPE:
+        return None
+    if include_closed:
+        return None
+    if obj.status == WorkflowStatus.COMPLETED:
+        return gettext("completed, not failed")
+    if obj.status == WorkflowStatus.CANCELLED:
+        return gettext("cancelled, not failed")
+    return gettext("terminated, not failed")
 
 
 class RecoveryActionsAdmin(InstanceActionsAdmin):
@@ -126,11 +146,27 @@ class RecoveryActionsAdmin(InstanceActionsAdmin):
     def perform_resume(
         self, request: HttpRequest, obj: WorkflowInstance, data: dict[str, Any]
     ) -> None:
+        self._resume(request, obj, data, only_failed=False)
+
+    def perform_bulk_resume(
+        self, request: HttpRequest, obj: WorkflowInstance, data: dict[str, Any]
+    ) -> None:
+        # The rule the plan applied, checked again in the resume's own transaction.
+        self._resume(request, obj, data, only_failed=not data.get("include_closed"))
+
+    def _resume(
+        self,
+        request: HttpRequest,
+        obj: WorkflowInstance,
+        data: dict[str, Any],
+        *,
+        only_failed: bool,
+    ) -> None:
         reason = data.get("reason") or ""
         from_key = data.get("from_key") or None
         try:
             generation = lifecycle.resume_workflow(
-                obj.instance_id, from_key=from_key, reason=reason
+                obj.instance_id, from_key=from_key, reason=reason, only_failed=only_failed
             )
         except ValueError as error:  # a reason the database cannot store (NUL)
             raise exc.SelvedgeError(str(error)) from error
@@ -163,8 +199,16 @@ class RecoveryActionsAdmin(InstanceActionsAdmin):
             request,
             queryset,
             "resume_instances",
-            ResumeForm,
-            self.perform_resume,
+            BulkResumeForm,
+            self.perform_bulk_resume,
+            plan=BulkPlan(
+                skip=resume_skip,
+                applied=gettext("Resumed"),
+                summary=lambda resumed, skipped: (
+                    gettext("%(resumed)d will be resumed, %(skipped)d skipped.")
+                    % {"resumed": resumed, "skipped": skipped}
+                ),
+            ),
             title=gettext("Resume workflow instances"),
             intro=str(RESUME_INTRO),
             submit=gettext("Resume"),

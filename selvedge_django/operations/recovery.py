@@ -18,11 +18,12 @@ from django.utils import timezone
 from .. import hooks as hooks_module
 from ..conf import get_settings
 from ..models import WorkflowInstance, WorkflowStatus
-from ..storage.resume import ResumeOutcome
+from ..storage.resume import TERMINATED_TYPE, ResumeOutcome
 from .base import client_store, known_id, reason_text, validate_instance_id
 
 __all__ = [
     "MAX_SELECTION_BATCH",
+    "TERMINATED_TYPE",
     "afork_workflow",
     "aresume_workflow",
     "fork_workflow",
@@ -36,37 +37,44 @@ MAX_SELECTION_BATCH = 100
 logger = logging.getLogger("selvedge_django.operations")
 
 
-def resume_workflow(instance_id: str, *, from_key: str | None = None, reason: str = "") -> int:
+def resume_workflow(
+    instance_id: str, *, from_key: str | None = None, reason: str = "", only_failed: bool = False
+) -> int:
     """Run a closed instance again, in place, with the current code; return its new
     generation.
 
     The history rows from ``from_key`` on (default: the first row whose recorded
-    outcome is the failure that closed the run; for a run closed otherwise, a
-    terminate or a cancellation, only the close) and the close row move to the
-    archive, never deleted, under the generation they belonged to; when the
-    close left a row earlier than that without a value (a terminated run's open
-    activity, timer or child) or filled it with its cancellation, the cut moves
-    back to that row. The instance is ``running`` again under a new lease epoch
-    (a worker still holding the old one is fenced) and the next generation; its
-    cancel request is withdrawn. It replays from the start: the rows before the
-    cut return their recorded values and the archived steps run again (an
-    archived activity gets a new task, so a fresh retry budget; an archived
-    sleep sleeps its full duration again from the re-run; a child the re-run
-    starts again under the same id and workflow re-attaches to the existing
-    instance and receives its outcome, so a child's result is never lost).
-    Signals that archived rows consumed return to the inbox in their original
-    order. ``reason`` is logged.
+    outcome is the failure that closed the run; for a cancelled run, the first
+    wait that observed the cancel request, so the re-run waits there again; for a
+    terminated run, only the close) and the close row move to the archive, never
+    deleted, under the generation they belonged to; when the close left a row
+    earlier than that without a value (a terminated run's open activity, timer or
+    child) or filled it with its cancellation, the cut moves back to that row.
+    The instance is ``running`` again under a new lease epoch (a worker still
+    holding the old one is fenced) and the next generation; its cancel request
+    is withdrawn in the same transaction (a new one cancels the run as usual).
+    It replays from the start: the rows before the cut return their recorded
+    values and the archived steps run again (an archived activity gets a new
+    task, so a fresh retry budget; an archived sleep sleeps its full duration
+    again from the re-run; a child the re-run starts again under the same id and
+    workflow re-attaches to the existing instance and receives its outcome, so a
+    child's result is never lost). Signals that archived rows consumed return to
+    the inbox in their original order. ``reason`` is logged. ``only_failed``
+    (what bulk resumes use) refuses, in the resume's own transaction, a run that
+    did not fail on its own: a completed, cancelled or terminated one.
 
     Raises :class:`WorkflowNotFound`, :class:`InvalidWorkflowState` (the instance
-    is running) or :class:`HistoryKeyConflict` (``from_key`` is not in its
-    current history).
+    is running, or with ``only_failed`` did not fail) or
+    :class:`HistoryKeyConflict` (``from_key`` is not in its current history).
     """
     reason = reason_text(reason)
     instance_id = known_id(instance_id)
     if from_key is not None and not isinstance(from_key, str):
         raise TypeError("from_key must be a string")
+    if not isinstance(only_failed, bool):
+        raise TypeError("only_failed must be a bool")
     store = client_store()
-    outcome: ResumeOutcome = store.resume(instance_id, from_key)
+    outcome: ResumeOutcome = store.resume(instance_id, from_key, only_failed=only_failed)
     # The resumed run keeps its start's trace; the operator's span links to it.
     hooks_module.capture_trace_context(
         get_settings().hooks, "resume", instance_id=instance_id, workflow_name=outcome.workflow_name

@@ -34,12 +34,21 @@ from ..engine.identifiers import check_instance_id
 from ..models import WorkflowInstance, WorkflowStatus
 from .base import StoreBase, operation
 
-__all__ = ["CLOSED_UNFINISHED_MESSAGE", "ResumeOutcome", "ResumeStoreMixin"]
+__all__ = [
+    "CLOSED_UNFINISHED_MESSAGE",
+    "TERMINATED_TYPE",
+    "ResumeOutcome",
+    "ResumeStoreMixin",
+    "closed_kind",
+]
 
 # An id past every row (the cut of a running source without a key).
 _PAST_ID = 2**62
 # A position past every recorded one (a cut at the close, or a running source's end).
 _PAST_EVERY_POSITION = 2**62
+
+# The error type of a terminated run (closed as failed with it).
+TERMINATED_TYPE = exc.WorkflowTerminated.__name__
 
 # The message of the cancellation a close writes into the rows it left unfinished.
 CLOSED_UNFINISHED_MESSAGE = "workflow closed before it finished"
@@ -201,6 +210,16 @@ def _error_identity(text: str | None) -> tuple[Any, Any] | None:
     return envelope.get("type"), envelope.get("message")
 
 
+def closed_kind(status: str, error: str | None) -> str:
+    """How a run closed: its status, except "terminated" for a run an operator (or its
+    execution timeout) terminated, which is failed with ``WorkflowTerminated``."""
+    if status == WorkflowStatus.FAILED:
+        identity = _error_identity(error)
+        if identity is not None and identity[0] == TERMINATED_TYPE:
+            return "terminated"
+    return status
+
+
 def _closed_unfinished(event_type: str, data: str | None) -> bool:
     """Whether a row holds the cancellation a close wrote into what it left unfinished."""
     if event_type not in _CLOSE_FILLED_EVENTS:
@@ -293,7 +312,9 @@ class ResumeStoreMixin(StoreBase):
         return int(generation)
 
     @operation
-    def resume(self, instance_id: str, from_key: str | None) -> ResumeOutcome:
+    def resume(
+        self, instance_id: str, from_key: str | None, *, only_failed: bool = False
+    ) -> ResumeOutcome:
         """Run a closed instance again, in place, in one transaction.
 
         The cut is ``from_key`` (default: the first row holding the failure that
@@ -312,7 +333,10 @@ class ResumeStoreMixin(StoreBase):
         usual); a run started with an
         execution timeout gets a new deadline that long from now (database clock). Raises
         :class:`WorkflowNotFound`, :class:`InvalidWorkflowState` (running) or
-        :class:`HistoryKeyConflict` (``from_key`` is not in the history).
+        :class:`HistoryKeyConflict` (``from_key`` is not in the history). With
+        ``only_failed`` (a bulk resume's rule), a run that did not fail on its own
+        (completed, cancelled or terminated) raises :class:`InvalidWorkflowState`
+        too, judged by what this transaction read under the row lock.
         """
         with self.atomic():
             self._lock_instance(instance_id)
@@ -323,6 +347,12 @@ class ResumeStoreMixin(StoreBase):
             if status == WorkflowStatus.RUNNING:
                 raise exc.InvalidWorkflowState(
                     instance_id, str(status), f"workflow instance {instance_id!r} is running"
+                )
+            if only_failed and (kind := closed_kind(str(status), error)) != "failed":
+                raise exc.InvalidWorkflowState(
+                    instance_id,
+                    str(status),
+                    f"workflow instance {instance_id!r} is {kind}, not failed",
                 )
             cut_id, cut_seq = self._resume_cut(instance_id, from_key, str(status), error)
             now = self._now_param()

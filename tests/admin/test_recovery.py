@@ -3,6 +3,7 @@ own permission, a confirmation page and an admin log entry."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -157,3 +158,103 @@ def test_changelist_fork_forks_each_selected_instance(
     )
     assert "Forked 2 instances." in html(response)
     assert {sv.describe(f"{i}/fork-1").forked_from for i in failed} == set(failed)
+
+
+def plan(page: str) -> dict[str, tuple[str, str]]:
+    """The confirmation page's plan: each selected instance's status and what happens to it."""
+    table = re.search(r'<table id="selvedge-plan".*?</table>', page, re.S)
+    assert table is not None, "no plan table on the page"
+    rows: dict[str, tuple[str, str]] = {}
+    for row in re.findall(r"<tr>(.*?)</tr>", table.group(0), re.S):
+        cells = [
+            " ".join(re.sub(r"<[^>]+>", " ", cell).split())
+            for cell in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)
+        ]
+        if cells:
+            rows[cells[0]] = (cells[1], cells[2])
+    return rows
+
+
+def closed_in_every_way() -> dict[str, str]:
+    """One run of each kind a selection can hold, by what it is."""
+    runs = {"failed": failed_order("mix-failed")}
+    resume_flows.BROKEN.clear()
+    for kind in ("completed", "cancelled", "terminated", "running"):
+        runs[kind] = sv.start_workflow("resume.order", kind, instance_id=f"mix-{kind}")
+        drive(runs[kind], status="running")
+    sv.signal(runs["completed"], "go", "yes")
+    assert drive(runs["completed"]) == "completed"
+    sv.cancel_workflow(runs["cancelled"])
+    assert drive(runs["cancelled"]) == "cancelled"
+    sv.terminate_workflow(runs["terminated"], reason="by hand")
+    return runs
+
+
+def test_changelist_resume_resumes_only_the_failed_runs_unless_told_to_include_the_others(
+    tdb: None, staff: Callable[..., Client]
+) -> None:
+    runs = closed_in_every_way()
+    selected = list(runs.values())
+    operator = staff(VIEW, RESUME)
+    page = html(
+        operator.post(
+            CHANGELIST, {"action": "resume_instances", "_selected_action": selected, "index": "0"}
+        )
+    )
+    rows = plan(page)
+    assert rows["mix-failed"] == ("Failed", "Resumed")
+    assert rows["mix-running"] == ("Running", "Skipped: it is running")
+    for kind, status in (
+        ("completed", "Completed"),
+        ("cancelled", "Cancelled"),
+        ("terminated", "Failed (terminated)"),
+    ):
+        assert rows[f"mix-{kind}"][0] == status
+        assert rows[f"mix-{kind}"][1].startswith(f"Skipped: {kind}, not failed")
+    assert 'name="include_closed"' in page
+    assert "1 will be resumed, 4 skipped" in page
+
+    response = operator.post(
+        CHANGELIST,
+        {"action": "resume_instances", "_selected_action": selected, "apply": "1"},
+        follow=True,
+    )
+    page = html(response)
+    assert "Resumed 1 instance." in page
+    assert "4 instances skipped" in page and "mix-completed: completed, not failed" in page
+    statuses = {kind: sv.describe(iid).status for kind, iid in runs.items()}
+    assert statuses == {
+        "failed": "running",
+        "completed": "completed",
+        "cancelled": "cancelled",
+        "terminated": "failed",
+        "running": "running",
+    }
+    assert [len(logs(iid)) for iid in selected] == [1, 0, 0, 0, 0]
+
+    # With the option, the closed runs that did not fail are resumed too.
+    page = html(
+        operator.post(
+            CHANGELIST,
+            {
+                "action": "resume_instances",
+                "_selected_action": selected,
+                "apply": "1",
+                "include_closed": "on",
+            },
+            follow=True,
+        )
+    )
+    assert "Resumed 3 instances." in page
+    assert "2 instances skipped" in page
+    assert {iid: sv.describe(iid).generation for iid in selected} == {
+        "mix-failed": 2,
+        "mix-completed": 2,
+        "mix-cancelled": 2,
+        "mix-terminated": 2,
+        "mix-running": 1,
+    }
+    sv.signal(runs["cancelled"], "go", "now")
+    sv.signal(runs["terminated"], "go", "now")
+    for iid in selected[:4]:
+        assert drive(iid) == "completed"
