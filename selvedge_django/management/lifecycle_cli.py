@@ -3,8 +3,10 @@
 Each takes an instance id, or a selection (``--status``, ``--workflow NAME``,
 ``--since 1h``) to act on every instance it finds, in bounded batches, each
 instance in its own transaction; ``--dry-run`` prints what would be done. One
-line per action. Repeating a bulk resume is harmless: what it resumed is no
-longer failed, so the second run finds nothing.
+line per action. A selection resumes only failed runs (terminated ones left
+alone) unless ``--include-closed`` is given, as the admin's bulk resume does.
+Repeating a bulk resume is harmless: what it resumed is no longer failed, so the
+second run finds nothing.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ __all__ = ["add_parsers", "handle"]
 
 # The status each operation selects by default.
 _DEFAULT_STATUS = {"resume": "failed", "fork": "failed", "terminate": "running"}
+# The statuses a bulk resume leaves alone unless given --include-closed.
+_CLOSED_STATUSES = ("completed", "cancelled")
 
 
 def add_parsers(sub: Any) -> None:
@@ -40,6 +44,13 @@ def add_parsers(sub: Any) -> None:
             parser.add_argument("--id", dest="new_id", default=None, help="the new instance id")
         if name in ("resume", "terminate"):
             parser.add_argument("--reason", default="")
+        if name == "resume":
+            parser.add_argument(
+                "--include-closed",
+                action="store_true",
+                help="a selection resumes only failed runs (not terminated ones) unless this is"
+                " given: then also terminated, completed and cancelled runs (--status)",
+            )
         parser.add_argument(
             "--status",
             default=None,
@@ -66,19 +77,33 @@ def handle(
         raise CommandError("give an instance id, or --status/--workflow/--since (not both)")
     if many and (options.get("from_key") or options.get("new_id")):
         raise CommandError("--from and --id apply to one instance")
+    include_closed = bool(options.get("include_closed"))
+    if include_closed and not many:
+        raise CommandError("--include-closed applies to a selection")
     if not many:
         _act(command, name, options["instance_id"], options, strict=True)
         return
     since = parse_duration(options["since"]) if options["since"] else None
     status = options["status"] or _DEFAULT_STATUS[name]
+    # A bulk resume resumes failed runs only, unless told to include the others.
+    only_failed = name == "resume" and not include_closed
+    if only_failed and status != "failed" and status in _CLOSED_STATUSES:
+        raise CommandError(
+            f"a bulk resume resumes only failed runs: add --include-closed to resume {status} ones"
+        )
     done = 0
     try:
         batches = lifecycle.select_instances(
-            status=status, workflow_name=options["workflow"], since=since
+            status=status,
+            workflow_name=options["workflow"],
+            since=since,
+            exclude_terminated=only_failed,
         )
         for batch in batches:
             for instance_id in batch:
-                done += _act(command, name, instance_id, options, strict=False)
+                done += _act(
+                    command, name, instance_id, options, strict=False, only_failed=only_failed
+                )
     except ValueError as error:
         raise CommandError(str(error)) from error
     verb = "would act on" if options["dry_run"] else "acted on"
@@ -86,7 +111,13 @@ def handle(
 
 
 def _act(
-    command: Any, name: str, instance_id: str, options: dict[str, Any], *, strict: bool
+    command: Any,
+    name: str,
+    instance_id: str,
+    options: dict[str, Any],
+    *,
+    strict: bool,
+    only_failed: bool = False,
 ) -> int:
     """One operation on one instance; 1 when done. In a bulk run (``strict`` False), an
     instance another operator changed meanwhile is reported and skipped."""
@@ -99,7 +130,10 @@ def _act(
     try:
         if name == "resume":
             generation = lifecycle.resume_workflow(
-                instance_id, from_key=options["from_key"], reason=options["reason"]
+                instance_id,
+                from_key=options["from_key"],
+                reason=options["reason"],
+                only_failed=only_failed,
             )
             command.stdout.write(f"resumed {instance_id} (generation {generation})")
         elif name == "fork":

@@ -147,11 +147,13 @@ def select_instances(
     workflow_name: str | None = None,
     since: timedelta | None = None,
     batch: int = MAX_SELECTION_BATCH,
+    exclude_terminated: bool = False,
 ) -> Iterator[list[str]]:
     """The ids of the instances a bulk operation acts on, in batches of at most ``batch``.
 
     ``status`` is required; ``workflow_name`` is an exact name; ``since`` keeps
-    the instances that closed (a running one: started) within that duration. Ids
+    the instances that closed (a running one: started) within that duration;
+    ``exclude_terminated`` leaves out failed runs closed by a terminate. Ids
     come in order, each batch read after the previous one was handed over (keyset
     pagination on the id), so acting on a batch before asking for the next is
     safe and each read is bounded.
@@ -163,6 +165,8 @@ def select_instances(
     qs = WorkflowInstance.objects.using(client_store().alias).filter(status=status)
     if workflow_name:
         qs = qs.filter(workflow_name=workflow_name)
+    if exclude_terminated:
+        qs = qs.exclude(error_type=TERMINATED_TYPE)
     if since is not None:
         field = "started_at" if status == WorkflowStatus.RUNNING else "closed_at"
         qs = qs.filter(**{f"{field}__gte": timezone.now() - since})

@@ -14,7 +14,7 @@ from django.test import Client
 
 import selvedge_django as sv
 from selvedge_django.models import WorkflowInstance
-from tests.integration.test_resume import drive, failed_order
+from tests.integration.test_resume import closed_in_every_way, drive, failed_order
 from tests.testapp.workflows import recovery as resume_flows
 
 from .test_admin import CHANGELIST, VIEW, html, logs, url
@@ -173,21 +173,6 @@ def plan(page: str) -> dict[str, tuple[str, str]]:
         if cells:
             rows[cells[0]] = (cells[1], cells[2])
     return rows
-
-
-def closed_in_every_way() -> dict[str, str]:
-    """One run of each kind a selection can hold, by what it is."""
-    runs = {"failed": failed_order("mix-failed")}
-    resume_flows.BROKEN.clear()
-    for kind in ("completed", "cancelled", "terminated", "running"):
-        runs[kind] = sv.start_workflow("resume.order", kind, instance_id=f"mix-{kind}")
-        drive(runs[kind], status="running")
-    sv.signal(runs["completed"], "go", "yes")
-    assert drive(runs["completed"]) == "completed"
-    sv.cancel_workflow(runs["cancelled"])
-    assert drive(runs["cancelled"]) == "cancelled"
-    sv.terminate_workflow(runs["terminated"], reason="by hand")
-    return runs
 
 
 def test_changelist_resume_resumes_only_the_failed_runs_unless_told_to_include_the_others(

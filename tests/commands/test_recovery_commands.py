@@ -18,7 +18,7 @@ from selvedge_django.models import ArchivedHistoryEvent, HistoryEvent, WorkflowI
 from selvedge_django.operations.recovery import MAX_SELECTION_BATCH
 from selvedge_django.testing import run_until_idle
 from selvedge_django.worker import Worker
-from tests.integration.test_resume import drive, failed_order
+from tests.integration.test_resume import closed_in_every_way, drive, failed_order
 from tests.testapp.workflows import recovery as resume_flows
 
 
@@ -75,7 +75,8 @@ def test_bulk_terminate_with_dry_run(tdb: None) -> None:
 def closed_instances(count: int) -> list[str]:
     """``count`` failed ops.echo instances with their close rows, written in bulk."""
     now = timezone.now()
-    error = json.dumps(error_to_envelope(sv.WorkflowTerminated("", "seeded"), with_traceback=False))
+    # Failed on their own (a terminated run is left alone by a bulk resume).
+    error = json.dumps(error_to_envelope(sv.ApplicationError("seeded"), with_traceback=False))
     ids = [f"bulk-{n:04d}" for n in range(count)]
     WorkflowInstance.objects.bulk_create(
         WorkflowInstance(
@@ -126,3 +127,35 @@ def test_bulk_resume_of_a_thousand_failed_instances_is_batched_and_idempotent(
         "resume: acted on 0 instance(s)"
     ]
     assert ArchivedHistoryEvent.objects.count() == 1000
+
+
+def test_bulk_resume_resumes_only_failed_runs_unless_told_to_include_the_others(
+    tdb: None,
+) -> None:
+    runs = closed_in_every_way()
+    out = run("resume", "--workflow", "resume.order", "--dry-run")
+    assert out.splitlines() == ["would resume mix-failed", "resume: would act on 1 instance(s)"]
+    out = run("resume", "--workflow", "resume.order")
+    assert out.splitlines() == [
+        "resumed mix-failed (generation 2)",
+        "resume: acted on 1 instance(s)",
+    ]
+    assert sv.describe(runs["terminated"]).generation == 1
+    for status in ("completed", "cancelled"):
+        assert "--include-closed" in fails("resume", "--status", status)
+        assert sv.describe(runs[status]).generation == 1
+
+    out = run("resume", "--workflow", "resume.order", "--include-closed")
+    assert out.splitlines() == [
+        "resumed mix-terminated (generation 2)",
+        "resume: acted on 1 instance(s)",
+    ]
+    out = run("resume", "--status", "cancelled", "--include-closed")
+    assert out.splitlines()[-1] == "resume: acted on 1 instance(s)"
+    assert [sv.describe(runs[k]).status for k in ("cancelled", "completed")] == [
+        "running",
+        "completed",
+    ]
+    assert "--include-closed applies to a selection" in fails(
+        "resume", runs["completed"], "--include-closed"
+    )

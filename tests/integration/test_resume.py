@@ -95,6 +95,21 @@ def failed_order(name: str = "o-1") -> str:
     return iid
 
 
+def closed_in_every_way() -> dict[str, str]:
+    """One run of each kind a selection can hold, by what it is."""
+    runs = {"failed": failed_order("mix-failed")}
+    resume_flows.BROKEN.clear()
+    for kind in ("completed", "cancelled", "terminated", "running"):
+        runs[kind] = sv.start_workflow("resume.order", kind, instance_id=f"mix-{kind}")
+        drive(runs[kind], status="running")
+    sv.signal(runs["completed"], "go", "yes")
+    assert drive(runs["completed"]) == "completed"
+    sv.cancel_workflow(runs["cancelled"])
+    assert drive(runs["cancelled"]) == "cancelled"
+    sv.terminate_workflow(runs["terminated"], reason="by hand")
+    return runs
+
+
 def test_resume_reruns_the_failed_step_with_a_fresh_budget_and_keeps_the_rest(
     tdb: None,
 ) -> None:
@@ -625,3 +640,17 @@ def test_a_cancelled_parent_resumed_after_its_cancelled_child_waits_for_it_again
     sv.cancel_workflow(iid, reason="second")
     assert (settle(iid), settle(child_id)) == ("cancelled", "cancelled")
     sv.replay_instance(iid)
+
+
+def test_resume_only_failed_refuses_the_runs_that_closed_otherwise_writing_nothing(
+    tdb: None,
+) -> None:
+    runs = closed_in_every_way()
+    for kind in ("completed", "cancelled", "terminated"):
+        before = state(runs[kind])
+        with pytest.raises(sv.InvalidWorkflowState, match=f"is {kind}, not failed"):
+            sv.resume_workflow(runs[kind], only_failed=True)
+        assert state(runs[kind]) == before
+    assert sv.resume_workflow(runs["failed"], only_failed=True) == 2
+    with pytest.raises(TypeError):
+        sv.resume_workflow(runs["completed"], only_failed="yes")  # type: ignore[arg-type]
