@@ -54,7 +54,8 @@ class ResumeForm(forms.Form):
         label=_("From key"),
         help_text=_(
             "Archive the history from this key on. Empty: from the row that recorded the"
-            " failure that closed the run (for a run closed otherwise, only the close)."
+            " failure that closed the run, or the wait its cancel request reached (for a run"
+            " closed otherwise, only the close)."
         ),
         widget=forms.TextInput(attrs={"size": 60}),
     )
