@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 
@@ -146,6 +147,25 @@ def test_every_exported_name_resolves(name: str) -> None:
     value = getattr(sv, name)
     assert value is not None
     assert name in dir(sv)
+
+
+def test_the_type_checker_sees_every_name_the_lazy_loader_loads() -> None:
+    # The names under ``if TYPE_CHECKING:`` are the type checker's whole view of the
+    # lazily loaded ones: a name missing there is Any to a user's mypy.
+    tree = ast.parse((ROOT / "selvedge_django" / "__init__.py").read_text(encoding="utf-8"))
+    (block,) = [
+        node
+        for node in tree.body
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
+    ]
+    seen = {
+        alias.asname or alias.name
+        for node in block.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+    assert seen == set(sv._LAZY)
+    assert set(sv._LAZY) <= set(sv.__all__)
 
 
 def test_unknown_names_raise_attribute_error() -> None:
