@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any, Literal, TypeVar, overload
 
 from asgiref.sync import sync_to_async
@@ -449,7 +450,64 @@ def terminate_workflow(instance_id: str, reason: str = "") -> None:
     transaction.on_commit(terminated, using=store.alias)
 
 
-astart_workflow = sync_to_async(start_workflow)
+@overload
+async def astart_workflow(
+    workflow_or_name: WorkflowDefinition[In, Any],
+    input: In,
+    *,
+    instance_id: str | None = None,
+    execution_timeout: Duration | None = None,
+    if_exists: IfExists = "fail",
+    priority: int = 0,
+) -> str: ...
+
+
+@overload
+async def astart_workflow(
+    workflow_or_name: WorkflowDefinition[None, Any],
+    input: None = None,
+    *,
+    instance_id: str | None = None,
+    execution_timeout: Duration | None = None,
+    if_exists: IfExists = "fail",
+    priority: int = 0,
+) -> str: ...
+
+
+@overload
+async def astart_workflow(
+    workflow_or_name: str,
+    input: Any = None,
+    *,
+    instance_id: str | None = None,
+    execution_timeout: Duration | None = None,
+    if_exists: IfExists = "fail",
+    priority: int = 0,
+) -> str: ...
+
+
+async def astart_workflow(
+    workflow_or_name: WorkflowDefinition[Any, Any] | str,
+    input: Any = None,
+    *,
+    instance_id: str | None = None,
+    execution_timeout: Duration | None = None,
+    if_exists: IfExists = "fail",
+    priority: int = 0,
+) -> str:
+    """Async twin of :func:`start_workflow`, with its overloads (by definition or by name)."""
+    # The implementation's signature: no single overload takes the union.
+    start: Callable[..., str] = start_workflow
+    return await sync_to_async(start)(
+        workflow_or_name,
+        input,
+        instance_id=instance_id,
+        execution_timeout=execution_timeout,
+        if_exists=if_exists,
+        priority=priority,
+    )
+
+
 asignal = sync_to_async(signal)
 asignal_with_start = sync_to_async(signal_with_start)
 acancel_workflow = sync_to_async(cancel_workflow)

@@ -91,6 +91,8 @@ def start_from_a_view(order: Order) -> str:
 async def start_from_an_async_view() -> str:
     instance_id = await sv.astart_workflow(parent, "Ada")
     assert_type(instance_id, str)
+    assert_type(await sv.astart_workflow(no_input), str)
+    assert_type(await sv.astart_workflow("typing.parent", {"any": "json"}), str)
     result = await sv.await_workflow(instance_id, timeout=10)
     assert_type(result.status, str)
     history = await sv.aexport_history(instance_id)
