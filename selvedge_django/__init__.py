@@ -66,6 +66,7 @@ from .exceptions import (
     WorkflowStartRejected,
     WorkflowTerminated,
 )
+from .handles import WorkflowHandle
 from .registry import ActivityDefinition, WorkflowDefinition, activity, workflow
 
 if TYPE_CHECKING:
@@ -116,6 +117,7 @@ if TYPE_CHECKING:
         export_history,
         find_instances,
         fork_workflow,
+        get_handle,
         get_workflow_result,
         list_activity_tasks,
         list_schedules,
@@ -195,6 +197,7 @@ __all__ = [
     "WorkflowContext",
     "WorkflowDefinition",
     "WorkflowDescription",
+    "WorkflowHandle",
     "WorkflowNameConflict",
     "WorkflowNotFound",
     "WorkflowNotRegistered",
@@ -238,6 +241,7 @@ __all__ = [
     "export_history",
     "find_instances",
     "fork_workflow",
+    "get_handle",
     "get_workflow_result",
     "heartbeat",
     "hooks",
@@ -292,6 +296,7 @@ _LAZY = {
     "await_workflow": "selvedge_django.operations",
     "describe": "selvedge_django.operations",
     "find_instances": "selvedge_django.operations",
+    "get_handle": "selvedge_django.operations",
     "get_workflow_result": "selvedge_django.operations",
     "list_activity_tasks": "selvedge_django.operations",
     "start_workflow": "selvedge_django.operations",

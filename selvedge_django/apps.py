@@ -1,5 +1,5 @@
 """The app config: fixed label, checks, the database's connection set-up, the task
-signals and autodiscovery."""
+signals, the workflow handles' client and autodiscovery."""
 
 from __future__ import annotations
 
@@ -19,9 +19,11 @@ class SelvedgeConfig(AppConfig):
     def ready(self) -> None:
         from . import checks  # noqa: F401 - registers the system checks
         from .discovery import autodiscover
+        from .operations.handles import install_client
         from .storage import configure_connection
         from .tasks.finished import connect as connect_task_signals
 
         connection_created.connect(configure_connection, dispatch_uid="selvedge_sqlite_setup")
         connect_task_signals()  # django.tasks' task_finished after a task's close commits
+        install_client()  # workflow handles call the operations layer, above them
         autodiscover()

@@ -18,11 +18,13 @@ from typing import Any, Generic, Protocol, TypeVar, overload
 from .engine import commands
 from .engine.context import WorkflowContext as _WorkflowContext
 from .engine.coroutines import call_activity, is_async_callable
+from .engine.durations import Duration
 from .engine.execution import current_execution
 from .engine.handles import Future
 from .engine.identifiers import name_problem
 from .engine.options import ActivityOptions, RetryPolicy
 from .exceptions import ActivityNameConflict, WorkflowNameConflict
+from .handles import IfExists, WorkflowHandle, client
 
 __all__ = [
     "ActivityDefinition",
@@ -211,6 +213,95 @@ class WorkflowDefinition(Generic[InT, OutT]):
                 "a workflow runs under a worker: use selvedge_django.start_workflow()"
             )
         return self.fn(ctx, input)
+
+    @overload
+    def start(
+        self: WorkflowDefinition[None, Out],
+        input: None = None,
+        *,
+        instance_id: str | None = None,
+        execution_timeout: Duration | None = None,
+        if_exists: IfExists = "fail",
+        priority: int = 0,
+    ) -> WorkflowHandle[Out]: ...
+
+    @overload
+    def start(
+        self,
+        input: InT,
+        *,
+        instance_id: str | None = None,
+        execution_timeout: Duration | None = None,
+        if_exists: IfExists = "fail",
+        priority: int = 0,
+    ) -> WorkflowHandle[OutT]: ...
+
+    def start(
+        self,
+        input: Any = None,
+        *,
+        instance_id: str | None = None,
+        execution_timeout: Duration | None = None,
+        if_exists: IfExists = "fail",
+        priority: int = 0,
+    ) -> WorkflowHandle[Any]:
+        """Start an instance of this workflow and return its handle.
+
+        The options, rules and errors are those of ``start_workflow`` (inside
+        ``transaction.atomic()`` the start commits with the caller's transaction);
+        ``handle.result()`` has the type this workflow's function returns.
+        """
+        instance_id = client().start_workflow(
+            self.name,
+            input,
+            instance_id=instance_id,
+            execution_timeout=execution_timeout,
+            if_exists=if_exists,
+            priority=priority,
+        )
+        return WorkflowHandle(instance_id)
+
+    @overload
+    async def astart(
+        self: WorkflowDefinition[None, Out],
+        input: None = None,
+        *,
+        instance_id: str | None = None,
+        execution_timeout: Duration | None = None,
+        if_exists: IfExists = "fail",
+        priority: int = 0,
+    ) -> WorkflowHandle[Out]: ...
+
+    @overload
+    async def astart(
+        self,
+        input: InT,
+        *,
+        instance_id: str | None = None,
+        execution_timeout: Duration | None = None,
+        if_exists: IfExists = "fail",
+        priority: int = 0,
+    ) -> WorkflowHandle[OutT]: ...
+
+    async def astart(
+        self,
+        input: Any = None,
+        *,
+        instance_id: str | None = None,
+        execution_timeout: Duration | None = None,
+        if_exists: IfExists = "fail",
+        priority: int = 0,
+    ) -> WorkflowHandle[Any]:
+        """Async twin of :meth:`start` (``astart_workflow``), for async views."""
+        instance_id = await client().astart_workflow(
+            self.name,
+            input,
+            instance_id=instance_id,
+            execution_timeout=execution_timeout,
+            if_exists=if_exists,
+            priority=priority,
+        )
+        return WorkflowHandle(instance_id)
 
 
 def register_activity(definition: ActivityDefinition[Any, Any]) -> None:

@@ -6,6 +6,7 @@ status by hand. One module per job:
 
 - ``instances``: start, signal, cancel, terminate (writes, after-commit wake-ups);
 - ``results``: the result now, or a (sync or async) wait for the close;
+- ``handles``: ``get_handle``, and the calls a typed ``WorkflowHandle`` makes;
 - ``find``: describe one instance, list its activity tasks, find instances;
 - ``history``: export a portable history, replay checks, queries;
 - ``recovery``: resume a closed instance in place, fork one into a new instance;
@@ -46,6 +47,7 @@ from .find import (
     iter_instances,
     list_activity_tasks,
 )
+from .handles import get_handle
 from .history import (
     REDACTED,
     aexport_history,
@@ -170,6 +172,7 @@ __all__ = [
     "export_history",
     "find_instances",
     "fork_workflow",
+    "get_handle",
     "get_workflow_result",
     "iter_instances",
     "known_id",

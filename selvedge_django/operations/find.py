@@ -20,6 +20,7 @@ from django.db.models import Q
 from .. import exceptions as exc
 from ..engine.codec import contains_nul, error_from_envelope, error_to_envelope
 from ..engine.options import ActivityOptions
+from ..handles import WorkflowDescription
 from ..input_filters import input_value_equals
 from ..models import ActivityTask, WorkflowInstance, WorkflowStatus
 from .base import client_store, filter_text, known_id, validate_instance_id
@@ -42,68 +43,6 @@ _PATH_RE = re.compile(r"[A-Za-z0-9_]+(?:\.[A-Za-z0-9_]+)*")
 # one nested JSON lookup in the query, compiled recursively).
 MAX_FILTER_PATH_SEGMENTS = 32
 MAX_FILTER_PATH_CHARS = 255
-
-
-@dataclass(frozen=True)
-class WorkflowDescription:
-    """Durable status and links of one instance."""
-
-    instance_id: str
-    workflow_name: str
-    status: str
-    cancel_requested: bool
-    cancel_reason: str
-    parent_instance_id: str
-    parent_key: str
-    started_at: datetime
-    updated_at: datetime
-    # Executions in a row that ended on a storage error, and the last such error: the
-    # instance is held back from dispatch, longer after each (0 and "" otherwise).
-    execution_errors: int = 0
-    execution_error: str = ""
-    # History generations from 1 (a resume starts the next), how many resumes, and the
-    # instance this one was forked from (None when it was not).
-    generation: int = 1
-    resumed_count: int = 0
-    forked_from: str | None = None
-    # SELVEDGE["CODE_VERSION"] of the process that started it (None: unset there).
-    code_version: str | None = None
-    # The execution timeout it was started (or forked) with, and when the leader
-    # terminates it if it is still running then (database clock); None: no timeout.
-    execution_timeout: timedelta | None = None
-    execution_deadline: datetime | None = None
-    # The last value the workflow gave ctx.set_progress() (None: none), read without a
-    # replay.
-    progress: Any = None
-    # The dispatch priority it was started with (-100 to 100, larger first).
-    priority: int = 0
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "instance_id": self.instance_id,
-            "workflow_name": self.workflow_name,
-            "status": self.status,
-            "cancel_requested": self.cancel_requested,
-            "cancel_reason": self.cancel_reason,
-            "parent_instance_id": self.parent_instance_id,
-            "parent_key": self.parent_key,
-            "started_at": self.started_at.isoformat(),
-            "updated_at": self.updated_at.isoformat(),
-            "execution_errors": self.execution_errors,
-            "execution_error": self.execution_error,
-            "generation": self.generation,
-            "resumed_count": self.resumed_count,
-            "forked_from": self.forked_from,
-            "code_version": self.code_version,
-            "execution_timeout": (
-                None if self.execution_timeout is None else self.execution_timeout.total_seconds()
-            ),
-            "execution_deadline": (
-                None if self.execution_deadline is None else self.execution_deadline.isoformat()
-            ),
-            "progress": self.progress,
-            "priority": self.priority,
-        }
 
 
 @dataclass(frozen=True)

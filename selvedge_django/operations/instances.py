@@ -11,7 +11,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, TypeVar, overload
 
 from asgiref.sync import sync_to_async
 from django.db import transaction
@@ -27,6 +27,7 @@ from ..engine.events import CMD_ACTIVITY, HistoryRow, error_data
 from ..engine.identifiers import check_workflow_name, valid_channel
 from ..engine.options import ActivityOptions, check_priority
 from ..engine.ports import ExecutionSnapshot
+from ..handles import IF_EXISTS, IfExists
 from ..models import WorkflowStatus
 from ..registry import ActivityDefinition, WorkflowDefinition, get_workflow
 from ..worker.handoff import local_worker
@@ -46,10 +47,6 @@ __all__ = [
 ]
 
 In = TypeVar("In")
-
-# What a start does when its instance id is taken.
-IfExists = Literal["fail", "return"]
-IF_EXISTS: tuple[str, ...] = ("fail", "return")
 
 
 def _leases_version(settings: SelvedgeSettings, version: str | None) -> bool:

@@ -11,13 +11,13 @@ import asyncio
 import contextlib
 import json
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from asgiref.sync import sync_to_async
 
 from ..conf import get_settings
-from ..engine.codec import error_from_envelope, error_to_envelope
+from ..engine.codec import error_from_envelope
+from ..handles import WorkflowResult
 from ..models import WorkflowInstance, WorkflowStatus
 from ..registry import get_workflow
 from ..storage import DjangoStore
@@ -32,27 +32,6 @@ __all__ = [
     "get_workflow_result",
     "wait_workflow",
 ]
-
-
-@dataclass(frozen=True)
-class WorkflowResult:
-    """The current result of an instance: ``output`` when completed, ``error`` otherwise."""
-
-    instance_id: str
-    status: str
-    output: Any = None
-    error: BaseException | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        """Return the result as JSON-safe data (the error as its envelope, no traceback)."""
-        return {
-            "instance_id": self.instance_id,
-            "status": self.status,
-            "output": self.output,
-            "error": None
-            if self.error is None
-            else error_to_envelope(self.error, with_traceback=False),
-        }
 
 
 def _result(

@@ -5,7 +5,8 @@ The layers, bottom up (the README's "Architecture" draws them)::
     surfaces      admin/ management/ checks apps testing/ contrib/ the public API
     operations    operations/: start, signal, cancel, results, find, history, prune, ...
     worker        worker/: the supervisor, one module per loop, the runtime, the handoff
-    definitions   registry, schedules: what workflows and schedules exist
+    definitions   registry, schedules, handles: what workflows and schedules exist, and a
+                  typed handle on an instance
     storage       storage/: the portable store, one subclass per database
     foundations   conf models signals hooks ...: Django-level, below the store
     engine        engine/: pure, no Django
@@ -63,7 +64,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         ),
     ),
     ("storage", ("storage",)),
-    ("definitions", ("registry", "schedules")),
+    ("definitions", ("registry", "schedules", "handles")),
     ("worker", ("worker",)),
     ("operations", ("operations",)),
     (
