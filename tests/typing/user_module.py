@@ -1,7 +1,7 @@
 """A user's workflows module, checked by ``mypy --strict`` (tests/typing/check.py).
 
 It must type-check cleanly: definitions carry their input and output types through
-``execute``, futures, child handles and ``start_workflow``.
+``execute``, futures, child handles, ``start_workflow`` and workflow handles.
 """
 
 from __future__ import annotations
@@ -98,3 +98,35 @@ async def start_from_an_async_view() -> str:
     history = await sv.aexport_history(instance_id)
     assert_type(history, sv.RecordedHistory)
     return instance_id
+
+
+def start_with_a_handle(order: Order) -> list[str]:
+    handle = parent.start("Ada", instance_id=f"order-{order.order_id}", priority=5)
+    assert_type(handle, sv.WorkflowHandle[list[str]])
+    assert_type(handle.id, str)
+    handle.signal("approve", {"by": "ada"})
+    assert_type(handle.query("progress"), Any)
+    assert_type(handle.describe(), sv.WorkflowDescription)
+    handle.cancel(reason="changed my mind")
+    assert_type(no_input.start(), sv.WorkflowHandle[str])
+    assert_type(child.start({"id": 1}, if_exists="return").result(timeout=5), float)
+    typed = sv.get_handle(handle.id, workflow=parent)
+    assert_type(typed, sv.WorkflowHandle[list[str]])
+    assert_type(sv.get_handle(handle.id), sv.WorkflowHandle[Any])
+    assert_type(handle.result(timeout=10), list[str])
+    return handle.result()
+
+
+async def start_with_a_handle_from_an_async_view() -> str:
+    handle = await no_input.astart()
+    assert_type(handle, sv.WorkflowHandle[str])
+    assert_type(await handle.aresult(timeout=10), str)
+    assert_type(await handle.adescribe(), sv.WorkflowDescription)
+    await handle.asignal("approve")
+    await handle.acancel()
+    assert_type(await handle.aquery("progress"), Any)
+    assert_type(await (await parent.astart("Ada")).aresult(), list[str])
+    forked = await sv.afork_workflow(handle.id, from_key="#1:typing.greet")
+    assert_type(forked, str)
+    assert_type(sv.resume_workflow(forked), int)
+    return forked

@@ -39,3 +39,19 @@ def start() -> None:
 
 async def astart() -> None:
     await sv.astart_workflow(parent, 42)  # error: misc
+
+
+def start_with_a_handle() -> None:
+    parent.start(42)  # error: arg-type
+    parent.start()  # error: call-arg
+    parent.start("Ada", if_exists="replace")  # error: arg-type
+    number: int = parent.start("Ada").result()  # error: assignment
+    typed: int = sv.get_handle("order-1", workflow=parent).result()  # error: assignment
+    parent.start("Ada").signal()  # error: call-arg
+    print(number, typed)
+
+
+async def astart_with_a_handle() -> None:
+    await parent.astart(42)  # error: arg-type
+    text: str = await (await child.astart(1)).aresult()  # error: assignment
+    print(text)
