@@ -8,9 +8,11 @@ waiting for a clock. Times are Unix milliseconds; slots fall on whole seconds.
   epoch without ``start_at``). The run of a slot is the instance
   ``<schedule name>@<slot as ISO 8601 UTC>``, so a slot starts at most once.
 * DST: cron fields are matched against the local wall clock. A local time that
-  does not exist (the hour skipped when clocks go forward) is no slot at all; a
-  local time that exists twice (the hour repeated when clocks go back) is one
-  slot, at its first occurrence. Intervals are absolute and ignore DST.
+  does not exist (the hour skipped when clocks go forward) is no slot at all. A
+  local time that exists twice (the hour repeated when clocks go back) is a slot
+  in both passes for a wildcard expression (minute or hour field starting with
+  ``*``, :func:`is_wildcard`), else one slot, at its first occurrence, as in Vixie
+  cron. Intervals are absolute and ignore DST.
 * :func:`plan` decides what the leader does with one schedule at one moment:
   which slots start, which missed the catch-up window, which the overlap policy
   skips or buffers, and whether the last run is asked to cancel.
@@ -21,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
@@ -34,6 +36,7 @@ __all__ = [
     "SlotRule",
     "check_cron",
     "check_timezone",
+    "is_wildcard",
     "iso_ms",
     "jitter_offset_ms",
     "plan",
@@ -124,6 +127,35 @@ def check_cron(expression: object) -> str:
 # -- slots ------------------------------------------------------------------------------
 
 
+def is_wildcard(cron: str) -> bool:
+    """Whether a cron expression runs in both passes of a repeated hour.
+
+    Vixie cron's rule (and cronie's): an expression whose minute or hour field
+    starts with ``*`` (``*``, ``*/15``) is a wildcard job and runs at each matching
+    wall time, in the first pass and again in the second; any other expression
+    names fixed times, and a fixed time runs once, at its first occurrence.
+    """
+    minute, hour = cron.split()[:2]
+    return minute.startswith("*") or hour.startswith("*")
+
+
+def _offset(moment: datetime) -> timedelta:
+    return moment.utcoffset() or timedelta(0)
+
+
+def _instant(wall: datetime, zone: ZoneInfo, fold: int) -> int | None:
+    """Unix ms of the local time ``wall`` (pass ``fold`` of a repeated time).
+
+    None when ``wall`` does not exist (a DST gap). Outside a repeated time both
+    folds give the same instant.
+    """
+    utc = wall.replace(tzinfo=zone, fold=fold).astimezone(UTC)
+    back = utc.astimezone(zone)
+    if back.replace(tzinfo=None) != wall or back.fold != fold:
+        return None
+    return int(utc.timestamp()) * 1000
+
+
 @dataclass(frozen=True)
 class SlotRule:
     """The slots of one schedule: cron in ``timezone``, or every ``interval_ms``.
@@ -164,24 +196,35 @@ class SlotRule:
     def _next_cron(self, after_ms: int) -> int | None:
         assert self.cron is not None
         zone = ZoneInfo(self.timezone)
-        after = datetime.fromtimestamp(after_ms / 1000, UTC)
+        both_passes = is_wildcard(self.cron)
+        after = datetime.fromtimestamp(after_ms / 1000, UTC).astimezone(zone)
         # Matched against the local wall clock, without the library's own DST rules:
         # a naive datetime is plain calendar arithmetic.
-        local = after.astimezone(zone).replace(tzinfo=None)
+        local = after.replace(tzinfo=None)
+        if both_passes and after.fold == 0:
+            # Inside the first pass of a repeated hour, the second pass's slots have
+            # earlier wall times than ``after``: search from as far back as it repeats.
+            back = _offset(after) - _offset(after.replace(fold=1))
+            if back > timedelta(0):
+                local -= back
         candidates = CronSim(self.cron, local)
+        second: int | None = None  # the first second-pass slot after ``after_ms`` seen
         for _ in range(MAX_CANDIDATES):
             try:
                 wall = next(candidates)
             except StopIteration:  # no match within 50 years
-                return None
-            moment = wall.replace(tzinfo=zone)  # fold=0: the first of a repeated time
-            utc = moment.astimezone(UTC)
-            if utc.astimezone(zone).replace(tzinfo=None) != wall:
+                return second
+            first = _instant(wall, zone, 0)
+            if first is None:
                 continue  # skipped by a DST gap: this local time does not exist
-            ms = int(utc.timestamp()) * 1000
-            if ms > after_ms:
-                return ms
-        return None
+            if first > after_ms:
+                # First passes are in order, and a second pass lies after its first.
+                return first if second is None else min(first, second)
+            if both_passes and second is None:
+                repeat = _instant(wall, zone, 1)
+                if repeat is not None and repeat > after_ms:
+                    second = repeat  # second passes are in order too
+        return second
 
     def between(self, start_ms: int, end_ms: int, limit: int) -> list[int]:
         """The slots in ``[start_ms, end_ms)``; InvalidSchedule if more than ``limit``."""

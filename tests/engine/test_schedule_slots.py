@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from hypothesis import given, settings
@@ -117,7 +117,7 @@ def test_paris_spring_forward_skips_the_slot_that_does_not_exist() -> None:
     ]
 
 
-def test_paris_fall_back_fires_a_repeated_time_once() -> None:
+def test_paris_fall_back_fires_a_fixed_time_once_and_a_wildcard_in_both_passes() -> None:
     # 2030-10-27: 03:00 CEST becomes 02:00 CET; 02:00-02:59 happens twice.
     daily = SlotRule("30 2 * * *", None, timezone="Europe/Paris")
     assert slots(daily, "2030-10-26T12:00:00+00:00", 2) == [
@@ -125,9 +125,10 @@ def test_paris_fall_back_fires_a_repeated_time_once() -> None:
         "2030-10-28T01:30:00Z",
     ]
     hourly = SlotRule("0 * * * *", None, timezone="Europe/Paris")
-    assert slots(hourly, "2030-10-26T23:30:00+00:00", 3) == [
+    assert slots(hourly, "2030-10-26T23:30:00+00:00", 4) == [
         "2030-10-27T00:00:00Z",  # 02:00 CEST
-        "2030-10-27T02:00:00Z",  # 03:00 CET: the second 02:00 (01:00Z) is not a slot
+        "2030-10-27T01:00:00Z",  # 02:00 CET: the hour field is "*", so the second pass too
+        "2030-10-27T02:00:00Z",  # 03:00 CET
         "2030-10-27T03:00:00Z",
     ]
 
@@ -145,22 +146,94 @@ def test_new_york_spring_forward_and_fall_back() -> None:
         "2030-03-10T07:00:00Z",  # 03:00 EDT
     ]
     # 2030-11-03: 02:00 EDT becomes 01:00 EST; 01:00-01:59 happens twice.
-    quarterly = SlotRule("*/15 1 * * *", None, timezone="America/New_York")
+    quarterly = SlotRule("0,15,30,45 1 * * *", None, timezone="America/New_York")
     assert slots(quarterly, "2030-11-03T04:50:00+00:00", 5) == [
         "2030-11-03T05:00:00Z",  # 01:00 EDT
         "2030-11-03T05:15:00Z",
         "2030-11-03T05:30:00Z",
         "2030-11-03T05:45:00Z",
-        "2030-11-04T06:00:00Z",  # the second pass (06:00-06:45Z) fires nothing
+        "2030-11-04T06:00:00Z",  # fixed times: the second pass (06:00-06:45Z) fires nothing
+    ]
+    # The same search from inside the second pass finds the next day.
+    assert quarterly.next_after(ms("2030-11-03T06:20:00+00:00")) == ms("2030-11-04T06:00:00+00:00")
+
+
+def test_wildcard_expressions_fire_in_both_passes_of_the_repeated_hour() -> None:
+    # 2030-11-03 in New York: 02:00 EDT becomes 01:00 EST; 01:00-01:59 happens twice.
+    # */15 runs every quarter hour of real time, without a one-hour gap (as Vixie cron).
+    quarterly = SlotRule("*/15 * * * *", None, timezone="America/New_York")
+    assert slots(quarterly, "2030-11-03T04:50:00+00:00", 10) == [
+        "2030-11-03T05:00:00Z",  # 01:00 EDT
+        "2030-11-03T05:15:00Z",
+        "2030-11-03T05:30:00Z",
+        "2030-11-03T05:45:00Z",
+        "2030-11-03T06:00:00Z",  # 01:00 EST, the second pass
+        "2030-11-03T06:15:00Z",
+        "2030-11-03T06:30:00Z",
+        "2030-11-03T06:45:00Z",
+        "2030-11-03T07:00:00Z",  # 02:00 EST
+        "2030-11-03T07:15:00Z",
+    ]
+    # A wildcard minute with a fixed hour is wildcard too (Vixie cron: minute or hour "*").
+    in_the_hour = SlotRule("*/30 1 * * *", None, timezone="America/New_York")
+    assert slots(in_the_hour, "2030-11-03T04:50:00+00:00", 5) == [
+        "2030-11-03T05:00:00Z",
+        "2030-11-03T05:30:00Z",
+        "2030-11-03T06:00:00Z",
+        "2030-11-03T06:30:00Z",
+        "2030-11-04T06:00:00Z",
+    ]
+    # Paris, 2030-10-27: 03:00 CEST becomes 02:00 CET; "0 */2" names 02:00 twice.
+    two_hourly = SlotRule("0 */2 * * *", None, timezone="Europe/Paris")
+    assert slots(two_hourly, "2030-10-26T21:30:00+00:00", 4) == [
+        "2030-10-26T22:00:00Z",  # 00:00 CEST
+        "2030-10-27T00:00:00Z",  # 02:00 CEST
+        "2030-10-27T01:00:00Z",  # 02:00 CET
+        "2030-10-27T03:00:00Z",  # 04:00 CET
     ]
 
 
-def test_an_instant_inside_the_repeated_hour_finds_the_next_slot_after_it() -> None:
+def test_a_fixed_time_fires_once_in_the_repeated_hour() -> None:
+    for expression in ("30 1 * * *", "0,30 1 * * *", "15 1-2 * * *"):
+        rule = SlotRule(expression, None, timezone="America/New_York")
+        found = slots(rule, "2030-11-03T04:50:00+00:00", 3)
+        assert "2030-11-03T06:30:00Z" not in found and "2030-11-03T06:15:00Z" not in found
+        assert found[0] in ("2030-11-03T05:30:00Z", "2030-11-03T05:00:00Z", "2030-11-03T05:15:00Z")
+
+
+def test_the_search_from_inside_either_pass_finds_the_next_slot_in_real_time() -> None:
     quarterly = SlotRule("*/15 * * * *", None, timezone="America/New_York")
-    # 01:20 EST, the second pass: the first pass's 01:30 already happened (05:30Z).
+    # 01:50 EDT, late in the first pass: next is 01:00 EST, an hour of wall time back.
+    assert slots(quarterly, "2030-11-03T05:50:00+00:00", 2) == [
+        "2030-11-03T06:00:00Z",
+        "2030-11-03T06:15:00Z",
+    ]
+    # 01:20 EST, the second pass.
     assert slots(quarterly, "2030-11-03T06:20:00+00:00", 2) == [
-        "2030-11-03T07:00:00Z",  # 02:00 EST
-        "2030-11-03T07:15:00Z",
+        "2030-11-03T06:30:00Z",
+        "2030-11-03T06:45:00Z",
+    ]
+    # Lord Howe Island repeats half an hour (01:30-01:59) on 2030-04-07.
+    lord_howe = SlotRule("*/20 * * * *", None, timezone="Australia/Lord_Howe")
+    assert slots(lord_howe, "2030-04-06T14:30:00+00:00", 5) == [
+        "2030-04-06T14:40:00Z",  # 01:40 +11
+        "2030-04-06T15:10:00Z",  # 01:40 +10:30, the second pass
+        "2030-04-06T15:30:00Z",  # 02:00 +10:30
+        "2030-04-06T15:50:00Z",
+        "2030-04-06T16:10:00Z",
+    ]
+
+
+def test_both_passes_have_their_own_run_ids_and_other_ids_do_not_change() -> None:
+    quarterly = SlotRule("*/15 * * * *", None, timezone="America/New_York")
+    found = slots(quarterly, "2030-11-03T04:50:00+00:00", 8)
+    ids = [slot_id("q", ms(text.replace("Z", "+00:00"))) for text in found]
+    assert len(set(ids)) == 8
+    assert ids[1] == "q@2030-11-03T05:15:00Z" and ids[5] == "q@2030-11-03T06:15:00Z"  # 01:15 twice
+    # Away from the repeated hour the slots (and so the ids) are what they always were.
+    assert slots(quarterly, "2030-11-03T07:50:00+00:00", 2) == [
+        "2030-11-03T08:00:00Z",
+        "2030-11-03T08:15:00Z",
     ]
 
 
@@ -170,22 +243,74 @@ def test_an_instant_inside_the_repeated_hour_finds_the_next_slot_after_it() -> N
     expression=st.sampled_from(["*/7 * * * *", "0 */3 * * *", "30 1,2,3 * * *", "0 0 * * 0"]),
     zone=st.sampled_from(["Europe/Paris", "America/New_York", "Australia/Lord_Howe", "UTC"]),
 )
-def test_cron_slots_increase_and_each_local_time_fires_at_most_once(
+def test_cron_slots_increase_and_each_local_time_fires_once_or_once_per_pass(
     start: int, expression: str, zone: str
 ) -> None:
     from zoneinfo import ZoneInfo
 
+    from selvedge_django.schedule_slots import is_wildcard
+
     rule = SlotRule(expression, None, timezone=zone)
     at = start
-    seen_local: set[datetime] = set()
+    seen_local: set[object] = set()
     for _ in range(20):
         nxt = rule.next_after(at)
         assert nxt is not None and nxt > at and nxt % 1000 == 0
         local = datetime.fromtimestamp(nxt / 1000, UTC).astimezone(ZoneInfo(zone))
         wall = local.replace(tzinfo=None)
-        assert wall not in seen_local  # a repeated wall time fires once
-        seen_local.add(wall)
+        # A repeated wall time fires once, or once per pass for a wildcard expression.
+        key = (wall, local.fold) if is_wildcard(expression) else wall
+        assert key not in seen_local
+        seen_local.add(key)
+        # No slot was passed over: nothing matches between two slots.
+        assert rule.next_after(at) == nxt
         at = nxt
+
+
+TRANSITIONS_2030 = [
+    ("Europe/Paris", "2030-03-31T01:00:00+00:00"),
+    ("Europe/Paris", "2030-10-27T01:00:00+00:00"),
+    ("America/New_York", "2030-03-10T07:00:00+00:00"),
+    ("America/New_York", "2030-11-03T06:00:00+00:00"),
+    ("Australia/Lord_Howe", "2030-04-06T15:00:00+00:00"),  # back half an hour
+    ("Australia/Lord_Howe", "2030-10-05T15:30:00+00:00"),
+]
+
+
+@pytest.mark.parametrize(("zone", "transition"), TRANSITIONS_2030)
+@pytest.mark.parametrize(
+    "expression",
+    ["*/7 * * * *", "0 */2 * * *", "*/20 1 * * *", "17 * * * *", "30 1,2 * * *", "0-59 1-2 * * *"],
+)
+def test_slots_are_every_minute_whose_wall_clock_matches_by_brute_force(
+    zone: str, transition: str, expression: str
+) -> None:
+    """Over each minute of real time around a DST change: a wildcard expression's slots
+    are the minutes whose local wall time matches, in both passes of a repeated time;
+    a fixed expression's are the first occurrence of each matching wall time."""
+    from zoneinfo import ZoneInfo
+
+    from cronsim import CronSim
+
+    from selvedge_django.schedule_slots import is_wildcard
+
+    tz = ZoneInfo(zone)
+    begin = ms(transition) - 3 * HOUR
+    end = ms(transition) + 3 * HOUR
+    expected: list[int] = []
+    for instant in range(begin + MINUTE, end + 1, MINUTE):
+        local = datetime.fromtimestamp(instant / 1000, UTC).astimezone(tz)
+        wall = local.replace(tzinfo=None)
+        matches = next(CronSim(expression, wall - timedelta(minutes=1))) == wall
+        if matches and (local.fold == 0 or is_wildcard(expression)):
+            expected.append(instant)
+    rule = SlotRule(expression, None, timezone=zone)
+    found: list[int] = []
+    slot = rule.next_after(begin)
+    while slot is not None and slot <= end:
+        found.append(slot)
+        slot = rule.next_after(slot)
+    assert [iso_ms(s) for s in found] == [iso_ms(s) for s in expected]
 
 
 # -- validation ----------------------------------------------------------------------------

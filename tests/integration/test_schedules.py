@@ -533,6 +533,41 @@ def test_new_york_fall_back_on_the_database_clock(leader: Leader) -> None:
     assert sv.describe_schedule("ny").next_run_at == datetime(2030, 11, 4, 6, 0, tzinfo=UTC)
 
 
+def test_a_wildcard_schedule_runs_through_the_repeated_hour_on_the_database_clock(
+    leader: Leader,
+) -> None:
+    leader.move_to(datetime(2030, 11, 3, 4, 31, tzinfo=UTC))
+    sv.create_schedule(
+        "ny-quarter",
+        "sched.echo",
+        cron="*/15 * * * *",
+        timezone="America/New_York",
+        catchup_window=3600,
+        overlap="allow_all",
+    )
+    found = walk(
+        leader,
+        "ny-quarter",
+        datetime(2030, 11, 3, 4, 40, tzinfo=UTC),
+        datetime(2030, 11, 3, 7, 10, tzinfo=UTC),
+        timedelta(minutes=5),
+    )
+    # Every quarter hour of real time: 00:45 and 01:00-01:45 EDT, 01:00-01:45 EST, 02:00 EST.
+    expected = [
+        f"ny-quarter@2030-11-03T{hour:02d}:{minute:02d}:00Z"
+        for hour in (5, 6)
+        for minute in (0, 15, 30, 45)
+    ]
+    assert found == [
+        "ny-quarter@2030-11-03T04:45:00Z",
+        *expected,
+        "ny-quarter@2030-11-03T07:00:00Z",
+    ]
+    described = sv.describe_schedule("ny-quarter")
+    assert described.runs_started == 10 and described.missed_runs == 0
+    assert described.next_run_at == datetime(2030, 11, 3, 7, 15, tzinfo=UTC)
+
+
 # -- code-defined schedules -------------------------------------------------------------------
 
 
