@@ -20,8 +20,10 @@ waiting for a clock. Times are Unix milliseconds; slots fall on whole seconds.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
+import zoneinfo
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -92,10 +94,41 @@ def jitter_offset_ms(name: str, slot_ms: int, jitter_ms: int) -> int:
 # -- validation of the parts ---------------------------------------------------------------
 
 
+# Names the zoneinfo database of a host may hold that mean different things on
+# different hosts: the host's own zone, placeholders, and the copies under posix/
+# (the same zones) and right/ (clocks that count leap seconds).
+_HOST_DEPENDENT = frozenset({"localtime", "Factory", "posixrules"})
+_HOST_DEPENDENT_PREFIXES = ("posix/", "right/")
+
+
+@functools.cache
+def _iana_names() -> frozenset[str]:
+    """The IANA time zone names accepted: zoneinfo's list without host-dependent ones."""
+    return frozenset(
+        name
+        for name in zoneinfo.available_timezones()
+        if name not in _HOST_DEPENDENT and not name.startswith(_HOST_DEPENDENT_PREFIXES)
+    )
+
+
 def check_timezone(name: object) -> ZoneInfo:
-    """Return the IANA timezone ``name``; raise InvalidSchedule for anything else."""
+    """Return the IANA timezone ``name``; raise InvalidSchedule for anything else.
+
+    Only names of the IANA time zone database are accepted (``Europe/Paris``,
+    ``UTC``, ``US/Eastern``): not ``localtime``, ``Factory``, ``posixrules`` or
+    the ``posix/`` and ``right/`` copies, which depend on the host that reads them,
+    so that every leader computes the same slots.
+    """
     if not isinstance(name, str) or not 1 <= len(name) <= 64:
         raise InvalidSchedule(f"timezone must be an IANA name such as 'Europe/Paris', not {name!r}")
+    if name in _HOST_DEPENDENT or name.startswith(_HOST_DEPENDENT_PREFIXES):
+        raise InvalidSchedule(
+            f"timezone {name!r} depends on the host; use an IANA name such as 'Europe/Paris'"[:300]
+        )
+    if name not in _iana_names():
+        raise InvalidSchedule(
+            f"unknown timezone {name!r} (use an IANA name such as 'Europe/Paris')"[:300]
+        )
     try:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError, OSError):
@@ -195,7 +228,7 @@ class SlotRule:
 
     def _next_cron(self, after_ms: int) -> int | None:
         assert self.cron is not None
-        zone = ZoneInfo(self.timezone)
+        zone = check_timezone(self.timezone)  # a stored row may predate the check
         both_passes = is_wildcard(self.cron)
         after = datetime.fromtimestamp(after_ms / 1000, UTC).astimezone(zone)
         # Matched against the local wall clock, without the library's own DST rules:

@@ -120,6 +120,8 @@ def test_invalid_definitions_are_form_errors_and_write_nothing(
     assert "exactly one of cron and interval" in page
     page = client.post(ADD, {**FORM, "timezone": "Mars/Base"}).content.decode()
     assert "unknown timezone" in page
+    page = client.post(ADD, {**FORM, "timezone": "localtime"}).content.decode()
+    assert "IANA" in page and "localtime" in page
     sv.create_schedule("nightly", "sched.echo", interval=60)
     page = client.post(ADD, FORM).content.decode()
     assert "already exists" in page

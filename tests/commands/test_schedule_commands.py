@@ -97,3 +97,15 @@ def test_common_options_work_after_an_actions_arguments(tdb: None) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["name"] == "seen"
+
+
+def test_a_stored_host_dependent_timezone_is_an_error_and_writes_nothing(tdb: None) -> None:
+    from selvedge_django.models import Schedule
+
+    sv.create_schedule("host-cmd", "sched.echo", cron="0 3 * * *", timezone="Europe/Paris")
+    sv.pause_schedule("host-cmd")
+    Schedule.objects.filter(name="host-cmd").update(timezone="localtime")
+    assert "IANA" in fails("unpause", "host-cmd")
+    assert "IANA" in fails("backfill", "host-cmd", "2026-01-01T00:00:00Z", "2026-01-02T00:00:00Z")
+    assert sv.describe_schedule("host-cmd").paused
+    assert json.loads(run("describe", "host-cmd"))["timezone"] == "localtime"  # still readable

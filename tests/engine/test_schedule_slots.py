@@ -348,6 +348,35 @@ def test_unknown_timezones_are_refused(zone: object) -> None:
         check_timezone(zone)
 
 
+HOST_DEPENDENT_ZONES = [
+    "localtime",  # whatever /etc/localtime is on the host that reads it
+    "Factory",
+    "posixrules",
+    "posix/Europe/Paris",
+    "right/Europe/Paris",  # leap seconds counted: slots seconds off
+]
+
+
+@pytest.mark.parametrize("zone", HOST_DEPENDENT_ZONES)
+def test_host_dependent_timezone_names_are_refused(zone: str) -> None:
+    with pytest.raises(sv.InvalidSchedule, match="IANA"):
+        check_timezone(zone)
+
+
+@pytest.mark.parametrize(
+    "zone", ["UTC", "Europe/Paris", "America/New_York", "US/Eastern", "Etc/GMT+5"]
+)
+def test_iana_timezone_names_are_accepted(zone: str) -> None:
+    assert check_timezone(zone).key == zone
+
+
+@pytest.mark.parametrize("zone", HOST_DEPENDENT_ZONES)
+def test_a_cron_rule_in_a_host_dependent_timezone_has_no_slots_to_compute(zone: str) -> None:
+    # A stored row written before names were checked (or by hand) computes nothing.
+    with pytest.raises(sv.InvalidSchedule):
+        SlotRule("0 3 * * *", None, timezone=zone).next_after(ms("2030-01-01T00:00:00+00:00"))
+
+
 @given(st.text(max_size=40))
 @settings(max_examples=300, deadline=None)
 def test_any_text_is_a_cron_expression_or_invalid_schedule(text: str) -> None:

@@ -126,6 +126,9 @@ def test_create_describe_list_and_delete(leader: Leader) -> None:
         ({"interval": 0}, "interval"),
         ({"interval": 1.5}, "whole number of seconds"),
         ({"interval": 60, "timezone": "Nowhere/Else"}, "unknown timezone"),
+        ({"cron": "0 3 * * *", "timezone": "localtime"}, "IANA"),
+        ({"cron": "0 3 * * *", "timezone": "posix/Europe/Paris"}, "IANA"),
+        ({"interval": 60, "timezone": "Factory"}, "IANA"),
         ({"interval": 60, "overlap": "queue"}, "overlap"),
         ({"interval": 60, "catchup_window": 1}, "catchup_window"),
         ({"interval": 60, "jitter": 60}, "jitter"),
@@ -263,6 +266,50 @@ def test_a_schedule_that_cannot_be_planned_is_recorded_and_the_others_go_on(
     assert "Nowhere/Else" in broken.last_error or "Error" in broken.last_error
     assert broken.next_run_at is not None and broken.next_run_at > db_now()  # retried later
     assert leader.fire() == 0  # not again at once: an error does not spin
+
+
+def test_host_dependent_timezones_are_refused_at_every_boundary(
+    leader: Leader, code_schedules: Callable[[dict[str, Any]], Any]
+) -> None:
+    with override_settings(TIME_ZONE="localtime"), pytest.raises(sv.InvalidSchedule, match="IANA"):
+        sv.create_schedule("host", "sched.echo", cron="0 3 * * *")  # the default zone too
+    sv.create_schedule("host", "sched.echo", cron="0 3 * * *", timezone="Europe/Paris")
+    with pytest.raises(sv.InvalidSchedule, match="IANA"):
+        sv.update_schedule("host", timezone="right/Europe/Paris")
+    assert sv.describe_schedule("host").timezone == "Europe/Paris"
+    code_schedules(
+        {"host-code": {"workflow": "sched.echo", "cron": "0 3 * * *", "timezone": "localtime"}}
+    )
+    errors = [m for m in run_checks(tags=["selvedge"]) if m.id == "selvedge.E004"]
+    assert len(errors) == 1 and "localtime" in errors[0].msg
+    with pytest.raises(ImproperlyConfigured, match="localtime"):
+        Worker().start()
+    assert [row.name for row in Schedule.objects.all()] == ["host"]
+
+
+def test_a_stored_host_dependent_timezone_computes_no_slot_and_writes_nothing(
+    leader: Leader,
+) -> None:
+    """A row written before the names were checked (or by hand) is refused when loaded:
+    the leader records the error and starts nothing; backfill and unpause raise
+    InvalidSchedule and write nothing; a valid zone set with update_schedule repairs it."""
+    start = next_minute()
+    sv.create_schedule("stored", "sched.echo", cron="* * * * *", timezone="Europe/Paris")
+    sv.create_schedule("fine", "sched.echo", interval=60)
+    Schedule.objects.filter(name="stored").update(timezone="localtime")
+    assert leader.at(start + timedelta(milliseconds=200)) == 2
+    assert runs("stored") == [] and runs("fine") == [f"fine@{iso(start)}"]
+    assert "localtime" in sv.describe_schedule("stored").last_error
+    version = Schedule.objects.get(name="stored").version
+    with pytest.raises(sv.InvalidSchedule, match="IANA"):
+        sv.backfill_schedule("stored", start - 3 * MINUTE, start)
+    sv.pause_schedule("stored")
+    with pytest.raises(sv.InvalidSchedule, match="IANA"):
+        sv.unpause_schedule("stored")
+    assert runs("stored") == [] and Schedule.objects.get(name="stored").paused
+    assert Schedule.objects.get(name="stored").version == version + 1  # the pause only
+    repaired = sv.update_schedule("stored", timezone="Europe/Paris", paused=False)
+    assert repaired.timezone == "Europe/Paris" and repaired.next_run_at is not None
 
 
 def test_the_leader_fires_the_start_hooks(leader: Leader) -> None:
