@@ -13,7 +13,9 @@ is started by its definition). ``Decimal``, ``date``, ``datetime``, ``time``,
 installed), nested in ``list``, ``tuple``, ``set``, ``dict`` and ``X | None``,
 come back as what went in. Unannotated values, ``Any`` and signal payloads stay
 JSON. A value that does not fit its annotation raises
-:class:`~selvedge_django.exceptions.PayloadConversionError`.
+:class:`~selvedge_django.exceptions.PayloadConversionError`; scalars are checked
+by their JSON type (``bool`` is not ``int``; an integer is a ``float``; ``null``
+passes for any annotation).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import datetime as dt
 import enum
 import inspect
 import json
+import re
 import threading
 import types
 import typing
@@ -164,7 +167,10 @@ def _convert(value: Any, tp: Any) -> Any:
     if origin is typing.Union or origin is types.UnionType:
         return _union(value, typing.get_args(tp))
     if origin is typing.Literal:
-        return value
+        for option in typing.get_args(tp):
+            if type(value) is type(option) and value == option:  # True is not 1
+                return value
+        raise ValueError(f"expected one of {list(typing.get_args(tp))!r}")
     if origin is not None:
         return _generic(value, origin, typing.get_args(tp))
     if value is None or not isinstance(tp, type):
@@ -175,6 +181,8 @@ def _convert(value: Any, tp: Any) -> Any:
 def _union(value: Any, args: tuple[Any, ...]) -> Any:
     if value is None and type(None) in args:
         return None
+    if type(value) in _SCALARS and type(value) in args:
+        return value  # the member of the value's own JSON type first: 5 stays an int
     errors: list[str] = []
     for arg in args:
         if arg is type(None):
@@ -210,20 +218,40 @@ def _generic(value: Any, origin: Any, args: tuple[Any, ...]) -> Any:
 
 
 def _key(key: str, tp: Any) -> Any:
+    """An object key (JSON keys are text) as ``tp``: as ``json`` writes int, float, bool keys."""
     if tp in (Any, str):
         return key
     if tp is int:
+        if not _INT_KEY.fullmatch(key):
+            raise ValueError(f"expected an integer key, got {key!r}")
         return int(key)
+    if tp is float:
+        return float(key)
+    if tp is bool:
+        if key not in ("true", "false"):
+            raise ValueError(f"expected the key 'true' or 'false', got {key!r}")
+        return key == "true"
     return _convert(key, tp)
 
 
+# The JSON types of scalars, each read only as its own annotation (and int as float).
+_SCALARS = (bool, int, float, str)
+_INT_KEY = re.compile(r"-?[0-9]+")
+
+
 def _plain(value: Any, tp: type) -> Any:
-    if tp is bool or tp is str or tp is dict or tp is list:
+    if tp in (bool, str, dict, list):
+        if not isinstance(value, tp):
+            raise TypeError(f"expected {_json_type(tp)}, got {_json_type(type(value))}")
         return value
     if tp is int:
+        if type(value) is not int:  # bool is not an int, nor is 5.0
+            raise TypeError(f"expected an integer, got {_json_type(type(value))}")
         return value
     if tp is float:
-        return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
+        if type(value) not in (int, float):  # an integer is a float too, a bool is not
+            raise TypeError(f"expected a number, got {_json_type(type(value))}")
+        return float(value)
     if tp is Decimal:
         if isinstance(value, bool) or not isinstance(value, str | int | float):
             raise TypeError(f"expected a decimal string, got {type(value).__name__}")
@@ -242,12 +270,20 @@ def _plain(value: Any, tp: type) -> Any:
     if issubclass(tp, uuid.UUID):
         return _text(value, uuid.UUID)
     if issubclass(tp, enum.Enum):
+        if isinstance(value, bool) and not any(isinstance(m.value, bool) for m in tp):
+            raise TypeError(f"expected a value of {tp.__qualname__}, got a boolean")
         return tp(value)
     if dataclasses.is_dataclass(tp):
         return _dataclass(value, tp)
     if _is_pydantic_model(tp):
         return tp.model_validate(value)  # type: ignore[attr-defined]
     return value
+
+
+def _json_type(tp: type) -> str:
+    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
+    names.update({dict: "an object", list: "a list", type(None): "null"})
+    return names.get(tp, tp.__name__)
 
 
 def _text(value: Any, parse: Callable[[str], Any]) -> Any:

@@ -12,6 +12,7 @@ import dataclasses
 import datetime as dt
 import enum
 import json
+import typing
 import uuid
 from collections.abc import Iterator
 from decimal import Decimal
@@ -237,6 +238,99 @@ def test_the_converter_round_trips_values_by_annotation() -> None:
     for value, annotation in cases:
         back = roundtrip(value, annotation)
         assert back == value and type(back) is type(value), (value, back)
+
+
+class Rank(enum.IntEnum):
+    FIRST = 1
+
+
+LINE = {"sku": "tea", "price": "3.10", "quantity": 3, "size": "s"}
+
+
+@pytest.mark.parametrize(
+    ("value", "annotation"),
+    [
+        ("one", int),
+        (5, str),
+        ("yes", bool),
+        (1, bool),
+        (True, int),  # bool is not int
+        (1.5, int),
+        (5.0, int),
+        ("1.5", float),
+        (True, float),
+        (5, dict),
+        ("x", list),
+        ([1], dict),
+        ([1, "two"], list[int]),
+        ({"a": "x"}, dict[str, int]),
+        ({"x": 1}, dict[int, int]),
+        ({"1.0": 1}, dict[int, int]),
+        (["a"], tuple[int, ...]),
+        ([1, 2], tuple[int, str]),
+        (["yes"], set[bool]),
+        ({**LINE, "sku": 5}, Line),
+        ({**LINE, "quantity": "3"}, Line),
+        ([{**LINE, "quantity": True}], list[Line]),
+        ({"lines": [{**LINE, "quantity": "3"}]}, dict[str, list[Line]]),
+        ("c", typing.Literal["a", "b"]),
+        (True, typing.Literal[1]),
+        ("x", int | None),
+        (1, dt.date | None),
+        (True, Rank),  # an IntEnum: a boolean is not its 1
+    ],
+)
+def test_a_value_of_the_wrong_json_type_raises_payload_conversion_error(
+    value: Any, annotation: Any
+) -> None:
+    with pytest.raises(sv.PayloadConversionError, match="cannot read"):
+        TypedConverter().from_json(value, annotation)
+
+
+@pytest.mark.parametrize(
+    ("value", "annotation", "expected"),
+    [
+        (5, int, 5),
+        (5, float, 5.0),  # a JSON number without a fraction is a float too
+        (2.5, float, 2.5),
+        (True, bool, True),
+        ("x", str, "x"),
+        ("5", int | str, "5"),
+        (5, int | str, 5),
+        (5, float | int, 5),  # the member of the value's own type first
+        (5, float | None, 5.0),
+        (None, int | None, None),
+        ({"a": 1}, dict, {"a": 1}),
+        ([1, "a"], list, [1, "a"]),
+        ({"1": "a", "-2": "b"}, dict[int, str], {1: "a", -2: "b"}),
+        ({"true": 1, "false": 0}, dict[bool, int], {True: 1, False: 0}),
+        ({"1.5": 1}, dict[float, int], {1.5: 1}),
+        ("a", typing.Literal["a", "b"], "a"),
+        ([1, 2.5], list[float], [1.0, 2.5]),
+        (1, Rank, Rank.FIRST),
+    ],
+)
+def test_values_of_the_right_json_type_are_accepted(
+    value: Any, annotation: Any, expected: Any
+) -> None:
+    back = TypedConverter().from_json(value, annotation)
+    assert back == expected and type(back) is type(expected)
+    if isinstance(expected, list | dict):
+        assert [type(v) for v in back] == [type(v) for v in expected]
+
+
+def test_a_wrongly_typed_field_fails_the_run_with_a_typed_error(typed: None) -> None:
+    order = {
+        "order_id": str(ORDER.order_id),
+        "placed_on": "2026-12-02",
+        "lines": [{**LINE, "quantity": "3"}],
+    }
+    iid = sv.start_workflow("typed.checkout", order)
+    run_until_idle(Worker())
+    result = sv.get_workflow_result(iid)
+    assert result.status == "failed"
+    assert "PayloadConversionError" in str(result.error.type if result.error else "")
+    assert "cannot read" in str(result.error) and "int" in str(result.error)
 
 
 def test_a_bad_converter_setting_is_refused(tdb: None) -> None:
