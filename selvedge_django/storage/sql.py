@@ -376,12 +376,25 @@ CLAIM_NOT_QUEUES = " AND queue NOT IN ({queues})"
 # max_concurrency (sv_task_running_key_idx; t is CLAIM_PICK's clock). The keyless test
 # comes first: an OR evaluates its terms in order, so keyless rows count nothing, and the
 # planner estimates the condition from the key column's statistics (nearly every row).
-CONCURRENCY_ROOM = (
-    "({task}.concurrency_key = '' OR (SELECT COUNT(*) FROM {task} r"
-    " WHERE r.status = 'running' AND r.concurrency_key = {task}.concurrency_key"
-    " AND NOT (r.concurrency_key = '') AND r.claim_expires_ms >= (SELECT now FROM t))"
-    " < {task}.max_concurrency)"
+_KEY_ROOM = (
+    "({row}.concurrency_key = '' OR (SELECT COUNT(*) FROM {task} r"
+    " WHERE r.status = 'running' AND r.concurrency_key = {row}.concurrency_key"
+    " AND NOT (r.concurrency_key = '') AND r.claim_expires_ms >= {clock})"
+    " < {row}.max_concurrency)"
 )
+CONCURRENCY_ROOM = compose(_KEY_ROOM, row="{task}", clock="(SELECT now FROM t)")
+# An inline claim's condition on its task ({task}, the claim's row): a lapsed claim goes
+# first anyway; a queued task only when no due queued task of its queue that this worker
+# serves ({names}: a further AND on c) and that has room under its key comes before it in
+# claim order (TASK_RANK, then id). So an inline claim never takes a task ahead of one the
+# claim statement would take first. The rank and id walk sv_task_rank_idx ({hint}).
+INLINE_NEXT = (
+    "({task}.status = 'running' OR NOT EXISTS (SELECT 1 FROM {task} c{hint}"
+    " WHERE c.status = 'queued' AND c.not_before_ms <= {now} AND c.queue = {task}.queue"
+    " AND (c.not_before_ms - 60000 * c.priority) <= _RANK_OF_TASK"
+    " AND ((c.not_before_ms - 60000 * c.priority) < _RANK_OF_TASK OR c.id < {task}.id){names}"
+    " AND " + compose(_KEY_ROOM, row="c", clock="{now}") + "))"
+).replace("_RANK_OF_TASK", "({task}.not_before_ms - 60000 * {task}.priority)")
 # The live attempts of some concurrency keys ({keys}: marks), counted after their locks.
 RUNNING_BY_KEY = (
     "SELECT concurrency_key, COUNT(*) FROM {task} WHERE status = 'running'"

@@ -15,7 +15,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from django.db.models import Case, F, Q, Value, When
+from django.db.models import BooleanField, Case, F, Q, Value, When
+from django.db.models.expressions import RawSQL
 
 from .. import exceptions as exc
 from ..engine.events import (
@@ -300,10 +301,12 @@ class TaskStore(FlowControlStore):
 
     @operation
     def claim_task(self, instance_id: str, key: str, owner: str) -> ClaimedTask | None:
-        """Claim one task of an instance inline, if due and servable here.
+        """Claim one task of an instance inline, if due, servable here and next in its queue.
 
         A task under a concurrency limit or in a rate-limited queue is left to
-        :meth:`claim_tasks`, which counts them.
+        :meth:`claim_tasks`, which counts them; so is a queued task that the claim
+        order puts behind another due task of its queue (sql.INLINE_NEXT): waiting
+        for a result does not jump the queue.
         """
         names = self.activity_names()
         with self.atomic():
@@ -312,11 +315,23 @@ class TaskStore(FlowControlStore):
                 qs = qs.exclude(queue__in=list(self.queue_rate_limits))
             if names is not None:
                 qs = qs.filter(name__in=list(names))
+            qs = qs.filter(self._next_in_queue(names))
             ids = list(
                 qs.order_by().select_for_update(skip_locked=True).values_list("id", flat=True)[:1]
             )
             claimed = self._take_claims(ids, owner)
         return claimed[0] if claimed else None
+
+    def _next_in_queue(self, names: Sequence[str] | None) -> RawSQL:
+        """sql.INLINE_NEXT for a claim by a worker serving ``names`` (None: all)."""
+        served = [] if names is None else list(names)
+        text = sql.compose(
+            sql.INLINE_NEXT,
+            names=sql.in_list("c.name", len(served)),
+            hint=self._index_hint("sv_task_rank_idx"),
+        )
+        clock = self.now_sql().params
+        return RawSQL(self._tables(text), [*clock, *served, *clock], BooleanField())
 
     def _claim_filter(self, claim: TaskClaim, *, live: bool = False) -> Any:
         """The task row an attempt still owns; ``live`` also requires an unexpired claim.

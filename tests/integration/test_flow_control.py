@@ -24,6 +24,7 @@ from selvedge_django.storage import store_for
 from selvedge_django.storage.base import StoreBase
 from selvedge_django.testing import ControllableClock, run_until_idle
 from selvedge_django.worker import Worker
+from tests.testapp.models import Ledger
 
 
 @pytest.fixture
@@ -98,6 +99,42 @@ def test_claims_take_the_highest_task_priority_first_and_age_the_rest(
     queue_tasks(clock)
     assert ActivityTask.objects.get(instance_id="top").priority == 100
     assert [claim("w") for _ in range(5)] == [["top"], ["old"], ["mid"], ["low"], []]
+
+
+def test_an_inline_claim_does_not_jump_ahead_of_higher_priority_queued_tasks(
+    clock: ControllableClock,
+) -> None:
+    # The workflow queues ten priority 0 tasks, then ten priority 50 ones, and waits for
+    # them in that order; its worker has one activity slot. Waiting for low0 must not
+    # claim it inline while the priority 50 tasks wait.
+    low = [f"low{n}" for n in range(10)]
+    high = [f"high{n}" for n in range(10)]
+    tasks = [[tag, 0] for tag in low] + [[tag, 50] for tag in high]
+    sv.start_workflow("flow.backlog", {"tasks": tasks}, instance_id="backlog")
+    run_until_idle(Worker(clock=clock, max_concurrent_activities=1))
+    assert sv.get_workflow_result("backlog").output == [*low, *high]
+    started = Ledger.objects.filter(entry__endswith=":start").order_by("id")
+    assert [entry.split(":")[1] for entry in started.values_list("entry", flat=True)] == [
+        *high,
+        *low,
+    ]
+
+
+def test_an_inline_claim_takes_the_task_that_is_next_in_its_queue(
+    clock: ControllableClock,
+) -> None:
+    tasks = [["first", 0], ["second", 0]]
+    sv.start_workflow("flow.backlog", {"tasks": tasks}, instance_id="backlog")
+    run_until_idle(Worker(clock=clock, activity_queues=[]))  # queued, nothing claimed
+    first = ActivityTask.objects.get(instance_id="backlog", input__contains="first")
+    inline = store().claim_task("backlog", first.key, "wf")
+    assert inline is not None and inline.claim.task_id == first.id
+    second = ActivityTask.objects.get(instance_id="backlog", input__contains="second")
+    start_span("urgent", priority=1)
+    queue_tasks(clock)
+    assert store().claim_task("backlog", second.key, "wf") is None  # urgent goes first
+    assert claim("w") == ["urgent"]
+    assert store().claim_task("backlog", second.key, "wf") is not None
 
 
 @pytest.mark.parametrize(

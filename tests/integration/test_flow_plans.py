@@ -128,3 +128,19 @@ def test_claims_walk_the_priority_index(filled: None) -> None:
     text = plan(statement, params)
     assert walks("sv_task_rank_idx", text), text
     assert no_table_scan(text), text
+
+
+def test_an_inline_claim_looks_for_a_task_before_it_through_an_index(filled: None) -> None:
+    # Whether a due task of the queue comes first in claim order: SQLite reads the rank
+    # index up to the task's own rank; PostgreSQL without statistics prefers the queue's
+    # due-time index (sv_task_queue_idx), with them it may take either. Never a table scan.
+    store = store_for("default", Codec(), get_settings())
+    statement, params = captured(
+        lambda: store.claim_task("i5000", "k5000", "w"), "NOT EXISTS (SELECT 1 FROM"
+    )
+    text = plan(statement, params)
+    if connection.vendor == "sqlite":
+        assert "USING INDEX sv_task_rank_idx (<expr><?)" in text, text
+    else:
+        assert "sv_task_rank_idx" in text or "sv_task_queue_idx" in text, text
+    assert no_table_scan(text), text

@@ -35,3 +35,14 @@ def run(ctx: sv.WorkflowContext, data: dict[str, Any]) -> str:
     options = sv.ActivityOptions(**data.get("options", {}))
     activity = serial if data.get("activity") == "flow.serial" else span
     return activity.execute(ctx, data, options=options)
+
+
+@sv.workflow(name="flow.backlog")
+def backlog(ctx: sv.WorkflowContext, data: dict[str, Any]) -> list[str]:
+    """Issue ``flow.span`` for each ``[tag, priority]`` of ``tasks`` in the background,
+    then wait for each in issue order."""
+    futures = [
+        span.execute_async(ctx, {"tag": tag}, options=sv.ActivityOptions(priority=priority))
+        for tag, priority in data["tasks"]
+    ]
+    return [future.get(ctx) for future in futures]
