@@ -33,8 +33,8 @@ class PriorityRank(Func):
 
 
 # WorkflowInstance: the ready instances by age (sv_inst_ready_idx: the longest waiting,
-# which the status report reads) and by rank (sv_inst_rank_idx: the order dispatch walks,
-# sql.READY_RANK).
+# which the status report reads) and by rank, then creation (sv_inst_rank_idx: the order
+# dispatch walks, sql.READY_RANK and created_seq).
 READY_INDEXES = [
     models.Index(
         fields=["ready_ms", "workflow_name", "code_version"],
@@ -43,6 +43,7 @@ READY_INDEXES = [
     ),
     models.Index(
         PriorityRank("ready_ms", "priority"),
+        "created_seq",
         "ready_ms",
         "workflow_name",
         "code_version",

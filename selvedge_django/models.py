@@ -106,6 +106,12 @@ class WorkflowInstance(models.Model):
     priority = models.SmallIntegerField(
         default=0, db_default=0, help_text="dispatch order, -100 to 100, larger first"
     )
+    created_seq = models.BigIntegerField(
+        default=0,
+        db_default=0,
+        help_text="the order of creation (a sequence, larger is newer): dispatch takes the"
+        " oldest first among equal ranks",
+    )
     execution_errors = models.IntegerField(
         default=0,
         db_default=0,

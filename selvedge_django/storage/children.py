@@ -6,8 +6,11 @@ fenced transaction). Lock order: an ancestor's row before a descendant's.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from django.db import IntegrityError, transaction
 from django.db.models import Subquery
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from .. import exceptions as exc
@@ -34,7 +37,7 @@ from ..models import (
     WorkflowStatus,
 )
 from . import sql
-from .base import StoreBase, operation
+from .base import Sql, StoreBase, operation
 from .wakeups import TOPIC_RUNNABLE
 
 __all__ = ["ChildStore"]
@@ -42,6 +45,19 @@ __all__ = ["ChildStore"]
 
 class ChildStore(StoreBase):
     """Child starts, cancel requests to children, and the cascade of a close."""
+
+    #: The next creation number of an instance (sql.NEXT_SEQ_POSTGRESQL, NEXT_SEQ_SQLITE):
+    #: dispatch takes equal ranks in the order of these numbers.
+    NEXT_SEQ: ClassVar[str] = ""
+
+    def _next_seq_sql(self, offset: int = 0) -> Sql:
+        """The next creation number of an instance as a SQL value. ``offset`` is the row's
+        place in a multi-row insert: SQLite reads its number once per statement, a
+        PostgreSQL sequence gives each row its own."""
+        text = self._tables(self.NEXT_SEQ)
+        if offset and self.single_writer:
+            return Sql(f"({text} + %s)", [offset])
+        return Sql(text)
 
     @operation
     def start_child(self, fence: Fence, row: HistoryRow, child: ChildSpec) -> HistoryRow:
@@ -64,6 +80,7 @@ class ChildStore(StoreBase):
                         status=WorkflowStatus.RUNNING,
                         runnable=True,
                         ready_ms=self.now_expr(),
+                        created_seq=RawSQL(self._next_seq_sql().sql, []),
                         parent_instance_id=fence.instance_id,
                         parent_key=row.key,
                         parent_generation=child.parent_generation,

@@ -14,6 +14,9 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from django.db.models import BooleanField
+from django.db.models.expressions import RawSQL
+
 from ..engine.ports import ClaimedTask
 from . import sql
 from .base import StoreBase, operation
@@ -79,6 +82,17 @@ class FlowControlStore(StoreBase):
             hint=self._index_hint("sv_task_rank_idx"),
         )
         return statement, [*names, *self.now_sql().params, *params, *params]
+
+    def _next_in_queue(self, names: Sequence[str] | None) -> RawSQL:
+        """sql.INLINE_NEXT for a claim by a worker serving ``names`` (None: all)."""
+        served = [] if names is None else list(names)
+        text = sql.compose(
+            sql.INLINE_NEXT,
+            names=sql.in_list("c.name", len(served)),
+            hint=self._index_hint("sv_task_rank_idx"),
+        )
+        clock = self.now_sql().params
+        return RawSQL(self._tables(text), [*clock, *served, *clock], BooleanField())
 
     def _claim_probe(self, names: Sequence[str]) -> tuple[str, list[Any]]:
         """Whether a claim would find a candidate (:meth:`_worth_writing`'s probe)."""

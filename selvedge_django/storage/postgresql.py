@@ -101,6 +101,7 @@ class PostgresStore(PostgresInbox):
         ]
 
     NOW_MS = sql.NOW_MS_POSTGRESQL
+    NEXT_SEQ = sql.NEXT_SEQ_POSTGRESQL
     can_notify = True
     DUE_TIMERS_LOCK = DUE_TIMERS_LOCK
     CLAIM_LOCK = " FOR UPDATE SKIP LOCKED"
@@ -218,7 +219,7 @@ class PostgresStore(PostgresInbox):
     def _insert_instance(self, params: list[Any], leased: bool) -> bool:
         if leased and self._one_statement:
             # Nobody to wake: one statement.
-            return self._execute(sql.INSERT_INSTANCE, params) == 1
+            return self._execute(self._insert_instance_sql(), params) == 1
         return super()._insert_instance(params, leased)
 
     def _insert_with_task(
@@ -231,7 +232,7 @@ class PostgresStore(PostgresInbox):
         notify, notify_params = self._notify_from("i", [TOPIC_TASK])
         statement = sql.compose(
             START_WITH_TASK,
-            start=sql.INSERT_INSTANCE,
+            start=self._insert_instance_sql(),
             row=row_sql,
             queued=sql.compose(sql.INSERT_QUEUED_TASK, source=" FROM i"),
             notify=notify,

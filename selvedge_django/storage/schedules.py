@@ -379,7 +379,7 @@ class ScheduleStore:
         now = timezone.now()
         columns = ""
         rows: list[tuple[str, list[Any]]] = []
-        for run_id, schedule in runs:
+        for offset, (run_id, schedule) in enumerate(runs):
             columns, marks, values = self.store._insert_parts(
                 WorkflowInstance,
                 {
@@ -389,6 +389,7 @@ class ScheduleStore:
                     "input": schedule.input,
                     "runnable": True,
                     "ready_ms": self.store.now_sql(),
+                    "created_seq": self.store._next_seq_sql(offset),
                     "started_at": now,
                     "updated_at": now,
                     "code_version": self.store.code_version,

@@ -113,16 +113,22 @@ HEAD_COLUMNS = (
 # A start: runnable, or leased at once to a worker of this process (epoch 1, expiring
 # on the database clock). One text for both, so statement-level tools see one start. A
 # taken id inserts nothing (the primary key decides, also between racing starts).
+# {next_seq}: the dialect's next creation number (ChildStore.NEXT_SEQ).
 INSERT_INSTANCE = (
     "INSERT INTO {instance} (instance_id, workflow_name, status, input, output,"
     " error, lease_owner, lease_epoch, lease_expires_ms, runnable,"
     " cancel_requested, cancel_reason, parent_instance_id, parent_key,"
     " service_name, current_step, started_at, updated_at, closed_at, ready_ms, code_version,"
-    " execution_timeout_ms, execution_deadline_ms, trace_context, priority)"
+    " execution_timeout_ms, execution_deadline_ms, trace_context, priority, created_seq)"
     " VALUES (%s, %s, %s, %s, NULL, NULL, %s, %s, (CASE WHEN %s THEN {now} + %s END), %s,"
-    " %s, %s, %s, %s, %s, %s, %s, %s, NULL, {now}, %s, %s, {now} + %s, %s, %s)"
+    " %s, %s, %s, %s, %s, %s, %s, %s, NULL, {now}, %s, %s, {now} + %s, %s, %s, {next_seq})"
     " ON CONFLICT (instance_id) DO NOTHING"
 )
+# The next creation number on PostgreSQL: a sequence (made by migration 0018).
+NEXT_SEQ_POSTGRESQL = "nextval('selvedge_django_instance_seq')"
+# The next creation number on SQLite, whose one writer makes it unique: the rowid the
+# next row gets (the largest plus one; SQLite finds the largest without a scan).
+NEXT_SEQ_SQLITE = "(SELECT COALESCE(MAX(rowid), 0) + 1 FROM {instance})"
 # The workflow of an instance (an id a start found taken).
 SELECT_WORKFLOW_NAME = "SELECT workflow_name FROM {instance} WHERE instance_id = %s"
 # An instance's result, for the client API.
@@ -146,8 +152,10 @@ DISPATCH_EXPIRED = (
 # cache until its sticky window ends (the worker's own, and any other once it ended).
 DISPATCH_STICKY = " AND (sticky_owner = '' OR sticky_owner = %s OR sticky_until_ms <= {now})"
 # The dispatch order of ready instances, smallest first: the expression of the index
-# sv_inst_rank_idx (models.PriorityRank), so the planner walks that index.
+# sv_inst_rank_idx (models.PriorityRank), so the planner walks that index; equal ranks
+# go in the order of creation (READY_ORDER, the index's next column).
 READY_RANK = "(ready_ms - 60000 * priority)"
+READY_ORDER = f"{READY_RANK}, created_seq"
 # The claim order of queued tasks, smallest first (sv_task_rank_idx).
 TASK_RANK = "(not_before_ms - 60000 * priority)"
 # Dispatch, second part: running, unowned, runnable and ready ({named}: the names).

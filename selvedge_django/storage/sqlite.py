@@ -54,14 +54,14 @@ DISPATCH_PROBE = (
     " OR EXISTS (SELECT 1 FROM {instance} WHERE {expired})"
 )
 # The candidates of a dispatch, expired leases first, then the ready ones by priority
-# and age (sql.READY_RANK).
+# and age, equals by creation (sql.READY_ORDER).
 DISPATCH_PICK = (
-    "SELECT instance_id, part FROM (SELECT instance_id, 0 AS part, 0 AS since"
+    "SELECT instance_id, part FROM (SELECT instance_id, 0 AS part, 0 AS since, 0 AS seq"
     " FROM (SELECT instance_id FROM {instance} WHERE {expired}"
     " ORDER BY lease_expires_ms LIMIT %s) UNION ALL"
-    f" SELECT instance_id, 1, since FROM (SELECT instance_id, {sql.READY_RANK} AS since"
-    f" FROM {{instance}} WHERE {{ready}} ORDER BY {sql.READY_RANK} LIMIT %s))"
-    " ORDER BY part, since LIMIT %s"
+    f" SELECT instance_id, 1, since, seq FROM (SELECT instance_id, {sql.READY_RANK} AS since,"
+    f" created_seq AS seq FROM {{instance}} WHERE {{ready}} ORDER BY {sql.READY_ORDER} LIMIT %s))"
+    " ORDER BY part, since, seq LIMIT %s"
 )
 # Lease the picked candidates ({ids}: marks).
 DISPATCH_LEASE = sql.LEASE_SET + " WHERE instance_id IN ({ids})"
@@ -139,6 +139,7 @@ class SQLiteStore(DjangoStore):
     """The store on SQLite."""
 
     NOW_MS = sql.NOW_MS_SQLITE
+    NEXT_SEQ = sql.NEXT_SEQ_SQLITE
     single_writer = True
 
     # Django 5.2 writes a partial index's "runnable is true" as "runnable", 6.1 as

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.utils import timezone
 
@@ -41,6 +41,9 @@ class StartResult:
 
 class StartStore(StoreBase):
     """Insert instances (``sv.start_workflow``, forks, signal-with-start)."""
+
+    if TYPE_CHECKING:  # provided by ChildStore
+        NEXT_SEQ: ClassVar[str]
 
     @operation
     def create_instance(
@@ -145,11 +148,15 @@ class StartStore(StoreBase):
                 return
         raise exc.WorkflowAlreadyStarted(instance_id)
 
+    def _insert_instance_sql(self) -> str:
+        """sql.INSERT_INSTANCE with this dialect's next creation number."""
+        return sql.compose(sql.INSERT_INSTANCE, next_seq=self.NEXT_SEQ)
+
     def _insert_instance(self, params: list[Any], leased: bool) -> bool:
         """Run the start's insert (False: the id was taken, nothing written); a runnable
         start wakes the dispatchers after commit."""
         with self.atomic():
-            inserted = self._execute(sql.INSERT_INSTANCE, params) == 1
+            inserted = self._execute(self._insert_instance_sql(), params) == 1
             if inserted and not leased:
                 self.after_commit(TOPIC_RUNNABLE)
         return inserted
@@ -160,7 +167,7 @@ class StartStore(StoreBase):
         """Insert the instance, its first command's row and its queued task; wake the
         activity workers after commit (False: the id was taken, nothing written)."""
         with self.atomic():
-            if self._execute(sql.INSERT_INSTANCE, params) != 1:
+            if self._execute(self._insert_instance_sql(), params) != 1:
                 return False
             self._insert_row(instance_id, row)
             self._execute(

@@ -15,8 +15,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from django.db.models import BooleanField, Case, F, Q, Value, When
-from django.db.models.expressions import RawSQL
+from django.db.models import Case, F, Q, Value, When
 
 from .. import exceptions as exc
 from ..engine.events import (
@@ -321,17 +320,6 @@ class TaskStore(FlowControlStore):
             )
             claimed = self._take_claims(ids, owner)
         return claimed[0] if claimed else None
-
-    def _next_in_queue(self, names: Sequence[str] | None) -> RawSQL:
-        """sql.INLINE_NEXT for a claim by a worker serving ``names`` (None: all)."""
-        served = [] if names is None else list(names)
-        text = sql.compose(
-            sql.INLINE_NEXT,
-            names=sql.in_list("c.name", len(served)),
-            hint=self._index_hint("sv_task_rank_idx"),
-        )
-        clock = self.now_sql().params
-        return RawSQL(self._tables(text), [*clock, *served, *clock], BooleanField())
 
     def _claim_filter(self, claim: TaskClaim, *, live: bool = False) -> Any:
         """The task row an attempt still owns; ``live`` also requires an unexpired claim.

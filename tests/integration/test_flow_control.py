@@ -79,6 +79,20 @@ def test_a_minute_of_waiting_is_worth_one_priority_point(clock: ControllableCloc
     assert [next_leased() for _ in range(3)] == ["new-3", "old-low", "new-2"]
 
 
+def test_equal_priorities_that_became_ready_in_the_same_millisecond_go_oldest_first(
+    clock: ControllableClock,
+) -> None:
+    started = [
+        sv.start_workflow("test.add", {"a": n, "b": 0}, priority=50) for n in range(10)
+    ]  # random ids: their order is not the order of creation
+    ready_ms = WorkflowInstance.objects.get(pk=started[0]).ready_ms
+    for iid in reversed(started):  # the newest row version first, where a table keeps it
+        WorkflowInstance.objects.filter(pk=iid).update(ready_ms=ready_ms)
+    leased = [next_leased() for _ in range(10)]
+    assert [started.index(iid) for iid in leased] == list(range(10))
+    assert next_leased() is None
+
+
 @pytest.mark.parametrize("priority", [101, -101, 1.5, True, "1"])
 def test_a_start_priority_outside_minus_100_to_100_is_rejected_with_nothing_written(
     tdb: None, priority: Any
