@@ -206,6 +206,10 @@ class WorkflowInstance(models.Model):
             ("resume_workflowinstance", _("Can resume workflow instances")),
             ("fork_workflowinstance", _("Can fork workflow instances")),
             ("start_workflowinstance", _("Can start workflow instances")),
+            (
+                "start_builtin_workflows",
+                _("Can start built-in workflows (selvedge.prune also needs delete)"),
+            ),
         ]
         indexes = [
             *READY_INDEXES,

@@ -27,17 +27,22 @@ from .exceptions import ActivityNameConflict, WorkflowNameConflict
 from .handles import IfExists, WorkflowHandle, client
 
 __all__ = [
+    "BUILTIN_PREFIX",
     "ActivityDefinition",
     "WorkflowDefinition",
     "activity",
     "get_activity",
     "get_workflow",
+    "is_builtin_workflow",
     "registered_activity_names",
     "registered_workflow_names",
     "workflow",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
+# The names of the app's own workflows (selvedge.prune, selvedge.task): starting one by
+# name from the admin or ``runselvedge start`` needs more than starting a workflow.
+BUILTIN_PREFIX = "selvedge."
 # A definition's input and output types: ActivityDefinition[InT, OutT] wraps a function
 # of an InT returning an OutT (awaited first for ``async def``); so does a workflow.
 InT = TypeVar("InT", contravariant=True)
@@ -356,6 +361,11 @@ def registered_activity_names() -> list[str]:
 
 def registered_workflow_names() -> list[str]:
     return sorted(_workflows)
+
+
+def is_builtin_workflow(name: str) -> bool:
+    """Whether ``name`` is (or would be) one of the app's built-in workflows."""
+    return name.startswith(BUILTIN_PREFIX)
 
 
 class _ActivityDecorator(Protocol):

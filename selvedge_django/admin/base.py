@@ -2,7 +2,9 @@
 
 Besides Django's view permission, each action needs its own: ``cancel``,
 ``terminate``, ``resume``, ``fork``, ``start`` and ``signal_workflowinstance``,
-``export_history``, ``trigger_schedule``; recorded values are shown only with
+``export_history``, ``trigger_schedule``; a built-in workflow is started only
+with ``start_builtin_workflows`` and what it amounts to (see
+:data:`BUILTIN_START_PERMISSIONS`); recorded values are shown only with
 ``view_payloads`` (all declared in the models' ``Meta.permissions``). A query's
 answer needs ``view_payloads``, a replay check ``export_history``.
 """
@@ -27,9 +29,19 @@ PERM_TERMINATE = f"{APP}.terminate_workflowinstance"
 PERM_RESUME = f"{APP}.resume_workflowinstance"
 PERM_FORK = f"{APP}.fork_workflowinstance"
 PERM_START = f"{APP}.start_workflowinstance"
+PERM_START_BUILTIN = f"{APP}.start_builtin_workflows"
+PERM_DELETE = f"{APP}.delete_workflowinstance"
 PERM_EXPORT = f"{APP}.export_history"
 PERM_PAYLOADS = f"{APP}.view_payloads"
 PERM_TRIGGER = f"{APP}.trigger_schedule"
+
+# What starting a built-in workflow from the admin needs besides start_workflowinstance:
+# pruning deletes closed instances with their history, so it also needs the delete
+# permission. A built-in not listed is never started from the admin: selvedge.task runs
+# a task django.tasks enqueued (its own path), never one named on a form.
+BUILTIN_START_PERMISSIONS: dict[str, tuple[str, ...]] = {
+    "selvedge.prune": (PERM_START_BUILTIN, PERM_DELETE),
+}
 
 
 def instance_url(site_name: str, instance_id: str) -> str:

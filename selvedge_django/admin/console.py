@@ -2,10 +2,13 @@
 
 - "Start workflow" (a button of the changelist): a workflow this process
   registers, a JSON input, an optional id and an optional execution timeout,
-  started through the operations layer; needs ``start_workflowinstance``. Bad
-  JSON, or a start the operations layer refuses (a taken or invalid id, an
-  unencodable input, a timeout out of range), is shown on the form and nothing
-  is written.
+  started through the operations layer; needs ``start_workflowinstance``. A
+  built-in workflow (``selvedge.*``) is offered and started only with the
+  permissions :data:`~.base.BUILTIN_START_PERMISSIONS` names for it, and
+  ``selvedge.task`` never. Bad JSON, a workflow the user may not start, or a
+  start the operations layer refuses (a taken or invalid id, an unencodable
+  input, a timeout out of range), is shown on the form and nothing is written.
+  The log entry names the workflow and the size of its input, not the input.
 - "Run query" (an instance's page): asks a query handler the instance has
   registered, through ``operations.query`` bounded by :data:`QUERY_TIMEOUT`,
   and shows the answer or the typed error. An answer is computed from the
@@ -33,7 +36,8 @@ from django.utils.translation import gettext_lazy as _
 from .. import exceptions as exc
 from .. import operations
 from ..models import WorkflowInstance
-from .base import APP, PERM_EXPORT, PERM_PAYLOADS, PERM_START
+from ..registry import is_builtin_workflow, registered_workflow_names
+from .base import APP, BUILTIN_START_PERMISSIONS, PERM_EXPORT, PERM_PAYLOADS, PERM_START
 from .display import ID_CHARS, VALUE_CHARS, truncate
 from .forms import QueryForm, StartWorkflowForm
 from .recovery import RecoveryActionsAdmin
@@ -47,7 +51,8 @@ MAX_QUERY_NAMES = 50
 
 START_INTRO = _(
     "Start a new instance of a workflow this process registers. It commits at once and a"
-    " worker runs it; an id already used, even by a closed run, is refused."
+    " worker runs it; an id already used, even by a closed run, is refused. Built-in"
+    " workflows are listed only for users allowed to start them."
 )
 QUERY_INTRO = _(
     "Ask one of this instance's query handlers: its history is replayed, read-only, and the"
@@ -67,6 +72,20 @@ class ConsoleAdmin(RecoveryActionsAdmin):
 
     def has_start_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return self.has_view_permission(request) and request.user.has_perm(PERM_START)
+
+    def may_start_workflow(self, request: HttpRequest, name: str) -> bool:
+        """Whether the user may start ``name`` here (start permission already checked):
+        any workflow but a built-in; a built-in with the permissions listed for it."""
+        if not is_builtin_workflow(name):
+            return True
+        needed = BUILTIN_START_PERMISSIONS.get(name)
+        return needed is not None and request.user.has_perms(needed)
+
+    def startable_workflows(self, request: HttpRequest) -> list[str]:
+        """The registered workflows the user may start here, sorted."""
+        return [
+            name for name in registered_workflow_names() if self.may_start_workflow(request, name)
+        ]
 
     def has_query_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return request.user.has_perm(PERM_PAYLOADS)
@@ -110,7 +129,10 @@ class ConsoleAdmin(RecoveryActionsAdmin):
             return HttpResponseNotAllowed(["GET", "POST"])
         if not self.has_start_permission(request):
             raise PermissionDenied
-        form = StartWorkflowForm(request.POST if request.method == "POST" else None)
+        form = StartWorkflowForm(
+            request.POST if request.method == "POST" else None,
+            names=self.startable_workflows(request),
+        )
         if form.is_bound and form.is_valid():
             try:
                 instance_id = self.perform_start(request, form.cleaned_data)
@@ -139,17 +161,21 @@ class ConsoleAdmin(RecoveryActionsAdmin):
     def perform_start(self, request: HttpRequest, data: dict[str, Any]) -> str:
         """Start the workflow through the operations layer and log the addition."""
         name = data["workflow"]
+        if not self.may_start_workflow(request, name):
+            raise PermissionDenied  # the form offers only what may be started
         instance_id = operations.start_workflow(
             name,
             data["input"],
             instance_id=data.get("instance_id") or None,
             execution_timeout=data.get("execution_timeout"),
         )
-        # The input stays out of the log, as signal payloads do.
+        # The input stays out of the log, as signal payloads do: its size is enough to
+        # tell one start from another.
+        size = len(json.dumps(data["input"], separators=(",", ":"), ensure_ascii=False).encode())
         self.log_addition(
             request,
             WorkflowInstance(instance_id=instance_id, workflow_name=name),
-            f"Started workflow {name!r}.",
+            f"Started workflow {name!r} with a {size}-byte input.",
         )
         return instance_id
 

@@ -146,8 +146,8 @@ def _json_value(text: str, what: str) -> Any:
 
 
 class StartWorkflowForm(forms.Form):
-    """A start: a workflow this process registers, a JSON input, an optional id and
-    execution timeout."""
+    """A start: a workflow this process registers and the user may start (``names``),
+    a JSON input, an optional id and execution timeout."""
 
     workflow = forms.ChoiceField(label=_("Workflow"), choices=())
     input = forms.CharField(
@@ -176,11 +176,11 @@ class StartWorkflowForm(forms.Form):
         ),
     )
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, names: list[str], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         field = self.fields["workflow"]
         assert isinstance(field, forms.ChoiceField)
-        field.choices = [(name, truncate(name, CELL_CHARS)) for name in registered_workflow_names()]
+        field.choices = [(name, truncate(name, CELL_CHARS)) for name in names]
 
     def clean_input(self) -> Any:
         return _json_value(self.cleaned_data.get("input") or "", str(_("input")))

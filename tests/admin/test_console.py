@@ -33,6 +33,8 @@ from .test_admin import CHANGELIST, VIEW, escaped, html, logs, make, staff, url
 __all__ = ["staff"]  # the fixture, shared with test_admin
 
 START = "start_workflowinstance"
+BUILTIN = "start_builtin_workflows"
+DELETE = "delete_workflowinstance"
 PAYLOADS = "view_payloads"
 EXPORT = "export_history"
 START_URL = reverse("admin:selvedge_django_workflowinstance_start")
@@ -97,7 +99,7 @@ def test_start_page_starts_a_run_that_a_worker_completes_and_logs_it(
     assert sv.get_workflow_result("from-admin").output == 6
     (entry,) = logs("from-admin")
     assert entry.action_flag == ADDITION
-    assert entry.change_message == "Started workflow 'test.sum3'."
+    assert entry.change_message == "Started workflow 'test.sum3' with a 19-byte input."
     assert "Started test.sum3 as from-admin." in html(starter.get(response["Location"]))
 
     # With an execution timeout: the run carries it (the leader terminates it when overdue).
@@ -155,6 +157,42 @@ def test_a_refused_start_shows_the_error_on_the_form_and_writes_nothing(
     assert escaped(shown) in page, page
     assert instance_ids() == ["taken"]
     assert logs("taken") == []
+
+
+def test_builtin_workflows_are_offered_and_started_only_with_their_permissions(
+    tdb: None, staff: Callable[..., Client]
+) -> None:
+    make("old-closed", status="completed", age=timedelta(days=400))
+    prune_fields = {"workflow": "selvedge.prune", "input": '{"older_than": 0}'}
+    task_fields = {"workflow": "selvedge.task", "input": '{"task": "os.system"}'}
+
+    def options(client: Client) -> set[str]:
+        return set(re.findall(r'<option value="([^"]*)"', html(client.get(START_URL))))
+
+    # Start alone (even with delete, or with the builtin permission without delete): no
+    # built-in is offered, and a forged POST naming one is refused on the form.
+    for codenames in [(VIEW, START), (VIEW, START, DELETE), (VIEW, START, BUILTIN)]:
+        starter = staff(*codenames)
+        offered = options(starter)
+        assert "test.sum3" in offered
+        assert not {"selvedge.prune", "selvedge.task"} & offered, codenames
+        for fields in (prune_fields, task_fields):
+            page = html(starter.post(START_URL, fields))
+            assert "Select a valid choice" in page, codenames
+    assert instance_ids() == ["old-closed"]
+    assert drive("old-closed") == "completed"  # nothing pruned it
+
+    # Pruning is deleting: the builtin permission and the delete permission start it.
+    # selvedge.task is never started by name: django.tasks enqueues its tasks.
+    pruner = staff(VIEW, START, BUILTIN, DELETE)
+    offered = options(pruner)
+    assert "selvedge.prune" in offered and "selvedge.task" not in offered
+    assert "Select a valid choice" in html(pruner.post(START_URL, task_fields))
+    response = pruner.post(START_URL, {**prune_fields, "instance_id": "prune-now"})
+    assert response.status_code == 302
+    assert sv.describe("prune-now").workflow_name == "selvedge.prune"
+    (entry,) = logs("prune-now")
+    assert entry.change_message == "Started workflow 'selvedge.prune' with a 16-byte input."
 
 
 # -- run query -------------------------------------------------------------------------------
