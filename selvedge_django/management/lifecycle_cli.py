@@ -1,4 +1,5 @@
-"""``runselvedge resume``, ``fork`` and ``terminate``: one instance, or many.
+"""``runselvedge resume``, ``fork`` and ``terminate``: one instance, or many; and what
+``runselvedge start`` refuses to start by name.
 
 Each takes an instance id, or a selection (``--status``, ``--workflow NAME``,
 ``--since 1h``) to act on every instance it finds, in bounded batches, each
@@ -7,6 +8,12 @@ line per action. A selection resumes only failed runs (terminated ones left
 alone) unless ``--include-closed`` is given, as the admin's bulk resume does.
 Repeating a bulk resume is harmless: what it resumed is no longer failed, so the
 second run finds nothing.
+
+``start`` refuses a name this process does not register unless
+``--allow-unregistered``, and a built-in workflow unless ``--allow-builtin``
+(``selvedge.prune`` deletes closed instances: whoever runs the command has a shell,
+so the flag guards against a slip); ``selvedge.task`` always (django.tasks enqueues
+its tasks).
 """
 
 from __future__ import annotations
@@ -19,12 +26,34 @@ from django.core.management.base import CommandError
 
 from .. import exceptions as exc
 
-__all__ = ["add_parsers", "handle"]
+__all__ = ["add_parsers", "check_start", "handle"]
 
 # The status each operation selects by default.
 _DEFAULT_STATUS = {"resume": "failed", "fork": "failed", "terminate": "running"}
 # The statuses a bulk resume leaves alone unless given --include-closed.
 _CLOSED_STATUSES = ("completed", "cancelled")
+
+
+def check_start(name: str, options: dict[str, Any]) -> None:
+    """Raise CommandError if ``runselvedge start`` may not start ``name`` with ``options``."""
+    from ..registry import get_workflow, is_builtin_workflow
+    from ..tasks.names import TASK_WORKFLOW
+
+    if name == TASK_WORKFLOW:
+        raise CommandError(
+            f"{name!r} is a built-in workflow that runs django.tasks tasks; "
+            "enqueue the task through django.tasks instead"
+        )
+    if is_builtin_workflow(name) and not options.get("allow_builtin"):
+        raise CommandError(
+            f"{name!r} is a built-in workflow (selvedge.prune deletes closed instances); "
+            "pass --allow-builtin to start it on purpose"
+        )
+    if get_workflow(name) is None and not options.get("allow_unregistered"):
+        raise CommandError(
+            f"workflow {name!r} is not registered in this process (a typo?); pass "
+            "--allow-unregistered to start it for workers of another service"
+        )
 
 
 def add_parsers(sub: Any) -> None:

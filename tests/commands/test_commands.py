@@ -745,3 +745,17 @@ def test_start_refuses_a_workflow_this_process_does_not_register(tdb: None) -> N
     out = run("start", "no.such.workflow", "1", "--allow-unregistered", "--id", "elsewhere")
     assert out == "started elsewhere\n"
     assert WorkflowInstance.objects.get().workflow_name == "no.such.workflow"
+
+
+def test_start_refuses_builtin_workflows_unless_allowed(tdb: None) -> None:
+    error, _ = fails("start", "selvedge.prune", '{"older_than": 0}')
+    assert "built-in" in error and "--allow-builtin" in error
+    error, _ = fails("start", "selvedge.task", '{"task": "os.system"}')
+    assert "built-in" in error and "django.tasks" in error
+    assert WorkflowInstance.objects.count() == 0
+    # An operator with a shell may start the prune workflow on purpose; never a task.
+    error, _ = fails("start", "selvedge.task", "{}", "--allow-builtin")
+    assert "django.tasks" in error
+    out = run("start", "selvedge.prune", '{"older_than": "30d"}', "--allow-builtin", "--id", "p")
+    assert out == "started p\n"
+    assert WorkflowInstance.objects.get().workflow_name == "selvedge.prune"

@@ -134,6 +134,11 @@ class Command(BaseCommand):
             action="store_true",
             help="start a workflow this process does not register (another service runs it)",
         )
+        start.add_argument(
+            "--allow-builtin",
+            action="store_true",
+            help="start a built-in workflow such as selvedge.prune (never selvedge.task)",
+        )
 
         listing = sub.add_parser("list", help="print instances, newest first, one JSON per line")
         listing.add_argument(
@@ -338,14 +343,9 @@ class Command(BaseCommand):
 
     def handle_start(self, **options: Any) -> None:
         from ... import operations
-        from ...registry import get_workflow
 
         name = options["name"]
-        if get_workflow(name) is None and not options["allow_unregistered"]:
-            raise CommandError(
-                f"workflow {name!r} is not registered in this process (a typo?); pass "
-                "--allow-unregistered to start it for workers of another service"
-            )
+        lifecycle_cli.check_start(name, options)
         start = functools.partial(
             operations.start_workflow,
             name,
