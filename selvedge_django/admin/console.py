@@ -10,8 +10,9 @@
   input, a timeout out of range), is shown on the form and nothing is written.
   The log entry names the workflow and the size of its input, not the input.
 - "Run query" (an instance's page): asks a query handler the instance has
-  registered, through ``operations.query`` bounded by :data:`QUERY_TIMEOUT`,
-  and shows the answer or the typed error. An answer is computed from the
+  registered, through ``operations.query`` bounded by :data:`QUERY_TIMEOUT`
+  (the replay and the handler's run: a handler that never returns is
+  interrupted), and shows the answer or the typed error. An answer is computed from the
   recorded values, so it needs ``view_payloads`` besides view access.
 - "Replay check" (an instance's page): replays the instance's history against
   the code deployed now (``operations.replay_instance``) and shows whether it
@@ -44,7 +45,7 @@ from .recovery import RecoveryActionsAdmin
 
 __all__ = ["QUERY_TIMEOUT", "ConsoleAdmin"]
 
-# Seconds a query's replay may take before the admin gives up (QueryTimeout).
+# Seconds a query's replay and handler may take before the admin gives up (QueryTimeout).
 QUERY_TIMEOUT = 10.0
 # Most query handler names the query page suggests.
 MAX_QUERY_NAMES = 50

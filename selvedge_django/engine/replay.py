@@ -20,6 +20,7 @@ from .codec import Codec, error_to_envelope
 from .context import WorkflowContext
 from .events import Fence, HistoryRow, SignalPosition
 from .execution import Execution
+from .interrupt import Deadline, DeadlinePassed
 from .portable import ABSENT, RecordedHistory, recorded_text
 from .ports import ClaimedTask, ExecutionOutcome, ExecutionSnapshot
 
@@ -275,7 +276,11 @@ def answer_query(
 
     ``deadline`` (monotonic) is checked at every command boundary and once more
     before the handler runs: past it, :class:`QueryTimeout` (for ``seconds``) is
-    raised without running the handler. The answer passes through JSON.
+    raised without running the handler. The handler itself runs under a
+    :class:`~.interrupt.Deadline`: Python code of the handler (and of what it
+    calls) still running at the deadline is interrupted, and :class:`QueryTimeout`
+    is raised whatever the handler did with the interruption. The answer passes
+    through JSON.
     """
     instance_id = history.instance.instance_id
 
@@ -292,15 +297,28 @@ def answer_query(
     handler = execution.query_handlers.get(name)
     if handler is None:
         raise exc.QueryNotFound(name)
+    guard = None if deadline is None else Deadline(deadline)
     try:
         with execution.answering_query():
-            answer = handler()
+            if guard is None:
+                answer = handler()
+            else:
+                with guard:
+                    answer = handler()
+    except DeadlinePassed:
+        raise expired() from None
     except exc.QueryCommandError:
+        if guard is not None and guard.fired:
+            raise expired() from None
         raise
     except BaseException as error:
+        if guard is not None and guard.fired:
+            raise expired() from None  # the handler turned the interruption into its error
         if isinstance(error, KeyboardInterrupt | SystemExit):
             raise
         raise exc.QueryFailed(name, error) from error
+    if guard is not None and guard.fired:
+        raise expired()  # the handler swallowed the interruption and answered late
     try:
         return json.loads(runtime.codec.encode(answer, f"answer to query {name!r}"))
     except (TypeError, ValueError) as error:

@@ -361,8 +361,10 @@ def query(instance_id: str, name: str, *, timeout: float | timedelta | None = No
     every command boundary of the replay, as the seeds check a caller's
     cancellation: once it has passed, the replay stops there and
     :class:`QueryTimeout` (a ``TimeoutError``) is raised without running the
-    handler. Workflow code between two commands, and the handler itself, are not
-    interrupted.
+    handler. The handler's Python code is interrupted once the timeout has passed,
+    and :class:`QueryTimeout` raised (see :mod:`selvedge_django.engine.interrupt`
+    for what cannot be interrupted: a blocking C call). Workflow code between two
+    commands is not interrupted.
     """
     seconds = optional_seconds(timeout, "query timeout")
     deadline = None if seconds is None else time.monotonic() + seconds

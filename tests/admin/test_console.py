@@ -8,6 +8,9 @@ from __future__ import annotations
 import importlib
 import json
 import re
+import sys
+import threading
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from types import SimpleNamespace
@@ -16,7 +19,7 @@ from typing import Any
 import pytest
 from django.apps import apps as django_apps
 from django.contrib.admin.models import ADDITION, CHANGE
-from django.db import connection
+from django.db import connection, connections
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
@@ -46,11 +49,18 @@ def tally(ctx: sv.WorkflowContext, data: dict[str, Any]) -> int:
     state = {"total": data.get("start", 0)}
     ctx.set_query_handler("total", lambda: state["total"])
     ctx.set_query_handler("broken", lambda: 1 / 0)
+    ctx.set_query_handler("spin", spin)
     while True:
         n = ctx.receive("n")
         if not n:
             return add.execute(ctx, {"a": state["total"], "b": 0})
         state["total"] += n
+
+
+def spin() -> int:
+    """A query handler that never returns."""
+    while True:
+        pass
 
 
 @pytest.fixture(autouse=True)
@@ -241,6 +251,42 @@ def test_run_query_is_bounded_by_the_query_timeout(
     monkeypatch.setattr("selvedge_django.admin.console.QUERY_TIMEOUT", 1e-9)
     page = html(staff(VIEW, PAYLOADS).post(url("query", iid), {"name": "total"}))
     assert "QueryTimeout" in page and "did not answer within 1e-09 seconds" in page
+
+
+@pytest.mark.timeout(60)
+def test_run_query_interrupts_a_handler_that_never_returns(
+    tdb: None, staff: Callable[..., Client], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    iid = sv.start_workflow(tally, {}, instance_id="tally-spin")
+    assert drive(iid, status="running") == "running"
+    monkeypatch.setattr("selvedge_django.admin.console.QUERY_TIMEOUT", 0.5)
+    reader = staff(VIEW, PAYLOADS)
+    pages: list[str] = []
+    tracers: list[Any] = []
+
+    def ask() -> None:
+        tracers.append(sys.gettrace())
+        try:
+            pages.append(html(reader.post(url("query", iid), {"name": "spin"})))
+            tracers.append(sys.gettrace())  # whatever traced the thread before is back
+        finally:
+            connections.close_all()
+
+    request = threading.Thread(target=ask, daemon=True)
+    started = time.monotonic()
+    request.start()
+    deadline = started + 15
+    while request.is_alive() and time.monotonic() < deadline:
+        request.join(0.05)
+    assert not request.is_alive(), "the query page is still running the handler"
+    (page,) = pages
+    assert "QueryTimeout" in page and "did not answer within 0.5 seconds" in page
+    assert [entry.change_message for entry in logs(iid)] == [
+        "Ran query 'spin': failed: QueryTimeout."
+    ]
+    assert len(tracers) == 2 and tracers[0] is tracers[1]
+    # The page still answers a handler that returns.
+    assert "<code>0</code>" in html(reader.post(url("query", iid), {"name": "total"}))
 
 
 # -- replay check ----------------------------------------------------------------------------

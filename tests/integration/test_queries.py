@@ -12,6 +12,9 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import re
+import sys
+import threading
+import time
 from collections.abc import Callable, Coroutine, Iterator
 from decimal import Decimal
 from typing import Any
@@ -515,6 +518,97 @@ def test_a_query_timeout_is_checked_at_command_boundaries(stepper: Worker) -> No
     assert iid in str(caught.value) and "steps" in str(caught.value)
     assert len(REPLAYED) <= 1
     assert sv.query(iid, "steps", timeout=dt.timedelta(minutes=1)) == 200
+
+
+@sv.workflow(name="ops.q.spinning")
+def spinning(ctx: sv.WorkflowContext, _: Any) -> Any:
+    """Wait for "go"; the handler "spin" never returns, "catching" catches what
+    ``except Exception`` catches, "swallowing" catches the interruption and answers."""
+
+    def spin() -> int:
+        while True:
+            pass
+
+    def catching() -> int:
+        while True:
+            try:
+                while True:
+                    pass
+            except Exception:  # a QueryTimeout would stop here; the interruption does not
+                pass
+
+    def swallowing() -> str:
+        try:
+            while True:
+                pass
+        except BaseException:
+            return "too late"
+
+    ctx.set_query_handler("spin", spin)
+    ctx.set_query_handler("catching", catching)
+    ctx.set_query_handler("swallowing", swallowing)
+    ctx.set_query_handler("ready", lambda: "ready")
+    return ctx.receive("go")
+
+
+def ask_within(seconds: float, ask: Callable[[], Any]) -> list[Any]:
+    """Run ``ask`` on a thread; poll until it returns or ``seconds`` pass; return what
+    it returned or raised, and the thread's trace function before and after."""
+    outcome: list[Any] = []
+
+    def run() -> None:
+        before = sys.gettrace()
+        try:
+            outcome.append(ask())
+        except BaseException as error:
+            outcome.append(error)
+        finally:
+            outcome.append((before, sys.gettrace()))
+            connections.close_all()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + seconds
+    while thread.is_alive() and time.monotonic() < deadline:
+        thread.join(0.05)
+    assert not thread.is_alive(), "the query is still running its handler"
+    return outcome
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("handler", ["spin", "catching", "swallowing"])
+def test_a_query_timeout_interrupts_a_handler_that_never_returns(
+    stepper: Worker, handler: str
+) -> None:
+    iid = sv.start_workflow(spinning)
+    run_until_idle(stepper)
+    started = time.monotonic()
+    error, (before, after) = ask_within(15, lambda: sv.query(iid, handler, timeout=0.3))
+    assert isinstance(error, sv.QueryTimeout), error
+    assert (error.instance_id, error.name, error.timeout) == (iid, handler, 0.3)
+    assert time.monotonic() - started >= 0.3
+    assert after is before  # a tracer installed before (coverage, a debugger) is back
+    # A previous trace function keeps seeing the calls while the handler is bounded.
+    seen: list[str] = []
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        if event == "call":
+            seen.append(frame.f_code.co_name)
+        return None
+
+    def traced() -> Any:
+        sys.settrace(tracer)
+        try:
+            return sv.query(iid, handler, timeout=0.3)
+        finally:
+            sys.settrace(None)
+
+    error, (before, after) = ask_within(15, traced)
+    assert isinstance(error, sv.QueryTimeout), error
+    assert handler in seen
+    # Without a timeout nothing traces the handler; in time, the answer comes as before.
+    assert ask_within(15, lambda: sv.query(iid, "ready", timeout=60))[0] == "ready"
+    assert sv.query(iid, "ready") == "ready"
 
 
 def test_an_async_query_takes_a_timeout(stepper: Worker) -> None:
