@@ -92,7 +92,8 @@ class Deadline:
             if event != "opcode" and chained is not None:
                 chained = chained(frame, event, arg)
             if not self._active:
-                # A frame that outlived the guard (a generator): hand it back untouched.
+                # Defensive: a frame still traced by the guard after it ended is handed
+                # back to the previous tracer untouched.
                 frame.f_trace_opcodes = False
                 return chained
             self._check()

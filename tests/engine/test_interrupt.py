@@ -53,8 +53,8 @@ def test_a_generator_that_outlives_the_guard_is_not_interrupted_later() -> None:
     def tracer(frame: Any, event: str, arg: Any) -> Any:
         return tracer
 
-    # With a tracer on before and after the guard, the generator's frame keeps the
-    # guard's trace function: past the deadline it hands the frame back, untouched.
+    # Made and started under the guard, resumed after it, past its deadline, with another
+    # tracer on: the guard is gone from the frame, nothing interrupts it.
     sys.settrace(tracer)
     try:
         with Deadline(time.monotonic() + 0.05) as guard:
