@@ -9,7 +9,7 @@ from django.db import migrations
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('selvedge_django', '0017_flow_control'),
+        ('selvedge_django', '0018_priority_ties'),
     ]
 
     operations = [
