@@ -20,6 +20,7 @@ from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
 
+from ..registry import is_builtin_workflow
 from .display import EMPTY, ID_CHARS, database_alias, truncate
 
 APP = "selvedge_django"
@@ -42,6 +43,15 @@ PERM_TRIGGER = f"{APP}.trigger_schedule"
 BUILTIN_START_PERMISSIONS: dict[str, tuple[str, ...]] = {
     "selvedge.prune": (PERM_START_BUILTIN, PERM_DELETE),
 }
+
+
+def may_start_builtin(user: Any, name: str) -> bool:
+    """Whether ``user`` may start (or schedule) ``name`` by name from the admin: any
+    workflow but a built-in; a built-in with the permissions listed for it."""
+    if not is_builtin_workflow(name):
+        return True
+    needed = BUILTIN_START_PERMISSIONS.get(name)
+    return needed is not None and bool(user.has_perms(needed))
 
 
 def instance_url(site_name: str, instance_id: str) -> str:

@@ -37,8 +37,8 @@ from django.utils.translation import gettext_lazy as _
 from .. import exceptions as exc
 from .. import operations
 from ..models import WorkflowInstance
-from ..registry import is_builtin_workflow, registered_workflow_names
-from .base import APP, BUILTIN_START_PERMISSIONS, PERM_EXPORT, PERM_PAYLOADS, PERM_START
+from ..registry import registered_workflow_names
+from .base import APP, PERM_EXPORT, PERM_PAYLOADS, PERM_START, may_start_builtin
 from .display import ID_CHARS, VALUE_CHARS, truncate
 from .forms import QueryForm, StartWorkflowForm
 from .recovery import RecoveryActionsAdmin
@@ -77,10 +77,7 @@ class ConsoleAdmin(RecoveryActionsAdmin):
     def may_start_workflow(self, request: HttpRequest, name: str) -> bool:
         """Whether the user may start ``name`` here (start permission already checked):
         any workflow but a built-in; a built-in with the permissions listed for it."""
-        if not is_builtin_workflow(name):
-            return True
-        needed = BUILTIN_START_PERMISSIONS.get(name)
-        return needed is not None and request.user.has_perms(needed)
+        return may_start_builtin(request.user, name)
 
     def startable_workflows(self, request: HttpRequest) -> list[str]:
         """The registered workflows the user may start here, sorted."""

@@ -8,6 +8,7 @@ form, with its message, before any operation runs.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from django import forms
@@ -16,7 +17,7 @@ from django.utils.translation import gettext_lazy as _
 
 from .. import exceptions as exc
 from ..models import Schedule, ScheduleOverlap
-from ..registry import registered_workflow_names
+from ..registry import is_builtin_workflow, registered_workflow_names
 from ..schedules import check_name, definition
 from .display import CELL_CHARS, VALUE_CHARS, database_alias, truncate
 
@@ -256,9 +257,18 @@ class ScheduleForm(forms.ModelForm):
         model = Schedule
         fields: list[str] = []
 
-    def __init__(self, *args: Any, show_input: bool = True, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        show_input: bool = True,
+        may_start: Callable[[str], bool] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.show_input = show_input
+        # Whether the user may start a workflow by name (the built-ins need permissions
+        # of their own): a schedule starts its workflow with its input as often as it says.
+        self.may_start = may_start or (lambda name: not is_builtin_workflow(name))
         row = self.instance
         if row is not None and not row._state.adding:
             self.fields["name"].disabled = True
@@ -283,6 +293,19 @@ class ScheduleForm(forms.ModelForm):
             self.fields["workflow"].help_text = gettext(
                 "The workflow each run starts (its name). Registered here: %(names)s"
             ) % {"names": ", ".join(names)}
+
+    def clean_workflow(self) -> str:
+        name = str(self.cleaned_data["workflow"]).strip()
+        if not self.may_start(name):
+            raise forms.ValidationError(
+                gettext(
+                    "%(name)s is a built-in workflow: scheduling it needs the permissions"
+                    " made for it (selvedge.task is never scheduled by name)."
+                )
+                % {"name": name},
+                code="builtin",
+            )
+        return name
 
     def schedule_fields(self) -> dict[str, Any]:
         """The cleaned data as the keyword arguments of create_schedule."""

@@ -35,7 +35,7 @@ from .. import exceptions as exc
 from .. import operations
 from ..models import Schedule, WorkflowInstance
 from ..schedules import describe_row
-from .base import APP, PERM_PAYLOADS, PERM_TRIGGER, instance_url
+from .base import APP, PERM_PAYLOADS, PERM_TRIGGER, instance_url, may_start_builtin
 from .display import ID_CHARS, VALUE_CHARS, database_alias, json_preview, ms_datetime, truncate
 from .forms import ScheduleForm
 
@@ -93,10 +93,16 @@ class ScheduleAdmin(admin.ModelAdmin):
         kwargs["fields"] = []  # the declared fields only: the instance is never written by the form
         form = super().get_form(request, obj, change=change, **kwargs)
         show = self.has_payloads_permission(request)
+        user = request.user
 
         class Bound(form):  # type: ignore[misc,valid-type]
             def __init__(self, *args: Any, **inner: Any) -> None:
-                super().__init__(*args, show_input=show, **inner)
+                super().__init__(
+                    *args,
+                    show_input=show,
+                    may_start=lambda name: may_start_builtin(user, name),
+                    **inner,
+                )
 
         return Bound
 
@@ -256,6 +262,8 @@ class ScheduleAdmin(admin.ModelAdmin):
     # -- the operations, each logged ------------------------------------------------------
 
     def perform_trigger(self, request: HttpRequest, obj: Schedule) -> str | None:
+        if not may_start_builtin(request.user, obj.workflow_name):
+            raise PermissionDenied(f"{obj.workflow_name} is a built-in workflow")
         try:
             run_id = operations.trigger_schedule(obj.name)
         except exc.SelvedgeError as error:

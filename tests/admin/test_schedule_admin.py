@@ -204,3 +204,44 @@ def test_the_schedule_pages_are_translatable(admin_client: Client) -> None:
         assert f"\u27e6{text}\u27e7" in page, text
     for text in ("next run", "last run", "when"):
         assert f"\u27e6{text}\u27e7" in listed, text
+
+
+def test_built_in_workflows_are_scheduled_and_triggered_only_with_their_permissions(
+    staff: Callable[..., Client],
+) -> None:
+    # A schedule runs its workflow with the stored input as often as it says: scheduling
+    # selvedge.prune is starting it, so it needs what starting it from the admin needs.
+    editor = staff("add_schedule", "change_schedule", "view_schedule", "view_payloads")
+    prune = {**FORM, "name": "purge", "workflow": "selvedge.prune", "input": '{"older_than": 0}'}
+    page = editor.post(ADD, prune).content.decode()
+    assert "built-in workflow" in page
+    task = {**FORM, "name": "task", "workflow": "selvedge.task", "input": "{}"}
+    assert "built-in workflow" in editor.post(ADD, task).content.decode()
+    assert not Schedule.objects.exists()
+
+    # One made in code (as a project schedules its pruning) is left alone, but a user
+    # without the permissions changes or triggers it only as far as any other schedule.
+    sv.create_schedule("prune-weekly", "selvedge.prune", cron="0 4 * * SUN", input={})
+    page = editor.post(url("change", "prune-weekly"), {**prune, "name": "prune-weekly"})
+    assert "built-in workflow" in page.content.decode()
+    assert sv.describe_schedule("prune-weekly").input == {}
+    trigger = staff("view_schedule", "trigger_schedule")
+    assert trigger.post(url("trigger", "prune-weekly")).status_code == 403
+    assert not WorkflowInstance.objects.exists()
+
+    allowed = staff(
+        "add_schedule",
+        "change_schedule",
+        "view_schedule",
+        "view_payloads",
+        "trigger_schedule",
+        "start_builtin_workflows",
+        "delete_workflowinstance",
+    )
+    response = allowed.post(ADD, prune)
+    assert response.status_code == 302, errors(response)
+    assert sv.describe_schedule("purge").workflow_name == "selvedge.prune"
+    assert allowed.post(url("trigger", "prune-weekly")).status_code == 302
+    assert WorkflowInstance.objects.filter(workflow_name="selvedge.prune").count() == 1
+    # selvedge.task is never scheduled by name, whatever the permissions.
+    assert "built-in workflow" in allowed.post(ADD, task).content.decode()
