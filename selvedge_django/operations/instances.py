@@ -11,7 +11,8 @@ import json
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any, TypeVar, overload
+from datetime import datetime
+from typing import Any, Literal, TypeVar, overload
 
 from asgiref.sync import sync_to_async
 from django.db import transaction
@@ -122,6 +123,28 @@ def start_workflow(
     larger first, then the oldest; each minute an instance waits counts as one
     more point, so a lower priority is delayed, never starved (docs/flow-control.md).
     """
+    return start_at(
+        workflow_or_name,
+        input,
+        instance_id=instance_id,
+        execution_timeout=execution_timeout,
+        if_exists=if_exists,
+        priority=priority,
+    )
+
+
+def start_at(
+    workflow_or_name: WorkflowDefinition[Any, Any] | str,
+    input: Any = None,
+    *,
+    instance_id: str | None = None,
+    execution_timeout: Duration | None = None,
+    if_exists: IfExists = "fail",
+    priority: int = 0,
+    started_at: datetime | None = None,
+) -> str:
+    """:func:`start_workflow`, recording ``started_at`` (default: now) as the start
+    time, so that a caller can report the start exactly as it is stored."""
     name, instance_id, text, timeout_ms = _start_parts(
         workflow_or_name, input, instance_id, execution_timeout, if_exists
     )
@@ -149,6 +172,7 @@ def start_workflow(
         if_exists=if_exists,
         trace_context=trace,
         priority=priority,
+        started_at=started_at,
     )
     if not result.created:
         return instance_id  # if_exists="return": the instance of that id, left as it is
@@ -170,6 +194,7 @@ def start_with_activity(
     *,
     instance_id: str,
     priority: int = 0,
+    started_at: datetime | None = None,
 ) -> str:
     """Start ``workflow`` with its first command recorded: ``activity`` on ``input``.
 
@@ -180,7 +205,8 @@ def start_with_activity(
     first execution would have recorded them, so no worker leases the instance to
     issue it. The attempt that succeeds closes the instance (storage.sole_activity);
     anything else wakes it and the replay goes on from the recorded command.
-    Validation and errors are those of :func:`start_workflow`.
+    Validation and errors are those of :func:`start_workflow`; ``started_at`` is
+    that of :func:`start_at`.
     """
     key = workflow.result_activity
     if key is None:
@@ -203,6 +229,7 @@ def start_with_activity(
         trace_context=trace,
         priority=priority,
         first_task=(row, task),
+        started_at=started_at,
     )
     _started_on_commit(store, settings, instance_id, name)
     return instance_id

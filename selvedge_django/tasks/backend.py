@@ -86,11 +86,15 @@ class SelvedgeBackend(compat.BaseTaskBackend):
             input["run_after"] = task.run_after.isoformat()
             run_after_ms = round(task.run_after.timestamp() * 1000)
             input["delay_ms"] = max(0, run_after_ms - database_now_ms())
+        # The result reports the start as the instance records it (get_result's value).
+        enqueued_at = timezone.now()
         try:
-            start_task(input, instance_id=result_id, priority=task.priority)
+            start_task(
+                input, instance_id=result_id, priority=task.priority, enqueued_at=enqueued_at
+            )
         except exc.WorkflowStartRejected as error:
             raise compat.InvalidTask(str(error)) from error
-        object.__setattr__(result, "enqueued_at", timezone.now())
+        object.__setattr__(result, "enqueued_at", enqueued_at)
         sender = type(self)
         transaction.on_commit(
             lambda: compat.task_enqueued.send(sender, task_result=result),

@@ -14,12 +14,12 @@ so workers load it on every Django line: ``selvedge_django.workflows`` imports i
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from ..engine.context import WorkflowContext
 from ..engine.options import ActivityOptions
-from ..operations.instances import start_with_activity, start_workflow
+from ..operations.instances import start_at, start_with_activity
 from ..registry import activity, workflow
 from .names import RUN_AFTER_KEY, TASK_ACTIVITY, TASK_KEY, TASK_WORKFLOW
 
@@ -34,16 +34,31 @@ def run_task_activity(input: dict[str, Any]) -> Any:
     return run_attempt(input)
 
 
-def start_task(input: dict[str, Any], *, instance_id: str, priority: int) -> None:
+def start_task(
+    input: dict[str, Any],
+    *,
+    instance_id: str,
+    priority: int,
+    enqueued_at: datetime | None = None,
+) -> None:
     """Start the instance of an enqueued task: a task due now with its activity
     reserved (what the workflow's first execution would record), a deferred one as a
-    plain start that waits for ``run_after`` first."""
+    plain start that waits for ``run_after`` first. ``enqueued_at`` is recorded as
+    the instance's start (default: now)."""
     if int(input.get("delay_ms") or 0) > 0:
-        start_workflow(run_task, input, instance_id=instance_id, priority=priority)
+        start_at(
+            run_task, input, instance_id=instance_id, priority=priority, started_at=enqueued_at
+        )
         return
     options = ActivityOptions.from_json(input.get("options") or {})
     start_with_activity(
-        run_task, input, run_task_activity, options, instance_id=instance_id, priority=priority
+        run_task,
+        input,
+        run_task_activity,
+        options,
+        instance_id=instance_id,
+        priority=priority,
+        started_at=enqueued_at,
     )
 
 

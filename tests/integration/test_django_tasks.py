@@ -321,3 +321,17 @@ def test_task_finished_is_sent_once_the_outcome_is_committed(worker: Any) -> Non
     assert by_id[bad.id] == ("FAILED", bad.finished_at)
     assert by_id[later.id] == ("FAILED", later.finished_at)
     assert None not in (good.finished_at, bad.finished_at, later.finished_at)
+
+
+def test_enqueue_returns_the_result_as_stored(worker: Any) -> None:
+    now = tasks.add.enqueue(1, 2)
+    later = tasks.add.using(run_after=timezone.now() + timedelta(hours=1)).enqueue(3, 4)
+    with transaction.atomic():
+        inside = tasks.noted.enqueue("atomic")
+        assert inside == tasks.noted.get_result(inside.id)
+    # Read before the worker takes them (a result that moved on differs, of course).
+    for result in (now, later):
+        stored = result.task.get_result(result.id)
+        if stored.status == Status.READY:
+            assert result == stored
+        assert result.enqueued_at == stored.enqueued_at
