@@ -2,7 +2,8 @@
 
 The attempt reads its instance and task rows once (its worker id and the errors of
 the attempts before it), sends ``task_started`` and calls the task
-(``task_finished`` follows the commit of the outcome: ``tasks.finished``). A failure raises
+(``task_finished`` follows the commit of the outcome: ``tasks.finished``). A failure
+(any ``BaseException`` the task raises, ``SystemExit`` and ``KeyboardInterrupt`` too) raises
 :class:`~selvedge_django.ApplicationError` whose details hold every attempt's
 error so far, which the engine records on the task row before the retry.
 """
@@ -15,7 +16,7 @@ from typing import Any
 from django.utils import timezone
 
 from ..engine.activity import activity_info
-from ..exceptions import ApplicationError
+from ..exceptions import ApplicationError, Cancelled
 from ..operations.task_records import task_record
 from . import compat
 from .names import TASK_KEY
@@ -60,7 +61,12 @@ def run_attempt(input: dict[str, Any]) -> Any:
         else:
             value = task.call(*args, **kwargs)
         value = compat.normalize_json(value)
-    except Exception as error:
+    except Cancelled:
+        raise  # the engine's own cancellation, not the task's failure
+    except BaseException as error:
+        # Any exception of the task's, SystemExit and KeyboardInterrupt included (as in
+        # Django's reference backend), is its failure: recorded with its class path,
+        # traceback and worker, under the retry policy. The worker keeps running.
         path = _class_path(error)
         entry = {
             "exception_class_path": path,

@@ -335,3 +335,26 @@ def test_enqueue_returns_the_result_as_stored(worker: Any) -> None:
         if stored.status == Status.READY:
             assert result == stored
         assert result.enqueued_at == stored.enqueued_at
+
+
+def test_system_exit_and_keyboard_interrupt_are_the_tasks_failures(
+    worker: Any, signals: Any
+) -> None:
+    """A task's BaseException is its failure, as in Django's reference backend: its class
+    path and traceback, the worker's id, the retry policy; the worker keeps running."""
+    exited = tasks.exits.enqueue(3)
+    interrupted = tasks.interrupted.enqueue()
+    finished(exited)
+    finished(interrupted)
+    for result, path, line in (
+        (exited, "builtins.SystemExit", "raise SystemExit(code)"),
+        (interrupted, "builtins.KeyboardInterrupt", "raise KeyboardInterrupt"),
+    ):
+        assert result.status == Status.FAILED
+        assert result.attempts == 3  # retried under OPTIONS["retry_policy"]
+        assert [e.exception_class_path for e in result.errors] == [path] * 3
+        assert line in result.errors[0].traceback
+        assert result.worker_ids == [worker.worker_id] * 3
+    assert result.errors[0].exception_class is KeyboardInterrupt
+    # The worker is still running.
+    assert finished(tasks.add.enqueue(1, 2)).return_value == 3

@@ -109,3 +109,15 @@ def marked(folder: str) -> str:
 
     Path(folder, f"run-{uuid.uuid4().hex}").touch()
     return "done"
+
+
+@task()
+def exits(code: int) -> None:
+    record("exits", code)
+    raise SystemExit(code)
+
+
+@task()
+def interrupted() -> None:
+    record("interrupted", None)
+    raise KeyboardInterrupt
