@@ -22,7 +22,8 @@ def run_until_idle(worker: Worker, max_rounds: int = 1000) -> int:
     Each round also does the leader's duties: it records the activity timeouts
     that passed, terminates runs past their execution timeout and starts the
     runs of due schedules, so advancing past a deadline or a slot is seen here
-    too. Returns the number of units of work done.
+    too. As in a worker's threads, an activity's ``SystemExit`` (its failure
+    recorded) is logged, not raised here. Returns the number of units of work done.
     """
     if worker.started:
         raise RuntimeError("run_until_idle drives an unstarted Worker")

@@ -65,7 +65,8 @@ class ThreadPool:
         self._spawned = 0
         self.detached = 0
         # Inline pools run submitted work at once in the submitting thread
-        # (selvedge_django.testing.run_until_idle uses them).
+        # (selvedge_django.testing.run_until_idle uses them), logging a SystemExit as a
+        # pool thread does.
         self.inline = False
 
     def start(self) -> None:
@@ -149,7 +150,14 @@ class ThreadPool:
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> None:
         if self.inline:
-            fn(*args)
+            try:
+                fn(*args)
+            except SystemExit:
+                # What a pool thread does with it (_run): an activity's SystemExit, its
+                # failure already recorded, is logged and the loop goes on. Other errors
+                # still reach the caller of the inline loop (a test), and so does a
+                # KeyboardInterrupt (the developer's Ctrl-C in that thread).
+                logger.exception("%s task failed", self.name)
             return
         with self._lock:
             self._pending += 1

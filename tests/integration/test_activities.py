@@ -1364,3 +1364,35 @@ def test_a_non_json_result_fails_the_attempt_with_a_clear_error(clock: Controlla
     assert result.output["attempt"] == 2
     row = history(instance_id, info.key)
     assert (row.event_type, json.loads(row.data)["attempt"]) == ("ActivityCompleted", 2)
+
+
+def test_run_until_idle_logs_an_activitys_system_exit_and_goes_on_like_the_worker(
+    clock: ControllableClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker's pool thread logs the SystemExit an activity raised (after the attempt
+    recorded it) and carries on; the helper that runs those loops in the test's thread
+    does the same, so the test sees the recorded outcomes, not the exception."""
+    from selvedge_django.operations.instances import start_with_activity
+
+    def body(_: Any) -> None:
+        raise SystemExit(2)
+
+    exits = sv.activity(name="act.scratch.exits")(body)
+
+    @sv.workflow(name="act.scratch.exits_flow")
+    def flow(ctx: sv.WorkflowContext, data: Any) -> Any:
+        return exits.execute(ctx, data, activity_id="only")
+
+    flow.result_activity = "only"
+    try:
+        # Queued with the start, so the activity loop (not an execution) claims them.
+        started = [
+            start_with_activity(flow, {}, exits, sv.ActivityOptions(), instance_id=iid)
+            for iid in ("exits-1", "exits-2")
+        ]
+        run_until_idle(Worker())
+        assert [sv.describe(iid).status for iid in started] == ["failed", "failed"]
+        assert "SystemExit" in caplog.text
+    finally:
+        registry.unregister("act.scratch.exits", kind="activity")
+        registry.unregister("act.scratch.exits_flow", kind="workflow")

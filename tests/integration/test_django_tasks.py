@@ -358,3 +358,21 @@ def test_system_exit_and_keyboard_interrupt_are_the_tasks_failures(
     assert result.errors[0].exception_class is KeyboardInterrupt
     # The worker is still running.
     assert finished(tasks.add.enqueue(1, 2)).return_value == 3
+
+
+def test_run_until_idle_records_a_tasks_system_exit_like_the_worker() -> None:
+    from selvedge_django.testing import run_until_idle
+    from selvedge_django.worker import Worker
+
+    result = tasks.exits.enqueue(1)
+    helper = Worker()
+
+    def done() -> bool:
+        run_until_idle(helper)  # the task's SystemExit does not reach the test
+        result.refresh()
+        return result.is_finished  # (each retry waits its backoff first)
+
+    wait_until(done)
+    assert result.status == Status.FAILED
+    assert [e.exception_class_path for e in result.errors] == ["builtins.SystemExit"] * 3
+    assert "" not in result.worker_ids
