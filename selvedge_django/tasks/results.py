@@ -5,7 +5,8 @@ cancelled or terminated); a running one is ``RUNNING`` while an attempt holds th
 task's claim and ``READY`` otherwise (deferred, queued, or waiting to retry).
 Errors come from the failures the activity recorded, one per failed attempt, each
 with its exception class path, traceback and worker id; ``worker_ids`` lists the
-worker of each attempt, so ``attempts`` (its length) counts them as Django does.
+worker of each attempt (never an empty id), so ``attempts`` (its length) counts them
+as Django does.
 """
 
 from __future__ import annotations
@@ -52,8 +53,9 @@ def attempt_errors(envelope: dict[str, Any] | None) -> list[dict[str, Any]]:
 
     The activity's own failures hold the whole list (``details.task_errors``); a
     timeout or a lapse recorded by the engine becomes one more entry, after the
-    errors the task held before it (a lapse keeps them as ``previous_error``, and
-    names the worker that lost the claim)."""
+    errors the task held before it (a lapse keeps them as ``previous_error``), named
+    after the worker whose attempt it was (``fields.lost_worker_id``). The error of
+    an instance closed from outside (terminated, cancelled) has no worker."""
     if not envelope:
         return []
     details = envelope.get("details")
@@ -98,7 +100,9 @@ def build_result(
         status = compat.TaskResultStatus.FAILED
         if not errors:
             errors = attempt_errors(record.error)
-    worker_ids = [str(entry.get("worker_id") or "") for entry in errors]
+    # One worker id per attempt: an error with no worker (an operator's terminate or
+    # cancel of the instance) was no attempt, and is listed without one.
+    worker_ids = [str(entry["worker_id"]) for entry in errors if entry.get("worker_id")]
     current = running_worker or record.claim_owner
     if current and record.task_status in (
         ActivityTaskStatus.RUNNING,

@@ -547,7 +547,12 @@ class AttemptRunner:
         if not isinstance(error, Exception):
             error = exc.WorkflowPanicError(f"activity raised {type(error).__name__}: {error}")
         failures = task.failures + 1
-        envelope = json.dumps(error_to_envelope(error, codec=self.codec))
+        data = error_to_envelope(error, codec=self.codec)
+        if not isinstance(error, exc.ApplicationError):
+            # The worker whose attempt it was, named as a lapse names it: an engine error
+            # carries no details of its own (django.tasks results list it per attempt).
+            data.setdefault("fields", {})["lost_worker_id"] = claim.owner
+        envelope = json.dumps(data)
         store = self.store
         try:
             if final:

@@ -376,3 +376,29 @@ def test_run_until_idle_records_a_tasks_system_exit_like_the_worker() -> None:
     assert result.status == Status.FAILED
     assert [e.exception_class_path for e in result.errors] == ["builtins.SystemExit"] * 3
     assert "" not in result.worker_ids
+
+
+def test_worker_ids_never_hold_an_empty_string(worker: Any) -> None:
+    """An operator's termination is no attempt: the result lists no worker for it."""
+    later = tasks.add.using(run_after=timezone.now() + timedelta(hours=1)).enqueue(2, 2)
+    sv.terminate_workflow(later.id, "not wanted")
+    done = finished(later)
+    assert done.status == Status.FAILED
+    assert done.worker_ids == []
+    assert done.attempts == 0
+
+
+def test_an_attempt_past_its_deadline_counts_with_its_worker(settings: Any, worker: Any) -> None:
+    settings.TASKS = {
+        **settings.TASKS,
+        "timed": {
+            "BACKEND": "selvedge_django.tasks.SelvedgeBackend",
+            "OPTIONS": {"start_to_close_timeout": 0.3, "retry_policy": {"max_attempts": 1}},
+        },
+    }
+    result = finished(tasks.slow.using(backend="timed").enqueue(1.0))
+    assert result.status == Status.FAILED
+    assert [e.exception_class_path for e in result.errors] == [
+        "selvedge_django.exceptions.ActivityTimeoutError"
+    ]
+    assert result.worker_ids == [worker.worker_id]

@@ -121,3 +121,13 @@ def exits(code: int) -> None:
 def interrupted() -> None:
     record("interrupted", None)
     raise KeyboardInterrupt
+
+
+@task()
+def slow(seconds: float) -> str:
+    """Sleeps ``seconds`` (longer than a short start_to_close_timeout)."""
+    import time
+
+    record("slow", seconds)
+    time.sleep(seconds)
+    return "late"
