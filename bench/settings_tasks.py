@@ -11,11 +11,15 @@ from bench.settings import *  # noqa: F403
 from bench.settings import INSTALLED_APPS, SELVEDGE
 
 INSTALLED_APPS = [*INSTALLED_APPS, "django_tasks_db"]
+# The benchmark's task module is no app's tasks.py: the workers import it (task_modules).
 TASKS = {
-    "default": {"BACKEND": "selvedge_django.tasks.SelvedgeBackend"},
+    "default": {
+        "BACKEND": "selvedge_django.tasks.SelvedgeBackend",
+        "OPTIONS": {"task_modules": ["bench.tasks_bench"]},
+    },
     "selvedge": {
         "BACKEND": "selvedge_django.tasks.SelvedgeBackend",
-        "OPTIONS": {"retry_policy": {"max_attempts": 5}},
+        "OPTIONS": {"retry_policy": {"max_attempts": 5}, "task_modules": ["bench.tasks_bench"]},
     },
     "db": {"BACKEND": "django_tasks_db.DatabaseBackend"},
 }

@@ -11,6 +11,7 @@ error so far, which the engine records on the task row before the retry.
 from __future__ import annotations
 
 import traceback as tb
+from datetime import datetime
 from typing import Any
 
 from django.utils import timezone
@@ -20,7 +21,7 @@ from ..exceptions import ApplicationError, Cancelled
 from ..operations.task_records import task_record
 from . import compat
 from .names import TASK_KEY
-from .results import attempt_errors, build_result, load_task
+from .results import UnknownTaskError, attempt_errors, build_result, load_task
 
 __all__ = ["run_attempt"]
 
@@ -46,11 +47,16 @@ def run_attempt(input: dict[str, Any]) -> Any:
     info = activity_info()
     if info is None:  # called directly, outside a worker (a unit test of the task)
         return load_task(input).call(*input.get("args", []), **input.get("kwargs", {}))
-    task = load_task(input)
     record = task_record(info.instance_id, TASK_KEY)
     worker_id = record.claim_owner
     previous = attempt_errors(record.last_error) if record.failures else []
     started = timezone.now()
+    try:
+        task = load_task(input)
+    except UnknownTaskError as error:
+        # Not a task this worker knows: nothing imported for it, and no retry can
+        # make it one (a deploy that adds it runs the tasks enqueued after).
+        raise _failure(error, previous, worker_id, started, non_retryable=True) from error
     result = build_result(task, record, running_worker=worker_id)
     # The sender is the task's backend class (SelvedgeBackend, or a subclass of it).
     compat.task_started.send(sender=type(task.get_backend()), task_result=result)
@@ -67,19 +73,29 @@ def run_attempt(input: dict[str, Any]) -> Any:
         # Any exception of the task's, SystemExit and KeyboardInterrupt included (as in
         # Django's reference backend), is its failure: recorded with its class path,
         # traceback and worker, under the retry policy. The worker keeps running.
-        path = _class_path(error)
-        entry = {
-            "exception_class_path": path,
-            "traceback": "".join(tb.format_exception(error))[-MAX_TRACEBACK:],
-            "worker_id": worker_id,
-            "started_at": started.isoformat(),
-        }
-        errors = [*previous, entry]
         non_retryable = isinstance(error, _non_retryable(task))
-        raise ApplicationError(
-            str(error) or path,
-            type=path,
-            details={"task_errors": errors},
-            non_retryable=non_retryable,
-        ) from error
+        raise _failure(error, previous, worker_id, started, non_retryable) from error
     return value
+
+
+def _failure(
+    error: BaseException,
+    previous: list[dict[str, Any]],
+    worker_id: str,
+    started: datetime,
+    non_retryable: bool,
+) -> ApplicationError:
+    """The attempt's failure: its error after those of the attempts before it."""
+    path = _class_path(error)
+    entry = {
+        "exception_class_path": path,
+        "traceback": "".join(tb.format_exception(error))[-MAX_TRACEBACK:],
+        "worker_id": worker_id,
+        "started_at": started.isoformat(),
+    }
+    return ApplicationError(
+        str(error) or path,
+        type=path,
+        details={"task_errors": [*previous, entry]},
+        non_retryable=non_retryable,
+    )

@@ -33,7 +33,8 @@ def _task_closed(sender: str, instance_id: str, **kwargs: Any) -> None:
     try:
         task = load_task(record.input if isinstance(record.input, dict) else {})
     except (KeyError, ValueError) as error:
-        # The task's module path no longer names a Task (code changed since enqueue).
+        # The path names no task this process knows (code changed since enqueue, or a
+        # module the worker does not import): the attempt failed for that reason.
         logger.warning("task_finished not sent for %s: %s", instance_id, error)
         return
     compat.task_finished.send(sender=SelvedgeBackend, task_result=build_result(task, record))

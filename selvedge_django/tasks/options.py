@@ -4,7 +4,9 @@
 
 - ``retry_policy``: a :class:`~selvedge_django.RetryPolicy`, or a dict of its fields
   (``non_retryable_errors`` as exception classes or their dotted paths);
-- ``start_to_close_timeout``: seconds or a ``timedelta`` for each attempt.
+- ``start_to_close_timeout``: seconds or a ``timedelta`` for each attempt;
+- ``task_modules``: dotted module paths that define tasks outside the apps' ``tasks``
+  modules; the worker imports them (``results.discover_tasks``) before it runs a task.
 
 A task defined with ``@task(retry_policy=...)`` (the backend's task class takes it)
 overrides the backend's policy. What an enqueue records is the policy without its
@@ -22,7 +24,7 @@ from ..engine.options import ActivityOptions, RetryPolicy
 
 __all__ = ["OPTION_KEYS", "activity_options", "parse_retry_policy", "retry_policy_for"]
 
-OPTION_KEYS = frozenset({"retry_policy", "start_to_close_timeout"})
+OPTION_KEYS = frozenset({"retry_policy", "start_to_close_timeout", "task_modules"})
 
 
 def parse_retry_policy(value: object) -> RetryPolicy | None:
@@ -66,6 +68,9 @@ def check_options(options: Mapping[str, Any]) -> list[str]:
         parse_retry_policy(options.get("retry_policy"))
     except (TypeError, ValueError, ImportError) as error:
         problems.append(f"OPTIONS['retry_policy'] is invalid: {error}")
+    modules = options.get("task_modules", ())
+    if not isinstance(modules, list | tuple) or not all(isinstance(m, str) and m for m in modules):
+        problems.append("OPTIONS['task_modules'] must be a list of dotted module paths")
     try:
         ActivityOptions(start_to_close_timeout=options.get("start_to_close_timeout"))
     except (TypeError, ValueError) as error:

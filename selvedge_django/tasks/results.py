@@ -11,6 +11,9 @@ as Django does.
 
 from __future__ import annotations
 
+import importlib
+import sys
+import threading
 from datetime import datetime
 from typing import Any
 
@@ -18,28 +21,86 @@ from ..models import ActivityTaskStatus, WorkflowStatus
 from ..operations.task_records import TaskRecord
 from . import compat
 
-__all__ = ["attempt_errors", "build_result", "load_task", "parse_time"]
+__all__ = [
+    "UnknownTaskError",
+    "attempt_errors",
+    "build_result",
+    "discover_tasks",
+    "known_task",
+    "load_task",
+    "parse_time",
+]
 
 
 def parse_time(text: object) -> datetime | None:
     return datetime.fromisoformat(text) if isinstance(text, str) and text else None
 
 
+class UnknownTaskError(ValueError):
+    """A stored task path that names no task this process knows: its module is not
+    imported here, or the name there is not a ``Task``. Nothing is imported for it."""
+
+
+_discovered = False
+_discover_lock = threading.Lock()
+
+
+def discover_tasks() -> None:
+    """Import, once per process, the modules where the project's tasks are defined:
+    each installed app's ``tasks`` module (when it has one) and the modules listed in
+    the ``task_modules`` option of each ``SelvedgeBackend`` in ``TASKS``.
+
+    An import that fails raises (and is tried again by the next call): a task
+    module that cannot load is a deployment error, not an unknown task.
+    """
+    global _discovered
+    if _discovered:
+        return
+    with _discover_lock:
+        if _discovered:
+            return
+        from django.conf import settings
+        from django.utils.module_loading import autodiscover_modules
+
+        autodiscover_modules("tasks")
+        for config in getattr(settings, "TASKS", {}).values():
+            backend = config.get("BACKEND", "") if isinstance(config, dict) else ""
+            if not backend.startswith("selvedge_django.tasks"):
+                continue
+            options = config.get("OPTIONS") or {}
+            for name in options.get("task_modules") or ():
+                importlib.import_module(name)
+        _discovered = True
+
+
+def known_task(path: str) -> compat.Task:
+    """The ``Task`` at ``path`` (``module.name``, as ``Task.module_path`` spells it) in a
+    module this process has imported: a task module found by :func:`discover_tasks`,
+    or any module the process loaded itself (the enqueuing code's). A module that is
+    not imported is never imported for a stored path: ``UnknownTaskError``."""
+    discover_tasks()
+    module_name, _, name = str(path).rpartition(".")
+    module = sys.modules.get(module_name) if module_name else None
+    found = getattr(module, name, None) if module is not None else None
+    if module is None:
+        raise UnknownTaskError(
+            f"{path!r} is not a known task: module {module_name!r} is not imported by this"
+            " process (define tasks in an app's tasks.py, or list the module in the"
+            " backend's OPTIONS['task_modules'])"
+        )
+    if not isinstance(found, compat.Task):
+        raise UnknownTaskError(f"Expected {path!r} to point to a Task instance.")
+    return found
+
+
 def load_task(input: dict[str, Any]) -> compat.Task:
     """The enqueued task: the module-level ``Task`` at its path, with the enqueue's changes.
 
-    The path is the one ``Task.module_path`` gave at enqueue; anything there that is
-    not a ``Task`` is refused (``ValueError``), as Django's own unpickling does.
+    The path is the one ``Task.module_path`` gave at enqueue; it must name a task this
+    process knows (:func:`known_task`): anything else is refused
+    (``UnknownTaskError``, a ``ValueError``) without importing anything for it.
     """
-    from django.utils.module_loading import import_string
-
-    path = input["task"]
-    try:
-        found = import_string(path)
-    except ImportError as error:
-        raise ValueError(f"Expected {path!r} to point to a Task instance.") from error
-    if not isinstance(found, compat.Task):
-        raise ValueError(f"Expected {path!r} to point to a Task instance.")
+    found = known_task(input["task"])
     return found.using(
         priority=int(input.get("priority", found.priority)),
         queue_name=input.get("queue_name") or found.queue_name,

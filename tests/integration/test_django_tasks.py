@@ -245,12 +245,20 @@ def test_a_bad_per_task_retry_policy_is_refused_at_definition() -> None:
 
 def test_system_checks_report_bad_options() -> None:
     backend = SelvedgeBackend(
-        "broken", {"OPTIONS": {"retry_policy": {"max_attempts": -1}, "speed": "fast"}}
+        "broken",
+        {
+            "OPTIONS": {
+                "retry_policy": {"max_attempts": -1},
+                "speed": "fast",
+                "task_modules": "myapp.jobs",
+            }
+        },
     )
     messages = backend.check()
-    assert [m.id for m in messages] == ["selvedge.E102", "selvedge.E102"]
+    assert [m.id for m in messages] == ["selvedge.E102"] * 3
     assert "unknown OPTIONS 'speed'" in messages[0].msg
     assert "max_attempts" in messages[1].msg
+    assert "task_modules" in messages[2].msg
     assert SelvedgeBackend("fine", {"OPTIONS": {"start_to_close_timeout": 30}}).check() == []
 
 
@@ -402,3 +410,76 @@ def test_an_attempt_past_its_deadline_counts_with_its_worker(settings: Any, work
         "selvedge_django.exceptions.ActivityTimeoutError"
     ]
     assert result.worker_ids == [worker.worker_id]
+
+
+def _start_raw_task(path: str, *args: Any) -> str:
+    """A selvedge.task instance whose stored input names ``path`` (as a row written by
+    someone else, or by older code, would); the engine's default retry policy."""
+    import uuid
+
+    from selvedge_django.tasks.runner import start_task
+
+    result_id = uuid.uuid4().hex
+    start_task(
+        {
+            "task": path,
+            "args": list(args),
+            "kwargs": {},
+            "backend": "default",
+            "queue_name": "default",
+            "priority": 0,
+            "options": {},
+        },
+        instance_id=result_id,
+        priority=0,
+    )
+    return result_id
+
+
+def test_a_stored_task_of_an_unknown_module_fails_at_once_without_importing_it(
+    worker: Any, tmp_path: Any, monkeypatch: Any
+) -> None:
+    import sys
+
+    marker = tmp_path / "imported"
+    (tmp_path / "sv_unregistered_tasks.py").write_text(
+        f"from pathlib import Path\nPath({str(marker)!r}).touch()\ndef job():\n    return 1\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    unknown = _start_raw_task("sv_unregistered_tasks.job")
+    missing = _start_raw_task("sv_no_such_module.job")
+    not_a_task = _start_raw_task("subprocess.check_output")
+    for result_id in (unknown, missing, not_a_task):
+        wait_until(lambda rid=result_id: sv.describe(rid).status != "running")
+        assert sv.describe(result_id).status == "failed"
+        [activity] = sv.list_activity_tasks(result_id)
+        assert activity.attempts == 1  # refused for good at once, not retried
+        assert activity.last_error.type == "selvedge_django.tasks.results.UnknownTaskError"
+    assert not marker.exists()
+    assert "sv_unregistered_tasks" not in sys.modules
+
+
+def test_a_worker_knows_the_tasks_of_the_modules_in_task_modules(
+    worker: Any, tmp_path: Any, monkeypatch: Any, settings: Any
+) -> None:
+    """Tasks outside an app's tasks.py: the module listed in OPTIONS["task_modules"] is
+    imported by the worker before it runs a task, and its tasks are known."""
+    import sys
+
+    from selvedge_django.tasks import results
+
+    (tmp_path / "sv_listed_jobs.py").write_text(
+        "try:\n    from django.tasks import task\nexcept ImportError:\n"
+        "    from django_tasks import task\n\n@task()\ndef double(x):\n    return 2 * x\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(results, "_discovered", False)  # a fresh worker process
+    settings.TASKS = {
+        "default": {**settings.TASKS["default"], "OPTIONS": {"task_modules": ["sv_listed_jobs"]}}
+    }
+    try:
+        result_id = _start_raw_task("sv_listed_jobs.double", 21)
+        wait_until(lambda: sv.describe(result_id).status != "running")
+        assert compat.task_backends["default"].get_result(result_id).return_value == 42
+    finally:
+        sys.modules.pop("sv_listed_jobs", None)
