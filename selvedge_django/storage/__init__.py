@@ -28,6 +28,7 @@ from .clock import DbNowMs, clock_offset_ms, set_clock_offset_ms
 from .postgresql import PostgresStore
 from .sqlite import SQLiteStore
 from .store import DjangoStore, InstanceHead
+from .tasks import attempt_error_data
 
 if TYPE_CHECKING:
     from ..conf import SelvedgeSettings
@@ -50,6 +51,7 @@ __all__ = [
     "InstanceHead",
     "PostgresStore",
     "SQLiteStore",
+    "attempt_error_data",
     "check_vendor",
     "client_codec",
     "clock_offset_ms",

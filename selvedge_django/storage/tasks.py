@@ -18,6 +18,7 @@ from typing import Any
 from django.db.models import Case, F, Q, Value, When
 
 from .. import exceptions as exc
+from ..engine.codec import Codec, error_to_envelope
 from ..engine.events import (
     EV_ACTIVITY_CANCELLED,
     EV_ACTIVITY_COMPLETED,
@@ -34,7 +35,7 @@ from .flow_control import FlowControlStore
 from .task_rows import task_fields
 from .wakeups import TOPIC_TASK
 
-__all__ = ["TaskStore", "lapse_error_data", "lapse_timeout"]
+__all__ = ["TaskStore", "attempt_error_data", "lapse_error_data", "lapse_timeout"]
 
 # The most JSON a lapse's error keeps of the task's error before it.
 MAX_PREVIOUS_ERROR = 32_000
@@ -78,6 +79,16 @@ def lapse_error_data(
             prior["fields"].pop("previous_error", None)  # keep the last error, not the chain
         if len(json.dumps(prior)) <= MAX_PREVIOUS_ERROR:
             envelope["fields"]["previous_error"] = prior
+    return json.dumps(envelope)
+
+
+def attempt_error_data(error: BaseException, worker_id: str, codec: Codec | None = None) -> str:
+    """The error an attempt records for itself. An engine error (its deadline passed, a
+    panic) carries no details of its own, so it names the worker whose attempt it was
+    (``fields.lost_worker_id``, as a lapse does); an ApplicationError is left as it is."""
+    envelope = error_to_envelope(error, codec=codec)
+    if not isinstance(error, exc.ApplicationError):
+        envelope.setdefault("fields", {})["lost_worker_id"] = worker_id
     return json.dumps(envelope)
 
 

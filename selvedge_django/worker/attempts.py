@@ -31,7 +31,7 @@ from ..engine.execution import current_execution
 from ..engine.options import ActivityOptions, RetryPolicy
 from ..engine.ports import ClaimedTask, TaskClaim
 from ..registry import get_activity, get_workflow
-from ..storage import DjangoStore
+from ..storage import DjangoStore, attempt_error_data
 from .group_commit import GroupCommit
 
 __all__ = ["HUNG_AFTER", "AttemptRunner", "HungAttempt"]
@@ -547,12 +547,7 @@ class AttemptRunner:
         if not isinstance(error, Exception):
             error = exc.WorkflowPanicError(f"activity raised {type(error).__name__}: {error}")
         failures = task.failures + 1
-        data = error_to_envelope(error, codec=self.codec)
-        if not isinstance(error, exc.ApplicationError):
-            # The worker whose attempt it was, named as a lapse names it: an engine error
-            # carries no details of its own (django.tasks results list it per attempt).
-            data.setdefault("fields", {})["lost_worker_id"] = claim.owner
-        envelope = json.dumps(data)
+        envelope = attempt_error_data(error, claim.owner, self.codec)
         store = self.store
         try:
             if final:
