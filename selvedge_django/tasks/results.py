@@ -12,6 +12,7 @@ as Django does.
 from __future__ import annotations
 
 import importlib
+import logging
 import sys
 import threading
 from datetime import datetime
@@ -41,53 +42,69 @@ class UnknownTaskError(ValueError):
     imported here, or the name there is not a ``Task``. Nothing is imported for it."""
 
 
-_discovered = False
+logger = logging.getLogger("selvedge_django.tasks")
+
+# The task modules of this process (discover_tasks): None until they were looked for.
+_task_modules: frozenset[str] | None = None
 _discover_lock = threading.Lock()
 
 
-def discover_tasks() -> None:
+def discover_tasks() -> frozenset[str]:
     """Import, once per process, the modules where the project's tasks are defined:
     each installed app's ``tasks`` module (when it has one) and the modules listed in
-    the ``task_modules`` option of each ``SelvedgeBackend`` in ``TASKS``.
+    the ``task_modules`` option of each ``SelvedgeBackend`` in ``TASKS``. Returns
+    their names.
 
-    An import that fails raises (and is tried again by the next call): a task
-    module that cannot load is a deployment error, not an unknown task.
+    A module that fails to import is logged and left out here, so that it does not
+    stop the others; its tasks try the import again when they run (:func:`known_task`).
     """
-    global _discovered
-    if _discovered:
-        return
+    global _task_modules
+    if _task_modules is not None:
+        return _task_modules
     with _discover_lock:
-        if _discovered:
-            return
+        if _task_modules is not None:
+            return _task_modules
+        from django.apps import apps
         from django.conf import settings
-        from django.utils.module_loading import autodiscover_modules
+        from django.utils.module_loading import module_has_submodule
 
-        autodiscover_modules("tasks")
+        names = [
+            f"{config.name}.tasks"
+            for config in apps.get_app_configs()
+            if module_has_submodule(config.module, "tasks")
+        ]
         for config in getattr(settings, "TASKS", {}).values():
             backend = config.get("BACKEND", "") if isinstance(config, dict) else ""
-            if not backend.startswith("selvedge_django.tasks"):
-                continue
-            options = config.get("OPTIONS") or {}
-            for name in options.get("task_modules") or ():
+            if backend.startswith("selvedge_django.tasks"):
+                names.extend((config.get("OPTIONS") or {}).get("task_modules") or ())
+        for name in names:
+            try:
                 importlib.import_module(name)
-        _discovered = True
+            except Exception:
+                logger.exception("could not import the task module %s", name)
+        _task_modules = frozenset(names)
+        return _task_modules
 
 
 def known_task(path: str) -> compat.Task:
     """The ``Task`` at ``path`` (``module.name``, as ``Task.module_path`` spells it) in a
     module this process has imported: a task module found by :func:`discover_tasks`,
-    or any module the process loaded itself (the enqueuing code's). A module that is
-    not imported is never imported for a stored path: ``UnknownTaskError``."""
-    discover_tasks()
+    or any module the process loaded itself (the enqueuing code's). Any other module
+    is never imported for a stored path: ``UnknownTaskError``. A task module that
+    failed to import is imported again, and its error raised: a deployment error,
+    which the retry policy may outlast, not an unknown task."""
+    modules = discover_tasks()
     module_name, _, name = str(path).rpartition(".")
     module = sys.modules.get(module_name) if module_name else None
-    found = getattr(module, name, None) if module is not None else None
+    if module is None and module_name in modules:
+        module = importlib.import_module(module_name)
     if module is None:
         raise UnknownTaskError(
             f"{path!r} is not a known task: module {module_name!r} is not imported by this"
             " process (define tasks in an app's tasks.py, or list the module in the"
             " backend's OPTIONS['task_modules'])"
         )
+    found = getattr(module, name, None)
     if not isinstance(found, compat.Task):
         raise UnknownTaskError(f"Expected {path!r} to point to a Task instance.")
     return found

@@ -462,8 +462,9 @@ def test_a_stored_task_of_an_unknown_module_fails_at_once_without_importing_it(
 def test_a_worker_knows_the_tasks_of_the_modules_in_task_modules(
     worker: Any, tmp_path: Any, monkeypatch: Any, settings: Any
 ) -> None:
-    """Tasks outside an app's tasks.py: the module listed in OPTIONS["task_modules"] is
-    imported by the worker before it runs a task, and its tasks are known."""
+    """Tasks outside an app's tasks.py: the modules listed in OPTIONS["task_modules"] are
+    imported by the worker before it runs a task, and their tasks are known. One that
+    fails to import stops no other; its tasks fail as its import does, and are retried."""
     import sys
 
     from selvedge_django.tasks import results
@@ -472,14 +473,24 @@ def test_a_worker_knows_the_tasks_of_the_modules_in_task_modules(
         "try:\n    from django.tasks import task\nexcept ImportError:\n"
         "    from django_tasks import task\n\n@task()\ndef double(x):\n    return 2 * x\n"
     )
+    (tmp_path / "sv_broken_jobs.py").write_text("raise RuntimeError('broken deploy')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(results, "_discovered", False)  # a fresh worker process
+    monkeypatch.setattr(results, "_task_modules", None)  # a fresh worker process
     settings.TASKS = {
-        "default": {**settings.TASKS["default"], "OPTIONS": {"task_modules": ["sv_listed_jobs"]}}
+        "default": {
+            **settings.TASKS["default"],
+            "OPTIONS": {"task_modules": ["sv_broken_jobs", "sv_listed_jobs"]},
+        }
     }
     try:
         result_id = _start_raw_task("sv_listed_jobs.double", 21)
+        broken_id = _start_raw_task("sv_broken_jobs.job")
         wait_until(lambda: sv.describe(result_id).status != "running")
         assert compat.task_backends["default"].get_result(result_id).return_value == 42
+        wait_until(lambda: sv.list_activity_tasks(broken_id)[0].failures >= 1)
+        [broken] = sv.list_activity_tasks(broken_id)
+        assert broken.status != "failed"  # retried: a deploy may fix it
+        assert "broken deploy" in str(broken.last_error)
     finally:
         sys.modules.pop("sv_listed_jobs", None)
+        sv.terminate_workflow(broken_id, "end of test")
