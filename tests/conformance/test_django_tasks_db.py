@@ -256,14 +256,24 @@ suite.DatabaseWorkerProcessTestCase.tearDown = _teardown  # type: ignore[attr-de
 
 # CONFORMANCE_RUN_EXCLUDED=1 runs the excluded tests too (to look at them).
 ALL_EXCLUDED = os.environ.get("CONFORMANCE_RUN_EXCLUDED") != "1"
-for _name, _value in list(vars(suite).items()):
-    if not (isinstance(_value, type) and issubclass(_value, unittest.TestCase)):
-        continue
-    if _value.__module__ != suite.__name__:
-        continue
-    _value.assertNumQueries = _any_number_of_queries  # type: ignore[attr-defined]
-    for _test in [n for n in vars(_value) if n.startswith("test")]:
-        _reason = EXCLUDED.get(_test)
-        if _reason is not None and ALL_EXCLUDED:
-            _skip(_value, _test, _reason)
-    globals()[_name] = _value
+
+
+def _test_cases() -> dict[str, type]:
+    """The suite's TestCase classes, each test of EXCLUDED skipped with its reason."""
+    found = {}
+    for name, value in vars(suite).items():
+        if not (isinstance(value, type) and issubclass(value, unittest.TestCase)):
+            continue
+        if value.__module__ != suite.__name__:
+            continue
+        value.assertNumQueries = _any_number_of_queries  # type: ignore[attr-defined]
+        for test in [n for n in vars(value) if n.startswith("test")]:
+            reason = EXCLUDED.get(test)
+            if reason is not None and ALL_EXCLUDED:
+                _skip(value, test, reason)
+        found[name] = value
+    return found
+
+
+# Collected from this module's namespace, under the suite's own class names.
+globals().update(_test_cases())
