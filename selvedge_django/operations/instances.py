@@ -12,7 +12,7 @@ import time
 import uuid
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, TypeVar, overload
 
 from asgiref.sync import sync_to_async
 from django.db import transaction
