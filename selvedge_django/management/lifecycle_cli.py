@@ -66,13 +66,18 @@ def add_parsers(sub: Any) -> None:
     }
     for name, text in helps.items():
         parser = sub.add_parser(name, help=text)
-        parser.add_argument("instance_id", nargs="?", default=None)
+        parser.add_argument(
+            "instance_id",
+            nargs="?",
+            default=None,
+            help="the instance (or select several with --status, --workflow, --since)",
+        )
         if name in ("resume", "fork"):
             parser.add_argument("--from", dest="from_key", default=None, help="history key")
         if name == "fork":
             parser.add_argument("--id", dest="new_id", default=None, help="the new instance id")
         if name in ("resume", "terminate"):
-            parser.add_argument("--reason", default="")
+            parser.add_argument("--reason", default="", help="recorded with the action")
         if name == "resume":
             parser.add_argument(
                 "--include-closed",

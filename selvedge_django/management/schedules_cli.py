@@ -31,6 +31,9 @@ def moment(text: str) -> datetime:
     return value
 
 
+SCHEDULE_NAME = "the schedule's name"
+
+
 def add_parser(
     sub: Any, common: Callable[[argparse.ArgumentParser], None]
 ) -> argparse.ArgumentParser:
@@ -42,7 +45,9 @@ def add_parser(
     parser: argparse.ArgumentParser = sub.add_parser(
         "schedules", help="list, describe, pause, unpause, trigger or backfill schedules"
     )
-    actions = parser.add_subparsers(dest="schedule_action", required=True)
+    actions = parser.add_subparsers(
+        dest="schedule_action", required=True, help="what to do with schedules"
+    )
     actions.add_parser("list", help="one JSON object per schedule")
     for name, text in (
         ("describe", "print a schedule as JSON"),
@@ -51,11 +56,11 @@ def add_parser(
         ("trigger", "start one run now"),
         ("delete", "delete it (its runs stay)"),
     ):
-        actions.add_parser(name, help=text).add_argument("name")
+        actions.add_parser(name, help=text).add_argument("name", help=SCHEDULE_NAME)
     backfill = actions.add_parser(
         "backfill", help="start the runs of its slots in [START, END) that never started"
     )
-    backfill.add_argument("name")
+    backfill.add_argument("name", help=SCHEDULE_NAME)
     backfill.add_argument("start", type=moment, help="ISO 8601 with an offset")
     backfill.add_argument("end", type=moment, help="ISO 8601 with an offset")
     for action in actions.choices.values():

@@ -17,92 +17,54 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ... import exceptions as exc
 from .. import lifecycle_cli, schedules_cli, status_cli
+from ..arguments import (
+    add_common_options,
+    csv_list,
+    json_argument,
+    parse_duration,
+    positive_int,
+    prune_batch_size,
+)
 
-
-def json_argument(what: str) -> Callable[[str], Any]:
-    """An argparse type: the argument's JSON value (``what`` names it in the error)."""
-
-    def parse(text: str) -> Any:
-        try:
-            return json.loads(text)
-        except (ValueError, RecursionError) as error:
-            raise argparse.ArgumentTypeError(f"{what} is not JSON: {error}") from error
-
-    return parse
-
-
-def positive_int(flag: str) -> Callable[[str], int]:
-    """An argparse type: an integer of at least 1 (``flag`` names it in the error)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"{flag} must be at least 1, not {value}")
-        return value
-
-    return parse
-
-
-def prune_batch_size(text: str) -> int:
-    """An argparse type: a prune batch size, from 1 to the most one batch deletes."""
-    from ...operations import MAX_PRUNE_BATCH
-
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
-    if not 1 <= value <= MAX_PRUNE_BATCH:
-        raise argparse.ArgumentTypeError(f"--batch-size must be from 1 to {MAX_PRUNE_BATCH}")
-    return value
-
-
-def _csv(value: str) -> list[str]:
-    return [part.strip() for part in value.split(",") if part.strip()] if value else []
-
-
-def _add_common_options(parser: argparse.ArgumentParser) -> None:
-    """Accept Django's common options after a subcommand's own arguments too.
-
-    ``manage.py`` reads ``--settings`` and ``--pythonpath`` wherever they stand, but
-    a subparser rejects what it does not know (``runselvedge worker
-    --settings=config.prod``). SUPPRESS leaves the top-level value (or Django's
-    default) in place unless the option is given after the subcommand.
-    """
-    quiet = argparse.SUPPRESS
-    parser.add_argument(
-        "-v", "--verbosity", type=int, choices=[0, 1, 2, 3], default=quiet, help="as for Django"
-    )
-    parser.add_argument("--settings", default=quiet, help="as for Django")
-    parser.add_argument("--pythonpath", default=quiet, help="as for Django")
-    for flag in ("--traceback", "--no-color", "--force-color", "--skip-checks"):
-        parser.add_argument(flag, action="store_true", default=quiet, help="as for Django")
+INSTANCE_ID = "the workflow instance id"
 
 
 class Command(BaseCommand):
     help = "Run a selvedge worker, or operate on workflow instances."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        sub = parser.add_subparsers(dest="subcommand", required=True)
+        sub = parser.add_subparsers(
+            dest="subcommand", required=True, help="what to do (each takes --help)"
+        )
         worker = sub.add_parser("worker", help="run the worker loops until SIGINT/SIGTERM")
-        worker.add_argument("--worker-id", default=None)
+        worker.add_argument(
+            "--worker-id",
+            default=None,
+            help="this worker's id in leases and the status report (default host-pid-random)",
+        )
         worker.add_argument(
             "--queues",
             default=None,
             help="comma-separated activity queues to serve ('' serves none; default all)",
         )
-        worker.add_argument("--max-activities", type=int, default=None)
-        worker.add_argument("--max-resumptions", type=int, default=None)
+        worker.add_argument(
+            "--max-activities",
+            type=int,
+            default=None,
+            help="activity attempts run at once (default MAX_CONCURRENT_ACTIVITIES)",
+        )
+        worker.add_argument(
+            "--max-resumptions",
+            type=int,
+            default=None,
+            help="workflow executions run at once (default MAX_CONCURRENT_RESUMPTIONS)",
+        )
         worker.add_argument(
             "--reload",
             action=argparse.BooleanOptionalAction,
@@ -111,11 +73,13 @@ class Command(BaseCommand):
         )
 
         start = sub.add_parser("start", help="start a workflow by name")
-        start.add_argument("name")
+        start.add_argument("name", help="the registered workflow name")
         start.add_argument(
             "input", nargs="?", type=json_argument("input"), default=None, help="JSON input"
         )
-        start.add_argument("--id", dest="instance_id", default=None)
+        start.add_argument(
+            "--id", dest="instance_id", default=None, help="the instance id (default random)"
+        )
         start.add_argument(
             "--execution-timeout",
             type=parse_duration,
@@ -142,7 +106,10 @@ class Command(BaseCommand):
 
         listing = sub.add_parser("list", help="print instances, newest first, one JSON per line")
         listing.add_argument(
-            "--status", choices=["running", "completed", "failed", "cancelled"], default=None
+            "--status",
+            choices=["running", "completed", "failed", "cancelled"],
+            default=None,
+            help="only instances in this status",
         )
         listing.add_argument("--workflow", default=None, help="part of a workflow name")
         listing.add_argument(
@@ -153,20 +120,20 @@ class Command(BaseCommand):
         )
 
         tasks = sub.add_parser("tasks", help="print an instance's activity tasks as JSON")
-        tasks.add_argument("instance_id")
+        tasks.add_argument("instance_id", help=INSTANCE_ID)
 
         query = sub.add_parser("query", help="answer a query handler, as JSON")
-        query.add_argument("instance_id")
-        query.add_argument("name")
+        query.add_argument("instance_id", help=INSTANCE_ID)
+        query.add_argument("name", help="the query handler's name")
 
         describe = sub.add_parser("describe", help="print an instance's description as JSON")
-        describe.add_argument("instance_id")
+        describe.add_argument("instance_id", help=INSTANCE_ID)
 
         result = sub.add_parser("result", help="print an instance's result as JSON")
-        result.add_argument("instance_id")
+        result.add_argument("instance_id", help=INSTANCE_ID)
 
         export = sub.add_parser("export-history", help="print an instance's history as JSON")
-        export.add_argument("instance_id")
+        export.add_argument("instance_id", help=INSTANCE_ID)
         export.add_argument("--output", "-o", default=None, help="write to this file")
         export.add_argument(
             "--redact",
@@ -176,14 +143,14 @@ class Command(BaseCommand):
         )
 
         cancel = sub.add_parser("cancel", help="request cancellation of an instance")
-        cancel.add_argument("instance_id")
-        cancel.add_argument("--reason", default="")
+        cancel.add_argument("instance_id", help=INSTANCE_ID)
+        cancel.add_argument("--reason", default="", help="recorded with the cancellation")
 
         lifecycle_cli.add_parsers(sub)
 
         sig = sub.add_parser("signal", help="send a signal with a JSON payload")
-        sig.add_argument("instance_id")
-        sig.add_argument("channel")
+        sig.add_argument("instance_id", help=INSTANCE_ID)
+        sig.add_argument("channel", help="the channel the workflow receives on")
         sig.add_argument(
             "payload", nargs="?", type=json_argument("payload"), default="null", help="JSON payload"
         )
@@ -217,16 +184,24 @@ class Command(BaseCommand):
             "--older-than", type=parse_duration, required=True, help="e.g. 30d, 12h, 90m, 3600"
         )
         prune.add_argument(
-            "--status", action="append", choices=["completed", "failed", "cancelled"]
+            "--status",
+            action="append",
+            choices=["completed", "failed", "cancelled"],
+            help="only instances in this status; repeat for several (default all three)",
         )
-        prune.add_argument("--workflow", default=None)
-        prune.add_argument("--batch-size", type=prune_batch_size, default=500)
+        prune.add_argument("--workflow", default=None, help="only this workflow (exact name)")
+        prune.add_argument(
+            "--batch-size",
+            type=prune_batch_size,
+            default=500,
+            help="instances deleted per transaction (500)",
+        )
 
-        schedules_cli.add_parser(sub, _add_common_options)
+        schedules_cli.add_parser(sub, add_common_options)
         status_cli.add_parser(sub, parse_duration)
 
         for subparser in sub.choices.values():
-            _add_common_options(subparser)
+            add_common_options(subparser)
 
     def _configure_logging(self, verbosity: int) -> None:
         level = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO}.get(
@@ -265,7 +240,7 @@ class Command(BaseCommand):
         if options["worker_id"]:
             overrides["worker_id"] = options["worker_id"]
         if options["queues"] is not None:
-            overrides["activity_queues"] = _csv(options["queues"])
+            overrides["activity_queues"] = csv_list(options["queues"])
         for flag, key in (
             ("max_activities", "max_concurrent_activities"),
             ("max_resumptions", "max_concurrent_resumptions"),
@@ -578,22 +553,3 @@ class StopSignals:
         signal.set_wakeup_fd(self._saved_fd)
         self._reader.close()
         self._writer.close()
-
-
-def parse_duration(text: str) -> timedelta:
-    """An argparse type: ``30d``, ``12h``, ``90m``, ``45s`` or plain seconds as a timedelta."""
-    value = text.strip().lower()
-    units = {"d": 86400, "h": 3600, "m": 60, "s": 1}
-    factor = 1
-    if value and value[-1] in units:
-        factor = units[value[-1]]
-        value = value[:-1]
-    try:
-        seconds = float(value) * factor
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"invalid duration {text!r}: use e.g. 30d, 12h, 90m or 3600"
-        ) from None
-    if seconds < 0 or seconds != seconds or seconds == float("inf"):
-        raise argparse.ArgumentTypeError(f"invalid duration {text!r}")
-    return timedelta(seconds=seconds)
