@@ -61,6 +61,7 @@ __all__ = [
     "set_clock_offset_ms",
     "store_class",
     "store_for",
+    "worker_start_problem",
 ]
 
 # The store class of each supported database vendor.
@@ -120,3 +121,13 @@ def database_checks(alias: str) -> list[CheckMessage]:
     """The system check messages of the engine's database itself (SQLite: W001, W002)."""
     cls = store_class(alias)
     return [] if cls is None else cls.database_checks(alias, connections[alias])
+
+
+def worker_start_problem(alias: str) -> str | None:
+    """Why a started worker's threads cannot share the engine's database, or None.
+
+    A store class with such a condition defines ``worker_start_problem(alias, connection)``
+    (SQLite: a database in memory).
+    """
+    check = getattr(store_class(alias), "worker_start_problem", None)
+    return None if check is None else check(alias, connections[alias])

@@ -393,6 +393,28 @@ class SQLiteStore(DjangoStore):
                 cursor.execute(sql.compose(SYNCHRONOUS, level=settings.sqlite_synchronous))
 
     @classmethod
+    def worker_start_problem(cls, alias: str, connection: Any) -> str | None:
+        """Why a started worker cannot run on this database, or None.
+
+        Django's SQLite test database is in memory unless ``TEST["NAME"]`` names a
+        file; its connections (one per thread) share it through SQLite's shared
+        cache, where a write meets another connection's table lock at once with
+        "database table is locked" (the busy timeout does not apply). A plain
+        ``:memory:`` database is a different, empty one in each connection.
+        """
+        name = str(connection.settings_dict.get("NAME") or "")
+        if not _in_memory(name):
+            return None
+        return (
+            f"The selvedge database {alias!r} is an in-memory SQLite database ({name}): a "
+            "started worker's threads would fail on it with 'database table is locked'. "
+            f"In tests, set DATABASES[{alias!r}]['TEST']['NAME'] to a file name (for "
+            "example 'test_db.sqlite3'; Django's test database is otherwise in memory), or "
+            "run the workflows in the test's thread with selvedge_django.testing."
+            f"run_until_idle(); elsewhere, set DATABASES[{alias!r}]['NAME'] to a file."
+        )
+
+    @classmethod
     def database_checks(cls, alias: str, connection: Any) -> list[CheckMessage]:
         """selvedge.W002 (no IMMEDIATE transactions) and selvedge.W001 (in memory)."""
         messages: list[CheckMessage] = []

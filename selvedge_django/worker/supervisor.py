@@ -7,9 +7,12 @@ import threading
 import time
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
+
 from ..conf import get_settings
 from ..engine.events import Fence
 from ..engine.ports import ExecutionSnapshot
+from ..storage import worker_start_problem
 from ..storage.listener import acquire_listener, release_listener
 from . import handoff
 from .activities import ActivityPoller
@@ -109,6 +112,9 @@ class Worker:
         """Start every loop in its own thread; return self."""
         if self._started:
             raise RuntimeError("worker already started")
+        problem = worker_start_problem(self.store.alias)
+        if problem is not None:
+            raise ImproperlyConfigured(problem)
         self.leader.schedules.sync()  # SELVEDGE["SCHEDULES"]; invalid ones refuse the start
         self._started = True
         if self.workflow_cache is not None:

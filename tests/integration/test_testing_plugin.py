@@ -119,6 +119,58 @@ def test_the_testing_pages_mixin_example_runs_under_manage_py_test(
     assert re.search(r"Ran 2 tests in .*\n\s*\nOK", output), output
 
 
+def _docs_pytest_example() -> str:
+    text = (ROOT / "docs" / "testing.md").read_text(encoding="utf-8")
+    section = text.split("## With pytest", 1)[1].split("## With Django's test runner", 1)[0]
+    example = section.split("A complete test\nmodule:", 1)[1]
+    match = re.search(r"```python\n(.*?)```", example, re.DOTALL)
+    assert match is not None, "docs/testing.md has no complete pytest example"
+    return match.group(1)
+
+
+def _run_docs_pytest_example(tmp_path: Path, test_name: str | None) -> tuple[int, str]:
+    """The pytest example of docs/testing.md, verbatim, in a project of its own on SQLite
+    with pytest-django's defaults (and ``TEST["NAME"]`` when given)."""
+    test = "" if test_name is None else f', "TEST": {{"NAME": {test_name!r}}}'
+    (tmp_path / "example_settings.py").write_text(
+        'SECRET_KEY = "example"\n'
+        "USE_TZ = True\n"
+        'INSTALLED_APPS = ["django.contrib.contenttypes", "selvedge_django"]\n'
+        "DATABASES = {\n"
+        '    "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": "db.sqlite3"'
+        f"{test}}}\n"
+        "}\n",
+        encoding="utf-8",
+    )
+    (tmp_path / "pytest.ini").write_text(
+        "[pytest]\nDJANGO_SETTINGS_MODULE = example_settings\n", encoding="utf-8"
+    )
+    (tmp_path / "test_docs_example.py").write_text(_docs_pytest_example(), encoding="utf-8")
+    env = _clean_env(PYTHONPATH=os.pathsep.join([str(ROOT), str(tmp_path)]))
+    done = _run(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-rE"], tmp_path, env)
+    return done.returncode, done.stdout + done.stderr
+
+
+def test_the_testing_pages_pytest_example_passes_on_a_sqlite_test_file(tmp_path: Path) -> None:
+    returncode, output = _run_docs_pytest_example(tmp_path, "test_db.sqlite3")
+    assert returncode == 0, output
+    assert re.search(r"\b3 passed\b", output), output
+
+
+def test_a_started_worker_on_an_in_memory_test_database_says_what_to_set(
+    tmp_path: Path,
+) -> None:
+    """pytest-django's default SQLite test database is in memory: worker threads share it
+    through SQLite's shared cache and fail with "database table is locked". The started
+    worker refuses it at once, naming the setting; the tests in the test's thread pass."""
+    returncode, output = _run_docs_pytest_example(tmp_path, None)
+    assert returncode != 0, output
+    assert re.search(r"\b2 passed, 1 error\b", output), output
+    assert "ImproperlyConfigured" in output, output
+    assert "DATABASES['default']['TEST']['NAME']" in output, output
+    assert "table is locked" not in output.replace("'database table is locked'", ""), output
+
+
 def test_the_mixin_refuses_a_test_case_that_wraps_each_test_in_a_transaction() -> None:
     class Wrapped(SelvedgeTestMixin, TestCase):
         def test_nothing(self) -> None:
