@@ -253,8 +253,10 @@ class Command(BaseCommand):
 
     def _start_worker(self, overrides: dict[str, Any], signals_class: Any) -> Any:
         """Run a worker until a stop signal (or, reloading, until asked to stop)."""
+        from ...contrib.prometheus import start_deferred
         from ...worker import Worker
 
+        start_deferred()  # the metrics endpoint serve_metrics() left for the serving process
         worker = Worker(**overrides)
         with signals_class() as signals:
             worker.start()
