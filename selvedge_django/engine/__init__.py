@@ -5,6 +5,7 @@ it, and that nothing here imports Django):
 
 - ``codec``, ``durations``, ``identifiers``: payload encoding and error envelopes,
   durations, the one validator per identifier (instance id, workflow name, channel).
+- ``interrupt``: a deadline that interrupts running Python code (a query's handler).
 - ``events``: the history vocabulary (commands, event types, rows, fences) and the
   one error-envelope helper, ``error_data``.
 - ``options``: activity options and retry policies.
@@ -27,6 +28,7 @@ ORDER = (
     "codec",
     "durations",
     "identifiers",
+    "interrupt",
     "events",
     "options",
     "portable",
