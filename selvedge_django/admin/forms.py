@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from django import forms
+from django.utils.html import escape
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
@@ -217,7 +218,10 @@ class ScheduleForm(forms.ModelForm):
 
     name = forms.CharField(
         max_length=200,
-        help_text=_("Letters, digits and _ . : - ; each run is <name>@<slot as ISO 8601 UTC>."),
+        # Escaped: the admin shows a field's help text as HTML.
+        help_text=escape(
+            _("Letters, digits and _ . : - ; each run is <name>@<slot as ISO 8601 UTC>.")
+        ),
     )
     workflow = forms.CharField(
         max_length=255, help_text=_("The workflow each run starts (its name).")
