@@ -32,7 +32,7 @@ from ..models import HistoryEvent, WorkflowInstance, WorkflowStatus
 from ..operations.status import COUNT_LIMIT, status_report
 from .base import APP
 from .console import ConsoleAdmin
-from .display import ID_CHARS, database_alias, format_duration, truncate
+from .display import ID_CHARS, database_alias, format_duration, format_time, truncate
 
 __all__ = ["DashboardAdmin", "dashboard_data"]
 
@@ -110,7 +110,7 @@ def dashboard_data(alias: str) -> dict[str, Any]:
                     "label": truncate(iid, ID_CHARS),
                     "workflow_name": truncate(name, ID_CHARS),
                     "error_type": truncate(kind, ID_CHARS),
-                    "closed_at": closed,
+                    "closed_at": format_time(closed),
                 }
                 for iid, name, kind, closed in failed[:10]
             ],

@@ -12,7 +12,9 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
-from django.utils.html import format_html
+from django.utils import dateformat, timezone
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
 from django.utils.translation import gettext
 
 from ..conf import get_settings
@@ -23,6 +25,10 @@ VALUE_CHARS = 2000
 ID_CHARS = 80
 # The one rendering of an empty value, here and in the admin's own fields.
 EMPTY = "-"
+# The one rendering of a moment, in the current time zone and naming it (Django's date format).
+TIME_FORMAT = "Y-m-d H:i:s T"
+# A failed run's traceback: its last characters (the engine stores at most 8000).
+TRACE_CHARS = 8000
 
 _UNSAFE_FILENAME = re.compile(r"[^A-Za-z0-9._-]+")
 # The start of a stored error envelope: {"type": "...", "message": "...", ...}.
@@ -112,4 +118,60 @@ def hidden(size: int | None) -> str:
         '<span class="selvedge-empty">{}</span>',
         gettext("(hidden: %(n)d characters; showing values needs the view_payloads permission)")
         % {"n": size or 0},
+    )
+
+
+def format_time(value: datetime | None) -> str:
+    """Return a moment as the admin shows every one: ``2026-05-04 12:30:05 UTC``.
+
+    In the current time zone (``TIME_ZONE``, or the one activated for the request),
+    named after the time, so no reader has to guess which zone a page speaks in.
+    """
+    if value is None:
+        return ""
+    if timezone.is_aware(value):
+        value = timezone.localtime(value)
+    return dateformat.format(value, TIME_FORMAT)
+
+
+def status_badge(status: str, label: str | None = None) -> SafeString:
+    """Return a status (an instance's or a task's) as a coloured badge."""
+    return format_html(
+        '<span class="selvedge-badge selvedge-badge-{}" data-status="{}">{}</span>',
+        _UNSAFE_FILENAME.sub("-", status),
+        status,
+        label if label is not None else status,
+    )
+
+
+def error_html(text: str | None, limit: int = VALUE_CHARS) -> SafeString:
+    """Return a stored error as readable text: type and message, details, traceback.
+
+    The envelope's parts are shown as themselves, each escaped: the traceback with its
+    real line breaks (pre-formatted), details and engine fields as indented JSON. Text
+    that is not an envelope is shown pre-formatted as it is.
+    """
+    if not text:
+        return SafeString("")
+    try:
+        env = json.loads(text)
+    except ValueError:
+        env = None
+    if not isinstance(env, dict):
+        return format_html('<div class="selvedge-error"><pre>{}</pre></div>', truncate(text, limit))
+    parts: list[tuple[str, str]] = []
+    extra = {
+        name: env.get(name) for name in ("details", "fields") if env.get(name) not in (None, {})
+    }
+    if extra:
+        shown = json.dumps(extra, indent=2, ensure_ascii=False, default=str)
+        parts.append(("selvedge-error-details", truncate(shown, limit)))
+    trace = env.get("traceback")
+    if isinstance(trace, str) and trace.strip():
+        cut = trace if len(trace) <= TRACE_CHARS else "\u2026" + trace[-TRACE_CHARS:]
+        parts.append(("selvedge-error-traceback", cut.rstrip()))
+    return format_html(
+        '<div class="selvedge-error"><div class="selvedge-error-summary">{}</div>{}</div>',
+        error_summary(text, limit),
+        format_html_join("", '<pre class="{}">{}</pre>', parts),
     )

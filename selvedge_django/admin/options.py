@@ -10,7 +10,7 @@ values are escaped and truncated wherever they are shown.
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from django.contrib import admin
@@ -36,11 +36,14 @@ from .display import (
     VALUE_CHARS,
     database_alias,
     error_head_summary,
+    error_html,
     error_summary,
     format_duration,
+    format_time,
     hidden,
     json_preview,
     ms_datetime,
+    status_badge,
     truncate,
 )
 from .filters import CodeVersionFilter, ErrorTypeFilter, InstanceChangeList, WorkflowNameFilter
@@ -55,18 +58,18 @@ class WorkflowInstanceAdmin(DashboardAdmin):
     list_display = (
         "instance",
         "workflow",
-        "status",
+        "status_column",
         "code_version",
         "cancel_requested",
-        "started_at",
+        "started",
         "duration",
-        "closed_at",
+        "closed",
         "error_column",
         "parent",
     )
     list_display_links = ("instance",)
     # Only the columns an index can order: sorting 100,000 rows by anything else is slow.
-    sortable_by = ("instance", "workflow", "started_at", "closed_at")
+    sortable_by = ("instance", "workflow", "started", "closed")
     list_filter = (
         "status",
         WorkflowNameFilter,
@@ -94,7 +97,7 @@ class WorkflowInstanceAdmin(DashboardAdmin):
                 "fields": (
                     "instance_id",
                     "workflow_name",
-                    "status",
+                    "status_column",
                     "cancel_requested",
                     "reason",
                     "parent",
@@ -102,9 +105,9 @@ class WorkflowInstanceAdmin(DashboardAdmin):
                     "service_name",
                     "code_version",
                     "current_step",
-                    "started_at",
-                    "updated_at",
-                    "closed_at",
+                    "started",
+                    "updated",
+                    "closed",
                     "execution_timeout",
                     "execution_deadline",
                     "generation",
@@ -186,6 +189,22 @@ class WorkflowInstanceAdmin(DashboardAdmin):
             )
         return name
 
+    @admin.display(description=_("status"), ordering="status")
+    def status_column(self, obj: WorkflowInstance) -> str:
+        return status_badge(obj.status, obj.get_status_display())
+
+    @admin.display(description=_("started at"), ordering="started_at")
+    def started(self, obj: WorkflowInstance) -> str:
+        return format_time(obj.started_at)
+
+    @admin.display(description=_("updated at"))
+    def updated(self, obj: WorkflowInstance) -> str:
+        return format_time(obj.updated_at)
+
+    @admin.display(description=_("closed at"), ordering="closed_at")
+    def closed(self, obj: WorkflowInstance) -> str | None:
+        return format_time(obj.closed_at) or None
+
     @admin.display(description=_("duration"))
     def duration(self, obj: WorkflowInstance) -> str | None:
         end = obj.closed_at or (timezone.now() if obj.status == WorkflowStatus.RUNNING else None)
@@ -228,13 +247,7 @@ class WorkflowInstanceAdmin(DashboardAdmin):
 
     @admin.display(description=_("error"))
     def error_value(self, obj: WorkflowInstance) -> str | None:
-        if not obj.error:
-            return None
-        return format_html(
-            "<strong>{}</strong><br><code>{}</code>",
-            error_summary(obj.error, VALUE_CHARS),
-            truncate(obj.error, VALUE_CHARS),
-        )
+        return error_html(obj.error) or None
 
     @admin.display(description=_("input"))
     def hidden_input(self, obj: WorkflowInstance) -> str:
@@ -252,8 +265,8 @@ class WorkflowInstanceAdmin(DashboardAdmin):
         return format_html("<strong>{}</strong><br>{}", kind, hidden(len(obj.error)))
 
     @admin.display(description=_("lease expires"))
-    def lease_expiry(self, obj: WorkflowInstance) -> datetime | None:
-        return ms_datetime(obj.lease_expires_ms)
+    def lease_expiry(self, obj: WorkflowInstance) -> str | None:
+        return format_time(ms_datetime(obj.lease_expires_ms)) or None
 
     @admin.display(description=_("execution timeout"))
     def execution_timeout(self, obj: WorkflowInstance) -> str:
@@ -263,18 +276,18 @@ class WorkflowInstanceAdmin(DashboardAdmin):
         return str(timedelta(milliseconds=obj.execution_timeout_ms))
 
     @admin.display(description=_("terminated if still running at"))
-    def execution_deadline(self, obj: WorkflowInstance) -> datetime | str:
+    def execution_deadline(self, obj: WorkflowInstance) -> str:
         deadline = ms_datetime(obj.execution_deadline_ms)
         if obj.status != WorkflowStatus.RUNNING or deadline is None:
             return EMPTY
-        return deadline
+        return format_time(deadline)
 
     @admin.display(description=_("held back until"))
-    def held_back_until(self, obj: WorkflowInstance) -> datetime | None:
+    def held_back_until(self, obj: WorkflowInstance) -> str | None:
         """When an instance held back after storage errors may be dispatched again."""
         if not obj.execution_errors or obj.status != WorkflowStatus.RUNNING:
             return None
-        return ms_datetime(obj.ready_ms)
+        return format_time(ms_datetime(obj.ready_ms)) or None
 
     @admin.display(description=_("last storage error"))
     def storage_error_value(self, obj: WorkflowInstance) -> str | None:
@@ -361,10 +374,10 @@ class ActivityTaskAdmin(ReadOnlyAdmin):
         "instance_column",
         "name",
         "queue",
-        "status",
+        "status_column",
         "attempts",
         "failures",
-        "updated_at",
+        "updated",
     )
     list_display_links = ("task",)
     list_filter = ("status",)
@@ -378,7 +391,7 @@ class ActivityTaskAdmin(ReadOnlyAdmin):
         "seq",
         "name",
         "queue",
-        "status",
+        "status_column",
         "attempts",
         "failures",
         "max_attempts",
@@ -386,8 +399,8 @@ class ActivityTaskAdmin(ReadOnlyAdmin):
         "input_value",
         "error_value",
         "details_value",
-        "created_at",
-        "updated_at",
+        "created",
+        "updated",
     )
     readonly_fields = (*fields, "hidden_input", "hidden_error", "hidden_details")
 
@@ -416,6 +429,18 @@ class ActivityTaskAdmin(ReadOnlyAdmin):
     def instance_column(self, obj: ActivityTask) -> str:
         return self.instance_link(obj.instance_id)
 
+    @admin.display(description=_("status"), ordering="status")
+    def status_column(self, obj: ActivityTask) -> str:
+        return status_badge(obj.status, obj.get_status_display())
+
+    @admin.display(description=_("created at"), ordering="created_at")
+    def created(self, obj: ActivityTask) -> str:
+        return format_time(obj.created_at)
+
+    @admin.display(description=_("updated at"), ordering="updated_at")
+    def updated(self, obj: ActivityTask) -> str:
+        return format_time(obj.updated_at)
+
     @admin.display(description=_("options"))
     def options_value(self, obj: ActivityTask) -> str:
         return format_html("<code>{}</code>", json_preview(obj.options))
@@ -426,7 +451,7 @@ class ActivityTaskAdmin(ReadOnlyAdmin):
 
     @admin.display(description=_("last error"))
     def error_value(self, obj: ActivityTask) -> str:
-        return error_summary(obj.last_error, VALUE_CHARS)
+        return error_html(obj.last_error)
 
     @admin.display(description=_("input"))
     def hidden_input(self, obj: ActivityTask) -> str:
@@ -460,5 +485,5 @@ class SystemLockAdmin(ReadOnlyAdmin):
     readonly_fields = fields
 
     @admin.display(description=_("expires"), ordering="expires_ms")
-    def expires(self, obj: SystemLock) -> datetime | None:
-        return ms_datetime(obj.expires_ms or None)
+    def expires(self, obj: SystemLock) -> str | None:
+        return format_time(ms_datetime(obj.expires_ms or None)) or None

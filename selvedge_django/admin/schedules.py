@@ -11,7 +11,6 @@ recorded value, is shown and edited only with ``view_payloads``.
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 from django.contrib import admin, messages
@@ -36,7 +35,16 @@ from .. import operations
 from ..models import Schedule, WorkflowInstance
 from ..schedules import describe_row
 from .base import APP, PERM_PAYLOADS, PERM_TRIGGER, instance_url, may_start_builtin
-from .display import ID_CHARS, VALUE_CHARS, database_alias, json_preview, ms_datetime, truncate
+from .display import (
+    ID_CHARS,
+    VALUE_CHARS,
+    database_alias,
+    format_time,
+    json_preview,
+    ms_datetime,
+    status_badge,
+    truncate,
+)
 from .forms import ScheduleForm
 
 __all__ = ["ScheduleAdmin", "ScheduleForm"]
@@ -116,15 +124,17 @@ class ScheduleAdmin(admin.ModelAdmin):
         return gettext("every %(seconds)d s") % {"seconds": seconds}
 
     @admin.display(description=_("next run"), ordering="next_due_ms")
-    def next_run(self, obj: Schedule) -> datetime | None:
-        return None if obj.paused else ms_datetime(obj.next_due_ms)
+    def next_run(self, obj: Schedule) -> str | None:
+        return None if obj.paused else format_time(ms_datetime(obj.next_due_ms)) or None
 
     @admin.display(description=_("last run"), ordering="last_run_ms")
     def last_run(self, obj: Schedule) -> str | None:
         if not obj.last_run_id:
             return None
         return format_html(
-            '<a href="{}">{}</a>', self.instance_url(obj.last_run_id), ms_datetime(obj.last_run_ms)
+            '<a href="{}">{}</a>',
+            self.instance_url(obj.last_run_id),
+            format_time(ms_datetime(obj.last_run_ms)),
         )
 
     def instance_url(self, instance_id: str) -> str:
@@ -180,13 +190,18 @@ class ScheduleAdmin(admin.ModelAdmin):
         can_change = self.has_change_permission(request, obj)
         return {
             "description": described,
-            "buffered": ms_datetime(obj.buffered_slot_ms),
+            "buffered": format_time(ms_datetime(obj.buffered_slot_ms)),
+            "next_run_at": format_time(described.next_run_at),
+            "next_slot_at": format_time(described.next_slot_at),
+            "last_run_at": format_time(described.last_run_at),
             "input": json_preview(obj.input) if self.has_payloads_permission(request) else None,
             "recent": [
                 {
                     "url": self.instance_url(run_id),
                     "label": truncate(run_id, ID_CHARS),
-                    "status": statuses.get(run_id, "(deleted)"),
+                    "status": status_badge(statuses[run_id])
+                    if run_id in statuses
+                    else gettext("(deleted)"),
                 }
                 for run_id in ids
             ],

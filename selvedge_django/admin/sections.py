@@ -21,7 +21,16 @@ from ..models import (
     WorkflowInstance,
     WorkflowStatus,
 )
-from .display import CELL_CHARS, EMPTY, ID_CHARS, error_summary, format_duration, truncate
+from .display import (
+    CELL_CHARS,
+    EMPTY,
+    ID_CHARS,
+    error_summary,
+    format_duration,
+    format_time,
+    status_badge,
+    truncate,
+)
 
 # Rows shown per section of the detail page; the export has everything.
 HISTORY_ROWS = 500
@@ -71,7 +80,7 @@ def instance_sections(
             "reservation": None if reservation is None else truncate(reservation, CELL_CHARS),
             "delivered_seq": delivered,
             "size": size,
-            "recorded_at": created,
+            "recorded_at": format_time(created) or None,
             # A step recorded at once took no time of its own; one whose value came
             # later (an activity's result, a timer, a child) took until it arrived.
             "took": format_duration((arrived - created).total_seconds())
@@ -88,7 +97,7 @@ def instance_sections(
             "key": truncate(task.key, ID_CHARS),
             "name": truncate(task.name, ID_CHARS),
             "queue": truncate(task.queue, ID_CHARS),
-            "status": task.get_status_display(),
+            "status": status_badge(task.status, task.get_status_display()),
             "attempts": task.attempts,
             "failures": task.failures,
             "max_attempts": task.max_attempts,
@@ -120,7 +129,7 @@ def instance_sections(
     ]
 
     timers = [
-        {"key": truncate(key, ID_CHARS), "expires_at": expires_at, "fired": fired}
+        {"key": truncate(key, ID_CHARS), "expires_at": format_time(expires_at), "fired": fired}
         for key, expires_at, fired in TimerSubscription.objects.using(alias)
         .filter(instance_id=iid)
         .order_by("expires_at", "id")
@@ -131,7 +140,7 @@ def instance_sections(
         {
             "id": sid,
             "channel": truncate(channel, ID_CHARS),
-            "sent_at": sent_at,
+            "sent_at": format_time(sent_at),
             "delivered_seq": delivered,
             "consumed_seq": consumed,
             "consumed_key": truncate(consumed_key, ID_CHARS),
@@ -163,7 +172,7 @@ def instance_sections(
             "url": instance_url(child_id),
             "instance_id": truncate(child_id, ID_CHARS),
             "workflow_name": truncate(name, ID_CHARS),
-            "status": _STATUS_LABELS.get(status, status),
+            "status": status_badge(status, _STATUS_LABELS.get(status, status)),
             "parent_key": truncate(key, ID_CHARS),
         }
         for child_id, name, status, key in WorkflowInstance.objects.using(alias)
@@ -182,7 +191,7 @@ def instance_sections(
             "event_type": event_type,
             "data": None if data is None else truncate(data, CELL_CHARS),
             "size": size,
-            "archived_at": archived_at,
+            "archived_at": format_time(archived_at),
         }
         for generation, seq, key, event_type, data, size, archived_at in (
             ArchivedHistoryEvent.objects.using(alias)

@@ -23,7 +23,7 @@ from django.utils import timezone
 from django.utils.translation import gettext
 
 from ..models import ActivityTask, ActivityTaskStatus, HistoryEvent, WorkflowInstance
-from .display import error_summary, format_duration, ms_datetime, truncate
+from .display import error_summary, format_duration, format_time, ms_datetime, truncate
 
 __all__ = ["TIMELINE_BARS", "Timeline", "build_timeline"]
 
@@ -225,7 +225,7 @@ def build_timeline(
         bar = Bar(y=TOP + index * ROW_HEIGHT, label="", kind=kind, outcome=outcome, title="")
         if kind == INSTANT:
             bar.marker_x = x(created)
-            details.append(gettext("at %(t)s") % {"t": created.isoformat()})
+            details.append(gettext("at %(t)s") % {"t": format_time(created)})
         else:
             took = format_duration((end - begin).total_seconds())
             waiting = gettext("waiting for %(t)s") if arrived is None else gettext("took %(t)s")
