@@ -160,8 +160,14 @@ def error_html(text: str | None, limit: int = VALUE_CHARS) -> SafeString:
     if not isinstance(env, dict):
         return format_html('<div class="selvedge-error"><pre>{}</pre></div>', truncate(text, limit))
     parts: list[tuple[str, str]] = []
+    fields = env.get("fields")
+    if isinstance(fields, dict):
+        # The marker of an ApplicationError says nothing a reader needs.
+        fields = {key: value for key, value in fields.items() if key != "application_error"}
     extra = {
-        name: env.get(name) for name in ("details", "fields") if env.get(name) not in (None, {})
+        name: value
+        for name, value in (("details", env.get("details")), ("fields", fields))
+        if value not in (None, {})
     }
     if extra:
         shown = json.dumps(extra, indent=2, ensure_ascii=False, default=str)

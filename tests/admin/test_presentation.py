@@ -16,7 +16,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 import selvedge_django as sv
-from selvedge_django.admin.display import format_time
+from selvedge_django.admin.display import error_html, format_time
 from selvedge_django.engine.codec import error_to_envelope
 from selvedge_django.models import ActivityTask, HistoryEvent, WorkflowInstance
 
@@ -195,3 +195,17 @@ def test_the_schedule_name_help_text_is_shown_escaped(admin_client: Client) -> N
     form = page(admin_client, "/admin/selvedge_django/schedule/add/")
     assert "each run is &lt;name&gt;@&lt;slot as ISO 8601 UTC&gt;." in form
     assert "<name>" not in form and "each run is @." not in form
+
+
+def test_an_errors_details_are_indented_json_without_the_engines_markers() -> None:
+    envelope = {
+        "type": "OrderRejected",
+        "message": "no stock",
+        "details": {"sku": "<mug>"},
+        "fields": {"application_error": True},
+        "traceback": "",
+    }
+    shown = str(error_html(json.dumps(envelope)))
+    assert '<pre class="selvedge-error-details">{\n  &quot;details&quot;: {\n' in shown
+    assert "&lt;mug&gt;" in shown
+    assert "application_error" not in shown and "selvedge-error-traceback" not in shown
