@@ -10,6 +10,10 @@ card fails its run is found with the error type filter, its cause is fixed in
 the shop's admin, and it is resumed from the changelist and completes; last, the
 dashboard's counts and an instance's timeline (SVG bars), each with a screenshot.
 
+On Django 6 the example project runs under a content security policy (``SECURE_CSP``:
+default-src, style-src and script-src 'self'); any violation the browser reports on
+its console, on a shop page or an admin page, fails the test.
+
 Needs the ``playwright`` package (``pip install --group e2e``; its bundled
 browsers are not used) and a Chromium binary: ``/usr/bin/chromium`` (Debian's
 ``chromium`` package) unless ``SELVEDGE_CHROMIUM`` names another; skipped with
@@ -33,6 +37,7 @@ import urllib.error
 import urllib.request
 import zipfile
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +62,8 @@ CHROMIUM_ARGS = [
 ]
 ADMIN_USER = "admin"
 ADMIN_PASSWORD = "e2e-admin-password"
+# The changelist's button that runs the chosen action: "Go", "Run" since Django 6.1.
+RUN_ACTION = re.compile(r"^(Go|Run)$")
 # Generous: a worker on SQLite in another process finds new work by polling.
 SLOW = 60_000
 
@@ -97,6 +104,8 @@ class ExampleProject:
             "SHOP_APPROVAL_TIMEOUT": "600",
             "DJANGO_SUPERUSER_PASSWORD": ADMIN_PASSWORD,
             "PYTHONUNBUFFERED": "1",
+            # This checkout's package, not another copy installed in the environment.
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         }
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.logs: dict[str, Path] = {}
@@ -168,7 +177,8 @@ class ExampleProject:
         return process.returncode
 
     def rows(self, sql: str) -> list[tuple[Any, ...]]:
-        with sqlite3.connect(self.db, timeout=30) as conn:
+        # closing(): a connection's own context manager commits but never closes it.
+        with closing(sqlite3.connect(self.db, timeout=30)) as conn:
             return list(conn.execute(sql))
 
 
@@ -232,7 +242,15 @@ def test_shop_and_admin_in_chromium(project: ExampleProject, artifacts: Path) ->
         context = browser.new_context(viewport={"width": 1280, "height": 1000})
         page = context.new_page()
         page.set_default_timeout(20_000)
+        violations: list[str] = []
+
+        def on_console(message: Any) -> None:
+            if "Content Security Policy" in message.text:
+                violations.append(f"{page.url}: {message.text}")
+
+        page.on("console", on_console)
         try:
+            _check_csp_header(page, base)
             _drive(page, expect, project, base, artifacts)
         except BaseException:
             page.screenshot(path=str(artifacts / "failure.png"), full_page=True)
@@ -240,10 +258,26 @@ def test_shop_and_admin_in_chromium(project: ExampleProject, artifacts: Path) ->
         finally:
             context.close()
             browser.close()
+        assert not violations, "\n".join(violations)
 
     assert project.stop("server") is not None
     assert project.stop("worker") == 0, project.log("worker")
     print(f"e2e run took {time.monotonic() - started:.1f} s")
+
+
+def _check_csp_header(page: Page, base: str) -> None:
+    """On Django 6 every response carries the policy (Django 5.2 has no SECURE_CSP)."""
+    import django
+
+    response = page.request.get(base + "/accounts/login/")
+    policy = response.headers.get("content-security-policy")
+    if django.VERSION < (6, 0):
+        assert policy is None, policy
+        return
+    assert policy is not None, "no Content-Security-Policy header on Django 6"
+    for directive in ("default-src 'self'", "style-src 'self'", "script-src 'self'"):
+        assert directive in policy, policy
+    assert "unsafe-inline" not in policy, policy
 
 
 def _drive(page: Page, expect: Any, project: ExampleProject, base: str, shots: Path) -> None:
@@ -351,7 +385,7 @@ def _drive(page: Page, expect: Any, project: ExampleProject, base: str, shots: P
 
     def changelist_action(order_ids: list[int], action: str) -> None:
         choose_action(order_ids, action)
-        page.get_by_role("button", name="Go").click()
+        page.get_by_role("button", name=RUN_ACTION).click()
 
     changelist_action([by_action_signal], "signal_instances")
     page.fill("#id_channel", "approve-payment")
@@ -363,6 +397,9 @@ def _drive(page: Page, expect: Any, project: ExampleProject, base: str, shots: P
     page.fill("#id_reason", "cancelled in bulk")
     page.locator("input[type=submit][value='Request cancellation']").click()
     expect(page.locator(".messagelist")).to_contain_text("Cancellation requested for 1 instance")
+    expect(
+        page.locator("#result_list .selvedge-badge-running", has_text="Running").first
+    ).to_be_visible()
     page.screenshot(path=str(shots / "07-admin-changelist.png"), full_page=True)
 
     # The workflows react: two complete, two are cancelled with their reasons.
@@ -391,7 +428,7 @@ def _drive(page: Page, expect: Any, project: ExampleProject, base: str, shots: P
     # And several from the changelist: a zip with one document each.
     choose_action([first, second], "export_instances")
     with page.expect_download() as download_info:
-        page.get_by_role("button", name="Go").click()
+        page.get_by_role("button", name=RUN_ACTION).click()
     archive = download_info.value
     with zipfile.ZipFile(archive.path()) as bundle:
         documents = [json.loads(bundle.read(name)) for name in bundle.namelist()]
@@ -408,6 +445,15 @@ def _drive(page: Page, expect: Any, project: ExampleProject, base: str, shots: P
     expect(page.locator("#order-status")).to_have_text("Stock reserved")
     expect(page.locator("#current-step")).to_have_text("charging payment")
     page.screenshot(path=str(shots / "08-failed-order.png"), full_page=True)
+
+    # Its admin page: a failed badge, the error as text with its traceback.
+    instance_page(held)
+    expect(page.locator(".field-status_column .selvedge-badge-failed")).to_have_text("Failed")
+    expect(page.locator(".field-error_value .selvedge-error-summary")).to_contain_text(
+        "CardDeclined"
+    )
+    page.screenshot(path=str(shots / "08b-admin-failed-instance.png"), full_page=True)
+    page.locator(".field-error_value").screenshot(path=str(shots / "08c-admin-error.png"))
 
     # The changelist's error type filter finds it.
     page.goto(changelist)
@@ -454,6 +500,10 @@ def _drive(page: Page, expect: Any, project: ExampleProject, base: str, shots: P
     expect(page.locator("#selvedge-slowest")).to_contain_text("shop.charge_payment")
     expect(page.locator("#selvedge-workers")).to_contain_text("e2e-worker (leader)")
     expect(page.locator("#selvedge-queues")).to_be_visible()
+    # Styled from the static file: the status meters are drawn, the grid lays out columns.
+    meter = by_status.locator("tr[data-status=completed] .selvedge-meter-fill")
+    assert meter.evaluate("e => getComputedStyle(e).fill") == "rgb(46, 139, 87)"
+    assert page.locator(".selvedge-dash").evaluate("e => getComputedStyle(e).display") == "grid"
     page.screenshot(path=str(shots / "11-dashboard.png"), full_page=True)
 
     # The first order's timeline: the flaky card's charge took two attempts, the shipping
@@ -461,6 +511,9 @@ def _drive(page: Page, expect: Any, project: ExampleProject, base: str, shots: P
     instance_page(first)
     timeline = page.locator("#selvedge-timeline svg")
     expect(timeline).to_be_visible()
+    # Styled from the static file: a last attempt is drawn solid blue.
+    drawn = timeline.locator("rect.sv-attempt").first
+    assert drawn.evaluate("e => getComputedStyle(e).fill") == "rgb(47, 111, 173)"
     charge = timeline.locator("g.sv-step", has_text="shop.charge_payment")
     expect(charge.locator("text.sv-label")).to_contain_text("\u00d72")
     expect(charge.locator("rect.sv-earlier")).to_have_count(1)
