@@ -134,7 +134,7 @@ def format_time(value: datetime | None) -> str:
     return dateformat.format(value, TIME_FORMAT)
 
 
-def status_badge(status: str, label: str | None = None) -> SafeString:
+def status_badge(status: str, label: Any = None) -> SafeString:
     """Return a status (an instance's or a task's) as a coloured badge."""
     return format_html(
         '<span class="selvedge-badge selvedge-badge-{}" data-status="{}">{}</span>',
