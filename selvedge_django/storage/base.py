@@ -112,6 +112,9 @@ class StoreBase:
         self.queue_rate_limits: dict[str, tuple[int, int]] = {}
         self.queues_full_until: dict[str, float] = {}
         self.notify_enabled = self.can_notify
+        # The renewer's store: on SQLite its write transactions take the process's
+        # writer turn before every other waiting writer (storage.sqlite).
+        self.urgent_writes = False
         # The alias whose connection LISTENs for the wake-ups of this store's bus.
         self.listen_alias = alias
         # Called with the id of each instance this store closed, once the close

@@ -89,33 +89,81 @@ def _in_memory(name: str) -> bool:
 # One lock per database file: the turns of this process's write transactions. A
 # wait for the turn longer than this (s) shortens SQLite's busy timeout to what is left.
 _TURN_WAIT_NOTICED = 0.5
-_writer_locks: dict[str, threading.RLock] = {}
+
+
+class _WriterTurn:
+    """A re-entrant lock whose urgent waiters go before the others.
+
+    The renewals of leases and claims are urgent: a worker busy with its own writes
+    must not let its leases and claims lapse while the renewer waits in line behind
+    them. An urgent waiter takes the turn as soon as the holder lets it go; the
+    others wait while an urgent one does.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._owner: int | None = None
+        self._depth = 0
+        self._urgent = 0  # urgent waiters
+
+    def acquire(self, timeout: float, urgent: bool = False) -> bool:
+        me = threading.get_ident()
+        with self._cond:
+            if self._owner == me:
+                self._depth += 1
+                return True
+            if urgent:
+                self._urgent += 1
+            try:
+                free = self._cond.wait_for(
+                    lambda: self._owner is None and (urgent or not self._urgent), timeout
+                )
+            finally:
+                if urgent:
+                    self._urgent -= 1
+                    if not self._urgent:
+                        self._cond.notify_all()  # the others may go now
+            if not free:
+                return False
+            self._owner, self._depth = me, 1
+            return True
+
+    def release(self) -> None:
+        with self._cond:
+            self._depth -= 1
+            if not self._depth:
+                self._owner = None
+                self._cond.notify_all()
+
+
+_writer_locks: dict[str, _WriterTurn] = {}
 _writer_locks_guard = threading.Lock()
 
 
 @contextlib.contextmanager
-def _writer_turn(conn: Any) -> Iterator[None]:
+def _writer_turn(conn: Any, urgent: bool = False) -> Iterator[None]:
     """Wait for this process's turn to write to ``conn``'s database file.
 
     SQLite lets one writer in at a time and makes the others poll with sleeps that
     grow to 100 ms, so under contention the lock is often free while every waiter
     sleeps. Threads of one process queue on a Python lock instead and take the
     database lock as the previous writer commits. Re-entrant (a callback run at a
-    commit may write again). The wait for the turn counts against the busy timeout:
-    after a long one, SQLite waits only what is left of it (and then fails with
-    "database is locked" as before); a writer whose turn does not come within the
-    whole timeout goes on without it. Other processes still meet at SQLite's lock.
+    commit may write again). An ``urgent`` writer (the renewer) is handed the turn
+    before every other waiter of the process. The wait for the turn counts against
+    the busy timeout: after a long one, SQLite waits only what is left of it (and
+    then fails with "database is locked" as before); a writer whose turn does not
+    come within the whole timeout goes on without it. Other processes still meet at
+    SQLite's lock.
     """
     name = str(conn.settings_dict.get("NAME") or "")
     if _in_memory(name):
         yield
         return
     with _writer_locks_guard:
-        lock = _writer_locks.setdefault(name, threading.RLock())
-    options = conn.settings_dict.get("OPTIONS") or {}
-    timeout = float(options.get("timeout", BUSY_TIMEOUT_S))
+        lock = _writer_locks.setdefault(name, _WriterTurn())
+    timeout = busy_timeout(conn)
     began = time.monotonic()
-    taken = lock.acquire(timeout=timeout)
+    taken = lock.acquire(timeout, urgent)
     waited = time.monotonic() - began
     shortened = waited > _TURN_WAIT_NOTICED
     try:
@@ -133,6 +181,12 @@ def _writer_turn(conn: Any) -> Iterator[None]:
         finally:
             if taken:
                 lock.release()
+
+
+def busy_timeout(conn: Any) -> float:
+    """Seconds a writer of the engine's connections waits for SQLite's write lock."""
+    options = conn.settings_dict.get("OPTIONS") or {}
+    return float(options.get("timeout", BUSY_TIMEOUT_S))
 
 
 class SQLiteStore(DjangoStore):
@@ -181,7 +235,8 @@ class SQLiteStore(DjangoStore):
         The threads of one process take turns on a lock of the database file first
         (:func:`_writer_turn`), so a writer waiting behind another of its process is
         handed the turn when that one commits, instead of polling SQLite's lock with
-        the busy handler's growing sleeps.
+        the busy handler's growing sleeps. The renewer's store (``urgent_writes``)
+        goes first.
         """
         conn = self.connection
         if conn.in_atomic_block:
@@ -192,7 +247,10 @@ class SQLiteStore(DjangoStore):
         conn.ensure_connection()
         conn.transaction_mode = "IMMEDIATE"
         try:
-            with _writer_turn(conn), transaction.atomic(using=self.alias):
+            with (
+                _writer_turn(conn, self.urgent_writes),
+                transaction.atomic(using=self.alias),
+            ):
                 conn.transaction_mode = previous
                 yield
         finally:

@@ -7,6 +7,10 @@ still open in ``transaction.atomic()``) is skipped, not waited for, and tried
 again at the next round (PostgreSQL), so one held row never delays the renewal
 of any other lease or claim.
 
+Renewals run on a store of their own (``WorkerRuntime.renewal_store``), on SQLite
+first in line for the process's writer turn, so that no write of the worker's own
+makes them wait longer than the transaction that holds the lock.
+
 A lease renewal moves the holder's belief forward from the moment the renewal
 started; a renewal that matched no row drops the belief, so the execution's next
 commit raises LeaseLost. A claim with a heartbeat timeout is extended only after
@@ -182,12 +186,12 @@ class Renewer(Loop):
             if state.details is not None and state.details != self._stored_details.get(task.claim)
         }
         try:
-            results = runtime.store.renew_claims(
+            results = runtime.renewal_store.renew_claims(
                 [(task.claim, task.claim_ttl) for task, _, _ in due], details
             )
         except Exception:
             logger.warning("claim renewal of %d claims failed", len(due), exc_info=True)
-            runtime.drop_broken_connection()
+            runtime.drop_broken_connection(runtime.renewal_store.alias)
             results = {}
         for task, state, progress in due:
             claim = task.claim

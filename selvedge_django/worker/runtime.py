@@ -56,6 +56,10 @@ class WorkerRuntime(AttemptRunner):
         self.store.activity_queues = settings.activity_queues
         self.store.activity_names = registered_activity_names
         self.store.on_closed = handoff.finished
+        # The renewer's own store: first in line for SQLite's write lock.
+        self.renewal_store = store_for(settings.database, self.codec, settings)
+        self.renewal_store.lease_ttl = settings.lease.ttl
+        self.renewal_store.urgent_writes = True
         self.worker_id = settings.worker_id
         self.hooks = settings.hooks
         self.stopping = threading.Event()
@@ -192,10 +196,10 @@ class WorkerRuntime(AttemptRunner):
         """
         started = time.monotonic()
         try:
-            results = self.store.renew_leases(fences, self.settings.lease.ttl)
+            results = self.renewal_store.renew_leases(fences, self.settings.lease.ttl)
         except Exception:
             logger.warning("renewal of %d leases failed", len(fences), exc_info=True)
-            self.drop_broken_connection()
+            self.drop_broken_connection(self.renewal_store.alias)
             return None
         belief = self.settings.lease.belief
         with self._lock:
@@ -216,9 +220,10 @@ class WorkerRuntime(AttemptRunner):
 
     # -- connections --------------------------------------------------------------------
 
-    def drop_broken_connection(self) -> None:
-        """After a database error, close this thread's connection if it no longer works."""
-        conn = connections[self.store.alias]
+    def drop_broken_connection(self, alias: str | None = None) -> None:
+        """After a database error, close this thread's connection (of ``alias``, by
+        default the engine's) if it no longer works."""
+        conn = connections[alias or self.store.alias]
         if conn.connection is not None and not conn.in_atomic_block and not conn.is_usable():
             conn.close()
 

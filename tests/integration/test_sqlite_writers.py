@@ -8,14 +8,21 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 from django.db import OperationalError, connection, connections
 
+import selvedge_django as sv
 from selvedge_django.conf import get_settings
 from selvedge_django.engine.codec import Codec
+from selvedge_django.models import ActivityTask, WorkflowInstance
 from selvedge_django.storage import store_for
+from tests.conftest import wait_until
+from tests.testapp.models import Ledger
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -103,3 +110,68 @@ def test_waiting_for_the_turn_counts_against_the_busy_timeout(tdb: None) -> None
     assert "database is locked" in outcome.get("error", ""), outcome
     # 2 s of turn and nothing left for SQLite; without the shortening it waited 4 s.
     assert 1.9 <= outcome["waited"] < 3.5, outcome
+
+
+def test_renewals_take_the_turn_before_a_saturating_worker_s_writes(
+    make_worker: Callable[..., Any], tmp_path: Path
+) -> None:
+    """One worker keeps the database busy with transactional attempts (each holds the
+    write lock for 0.3 s) while plain activities of 6 s run inline with max_attempts=1:
+    their claims (4 s TTL) live only if every renewal gets the writer's turn within a
+    few seconds, ahead of the queue of the worker's own writes. None may run twice,
+    and none may fail."""
+    marker = tmp_path / "hold"
+    marker.touch()
+    make_worker(max_concurrent_activities=16, max_concurrent_resumptions=10)
+    hogs = [
+        sv.start_workflow(
+            "act.run",
+            {
+                "activity": "act.tx_long",
+                "input": {"tag": f"sat{n}", "seconds": 1.0},
+                "background": True,
+            },
+        )
+        for n in range(30)
+    ]
+    waits = [
+        sv.start_workflow(
+            "act.run",
+            {
+                "activity": "act.wait",
+                "input": {
+                    "tag": f"lone{n}",
+                    "hold_while": str(marker),
+                    "mode": "ignore",
+                    "max_hold": 6,
+                },
+                "options": {"retry_policy": {"max_attempts": 1}},
+            },
+        )
+        for n in range(4)
+    ]
+    ids = hogs + waits
+
+    def open_count() -> int:
+        return WorkflowInstance.objects.filter(instance_id__in=ids, status="running").count()
+
+    wait_until(lambda: open_count() == 0, timeout=180, interval=0.25)
+    statuses = dict(
+        WorkflowInstance.objects.filter(instance_id__in=ids).values_list("instance_id", "status")
+    )
+    starts = Counter(
+        entry.rsplit(":", 2)[0]
+        for entry in Ledger.objects.filter(entry__startswith="wait:lone").values_list(
+            "entry", flat=True
+        )
+        if entry.endswith(":start")
+    )
+    attempts = Counter(
+        ActivityTask.objects.filter(instance_id__in=ids).values_list("attempts", flat=True)
+    )
+    failed = [iid for iid, status in statuses.items() if status != "completed"]
+    twice = {tag: n for tag, n in starts.items() if n > 1}
+    summary = f"failed={len(failed)} ran_twice={twice} attempts={dict(attempts)}"
+    assert failed == [], summary
+    assert starts == Counter({f"wait:lone{n}": 1 for n in range(4)}), summary
+    assert set(attempts) == {1}, summary
