@@ -65,6 +65,7 @@ DEFAULTS: dict[str, Any] = {
     "LEADER_HEARTBEAT_INTERVAL": 15.0,
     "LISTEN_NOTIFY": None,
     "LISTEN_DATABASE": None,
+    "RENEWAL_DATABASE": None,
     "RUN_LOCAL_STARTS": True,
     "SHUTDOWN_TIMEOUT": 30.0,
     "CLOCK": None,
@@ -191,6 +192,10 @@ class SelvedgeSettings:
     # The alias whose connection LISTENs (None: DATABASE); a direct connection when
     # DATABASE goes through a transaction-pooling proxy such as pgbouncer.
     listen_database: str | None = None
+    # The alias the renewer renews leases and claims through (None: DATABASE); a direct
+    # connection when DATABASE goes through a pooler, so that renewals never wait in
+    # the pool's queue behind the worker's own transactions.
+    renewal_database: str | None = None
     run_local_starts: bool = True
     shutdown_timeout: float = 30.0
     clock: Callable[[], datetime] = default_clock
@@ -260,6 +265,7 @@ class SelvedgeSettings:
             "LEADER_HEARTBEAT_INTERVAL": self.leader_heartbeat_interval,
             "LISTEN_NOTIFY": self.listen_notify,
             "LISTEN_DATABASE": self.listen_database,
+            "RENEWAL_DATABASE": self.renewal_database,
             "RUN_LOCAL_STARTS": self.run_local_starts,
             "SHUTDOWN_TIMEOUT": self.shutdown_timeout,
             "CLOCK": self.clock,
@@ -499,6 +505,13 @@ def resolve_settings(raw_in: Mapping[str, Any] | None) -> SelvedgeSettings:
         raise ImproperlyConfigured(
             f"SELVEDGE['LISTEN_DATABASE'] {listen_database!r} is not in DATABASES"
         )
+    renewal_database = raw["RENEWAL_DATABASE"]
+    if renewal_database is not None and (
+        not isinstance(renewal_database, str) or renewal_database not in django_settings.DATABASES
+    ):
+        raise ImproperlyConfigured(
+            f"SELVEDGE['RENEWAL_DATABASE'] {renewal_database!r} is not in DATABASES"
+        )
     run_local = raw["RUN_LOCAL_STARTS"]
     if not isinstance(run_local, bool):
         raise ImproperlyConfigured("SELVEDGE['RUN_LOCAL_STARTS'] must be True or False")
@@ -555,6 +568,7 @@ def resolve_settings(raw_in: Mapping[str, Any] | None) -> SelvedgeSettings:
         leader_heartbeat_interval=durations["LEADER_HEARTBEAT_INTERVAL"],
         listen_notify=listen,
         listen_database=listen_database,
+        renewal_database=renewal_database,
         run_local_starts=run_local,
         shutdown_timeout=durations["SHUTDOWN_TIMEOUT"],
         clock=clock,

@@ -128,8 +128,9 @@ if DB == "postgres" and os.environ.get("SELVEDGE_TEST_PG_PREPARE") == "1":
     DATABASES["default"]["OPTIONS"] = {"server_side_binding": True, "prepare_threshold": 5}
 
 # Worker subprocesses of tests/processes/test_pgbouncer.py: the engine's alias goes through a
-# pgbouncer in transaction mode on this port, and the listener has a direct connection
-# (unless SELVEDGE_TEST_PGBOUNCER_LISTEN=pooled: the set-up that cannot work).
+# pgbouncer in transaction mode on this port, and the listener (unless
+# SELVEDGE_TEST_PGBOUNCER_LISTEN=pooled: the set-up that cannot work) and the renewer (unless
+# SELVEDGE_TEST_PGBOUNCER_RENEWAL=pooled: leases lapse behind a full pool) have a direct one.
 if DB == "postgres" and os.environ.get("SELVEDGE_TEST_PGBOUNCER_PORT"):
     DATABASES["direct"] = dict(DATABASES["default"])
     DATABASES["default"]["PORT"] = os.environ["SELVEDGE_TEST_PGBOUNCER_PORT"]
@@ -138,6 +139,8 @@ if DB == "postgres" and os.environ.get("SELVEDGE_TEST_PGBOUNCER_PORT"):
     DATABASES["default"].pop("OPTIONS", None)
     if os.environ.get("SELVEDGE_TEST_PGBOUNCER_LISTEN") != "pooled":
         SELVEDGE["LISTEN_DATABASE"] = "direct"
+    if os.environ.get("SELVEDGE_TEST_PGBOUNCER_RENEWAL") != "pooled":
+        SELVEDGE["RENEWAL_DATABASE"] = "direct"
 
 # Fault tests (tests/processes/test_crash_matrix.py, tests/processes/test_faults.py,
 # bench/soak.py) arm faults in worker subprocesses (SELVEDGE_FAULTS) and give them extra
@@ -146,9 +149,9 @@ if os.environ.get("SELVEDGE_FAULTS"):
     INSTALLED_APPS.append("tests.faultapp.FaultInjectionConfig")
 SELVEDGE.update(json.loads(os.environ.get("SELVEDGE_TEST_OVERRIDES") or "{}"))
 
-# The suite runs transactional activities on SQLite on purpose
-# (tests/integration/test_settings.py checks the warning itself).
-SILENCED_SYSTEM_CHECKS = ["selvedge.W003"]
+# The suite runs transactional activities on SQLite on purpose, and with short leases
+# (tests/integration/test_settings.py checks the warnings themselves).
+SILENCED_SYSTEM_CHECKS = ["selvedge.W003", "selvedge.W007"]
 
 LOGGING = {
     "version": 1,

@@ -7,9 +7,11 @@ still open in ``transaction.atomic()``) is skipped, not waited for, and tried
 again at the next round (PostgreSQL), so one held row never delays the renewal
 of any other lease or claim.
 
-Renewals run on a store of their own (``WorkerRuntime.renewal_store``), on SQLite
-first in line for the process's writer turn, so that no write of the worker's own
-makes them wait longer than the transaction that holds the lock.
+Renewals run on a store of their own (``WorkerRuntime.renewal_store``): on
+``SELVEDGE["RENEWAL_DATABASE"]`` when it is set, a connection past the pooler that
+the worker's own transactions may fill (pgbouncer in transaction mode), and on
+SQLite first in line for the process's writer turn, so that no write of the
+worker's own makes them wait longer than the transaction that holds the lock.
 
 A lease renewal moves the holder's belief forward from the moment the renewal
 started; a renewal that matched no row drops the belief, so the execution's next

@@ -56,8 +56,11 @@ class WorkerRuntime(AttemptRunner):
         self.store.activity_queues = settings.activity_queues
         self.store.activity_names = registered_activity_names
         self.store.on_closed = handoff.finished
-        # The renewer's own store: first in line for SQLite's write lock.
-        self.renewal_store = store_for(settings.database, self.codec, settings)
+        # The renewer's own store: on RENEWAL_DATABASE when set (a direct connection
+        # past a pooler), and first in line for SQLite's write lock.
+        self.renewal_store = store_for(
+            settings.renewal_database or settings.database, self.codec, settings
+        )
         self.renewal_store.lease_ttl = settings.lease.ttl
         self.renewal_store.urgent_writes = True
         self.worker_id = settings.worker_id

@@ -8,7 +8,10 @@ share server sessions. The workers connect through it (``DATABASE``), with
 ``DISABLE_SERVER_SIDE_CURSORS``; ``LISTEN`` cannot work through transaction
 pooling (the session that listened goes back to the pool after the statement), so
 their listener has a direct connection of its own (``LISTEN_DATABASE``), which is
-the set-up docs/deployment.md describes.
+the set-up docs/deployment.md describes. Renewals of leases and claims likewise get a
+direct connection (``RENEWAL_DATABASE``): behind a small pool, transactional activities
+hold every server connection for their whole body, and renewals queued behind them
+let a healthy worker's leases and claims lapse.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -28,7 +32,9 @@ from django.db import connection
 from django.test import override_settings
 
 import selvedge_django as sv
+from selvedge_django.models import ActivityTask, WorkflowInstance
 from tests.conftest import WorkerProcess, wait_until
+from tests.testapp.models import Ledger
 
 from .test_scale import four_processes_share_workflows
 
@@ -50,7 +56,7 @@ POOL_SIZE = 8  # server connections for the test database, shared by every worke
 class Bouncer:
     """A pgbouncer process in transaction mode in front of the test's PostgreSQL."""
 
-    def __init__(self) -> None:
+    def __init__(self, pool_size: int = POOL_SIZE) -> None:
         settings = connection.settings_dict
         self.dbname = str(settings["NAME"])
         self.user = str(settings["USER"])
@@ -76,7 +82,7 @@ class Bouncer:
             "auth_type = any\n"
             f"admin_users = {self.user}\n"
             "pool_mode = transaction\n"
-            f"default_pool_size = {POOL_SIZE}\n"
+            f"default_pool_size = {pool_size}\n"
             "max_client_conn = 1000\n"
             "ignore_startup_parameters = extra_float_digits,options\n"
             f"logfile = {self.dir / 'pgbouncer.log'}\n"
@@ -148,6 +154,16 @@ def pgbouncer(tdb: None) -> Iterator[Bouncer]:
         bouncer.stop()
 
 
+@pytest.fixture
+def small_pgbouncer(tdb: None) -> Iterator[Bouncer]:
+    """A pool of 3 server connections: a few transactional activities take all of them."""
+    bouncer = Bouncer(pool_size=3)
+    try:
+        yield bouncer
+    finally:
+        bouncer.stop()
+
+
 def test_four_worker_processes_through_transaction_pooling_lose_and_double_nothing(
     pgbouncer: Bouncer, worker_process: Callable[..., WorkerProcess]
 ) -> None:
@@ -198,6 +214,81 @@ def test_a_listener_behind_transaction_pooling_hears_nothing(
     with pytest.raises(TimeoutError):
         sv.wait_workflow(instance_id, timeout=5)  # no wake-up: found at the next poll only
     assert proc.terminate() == 0
+
+
+def test_renewals_bypass_a_pool_that_transactional_activities_hold(
+    small_pgbouncer: Bouncer, worker_process: Callable[..., WorkerProcess], tmp_path: Path
+) -> None:
+    """With every server connection of the pool held by transactional activities (5 s
+    each, longer than the 4 s lease of the tests), a renewal queued in the pool waits
+    longer than the TTL. Through RENEWAL_DATABASE it does not queue at all: the plain
+    inline activities that run meanwhile (6 s each, renewed several times) run once,
+    and every workflow completes with every attempt its first."""
+    marker = tmp_path / "hold"
+    marker.touch()
+    env = {"SELVEDGE_TEST_PGBOUNCER_PORT": str(small_pgbouncer.port)}  # RENEWAL_DATABASE direct
+    proc = worker_process(
+        "--worker-id", "pooled", "--max-activities", "6", "--max-resumptions", "8", env=env
+    )
+    hogs = [
+        sv.start_workflow(
+            "act.run",
+            {
+                "activity": "act.tx_long",
+                "input": {"tag": f"hog{n}", "seconds": 5},
+                "background": True,
+            },
+        )
+        for n in range(6)
+    ]
+    waits = [
+        sv.start_workflow(
+            "act.run",
+            {
+                "activity": "act.wait",
+                "input": {
+                    "tag": f"plain{n}",
+                    "hold_while": str(marker),
+                    "mode": "ignore",
+                    "max_hold": 6,
+                },
+            },
+        )
+        for n in range(4)
+    ]
+    ids = hogs + waits
+
+    def open_count() -> int:
+        return WorkflowInstance.objects.filter(instance_id__in=ids, status="running").count()
+
+    wait_until(lambda: open_count() == 0, timeout=180, interval=0.25)
+    statuses = dict(
+        WorkflowInstance.objects.filter(instance_id__in=ids).values_list("instance_id", "status")
+    )
+    starts = Counter(
+        entry.rsplit(":", 2)[0]
+        for entry in Ledger.objects.filter(entry__startswith="wait:plain").values_list(
+            "entry", flat=True
+        )
+        if entry.endswith(":start")
+    )
+    hog_rows = Counter(
+        entry.rsplit(":", 1)[0]
+        for entry in Ledger.objects.filter(entry__startswith="txl:hog").values_list(
+            "entry", flat=True
+        )
+    )
+    attempts = Counter(
+        ActivityTask.objects.filter(instance_id__in=ids).values_list("attempts", flat=True)
+    )
+    failed = [iid for iid, status in statuses.items() if status != "completed"]
+    twice = {tag: n for tag, n in starts.items() if n > 1}
+    summary = f"failed={failed} ran_twice={twice} attempts={dict(attempts)}"
+    assert failed == [], summary
+    assert starts == Counter({f"wait:plain{n}": 1 for n in range(4)}), summary
+    assert hog_rows == Counter({f"txl:hog{n}": 1 for n in range(6)}), summary
+    assert set(attempts) == {1}, summary
+    assert proc.terminate(timeout=60) == 0
 
 
 def settings_selvedge() -> dict[str, object]:
