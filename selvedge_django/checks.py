@@ -11,6 +11,7 @@ from django.db import DatabaseError, connections
 
 from . import exceptions as exc
 from .conf import (
+    SelvedgeSettings,
     lease_problems,
     rate_limit_problems,
     resolve_settings,
@@ -86,9 +87,96 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         )
         return messages
     messages += database_checks(resolved.database)
+    messages += _renewal_database(resolved)
     if store.single_writer:
         messages += _transactional_on_single_writer(resolved.database)
+        messages += _lease_within_busy_timeout(resolved)
     return messages
+
+
+def _lease_within_busy_timeout(resolved: SelvedgeSettings) -> list[CheckMessage]:
+    """selvedge.W007: a renewal may wait for SQLite's write lock longer than a lease lives."""
+    from .storage.sqlite import busy_timeout
+
+    alias = resolved.renewal_database or resolved.database
+    timeout = busy_timeout(connections[alias])
+    ttl = resolved.lease.ttl
+    if ttl >= timeout:
+        return []
+    return [
+        Warning(
+            f"SELVEDGE['LEASE']['TTL'] ({ttl:g} s) is shorter than the busy timeout of the "
+            f"SQLite database {alias!r} ({timeout:g} s): a renewal waiting for the write lock "
+            "behind another process's write transaction may wait past the TTL, so a healthy "
+            "worker's leases and claims lapse (activities run again, and each lapse uses one "
+            "of the activity's attempts).",
+            hint=f"Raise LEASE['TTL'] to at least {timeout:g} s, or lower "
+            f"DATABASES[{alias!r}]['OPTIONS']['timeout'] below the TTL (a renewal that gives "
+            "up is tried again at once), and keep write transactions short.",
+            id="selvedge.W007",
+        )
+    ]
+
+
+def _renewal_database(resolved: SelvedgeSettings) -> list[CheckMessage]:
+    """selvedge.E007 (RENEWAL_DATABASE is another database), selvedge.W008 (renewals
+    through what looks like a transaction pooler) and selvedge.W009 (a RENEWAL_DATABASE
+    that reaches the server the same way as DATABASE)."""
+    main = connections[resolved.database]
+    renewal = resolved.renewal_database
+    if renewal is None or renewal == resolved.database:
+        looks_pooled = bool(main.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS")) or (
+            resolved.listen_database not in (None, resolved.database)
+        )
+        if main.vendor != "postgresql" or not looks_pooled:
+            return []
+        return [
+            Warning(
+                f"The selvedge database {resolved.database!r} looks like it goes through a "
+                "connection pooler (DISABLE_SERVER_SIDE_CURSORS, or a separate "
+                "LISTEN_DATABASE), and leases and claims are renewed through it: in "
+                "transaction mode, renewals wait in the pool's queue behind the worker's own "
+                "transactions (a transactional activity holds a server connection for its "
+                "whole body), and a healthy worker's leases and claims lapse when that wait "
+                "passes LEASE['TTL'].",
+                hint="Set SELVEDGE['RENEWAL_DATABASE'] to an alias of the same database that "
+                "connects to PostgreSQL directly (the LISTEN_DATABASE alias will do); see "
+                "'pgbouncer in transaction mode' in docs/deployment.md. Silence with "
+                "SILENCED_SYSTEM_CHECKS = ['selvedge.W008'] when there is no pooler.",
+                id="selvedge.W008",
+            )
+        ]
+    other = connections[renewal]
+    if other.vendor != main.vendor or (
+        main.vendor == "sqlite"
+        and other.settings_dict.get("NAME") != main.settings_dict.get("NAME")
+    ):
+        return [
+            Error(
+                f"SELVEDGE['RENEWAL_DATABASE'] {renewal!r} is not the database of "
+                f"SELVEDGE['DATABASE'] {resolved.database!r}: renewals there would find none "
+                "of the worker's leases and claims.",
+                hint="Point RENEWAL_DATABASE at an alias of the same database (on PostgreSQL, "
+                "a direct connection to the server that DATABASE reaches through a pooler).",
+                id="selvedge.E007",
+            )
+        ]
+    if main.vendor == "postgresql" and _endpoint(other) == _endpoint(main):
+        return [
+            Warning(
+                f"SELVEDGE['RENEWAL_DATABASE'] {renewal!r} connects to the same host and port "
+                f"as SELVEDGE['DATABASE'] {resolved.database!r}: if that is a pooler, renewals "
+                "still wait in its queue behind the worker's own transactions.",
+                hint="Give RENEWAL_DATABASE PostgreSQL's own host and port, past the pooler.",
+                id="selvedge.W009",
+            )
+        ]
+    return []
+
+
+def _endpoint(conn: Any) -> tuple[str, str]:
+    settings_dict = conn.settings_dict
+    return str(settings_dict.get("HOST") or ""), str(settings_dict.get("PORT") or "")
 
 
 def _transactional_on_single_writer(alias: str) -> list[CheckMessage]:

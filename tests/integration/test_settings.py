@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -323,6 +324,7 @@ def test_each_unsafe_lease_rule_is_reported() -> None:
         {"UNKNOWN_SETTING": 1},
         {"CLOCK": "no_such_module.clock"},
         {"HOOKS": "no_such_module.Hooks"},
+        {"RENEWAL_DATABASE": "no-such-alias"},
     ],
 )
 def test_invalid_settings_are_error_e003(changes: dict[str, Any]) -> None:
@@ -377,7 +379,7 @@ def test_transactional_activities_on_sqlite_are_warning_w003(vendor: str) -> Non
     """The test app registers transactional activities: SQLite warns, PostgreSQL does not."""
     from django.db import connections
 
-    with override_settings(SILENCED_SYSTEM_CHECKS=[]):
+    with override_settings(SILENCED_SYSTEM_CHECKS=["selvedge.W007"]):
         if connections["default"].vendor != vendor:
             pytest.skip(f"the test database is not {vendor}")
         messages = selvedge_messages()
@@ -398,13 +400,85 @@ def test_no_transactional_activity_no_w003() -> None:
     for name in transactional:
         registry.unregister(name, kind="activity")
     try:
-        with override_settings(SILENCED_SYSTEM_CHECKS=[]):
+        with override_settings(SILENCED_SYSTEM_CHECKS=["selvedge.W007"]):
             assert selvedge_messages() == []
     finally:
         for name in transactional:
             definition = saved[name]
             assert definition is not None
             registry.register_activity(definition)
+
+
+@pytest.mark.skipif(
+    settings.DATABASES["default"]["ENGINE"] != "django.db.backends.sqlite3",
+    reason="SQLite's busy timeout",
+)
+def test_a_lease_shorter_than_sqlite_s_busy_timeout_is_warning_w007() -> None:
+    """The suite's 4 s lease against the 30 s busy timeout: a renewal may wait longer than
+    the lease lives. A TTL of at least the busy timeout draws nothing."""
+    with override_settings(SILENCED_SYSTEM_CHECKS=["selvedge.W003"]):
+        (message,) = selvedge_messages()
+        assert message.id == "selvedge.W007" and not message.is_serious()
+        assert "(4 s)" in message.msg and "(30 s)" in message.msg
+        assert "timeout" in message.hint
+        lease = {"TTL": 30, "RENEW_INTERVAL": 10, "MARGIN": 5, "MAX_SKEW": 1}
+        with override_settings(SELVEDGE=selvedge(LEASE=lease)):
+            assert selvedge_messages() == []
+
+
+_PG = '"ENGINE": "django.db.backends.postgresql", "NAME": "app", "HOST": "db"'
+
+
+@pytest.mark.parametrize(
+    ("databases", "selvedge_dict", "expected"),
+    [
+        pytest.param(
+            f'{{"default": {{{_PG}, "PORT": "6432", "DISABLE_SERVER_SIDE_CURSORS": True}}}}',
+            "{}",
+            "selvedge.W008",
+            id="pooled-without-renewal-database",
+        ),
+        pytest.param(
+            f'{{"default": {{{_PG}, "PORT": "6432"}}, "direct": {{{_PG}, "PORT": "5432"}}}}',
+            '{"LISTEN_DATABASE": "direct"}',
+            "selvedge.W008",
+            id="direct-listener-only",
+        ),
+        pytest.param(
+            f'{{"default": {{{_PG}, "PORT": "6432", "DISABLE_SERVER_SIDE_CURSORS": True}},'
+            f' "direct": {{{_PG}, "PORT": "5432"}}}}',
+            '{"LISTEN_DATABASE": "direct", "RENEWAL_DATABASE": "direct"}',
+            None,
+            id="renewals-past-the-pool",
+        ),
+        pytest.param(
+            f'{{"default": {{{_PG}, "PORT": "6432", "DISABLE_SERVER_SIDE_CURSORS": True}},'
+            f' "again": {{{_PG}, "PORT": "6432"}}}}',
+            '{"RENEWAL_DATABASE": "again"}',
+            "selvedge.W009",
+            id="renewals-through-the-same-pool",
+        ),
+        pytest.param(
+            f'{{"default": {{{_PG}, "PORT": "6432"}},'
+            ' "other": {"ENGINE": "django.db.backends.sqlite3", "NAME": "other.sqlite3"}}',
+            '{"RENEWAL_DATABASE": "other"}',
+            "selvedge.E007",
+            id="renewals-on-another-database",
+        ),
+    ],
+)
+def test_renewal_database_checks(
+    tmp_path: Path, databases: str, selvedge_dict: str, expected: str | None
+) -> None:
+    """W008: a PostgreSQL alias that looks pooled renews through the pool; W009: the
+    renewal alias reaches the same host and port; E007: it is another database."""
+    result = _check_in_subprocess(tmp_path, databases, selvedge_dict)
+    output = result.stdout + result.stderr
+    found = set(re.findall(r"selvedge\.[EW]\d{3}", output))
+    assert found == ({expected} if expected else set()), output
+    assert (result.returncode != 0) == (expected == "selvedge.E007"), output
+    if expected == "selvedge.W008":
+        assert "RENEWAL_DATABASE" in output and "pool" in output
 
 
 def test_unsupported_database_is_error_e001(tmp_path: Path) -> None:
