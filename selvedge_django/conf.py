@@ -189,12 +189,9 @@ class SelvedgeSettings:
     leader_lease_duration: float = 45.0
     leader_heartbeat_interval: float = 15.0
     listen_notify: bool | None = None
-    # The alias whose connection LISTENs (None: DATABASE); a direct connection when
-    # DATABASE goes through a transaction-pooling proxy such as pgbouncer.
+    # The aliases of the LISTEN connection and of the renewer (None: DATABASE): direct
+    # connections when DATABASE goes through a transaction-pooling proxy (pgbouncer).
     listen_database: str | None = None
-    # The alias the renewer renews leases and claims through (None: DATABASE); a direct
-    # connection when DATABASE goes through a pooler, so that renewals never wait in
-    # the pool's queue behind the worker's own transactions.
     renewal_database: str | None = None
     run_local_starts: bool = True
     shutdown_timeout: float = 30.0
@@ -498,26 +495,15 @@ def resolve_settings(raw_in: Mapping[str, Any] | None) -> SelvedgeSettings:
     listen = raw["LISTEN_NOTIFY"]
     if listen is not None and not isinstance(listen, bool):
         raise ImproperlyConfigured("SELVEDGE['LISTEN_NOTIFY'] must be None, True or False")
-    listen_database = raw["LISTEN_DATABASE"]
-    if listen_database is not None and (
-        not isinstance(listen_database, str) or listen_database not in django_settings.DATABASES
-    ):
-        raise ImproperlyConfigured(
-            f"SELVEDGE['LISTEN_DATABASE'] {listen_database!r} is not in DATABASES"
-        )
-    renewal_database = raw["RENEWAL_DATABASE"]
-    if renewal_database is not None and (
-        not isinstance(renewal_database, str) or renewal_database not in django_settings.DATABASES
-    ):
-        raise ImproperlyConfigured(
-            f"SELVEDGE['RENEWAL_DATABASE'] {renewal_database!r} is not in DATABASES"
-        )
+    for key in ("DATABASE", "LISTEN_DATABASE", "RENEWAL_DATABASE"):  # Django aliases
+        alias = raw[key]
+        if (alias is not None or key == "DATABASE") and (
+            not isinstance(alias, str) or alias not in django_settings.DATABASES
+        ):
+            raise ImproperlyConfigured(f"SELVEDGE[{key!r}] {alias!r} is not in DATABASES")
     run_local = raw["RUN_LOCAL_STARTS"]
     if not isinstance(run_local, bool):
         raise ImproperlyConfigured("SELVEDGE['RUN_LOCAL_STARTS'] must be True or False")
-    database = raw["DATABASE"]
-    if not isinstance(database, str) or database not in django_settings.DATABASES:
-        raise ImproperlyConfigured(f"SELVEDGE['DATABASE'] {database!r} is not in DATABASES")
     synchronous = raw["SQLITE_SYNCHRONOUS"]
     if synchronous not in SQLITE_SYNCHRONOUS_MODES:
         raise ImproperlyConfigured(
@@ -546,7 +532,7 @@ def resolve_settings(raw_in: Mapping[str, Any] | None) -> SelvedgeSettings:
     if problems:
         raise ImproperlyConfigured("; ".join(problems))
     return SelvedgeSettings(
-        database=database,
+        database=raw["DATABASE"],
         worker_id=str(raw["WORKER_ID"] or default_worker_id()),
         worker_id_configured=bool(raw["WORKER_ID"]),
         service_name=str(raw["SERVICE_NAME"] or ""),
@@ -567,8 +553,8 @@ def resolve_settings(raw_in: Mapping[str, Any] | None) -> SelvedgeSettings:
         leader_lease_duration=durations["LEADER_LEASE_DURATION"],
         leader_heartbeat_interval=durations["LEADER_HEARTBEAT_INTERVAL"],
         listen_notify=listen,
-        listen_database=listen_database,
-        renewal_database=renewal_database,
+        listen_database=raw["LISTEN_DATABASE"],
+        renewal_database=raw["RENEWAL_DATABASE"],
         run_local_starts=run_local,
         shutdown_timeout=durations["SHUTDOWN_TIMEOUT"],
         clock=clock,

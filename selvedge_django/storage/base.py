@@ -104,17 +104,14 @@ class StoreBase:
         self.activity_names: Callable[[], Sequence[str] | None] = lambda: None
         self.activity_queues: tuple[str, ...] | None = None
         # CODE_VERSION, recorded on the instances this store starts (children, schedule
-        # runs, forks; the client API passes its own), and COMPATIBLE_VERSIONS, which
-        # limits what it leases.
+        # runs, forks; the client API passes its own); COMPATIBLE_VERSIONS limits leases.
         self.code_version: str | None = None
         self.compatible_versions: tuple[str | None, ...] | None = None
         # QUEUE_RATE_LIMITS (queue -> claims, period ms); full queues, until when (a hint).
         self.queue_rate_limits: dict[str, tuple[int, int]] = {}
         self.queues_full_until: dict[str, float] = {}
         self.notify_enabled = self.can_notify
-        # The renewer's store: on SQLite its write transactions take the process's
-        # writer turn before every other waiting writer (storage.sqlite).
-        self.urgent_writes = False
+        self.urgent_writes = False  # the renewer's: first in SQLite's writer turn
         # The alias whose connection LISTENs for the wake-ups of this store's bus.
         self.listen_alias = alias
         # Called with the id of each instance this store closed, once the close
