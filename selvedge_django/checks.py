@@ -87,7 +87,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         )
         return messages
     messages += database_checks(resolved.database)
-    messages += _renewal_database(resolved)
+    messages += _renewal_database(resolved, store)
     if store.single_writer:
         messages += _transactional_on_single_writer(resolved.database)
         messages += _lease_within_busy_timeout(resolved)
@@ -118,7 +118,7 @@ def _lease_within_busy_timeout(resolved: SelvedgeSettings) -> list[CheckMessage]
     ]
 
 
-def _renewal_database(resolved: SelvedgeSettings) -> list[CheckMessage]:
+def _renewal_database(resolved: SelvedgeSettings, store: type[Any]) -> list[CheckMessage]:
     """selvedge.E007 (RENEWAL_DATABASE is another database), selvedge.W008 (renewals
     through what looks like a transaction pooler) and selvedge.W009 (a RENEWAL_DATABASE
     that reaches the server the same way as DATABASE)."""
@@ -128,7 +128,7 @@ def _renewal_database(resolved: SelvedgeSettings) -> list[CheckMessage]:
         looks_pooled = bool(main.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS")) or (
             resolved.listen_database not in (None, resolved.database)
         )
-        if main.vendor != "postgresql" or not looks_pooled:
+        if store.single_writer or not looks_pooled:  # SQLite: no pooler
             return []
         return [
             Warning(
@@ -146,10 +146,11 @@ def _renewal_database(resolved: SelvedgeSettings) -> list[CheckMessage]:
                 id="selvedge.W008",
             )
         ]
+    from .storage import store_class
+
     other = connections[renewal]
-    if other.vendor != main.vendor or (
-        main.vendor == "sqlite"
-        and other.settings_dict.get("NAME") != main.settings_dict.get("NAME")
+    if store_class(renewal) is not store or (
+        store.single_writer and other.settings_dict.get("NAME") != main.settings_dict.get("NAME")
     ):
         return [
             Error(
@@ -161,7 +162,7 @@ def _renewal_database(resolved: SelvedgeSettings) -> list[CheckMessage]:
                 id="selvedge.E007",
             )
         ]
-    if main.vendor == "postgresql" and _endpoint(other) == _endpoint(main):
+    if not store.single_writer and _endpoint(other) == _endpoint(main):
         return [
             Warning(
                 f"SELVEDGE['RENEWAL_DATABASE'] {renewal!r} connects to the same host and port "
