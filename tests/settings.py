@@ -135,8 +135,11 @@ if DB == "postgres" and os.environ.get("SELVEDGE_TEST_PGBOUNCER_PORT"):
     DATABASES["direct"] = dict(DATABASES["default"])
     DATABASES["default"]["PORT"] = os.environ["SELVEDGE_TEST_PGBOUNCER_PORT"]
     DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
-    # pgbouncer's transaction mode (before 1.21) keeps no prepared statement.
+    # pgbouncer's transaction mode (before 1.21) keeps no prepared statement (unless
+    # SELVEDGE_TEST_PGBOUNCER_PREPARE=1: the set-up that fails, at once).
     DATABASES["default"].pop("OPTIONS", None)
+    if os.environ.get("SELVEDGE_TEST_PGBOUNCER_PREPARE") == "1":
+        DATABASES["default"]["OPTIONS"] = {"server_side_binding": True, "prepare_threshold": 0}
     if os.environ.get("SELVEDGE_TEST_PGBOUNCER_LISTEN") != "pooled":
         SELVEDGE["LISTEN_DATABASE"] = "direct"
     if os.environ.get("SELVEDGE_TEST_PGBOUNCER_RENEWAL") != "pooled":

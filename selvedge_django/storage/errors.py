@@ -17,11 +17,21 @@ An error that recurs on every replay must not turn that into a hot loop:
 
 from __future__ import annotations
 
-from django.db import DataError, IntegrityError
+from collections.abc import Callable
+from typing import Any
 
+from django.db import DataError, IntegrityError, ProgrammingError
+
+from .. import exceptions as exc
 from ..conf import SelvedgeSettings
 
-__all__ = ["backoff_delay", "describe", "is_data_error"]
+__all__ = [
+    "PooledPreparedStatementError",
+    "backoff_delay",
+    "describe",
+    "guard_prepared_statements",
+    "is_data_error",
+]
 
 
 # Errors that a retry cannot cure: the database (or its driver) refused a value.
@@ -51,3 +61,35 @@ def describe(error: BaseException) -> str:
     """The error's type and message, as recorded on the instance and in its failure."""
     text = f"{type(error).__name__}: {error}".strip()
     return text if len(text) <= 2000 else f"{text[:2000]}..."
+
+
+# SQLSTATEs of a session that lacks the prepared statements its client made (26000,
+# invalid_sql_statement_name: "prepared statement ... does not exist") or holds another
+# client's under the same name (42P05, duplicate_prepared_statement).
+PREPARED_STATEMENT_STATES = frozenset({"26000", "42P05"})
+
+PREPARED_STATEMENT_ADVICE = (
+    "a prepared statement was missing from the database session this statement ran in"
+    " ({error}): a connection pooler in transaction mode (pgbouncer before 1.21) cannot"
+    " keep prepared statements, since each transaction may run in another server session."
+    " Turn them off for this alias (remove server_side_binding and prepare_threshold from"
+    " its OPTIONS), connect to PostgreSQL directly, or use pgbouncer 1.21 or later with"
+    " max_prepared_statements set above 0 (see docs/deployment.md)."
+)
+
+
+class PooledPreparedStatementError(exc.PreparedStatementError, ProgrammingError):
+    """:class:`~selvedge_django.exceptions.PreparedStatementError` as the database error it is."""
+
+
+def guard_prepared_statements(
+    execute: Callable[..., Any], sql: str, params: Any, many: bool, context: dict[str, Any]
+) -> Any:
+    """An execute wrapper: a statement that failed for a prepared statement its session
+    does not have raises :class:`PooledPreparedStatementError`, which says why."""
+    try:
+        return execute(sql, params, many, context)
+    except ProgrammingError as error:
+        if getattr(error.__cause__, "sqlstate", None) not in PREPARED_STATEMENT_STATES:
+            raise
+        raise PooledPreparedStatementError(PREPARED_STATEMENT_ADVICE.format(error=error)) from error

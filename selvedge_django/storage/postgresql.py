@@ -31,6 +31,7 @@ from ..engine.ports import CloseRequest, TaskClaim, TaskSpec
 from ..models import ActivityTask, ActivityTaskStatus, WorkflowStatus
 from . import sql
 from .base import operation
+from .errors import guard_prepared_statements
 from .inline import Pending
 from .postgresql_inbox import PostgresInbox
 from .postgresql_sql import (
@@ -74,6 +75,34 @@ logger = logging.getLogger("selvedge_django.store")
 
 class PostgresStore(PostgresInbox):
     """The store on PostgreSQL."""
+
+    @classmethod
+    def connection_created(cls, connection: Any) -> None:
+        """Name the pooler when a prepared statement is missing from a session.
+
+        A connection of the engine's aliases (``DATABASE``, ``RENEWAL_DATABASE``)
+        that binds on the server (``OPTIONS["server_side_binding"]``: psycopg then
+        prepares statements) runs its statements through
+        :func:`~.errors.guard_prepared_statements`; the default client-side binding
+        prepares nothing and is left alone.
+        """
+        from django.core.exceptions import ImproperlyConfigured
+
+        from ..conf import get_settings
+
+        options = connection.settings_dict.get("OPTIONS") or {}
+        if not options.get("server_side_binding"):
+            return
+        try:
+            settings = get_settings()
+        except ImproperlyConfigured:
+            return  # the system checks report it; never break a connection over it
+        if connection.alias not in (settings.database, settings.renewal_database):
+            return
+        if guard_prepared_statements not in connection.execute_wrappers:
+            # First, so outermost, and out of the way of a wrapper installed for a
+            # moment (``execute_wrapper()`` pops the last one when it ends).
+            connection.execute_wrappers.insert(0, guard_prepared_statements)
 
     @classmethod
     def server_checks(cls, alias: str, connection: Any) -> list[CheckMessage]:

@@ -41,6 +41,7 @@ EXPECTED_ALL = [
     "PayloadConversionError",
     "PayloadTooDeep",
     "PayloadTooLarge",
+    "PreparedStatementError",
     "QueryCommandError",
     "QueryFailed",
     "QueryNotFound",

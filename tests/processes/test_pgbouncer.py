@@ -291,6 +291,79 @@ def test_renewals_bypass_a_pool_that_transactional_activities_hold(
     assert proc.terminate(timeout=60) == 0
 
 
+# Run in a process of its own whose engine alias goes through the pool with prepared
+# statements (tests/settings.py, SELVEDGE_TEST_PGBOUNCER_PREPARE): a statement prepared in
+# one server session, then run again while that session is lent to another client.
+PREPARED_SCRIPT = """
+import os
+
+import django
+import psycopg
+
+django.setup()
+from django.db import ProgrammingError, connection
+
+import selvedge_django as sv
+from selvedge_django.engine.codec import Codec
+from selvedge_django.storage import store_for
+
+store = store_for("default", Codec())
+store.now_ms()
+holder = psycopg.connect(
+    host="127.0.0.1",
+    port=int(os.environ["SELVEDGE_TEST_PGBOUNCER_PORT"]),
+    dbname=connection.settings_dict["NAME"],
+    user=connection.settings_dict["USER"],
+    autocommit=True,
+)
+holder.execute("BEGIN")
+holder.execute("SELECT 1")
+try:
+    store.now_ms()
+except Exception as error:
+    print("typed", isinstance(error, sv.PreparedStatementError))
+    print("programming", isinstance(error, ProgrammingError))
+    print(error)
+else:
+    print("no error")
+"""
+
+
+def test_prepared_statements_the_pool_did_not_keep_raise_a_typed_error(
+    small_pgbouncer: Bouncer,
+) -> None:
+    """pgbouncer in transaction mode (before 1.21) hands each transaction any server
+    session, where the statements psycopg prepared in another one do not exist. The
+    engine's statements then raise PreparedStatementError, a ProgrammingError whose
+    message says what to change, instead of a bare "prepared statement does not exist"."""
+    import sys
+
+    from tests.conftest import ROOT
+
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "SELVEDGE_TEST_SUBPROCESS": "1",
+        "SELVEDGE_PG_TEST_NAME": str(connection.settings_dict["NAME"]),
+        "SELVEDGE_TEST_PGBOUNCER_PORT": str(small_pgbouncer.port),
+        "SELVEDGE_TEST_PGBOUNCER_PREPARE": "1",
+        "PYTHONPATH": str(ROOT),
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", PREPARED_SCRIPT],
+        cwd=str(ROOT),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert "typed True" in output and "programming True" in output, output
+    assert "transaction mode" in output and "prepare_threshold" in output, output
+    assert "max_prepared_statements" in output and "1.21" in output, output
+
+
 def settings_selvedge() -> dict[str, object]:
     from django.conf import settings
 
