@@ -198,9 +198,18 @@ class WorkerProcess:
         )
         if not wait_started:
             return
-        line = self.proc.stdout.readline() if self.proc.stdout else ""
+        # System checks may warn before the "started" line (W008 behind a pooler, say):
+        # those lines are kept, and the wait goes on to the line that says it started.
+        self.before_start: list[str] = []
+        line = ""
+        while self.proc.stdout is not None and len(self.before_start) < 100:
+            line = self.proc.stdout.readline()
+            if not line or "started" in line:
+                break
+            self.before_start.append(line)
         if "started" not in line:
-            rest = self.proc.stdout.read() if self.proc.stdout else ""
+            rest = "".join(self.before_start)
+            rest += self.proc.stdout.read() if self.proc.stdout else ""
             # Reaped and closed here: the caller never gets the object to clean up.
             if self.proc.poll() is None:
                 self.proc.kill()
