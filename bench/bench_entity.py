@@ -125,7 +125,7 @@ def run_one(db: str, counts: list[int], modes: list[bool]) -> None:
             label = "on" if cache else "off"
             ratio = table[(cache, high)] / table[(cache, low)]
             print(f"  cache {label}: CPU({high}) / CPU({low}) = {ratio:.1f}x")
-        from selvedge_django.storage.listener import stop_listeners
+        from selvedge_django.storage.postgresql.listener import stop_listeners
 
         stop_listeners()
         print(flush=True)

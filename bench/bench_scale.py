@@ -623,7 +623,7 @@ def run_one(db: str, args: argparse.Namespace) -> dict[str, Any]:
         if "resume" in args.only:
             print("\nResume cost against history length (median of 4 after the first, inline)")
             results["resume"] = measure_resume(args.history, 5)
-        from selvedge_django.storage.listener import stop_listeners
+        from selvedge_django.storage.postgresql.listener import stop_listeners
 
         stop_listeners()  # wait_workflow's LISTEN connection, before the database goes
         print(flush=True)

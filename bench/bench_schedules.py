@@ -95,7 +95,7 @@ def run(db: str, count: int, execute: bool) -> int:
         finally:
             worker.stop(timeout=30)
             set_clock_offset_ms(0)
-            from selvedge_django.storage.listener import stop_listeners
+            from selvedge_django.storage.postgresql.listener import stop_listeners
 
             stop_listeners()
         if started is None:

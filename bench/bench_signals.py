@@ -142,7 +142,7 @@ def run_one(db: str, n: int, settle_ms: float) -> None:
                 calls.append(call)
         finally:
             worker.stop(timeout=10)
-            from selvedge_django.storage.listener import stop_listeners
+            from selvedge_django.storage.postgresql.listener import stop_listeners
 
             stop_listeners()  # wait_workflow's LISTEN connection, before the database goes
         summarise("signal -> workflow observes", latencies)

@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> None:
     from django.db.backends.signals import connection_created
 
     import bench.workloads  # noqa: F401 - registers the workflows
-    from selvedge_django.storage.listener import stop_listeners
+    from selvedge_django.storage.postgresql.listener import stop_listeners
     from selvedge_django.worker import Worker
 
     timeline = Timeline()

@@ -96,7 +96,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
 
 def _lease_within_busy_timeout(resolved: SelvedgeSettings) -> list[CheckMessage]:
     """selvedge.W007: a renewal may wait for SQLite's write lock longer than a lease lives."""
-    from .storage.sqlite import busy_timeout
+    from .storage.sqlite.db import busy_timeout
 
     alias = resolved.renewal_database or resolved.database
     timeout = busy_timeout(connections[alias])

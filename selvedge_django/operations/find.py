@@ -21,8 +21,8 @@ from .. import exceptions as exc
 from ..engine.codec import contains_nul, error_from_envelope, error_to_envelope
 from ..engine.options import ActivityOptions
 from ..handles import WorkflowDescription
-from ..input_filters import input_value_equals
 from ..models import ActivityTask, WorkflowInstance, WorkflowStatus
+from ..storage.sqlite.input_filters import input_value_equals
 from .base import client_store, filter_text, known_id, validate_instance_id
 
 __all__ = [

@@ -87,7 +87,7 @@ def wait_workflow(instance_id: str, timeout: float | None = None) -> WorkflowRes
     topic = f"closed:{instance_id}"
     store.bus.subscribe(topic, waker)
     if store.notify_enabled:
-        from ..storage.listener import ensure_listener
+        from ..storage.postgresql.listener import ensure_listener
 
         ensure_listener(store.listen_alias, store.bus)
     # An execution handed to a worker of this process is running: no need to read
@@ -131,7 +131,7 @@ def _subscribe_closed(instance_id: str, waker: Waker) -> tuple[DjangoStore, bool
     store = client_store()
     store.bus.subscribe(f"closed:{instance_id}", waker)
     if store.notify_enabled:
-        from ..storage.listener import ensure_listener
+        from ..storage.postgresql.listener import ensure_listener
 
         ensure_listener(store.listen_alias, store.bus)
     return store, not running_here(instance_id)

@@ -93,7 +93,7 @@ def store_for(alias: str, codec: Codec, settings: SelvedgeSettings | None = None
     store = check_vendor(alias)(alias, codec)
     if settings is not None:
         if settings.listen_notify is not None:
-            store.notify_enabled = settings.listen_notify and store.can_notify
+            store.notify_enabled = settings.listen_notify and store.db.can_notify
         store.listen_alias = settings.listen_database or settings.database
         store.code_version = settings.code_version
         store.compatible_versions = settings.compatible_versions
@@ -105,29 +105,31 @@ def configure_connection(sender: Any, connection: Any, **kwargs: Any) -> None:
     """``connection_created`` receiver: the database's own connection set-up."""
     cls = STORES.get(connection.vendor)
     if cls is not None:
-        cls.connection_created(connection)
+        cls.database.connection_created(connection)
 
 
 def server_checks(alias: str) -> list[CheckMessage]:
     """The check messages that query the engine's database server (PostgreSQL: W006).
 
-    A store class with such checks defines ``server_checks(alias, connection)``.
+    A database class with such checks defines ``server_checks(alias, connection)``.
     """
-    checks = getattr(store_class(alias), "server_checks", None)
+    cls = store_class(alias)
+    checks = None if cls is None else getattr(cls.database, "server_checks", None)
     return [] if checks is None else list(checks(alias, connections[alias]))
 
 
 def database_checks(alias: str) -> list[CheckMessage]:
     """The system check messages of the engine's database itself (SQLite: W001, W002)."""
     cls = store_class(alias)
-    return [] if cls is None else cls.database_checks(alias, connections[alias])
+    return [] if cls is None else cls.database.database_checks(alias, connections[alias])
 
 
 def worker_start_problem(alias: str) -> str | None:
     """Why a started worker's threads cannot share the engine's database, or None.
 
-    A store class with such a condition defines ``worker_start_problem(alias, connection)``
-    (SQLite: a database in memory).
+    A database class with such a condition defines ``worker_start_problem(alias,
+    connection)`` (SQLite: a database in memory).
     """
-    check = getattr(store_class(alias), "worker_start_problem", None)
+    cls = store_class(alias)
+    check = None if cls is None else getattr(cls.database, "worker_start_problem", None)
     return None if check is None else check(alias, connections[alias])

@@ -1,105 +1,38 @@
-"""Store plumbing: the database clock, write transactions, fences, history rows, wake-ups.
+"""The store's parts on one :class:`~.db.Database`, while they are still one class.
 
-Every part of the store (:mod:`.instances`, :mod:`.tasks`, :mod:`.waits`, ...)
-builds on :class:`StoreBase`. What differs between databases is declared here
-as a hook with the portable answer, and overridden by exactly one of
-:class:`~selvedge_django.storage.postgresql.PostgresStore` and
-:class:`~selvedge_django.storage.sqlite.SQLiteStore`.
+:class:`StoreBase` holds the database (``self.db``) and the settings the parts
+read, and hands every plumbing call to the database: one place per dialect hook
+(:mod:`.postgresql.db`, :mod:`.sqlite.db`), none along the parts' MRO. It goes
+when the parts are members of :class:`~.store.Store`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
-import threading
-from collections.abc import Callable, Iterator, Sequence
-from types import CodeType
-from typing import Any, ClassVar, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
 
-from django.db import IntegrityError, connections, transaction
-from django.db.models import Case, F, Value, When
 from django.db.models.expressions import Combinable
-from django.utils import timezone
 
-from .. import exceptions as exc
-from .. import metrics
 from ..engine.codec import Codec
 from ..engine.events import Fence, HistoryRow
-from ..models import (
-    ActivityTask,
-    ArchivedHistoryEvent,
-    HistoryEvent,
-    QueueClaim,
-    Schedule,
-    SignalMessage,
-    TimerSubscription,
-    WorkflowInstance,
-    WorkflowStatus,
-)
-from . import sql
-from .clock import DbNowMs, clock_offset_ms
-from .wakeups import TOPIC_RUNNABLE, Bus, bus_for
+from .db import Database, Sql
+from .operation import operation
+from .wakeups import Bus
 
-__all__ = ["OPERATIONS", "Sql", "StoreBase", "operation"]
-
-logger = logging.getLogger("selvedge_django.store")
-
-_F = TypeVar("_F", bound=Callable[..., Any])
-
-#: The code object of every store operation (see :func:`operation`) and its name.
-OPERATIONS: dict[CodeType, str] = {}
-
-
-def operation(method: _F) -> _F:
-    """Mark a public store method as a store operation; returns it unchanged.
-
-    Nothing runs at call time: the mark is the method's code object in
-    :data:`OPERATIONS`, which is how
-    :class:`~selvedge_django.testing.FaultInjector` names each statement after
-    the outermost operation on the stack (``operation="complete_task"``). A
-    generator-based context manager is marked by its generator's code.
-    """
-    target = getattr(method, "__wrapped__", method)
-    OPERATIONS[target.__code__] = method.__name__
-    return method
-
-
-class Sql:
-    """A SQL expression with its parameters, for :meth:`StoreBase._insert` values."""
-
-    __slots__ = ("params", "sql")
-
-    def __init__(self, sql: str, params: Sequence[Any] = ()) -> None:
-        self.sql = sql
-        self.params = list(params)
-
-
-def _ms(seconds: float | None) -> int | None:
-    return None if seconds is None else round(seconds * 1000)
+__all__ = ["StoreBase"]
 
 
 class StoreBase:
-    """Connection plumbing shared by the store's parts: transactions, fences, clock."""
+    """The settings of the store's parts and their database's plumbing, delegated."""
 
-    #: The database clock in milliseconds, as SQL with one parameter (the offset).
-    NOW_MS: ClassVar[str] = ""
+    #: The database class of this store (one per dialect).
+    database: ClassVar[type[Database]] = Database
     #: Whether a write transaction locks the whole database (SQLite), not rows.
     single_writer: ClassVar[bool] = False
-    #: Whether this database can send NOTIFY to other processes.
-    can_notify: ClassVar[bool] = False
-
-    # A list of keys or ids (a delivery batch, the tasks or children a cancellation
-    # reaches) binds at most this many values per statement (PostgreSQL takes 65,535
-    # parameters with server-side binding, SQLite 32,766 by default).
-    DELIVERY_CHUNK = 5000
 
     def __init__(self, alias: str, codec: Codec) -> None:
-        self.alias = alias
-        self.codec = codec
-        settings_dict = connections[alias].settings_dict
-        self.vendor = connections[alias].vendor
-        self.identity = f"{alias}:{self.vendor}:{settings_dict.get('NAME')}"
-        self.bus: Bus = bus_for(self.identity)
+        self.db = self.database(alias, codec)
         self.lease_ttl = 30.0
         self.activity_names: Callable[[], Sequence[str] | None] = lambda: None
         self.activity_queues: tuple[str, ...] | None = None
@@ -110,196 +43,132 @@ class StoreBase:
         # QUEUE_RATE_LIMITS (queue -> claims, period ms); full queues, until when (a hint).
         self.queue_rate_limits: dict[str, tuple[int, int]] = {}
         self.queues_full_until: dict[str, float] = {}
-        self.notify_enabled = self.can_notify
-        self.urgent_writes = False  # the renewer's: first in SQLite's writer turn
-        # The alias whose connection LISTENs for the wake-ups of this store's bus.
-        self.listen_alias = alias
-        # Called with the id of each instance this store closed, once the close
-        # committed and before its wake-up goes out (the worker's start handoff sets
-        # it: storage never calls up into the worker).
-        self.on_closed: Callable[[str], None] | None = None
-        self._tx = threading.local()
-        # Inline results waiting for their execution's next write (storage.inline).
-        self._inline = threading.local()
-        self._table_names: dict[str, str] | None = None
 
-    # -- the database ---------------------------------------------------------------------
+    # -- the database's own attributes --------------------------------------------------------
 
-    @classmethod
-    def connection_created(cls, connection: Any) -> None:
-        """Set up a new connection of this database (``connection_created``); nothing here."""
+    @property
+    def alias(self) -> str:
+        return self.db.alias
 
-    @classmethod
-    def database_checks(cls, alias: str, connection: Any) -> list[Any]:
-        """This database's own system check messages for the engine's ``alias``."""
-        return []
+    @property
+    def codec(self) -> Codec:
+        return self.db.codec
 
-    # -- plumbing ---------------------------------------------------------------------
+    @property
+    def vendor(self) -> str:
+        return self.db.vendor
+
+    @property
+    def identity(self) -> str:
+        return self.db.identity
+
+    @property
+    def bus(self) -> Bus:
+        return self.db.bus
 
     @property
     def connection(self) -> Any:
-        return connections[self.alias]
+        return self.db.connection
 
+    @property
+    def notify_enabled(self) -> bool:
+        return self.db.notify_enabled
+
+    @notify_enabled.setter
+    def notify_enabled(self, value: bool) -> None:
+        self.db.notify_enabled = value
+
+    @property
+    def urgent_writes(self) -> bool:
+        return self.db.urgent_writes
+
+    @urgent_writes.setter
+    def urgent_writes(self, value: bool) -> None:
+        self.db.urgent_writes = value
+
+    @property
+    def listen_alias(self) -> str:
+        return self.db.listen_alias
+
+    @listen_alias.setter
+    def listen_alias(self, value: str) -> None:
+        self.db.listen_alias = value
+
+    @property
+    def on_closed(self) -> Callable[[str], None] | None:
+        return self.db.on_closed
+
+    @on_closed.setter
+    def on_closed(self, value: Callable[[str], None] | None) -> None:
+        self.db.on_closed = value
+
+    @property
+    def _inline(self) -> Any:
+        return self.db._inline
+
+    # -- plumbing, delegated -------------------------------------------------------------------
+
+    _fenced_error = staticmethod(Database._fenced_error)
+    _key_conflict = staticmethod(Database._key_conflict)
+
+    def _chunks(self, values: list[Any], *, values_each: int = 1) -> list[list[Any]]:
+        return self.db._chunks(values, values_each=values_each)
+
+    # SKIP connection_created ['classmethod']
+    # SKIP database_checks ['classmethod']
+    # SKIP connection ['property']
     @operation
     def now_expr(self, plus_seconds: float = 0.0) -> Combinable:
-        """The database clock (plus ``plus_seconds``) as an ORM expression."""
-        expr = DbNowMs(clock_offset_ms())
-        if plus_seconds:
-            return expr + Value(round(plus_seconds * 1000))
-        return expr
+        return self.db.now_expr(plus_seconds)
 
     @operation
     def now_ms(self) -> int:
-        """The database clock in Unix milliseconds (one read)."""
-        now = self.now_sql()
-        rows = self._fetch(sql.SELECT_NOW, now.params)
-        return int(rows[0][0])
+        return self.db.now_ms()
 
     @operation
     def now_sql(self, plus_seconds: float = 0.0) -> Sql:
-        """The database clock in milliseconds (plus ``plus_seconds``) as a SQL value."""
-        if plus_seconds:
-            return Sql(
-                sql.compose(sql.PLUS_MS, value=self.NOW_MS),
-                [clock_offset_ms(), round(plus_seconds * 1000)],
-            )
-        return Sql(self.NOW_MS, [clock_offset_ms()])
+        return self.db.now_sql(plus_seconds)
 
     @operation
-    @contextlib.contextmanager
-    def atomic(self) -> Iterator[None]:
-        """A write transaction (the dialect decides how it begins); wake-ups wait for it.
-
-        NOTIFYs asked for inside it (:meth:`after_commit`) go out in one statement at
-        the end of the outermost store transaction, so they are delivered exactly
-        when it commits and dropped on rollback.
-        """
-        tx = self._tx
-        depth = getattr(tx, "depth", 0)
-        if depth == 0:
-            tx.pending = set()
-        tx.depth = depth + 1
-        try:
-            with self._write_transaction():
-                yield
-                if depth == 0 and tx.pending:
-                    self._notify(tx.pending)
-        except BaseException:
-            if depth == 0:
-                self._deferred_rolled_back()
-            raise
-        finally:
-            tx.depth = depth
-            if depth == 0:
-                tx.pending = set()
-
-    def _write_transaction(self) -> contextlib.AbstractContextManager[Any]:
-        """The transaction :meth:`atomic` opens (SQLite begins it IMMEDIATE)."""
-        return transaction.atomic(using=self.alias)
+    def atomic(self) -> contextlib.AbstractContextManager[None]:
+        return self.db.atomic()
 
     @operation
-    @contextlib.contextmanager
-    def read_snapshot(self) -> Iterator[None]:
-        """One consistent read of several statements (the dialect sets its isolation)."""
-        if self.connection.in_atomic_block:
-            yield
-            return
-        with self._snapshot_transaction():
-            yield
-
-    def _snapshot_transaction(self) -> contextlib.AbstractContextManager[Any]:
-        return transaction.atomic(using=self.alias)
+    def read_snapshot(self) -> contextlib.AbstractContextManager[None]:
+        return self.db.read_snapshot()
 
     @operation
     def worth_locking(self, queryset: Any) -> bool:
-        """Whether a poll should take its locks; True unless the dialect probes first."""
-        return True
+        return self.db.worth_locking(queryset)
 
     def _worth_writing(self, probe: str, params: Sequence[Any]) -> bool:
-        """:meth:`worth_locking` for a hand-written probe (a statement returning a row)."""
-        return True
+        return self.db._worth_writing(probe, params)
 
     @operation
     def allow_idle_transaction(self, seconds: float | None) -> None:
-        """Let the current transaction stay idle for ``seconds`` (None: any time).
-
-        Only PostgreSQL ends sessions idle in a transaction; elsewhere nothing to do.
-        """
+        return self.db.allow_idle_transaction(seconds)
 
     @operation
     def after_commit(self, *topics: str) -> None:
-        """Wake local loops once the current transaction commits; NOTIFY other processes.
-
-        The NOTIFY (on databases that have it) is issued inside the transaction, at
-        the end of the outermost store transaction; outside one, at once.
-        """
-
-        def send() -> None:
-            for topic in topics:
-                self.bus.publish(topic)
-
-        transaction.on_commit(send, using=self.alias)
-        if not (self.notify_enabled and topics):
-            return
-        if getattr(self._tx, "depth", 0) > 0:
-            self._tx.pending.update(topics)
-        else:
-            self._notify(topics)
-
-    def _notify(self, topics: Sequence[str] | set[str]) -> None:
-        """Send ``topics`` to other processes in the current transaction (PostgreSQL)."""
+        return self.db.after_commit(*topics)
 
     def _publish_now(self, *topics: str) -> None:
-        """Wake local loops after a one-statement write (already committed)."""
-        for topic in topics:
-            self.bus.publish(topic)
+        return self.db._publish_now(*topics)
 
     def _closed(self, instance_id: str) -> None:
-        """Tell :attr:`on_closed` that the close of ``instance_id`` committed."""
-        if self.on_closed is not None:
-            self.on_closed(instance_id)
+        return self.db._closed(instance_id)
 
     def _closed_on_commit(self, instance_id: str) -> None:
-        """:meth:`_closed` once the current transaction commits (before its wake-ups)."""
-        if self.on_closed is not None:
-            callback = self.on_closed
-            transaction.on_commit(lambda: callback(instance_id), using=self.alias)
+        return self.db._closed_on_commit(instance_id)
 
     def _execute(self, statement: str, params: Sequence[Any]) -> int:
-        """Run one hand-written statement; return the rows it touched.
-
-        The hottest statements (fences, history rows, activity arrivals) skip the
-        ORM's query building, which costs ten times the statement itself on a
-        local database. ``{instance}``, ``{history}``, ``{task}``, ``{signal}``,
-        ``{timer}`` and ``{schedule}`` name the tables, ``{now}`` is the database
-        clock (its parameter is the caller's).
-        """
-        with self.connection.cursor() as cursor:
-            cursor.execute(self._tables(statement), params)
-            return int(cursor.rowcount)
+        return self.db._execute(statement, params)
 
     def _fetch(self, statement: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
-        """Run one hand-written statement that returns rows (named as in _execute)."""
-        with self.connection.cursor() as cursor:
-            cursor.execute(self._tables(statement), params)
-            return list(cursor.fetchall())
+        return self.db._fetch(statement, params)
 
     def _tables(self, statement: str) -> str:
-        names = self._table_names
-        if names is None:
-            quote = self.connection.ops.quote_name
-            names = self._table_names = {
-                "instance": quote(WorkflowInstance._meta.db_table),
-                "history": quote(HistoryEvent._meta.db_table),
-                "task": quote(ActivityTask._meta.db_table),
-                "signal": quote(SignalMessage._meta.db_table),
-                "timer": quote(TimerSubscription._meta.db_table),
-                "schedule": quote(Schedule._meta.db_table),
-                "archive": quote(ArchivedHistoryEvent._meta.db_table),
-                "queue_claim": quote(QueueClaim._meta.db_table),
-                "now": self.NOW_MS,
-            }
-        return statement.format_map(names)
+        return self.db._tables(statement)
 
     def _insert(
         self,
@@ -310,85 +179,19 @@ class StoreBase:
         where: Sql | None = None,
         on_conflict: str = "",
     ) -> Any:
-        """Insert one row without the ORM's query building; return its id if asked.
-
-        Columns not in ``values`` take the model field's default (``auto_now`` and
-        ``auto_now_add`` fields the current time); :class:`Sql` values are inlined.
-        With ``where`` the row is inserted only if that condition holds (evaluated
-        by the same statement); the id is then None when nothing was inserted.
-        ``on_conflict`` (an ``ON CONFLICT ... DO NOTHING`` clause) likewise leaves the
-        id None when a unique index refused the row.
-        """
-        conn = self.connection
-        columns, marks, params = self._insert_parts(model, values, skip_pk=returning_id)
-        table = conn.ops.quote_name(model._meta.db_table)
-        if where is None:
-            statement = sql.compose(sql.INSERT_ROW, table=table, columns=columns, values=marks)
-        else:
-            statement = sql.compose(
-                sql.INSERT_ROW_IF, table=table, columns=columns, values=marks, condition=where.sql
-            )
-            params = [*params, *where.params]
-        statement += on_conflict
-        if not returning_id:
-            with conn.cursor() as cursor:
-                cursor.execute(statement, params)
-            return None
-        return self._insert_returning_id(statement, params, model._meta.pk.column)
-
-    def _insert_returning_id(self, statement: str, params: list[Any], pk: str) -> Any:
-        """Run an INSERT and return the new row's id (None when it inserted nothing)."""
-        conn = self.connection
-        returning = sql.compose(sql.RETURNING, columns=conn.ops.quote_name(pk))
-        with conn.cursor() as cursor:
-            cursor.execute(statement + returning, params)
-            row = cursor.fetchone()
-        return None if row is None else row[0]
+        return self.db._insert(
+            model, values, returning_id=returning_id, where=where, on_conflict=on_conflict
+        )
 
     def _insert_new(self, template: str, rows: list[tuple[str, list[Any]]]) -> list[str]:
-        """Insert ``rows`` (their value lists and parameters) with ``template`` (an INSERT
-        with ``{rows}`` that skips existing ids) in one statement; return the new ids."""
-        statement = sql.compose(template, rows=", ".join(marks for marks, _ in rows))
-        params = [value for _, values in rows for value in values]
-        return [str(r[0]) for r in self._fetch(statement + sql.RETURNING_INSTANCE_ID, params)]
+        return self.db._insert_new(template, rows)
 
     def _insert_parts(
         self, model: Any, values: dict[str, Any], *, skip_pk: bool
     ) -> tuple[str, str, list[Any]]:
-        """The column list, the value expressions and their parameters of one row."""
-        conn = self.connection
-        columns: list[str] = []
-        marks: list[str] = []
-        params: list[Any] = []
-        for f in model._meta.concrete_fields:
-            if f.primary_key and skip_pk and f.name not in values:
-                continue
-            if f.attname in values:
-                value = values[f.attname]
-            elif f.name in values:
-                value = values[f.name]
-            elif getattr(f, "auto_now", False) or getattr(f, "auto_now_add", False):
-                value = timezone.now()
-            else:
-                value = f.get_default()
-            columns.append(conn.ops.quote_name(f.column))
-            if isinstance(value, Sql):
-                marks.append(value.sql)
-                params += value.params
-            else:
-                marks.append("%s")
-                params.append(f.get_db_prep_save(value, conn))
-        return ", ".join(columns), ", ".join(marks), params
+        return self.db._insert_parts(model, values, skip_pk=skip_pk)
 
-    @classmethod
-    def _chunks(cls, values: list[Any], *, values_each: int = 1) -> list[list[Any]]:
-        """A list in statement-sized parts (``values_each`` bound values per item); no
-        part at all when the list is empty."""
-        size = max(1, cls.DELIVERY_CHUNK // values_each)
-        return [values[i : i + size] for i in range(0, len(values), size)]
-
-    # -- fences --------------------------------------------------------------------------
-
+    # SKIP _chunks ['classmethod']
     def _fence_sql(
         self,
         fence: Fence,
@@ -397,26 +200,7 @@ class StoreBase:
         release: bool = False,
         uncancelled: bool = False,
     ) -> tuple[str, list[Any]]:
-        """The fence check: an UPDATE that must touch exactly the writer's instance row.
-
-        ``release`` also gives the lease up in the same update (the last write of an
-        execution that suspends after it); ``runnable`` is left as it is.
-        ``uncancelled`` also requires that no cancel request is recorded (a write that
-        must not happen after one, such as an inline claim).
-        """
-        params: list[Any] = [self._now_param()]
-        if current_step is not None:
-            params.append(current_step[:255])
-        statement = sql.compose(
-            sql.FENCE_UPDATE,
-            step=sql.FENCE_SET_STEP if current_step is not None else "",
-            release=sql.FENCE_SET_RELEASE if release else "",
-            uncancelled=sql.FENCE_UNCANCELLED if uncancelled else "",
-        )
-        params += [fence.instance_id, fence.owner, fence.epoch, str(WorkflowStatus.RUNNING)]
-        if uncancelled:
-            params.append(False)
-        return statement, params
+        return self.db._fence_sql(fence, current_step, release=release, uncancelled=uncancelled)
 
     def _fence(
         self,
@@ -426,175 +210,47 @@ class StoreBase:
         release: bool = False,
         uncancelled: bool = False,
     ) -> None:
-        """The fence check: the first statement of every fenced transaction.
-
-        ``current_step`` (the command being issued) is recorded in the same update,
-        so operators see where an instance is at no extra cost. With ``release`` the
-        update also releases the lease, and dispatchers are woken after commit when
-        input arrived during the execution (the instance is still runnable).
-        """
-        statement, params = self._fence_sql(
-            fence, current_step, release=release, uncancelled=uncancelled
-        )
-        if not release:
-            if self._execute(statement, params) != 1:
-                raise self._fenced_error(fence)
-            self._apply_deferred(fence)
-            return
-        rows = self._fetch(statement + sql.RETURNING_RUNNABLE, params)
-        if not rows:
-            raise self._fenced_error(fence)
-        self._apply_deferred(fence)
-        if rows[0][0]:
-            self.after_commit(TOPIC_RUNNABLE)
-
-    @operation
-    def has_deferred(self, fence: Fence) -> bool:
-        """Whether an inline result of ``fence``'s execution waits for its next write
-        (:mod:`.inline`; a write that has one cannot take a one-statement path)."""
-        return False
-
-    def _apply_deferred(self, fence: Fence) -> None:
-        """Record the inline results held for ``fence`` in the current transaction, right
-        after its fence check (:mod:`.inline`)."""
-
-    def _deferred_rolled_back(self) -> None:
-        """The outermost store transaction rolled back (:mod:`.inline`)."""
+        return self.db._fence(fence, current_step, release=release, uncancelled=uncancelled)
 
     def _cancel_reason_under(self, fence: Fence) -> str | None:
-        """The reason of a cancel request on an instance ``fence`` still holds, else None.
+        return self.db._cancel_reason_under(fence)
 
-        Tells a fence check that also required no cancel request (``uncancelled``) and
-        matched nothing apart from a lost lease.
-        """
-        rows = self._fetch(
-            sql.CANCEL_REASON_UNDER_FENCE,
-            [fence.instance_id, fence.owner, fence.epoch, str(WorkflowStatus.RUNNING)],
-        )
-        if not rows or not rows[0][0]:
-            return None
-        return str(rows[0][1])
-
-    @staticmethod
-    def _fenced_error(fence: Fence) -> exc.Fenced:
-        metrics.record(metrics.FENCED_WRITES, 1, lease_kind="workflow")
-        return exc.Fenced(
-            f"execution of {fence.instance_id!r} (epoch {fence.epoch}) no longer holds the lease"
-        )
-
-    @staticmethod
-    def _key_conflict(instance_id: str, key: str) -> exc.HistoryKeyConflict:
-        return exc.HistoryKeyConflict(f"history key {key!r} of {instance_id!r} is already recorded")
-
+    # SKIP _fenced_error ['staticmethod']
+    # SKIP _key_conflict ['staticmethod']
     def _now_param(self, now: Any = None) -> Any:
-        """``timezone.now()`` (or ``now``) as the database driver takes it."""
-        return self.connection.ops.adapt_datetimefield_value(timezone.now() if now is None else now)
-
-    # -- history rows ----------------------------------------------------------------------
+        return self.db._now_param(now)
 
     def _history_insert_sql(
         self, instance_id: str, row: HistoryRow, source: str | None = None
     ) -> tuple[str, list[Any]]:
-        """INSERT of one history row; ``source`` (a CTE) makes it conditional on that row."""
-        values = [
-            instance_id,
-            row.key,
-            row.seq,
-            row.command,
-            row.event_type,
-            row.data,
-            row.reservation,
-            row.delivered_seq,
-            self._now_param(),
-        ]
-        if source:
-            return sql.compose(sql.HISTORY_INSERT_FROM, source=source), values
-        return sql.HISTORY_INSERT, values
+        return self.db._history_insert_sql(instance_id, row, source)
 
     def _insert_row(self, instance_id: str, row: HistoryRow) -> HistoryRow:
-        """Insert a history row inside the caller's fenced transaction.
-
-        Under the fence no other writer can add a key this execution has not seen,
-        so a conflict is a bug: it aborts the whole transaction (no savepoint).
-        """
-        statement, params = self._history_insert_sql(instance_id, row)
-        try:
-            self._execute(statement, params)
-        except IntegrityError as error:
-            raise self._key_conflict(instance_id, row.key) from error
-        return row
+        return self.db._insert_row(instance_id, row)
 
     @operation
     def get_row(self, instance_id: str, key: str) -> HistoryRow | None:
-        """One history row of an instance, or None."""
-        found = (
-            HistoryEvent.objects.using(self.alias)
-            .filter(instance_id=instance_id, key=key)
-            .values_list(
-                "key", "seq", "command", "event_type", "data", "reservation", "delivered_seq"
-            )
-            .first()
-        )
-        return HistoryRow(*found) if found is not None else None
-
-    # -- becoming runnable ---------------------------------------------------------------
+        return self.db.get_row(instance_id, key)
 
     @operation
     def wake_sql(self) -> Sql:
-        """The SET terms of an UPDATE that marks an instance runnable.
-
-        ``ready_ms`` (the order of dispatch: oldest first) becomes the database
-        clock's now only if the instance was not runnable yet: one already waiting
-        keeps its place in line, and one held back after an execution error
-        (``ready_ms`` in the future) keeps its backoff, whatever arrives meanwhile.
-        SET expressions read the row as it was before the update.
-        """
-        return Sql(self._tables(sql.WAKE_SET), [clock_offset_ms(), True])
+        return self.db.wake_sql()
 
     @operation
     def wake_fields(self) -> dict[str, Any]:
-        """:meth:`wake_sql` for ``QuerySet.update()``."""
-        return {
-            "ready_ms": Case(When(runnable=True, then=F("ready_ms")), default=self.now_expr()),
-            "runnable": True,
-        }
+        return self.db.wake_fields()
 
     def _wake_sql(self, instance_id: str, condition: str = "") -> tuple[str, list[Any]]:
-        """The statement of :meth:`_wake` (``condition`` is a further ``AND ...``)."""
-        return (
-            sql.compose(sql.WAKE_RUNNING, condition=condition),
-            [clock_offset_ms(), True, instance_id, str(WorkflowStatus.RUNNING)],
-        )
+        return self.db._wake_sql(instance_id, condition)
 
     def _wake(self, instance_id: str, condition: str = "", params: Sequence[Any] = ()) -> int:
-        """Mark a running instance runnable; dispatchers are woken after commit if it was.
-
-        The one wake-up of every arrival that needs no lease (an activity outcome, a
-        signal, a child's close reaching its parent). ``condition`` (with ``params``)
-        narrows the update, e.g. to a parent that still waits for the outcome.
-        Returns the rows touched (0 or 1).
-        """
-        statement, wake_params = self._wake_sql(instance_id, condition)
-        woken = self._execute(statement, [*wake_params, *params])
-        if woken:
-            self.after_commit(TOPIC_RUNNABLE)
-        return woken
+        return self.db._wake(instance_id, condition, params)
 
     def _lock_instance(self, instance_id: str, *, skip_locked: bool = False) -> bool:
-        """Lock an instance row first, inside a transaction that writes what it owns.
-
-        The one lock order of every write path: the instance row, then its tasks,
-        timers and history rows (and an ancestor's row before a descendant's). The
-        fenced paths get the lock from their fence update; an arrival (an activity
-        outcome, a timeout recorded by the leader) takes it here. A database whose
-        write transaction holds the whole database (SQLite) needs no row lock: True.
-
-        With ``skip_locked`` a row another transaction holds is not waited for: the
-        result is False and the caller leaves that instance for its next round (the
-        leader's sweeps, which must not stall behind a client's open transaction).
-        """
-        return True
+        return self.db._lock_instance(instance_id, skip_locked=skip_locked)
 
     def _lock_task(self, task_id: int) -> bool:
-        """Lock a task row unless another transaction holds it (True without row locks)."""
-        return True
+        return self.db._lock_task(task_id)
+
+    def _lock_limits(self, queues: Sequence[str], keys: Sequence[str]) -> None:
+        return self.db._lock_limits(queues, keys)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from .. import exceptions as exc
 from ..models import WorkflowInstance, WorkflowStatus
 from . import sql
-from .base import StoreBase, operation
+from .base import StoreBase
+from .operation import operation
 from .wakeups import TOPIC_RUNNABLE
 
 __all__ = ["CancelStore"]

@@ -6,8 +6,6 @@ fenced transaction). Lock order: an ancestor's row before a descendant's.
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 from django.db import IntegrityError, transaction
 from django.db.models import Subquery
 from django.db.models.expressions import RawSQL
@@ -37,7 +35,9 @@ from ..models import (
     WorkflowStatus,
 )
 from . import sql
-from .base import Sql, StoreBase, operation
+from .base import StoreBase
+from .db import Sql
+from .operation import operation
 from .wakeups import TOPIC_RUNNABLE
 
 __all__ = ["ChildStore"]
@@ -46,15 +46,11 @@ __all__ = ["ChildStore"]
 class ChildStore(StoreBase):
     """Child starts, cancel requests to children, and the cascade of a close."""
 
-    #: The next creation number of an instance (sql.NEXT_SEQ_POSTGRESQL, NEXT_SEQ_SQLITE):
-    #: dispatch takes equal ranks in the order of these numbers.
-    NEXT_SEQ: ClassVar[str] = ""
-
     def _next_seq_sql(self, offset: int = 0) -> Sql:
         """The next creation number of an instance as a SQL value. ``offset`` is the row's
         place in a multi-row insert: SQLite reads its number once per statement, a
         PostgreSQL sequence gives each row its own."""
-        text = self._tables(self.NEXT_SEQ)
+        text = self._tables(self.db.NEXT_SEQ)
         if offset and self.single_writer:
             return Sql(f"({text} + %s)", [offset])
         return Sql(text)

@@ -21,7 +21,8 @@ from .. import exceptions as exc
 from ..engine.events import Fence, error_data
 from ..models import WorkflowInstance, WorkflowStatus
 from . import sql
-from .base import StoreBase, operation
+from .base import StoreBase
+from .operation import operation
 
 __all__ = ["EXECUTION_TIMEOUT_REASON", "ExecutionTimeoutStore", "TimedOutRun"]
 

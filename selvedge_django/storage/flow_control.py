@@ -19,8 +19,9 @@ from django.db.models.expressions import RawSQL
 
 from ..engine.ports import ClaimedTask
 from . import sql
-from .base import StoreBase, operation
+from .base import StoreBase
 from .clock import clock_offset_ms
+from .operation import operation
 
 __all__ = ["FlowControlStore"]
 
@@ -169,10 +170,6 @@ class FlowControlStore(StoreBase):
             frees_in = int(oldest) + period_ms - int(now_ms)
             self.queues_full_until[queue] = _local_clock_ms() + max(0, frees_in)
         return room
-
-    def _lock_limits(self, queues: Sequence[str], keys: Sequence[str]) -> None:
-        """Serialise claims per rate-limited queue and per concurrency key until commit
-        (queues first, each in sorted order); nothing where one writer already does."""
 
 
 def _local_clock_ms() -> float:

@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from django.db import IntegrityError, transaction
 
 from ..models import WorkerHeartbeat
-from .base import StoreBase, operation
+from .base import StoreBase
+from .operation import operation
 
 __all__ = ["HeartbeatStore", "WorkerInfo"]
 

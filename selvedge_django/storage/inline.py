@@ -34,7 +34,8 @@ from .. import exceptions as exc
 from ..engine.events import EV_ACTIVITY_COMPLETED, Fence
 from ..engine.ports import TaskClaim
 from ..models import WorkflowInstance
-from .base import StoreBase, operation
+from .base import StoreBase
+from .operation import operation
 from .wakeups import TOPIC_RUNNABLE
 
 __all__ = ["InlineClaimLapsed", "InlineResultStore", "Pending"]

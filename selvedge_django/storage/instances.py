@@ -28,8 +28,8 @@ from ..engine.events import (
 from ..engine.ports import CloseRequest, ExecutionSnapshot
 from ..models import WorkflowInstance, WorkflowStatus
 from . import sql
-from .base import operation
 from .cancels import CancelStore
+from .operation import operation
 from .releases import LeaseReleaseStore
 from .starts import StartStore
 from .wakeups import closed_topic
@@ -301,7 +301,7 @@ class InstanceStore(StartStore, CancelStore, LeaseReleaseStore):
             # The fence check and the close are one conditional update.
             if self._execute(statement, params) != 1:
                 raise self._fenced_error(fence)
-            self._apply_deferred(fence)
+            self.db.apply_deferred(fence)
             data = request.output if status == WorkflowStatus.COMPLETED else request.error
             self._insert_row(fence.instance_id, self._close_row(status, data))
             if request.unfinished:

@@ -6,7 +6,8 @@ from django.db import IntegrityError, transaction
 from django.db.models import Case, F, Q, When
 
 from ..models import SystemLock
-from .base import StoreBase, operation
+from .base import StoreBase
+from .operation import operation
 
 __all__ = ["LockStore"]
 

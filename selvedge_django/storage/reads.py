@@ -12,8 +12,9 @@ from typing import Any
 from ..exceptions import WorkflowNotFound
 from ..models import WorkflowInstance
 from . import sql
-from .base import StoreBase, operation
+from .base import StoreBase
 from .clock import aware_utc, aware_utc_ms
+from .operation import operation
 
 __all__ = ["ReadStore"]
 

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 
 from ..engine.events import Fence
 from . import sql
-from .base import operation
 from .children import ChildStore
+from .operation import operation
 from .wakeups import TOPIC_RUNNABLE
 
 __all__ = ["LeaseReleaseStore"]
@@ -53,7 +53,7 @@ class LeaseReleaseStore(ChildStore):
         worker's, through NOTIFY), not on every release. An inline result still
         held for the execution commits with it (:mod:`.inline`).
         """
-        if self.has_deferred(fence):
+        if self.db.has_deferred(fence):
             self._release_with_deferred(fence, runnable, parked, sticky)
             return
         rows = self._fetch(

@@ -20,7 +20,8 @@ from ..engine.events import Fence
 from ..engine.ports import TaskClaim
 from ..models import ActivityTaskStatus, WorkflowStatus
 from . import sql
-from .base import StoreBase, operation
+from .base import StoreBase
+from .operation import operation
 
 __all__ = ["RENEWAL_BATCH", "Renewal", "RenewalStore"]
 

@@ -32,7 +32,8 @@ from ..engine.events import (
 )
 from ..engine.identifiers import check_instance_id
 from ..models import WorkflowInstance, WorkflowStatus
-from .base import StoreBase, operation
+from .base import StoreBase
+from .operation import operation
 
 __all__ = [
     "CLOSED_UNFINISHED_MESSAGE",
@@ -292,7 +293,7 @@ class ResumeStoreMixin(StoreBase):
             )
             if updated != 1:
                 raise self._fenced_error(fence)
-            self._apply_deferred(fence)
+            self.db.apply_deferred(fence)
             (generation,) = self._fetch(SELECT_GENERATION, [iid])[0]
             ended = int(generation) - 1
             self._close_cleanup(iid)

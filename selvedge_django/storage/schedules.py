@@ -32,7 +32,7 @@ from .. import exceptions as exc
 from ..models import Schedule, WorkflowInstance, WorkflowStatus
 from ..schedule_slots import SlotRule, jitter_offset_ms, plan, slot_id, trigger_id
 from . import sql
-from .base import operation
+from .operation import operation
 from .store import DjangoStore
 from .wakeups import TOPIC_RUNNABLE
 

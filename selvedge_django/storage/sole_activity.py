@@ -31,7 +31,8 @@ from ..engine.events import (
 from ..engine.ports import TaskClaim
 from ..models import WorkflowStatus
 from . import sql
-from .base import StoreBase, operation
+from .base import StoreBase
+from .operation import operation
 from .wakeups import closed_topic
 
 __all__ = ["SoleActivityStore"]

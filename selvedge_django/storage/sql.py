@@ -3,7 +3,7 @@
 Placeholders: ``{instance}``, ``{history}``, ``{task}``, ``{signal}``, ``{timer}``
 and ``{schedule}`` name the tables and ``{now}`` is the database clock in Unix
 milliseconds (one ``%s``: the test clock offset), all filled by
-``StoreBase._tables`` when the statement runs. Other placeholders are parts a
+``Database._tables`` when the statement runs. Other placeholders are parts a
 method fills with :func:`compose` (an IN list, an optional condition). The
 statements only PostgreSQL or only SQLite runs live in
 :mod:`.postgresql` and :mod:`.sqlite`.
@@ -47,7 +47,7 @@ SELECT_NOW = "SELECT {now}"
 
 # -- generic rows --------------------------------------------------------------------------
 
-# Insert one row of a model (StoreBase._insert).
+# Insert one row of a model (Database._insert).
 INSERT_ROW = "INSERT INTO {table} ({columns}) VALUES ({values})"
 # Insert one row of a model only if a condition holds, in the same statement.
 INSERT_ROW_IF = "INSERT INTO {table} ({columns}) SELECT {values} WHERE {condition}"
@@ -113,7 +113,7 @@ HEAD_COLUMNS = (
 # A start: runnable, or leased at once to a worker of this process (epoch 1, expiring
 # on the database clock). One text for both, so statement-level tools see one start. A
 # taken id inserts nothing (the primary key decides, also between racing starts).
-# {next_seq}: the dialect's next creation number (ChildStore.NEXT_SEQ).
+# {next_seq}: the dialect's next creation number (Database.NEXT_SEQ).
 INSERT_INSTANCE = (
     "INSERT INTO {instance} (instance_id, workflow_name, status, input, output,"
     " error, lease_owner, lease_epoch, lease_expires_ms, runnable,"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any
 
 from django.utils import timezone
 
@@ -20,7 +20,8 @@ from ..engine.events import Fence, HistoryRow
 from ..engine.ports import TaskSpec
 from ..models import ActivityTask, ActivityTaskStatus, WorkflowInstance, WorkflowStatus
 from . import sql
-from .base import StoreBase, operation
+from .base import StoreBase
+from .operation import operation
 from .task_rows import task_fields
 from .wakeups import TOPIC_RUNNABLE, TOPIC_TASK
 
@@ -41,9 +42,6 @@ class StartResult:
 
 class StartStore(StoreBase):
     """Insert instances (``sv.start_workflow``, forks, signal-with-start)."""
-
-    if TYPE_CHECKING:  # provided by ChildStore
-        NEXT_SEQ: ClassVar[str]
 
     @operation
     def create_instance(
@@ -150,7 +148,7 @@ class StartStore(StoreBase):
 
     def _insert_instance_sql(self) -> str:
         """sql.INSERT_INSTANCE with this dialect's next creation number."""
-        return sql.compose(sql.INSERT_INSTANCE, next_seq=self.NEXT_SEQ)
+        return sql.compose(sql.INSERT_INSTANCE, next_seq=self.db.NEXT_SEQ)
 
     def _insert_instance(self, params: list[Any], leased: bool) -> bool:
         """Run the start's insert (False: the id was taken, nothing written); a runnable

@@ -16,7 +16,8 @@ from typing import Any, ClassVar
 
 from ..models import LONG_HISTORY_SEQ
 from . import sql
-from .base import StoreBase, operation
+from .base import StoreBase
+from .operation import operation
 
 __all__ = ["InstanceState", "StatusReadStore"]
 

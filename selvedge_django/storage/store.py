@@ -15,12 +15,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import operation
+from ..engine.codec import Codec
 from .execution_timeouts import ExecutionTimeoutStore
 from .heartbeats import HeartbeatStore
 from .inline import InlineResultStore
 from .instances import InstanceHead, InstanceStore
 from .locks import LockStore
+from .operation import operation
 from .reads import ReadStore
 from .renewals import RenewalStore
 from .resume import ResumeStoreMixin
@@ -51,6 +52,12 @@ class DjangoStore(
     Use :func:`selvedge_django.storage.store_for` to get the subclass of the alias's
     database; the portable class alone cannot dispatch or renew.
     """
+
+    def __init__(self, alias: str, codec: Codec) -> None:
+        super().__init__(alias, codec)
+        self.db.has_deferred = self.has_deferred
+        self.db.apply_deferred = self._apply_deferred
+        self.db.deferred_rolled_back = self._deferred_rolled_back
 
     @operation
     def signal_with_start(

@@ -6,7 +6,7 @@ from typing import Any
 
 from ..engine.events import Fence, HistoryRow
 from ..engine.ports import TaskSpec
-from .base import _ms
+from .db import _ms
 
 __all__ = ["task_fields"]
 

@@ -14,7 +14,7 @@ from .. import exceptions as exc
 from .. import metrics
 from ..engine.events import EV_ACTIVITY_FAILED, error_data
 from ..models import ActivityTask, ActivityTaskStatus, HistoryEvent
-from .base import operation
+from .operation import operation
 from .tasks import TaskStore, lapse_error_data, lapse_timeout
 from .wakeups import TOPIC_TASK
 

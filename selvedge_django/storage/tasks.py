@@ -30,8 +30,8 @@ from ..engine.events import (
 from ..engine.ports import ClaimedTask, TaskClaim, TaskSpec
 from ..models import ActivityTask, ActivityTaskStatus
 from . import sql
-from .base import operation
 from .flow_control import FlowControlStore
+from .operation import operation
 from .task_rows import task_fields
 from .wakeups import TOPIC_TASK
 

@@ -28,9 +28,10 @@ from ..models import (
     SignalMessage as SignalRow,
 )
 from . import sql
-from .base import Sql, operation
 from .children import ChildStore
 from .clock import aware_utc
+from .db import Sql
+from .operation import operation
 from .wakeups import TOPIC_RUNNABLE, TOPIC_TIMER
 
 __all__ = ["WaitStore"]

@@ -6,7 +6,7 @@ subscribed to a topic. Topics: ``runnable`` (an instance can be dispatched),
 ``task`` (an activity task can be claimed), ``timer`` (a timer was armed) and
 ``closed:<instance id>`` (for ``wait_workflow``). Other processes hear them
 through NOTIFY on :data:`NOTIFY_CHANNEL` (sent by the PostgreSQL store, relayed
-to the bus by :mod:`selvedge_django.storage.listener`).
+to the bus by :mod:`selvedge_django.storage.postgresql.listener`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The fault injector: chosen database statements fail, or the process ends around them.
 
 Statements are attributed to the outermost *store operation* on the stack: the
-store's methods marked with :func:`selvedge_django.storage.base.operation`
+store's methods marked with :func:`selvedge_django.storage.operation.operation`
 (``operation="complete_task"`` in a :class:`Fault`), not whatever module they
 live in.
 """
@@ -363,9 +363,9 @@ def _store_operation(frame: Any) -> tuple[str | None, str | None, Any]:
     """The outermost store operation on the stack, the instance it acts on, its frame.
 
     Store operations are the methods marked with
-    :func:`selvedge_django.storage.base.operation` (their code objects).
+    :func:`selvedge_django.storage.operation.operation` (their code objects).
     """
-    from ..storage.base import OPERATIONS
+    from ..storage.operation import OPERATIONS
 
     found: tuple[str | None, str | None, Any] = (None, None, None)
     while frame is not None:

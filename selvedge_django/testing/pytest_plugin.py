@@ -47,6 +47,6 @@ def selvedge_worker(transactional_db: None) -> Iterator[Worker]:
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
     """Close LISTEN connections before the test database is dropped."""
-    notify: Any = sys.modules.get("selvedge_django.storage.listener")
+    notify: Any = sys.modules.get("selvedge_django.storage.postgresql.listener")
     if nextitem is None and notify is not None:  # never imported: no listener to stop
         notify.stop_listeners()

@@ -13,7 +13,7 @@ from ..conf import get_settings
 from ..engine.events import Fence
 from ..engine.ports import ExecutionSnapshot
 from ..storage import worker_start_problem
-from ..storage.listener import acquire_listener, release_listener
+from ..storage.postgresql.listener import acquire_listener, release_listener
 from . import handoff
 from .activities import ActivityPoller
 from .base import Loop

@@ -441,9 +441,9 @@ def widest_statement(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     """Statements bind at most 8 values per IN list; yields [most parameters seen]."""
     from django.db import connection
 
-    from selvedge_django.storage.base import StoreBase
+    from selvedge_django.storage.db import Database
 
-    monkeypatch.setattr(StoreBase, "DELIVERY_CHUNK", 8)
+    monkeypatch.setattr(Database, "DELIVERY_CHUNK", 8)
     widest = [0]
 
     def spy(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:

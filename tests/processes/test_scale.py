@@ -21,7 +21,7 @@ from django.db import connection
 
 import selvedge_django as sv
 from selvedge_django.models import ActivityTask, HistoryEvent, SystemLock, WorkflowInstance
-from selvedge_django.storage import listener as notify
+from selvedge_django.storage.postgresql import listener as notify
 from selvedge_django.worker.leader import LEADER_LOCK
 from tests.conftest import WorkerProcess, wait_until
 from tests.testapp.models import Ledger

@@ -268,7 +268,7 @@ class Command(BaseCommand):
         return worker
 
     def _stop_worker(self, worker: Any) -> None:
-        from ...storage.listener import stop_listeners
+        from ...storage.postgresql.listener import stop_listeners
 
         self.stdout.write(f"selvedge worker {worker.worker_id} stopping")
         self.stdout.flush()

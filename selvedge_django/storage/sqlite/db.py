@@ -1,15 +1,16 @@
-"""The SQLite store: one writer at a time, BEGIN IMMEDIATE, WAL and its pragmas.
+"""The SQLite database: one writer at a time, BEGIN IMMEDIATE, WAL and its pragmas.
 
-Only what differs from the portable :class:`~.store.DjangoStore`:
+Only what differs from the portable :class:`~selvedge_django.storage.db.Database`:
 
 * a write transaction locks the whole database, so write transactions begin
   ``IMMEDIATE`` (the write lock is taken up front and waited for with the busy
-  timeout: worker threads never see "database is locked"), no row needs a lock,
-  and a poll looks without locking first (a read in WAL mode blocks nobody), so
-  idle workers do not take the write lock several times a second;
+  timeout: worker threads never see "database is locked"), after the writer's
+  turn of this process (:func:`_writer_turn`, the renewer first); no row needs a
+  lock, and a poll looks without locking first (a read in WAL mode blocks
+  nobody), so idle workers do not take the write lock several times a second;
 * the engine's connections run in WAL mode with a generous busy timeout
-  (:meth:`SQLiteStore.connection_created`), and the system checks warn about
-  set-ups that cannot work well (:meth:`SQLiteStore.database_checks`);
+  (:meth:`SQLiteDatabase.connection_created`), and the system checks warn about
+  set-ups that cannot work well (:meth:`SQLiteDatabase.database_checks`);
 * before SQLite 3.35 there is no ``UPDATE ... RETURNING``: the writes that read
   back what they changed read first instead.
 """
@@ -17,64 +18,22 @@ Only what differs from the portable :class:`~.store.DjangoStore`:
 from __future__ import annotations
 
 import contextlib
-import logging
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from django.core.checks import CheckMessage, Warning
-from django.db import DatabaseError, OperationalError, transaction
+from django.db import DatabaseError, transaction
 
-from ..engine.events import Arrivals, Fence
-from ..engine.ports import Observation
-from ..models import WorkflowInstance
-from . import sql
-from .base import operation
-from .store import DjangoStore
-from .wakeups import TOPIC_RUNNABLE
+from ...engine.events import Fence
+from .. import sql
+from ..db import Database
+from ..operation import operation
+from ..wakeups import TOPIC_RUNNABLE
 
-logger = logging.getLogger("selvedge_django.store")
+__all__ = ["SQLiteDatabase", "busy_timeout"]
 
-__all__ = ["SQLiteStore"]
-
-# -- statements only SQLite runs ----------------------------------------------------------------
-
-# Dispatch, second part, as SQLite must see it: it uses a partial index only when the
-# query repeats the index's terms, and Django spells the boolean of sv_inst_rank_idx's
-# condition "runnable" up to 6.0 and "runnable" = 1 from 6.1; both terms, so that the
-# index serves whichever Django created it.
-DISPATCH_READY = (
-    "status = 'running' AND lease_owner = '' AND runnable AND runnable = 1"
-    " AND ready_ms <= {now}{named}"
-)
-# Whether dispatch would find anything (a read before the write lock).
-DISPATCH_PROBE = (
-    "SELECT 1 WHERE EXISTS (SELECT 1 FROM {instance} WHERE {ready})"
-    " OR EXISTS (SELECT 1 FROM {instance} WHERE {expired})"
-)
-# The candidates of a dispatch, expired leases first, then the ready ones by priority
-# and age, equals by creation (sql.READY_ORDER).
-DISPATCH_PICK = (
-    "SELECT instance_id, part FROM (SELECT instance_id, 0 AS part, 0 AS since, 0 AS seq"
-    " FROM (SELECT instance_id FROM {instance} WHERE {expired}"
-    " ORDER BY lease_expires_ms LIMIT %s) UNION ALL"
-    f" SELECT instance_id, 1, since, seq FROM (SELECT instance_id, {sql.READY_RANK} AS since,"
-    f" created_seq AS seq FROM {{instance}} WHERE {{ready}} ORDER BY {sql.READY_ORDER} LIMIT %s))"
-    " ORDER BY part, since, seq LIMIT %s"
-)
-# Lease the picked candidates ({ids}: marks).
-DISPATCH_LEASE = sql.LEASE_SET + " WHERE instance_id IN ({ids})"
-# Read the leased rows back ({ids}: marks).
-DISPATCH_READ_BACK = (
-    f"SELECT instance_id, lease_epoch, {sql.HEAD_COLUMNS}, ready_ms, lease_expires_ms"
-    " FROM {instance}"
-    " WHERE lease_owner = %s AND instance_id IN ({ids})"
-)
-# The rows of a renewal batch still live.
-RENEW_SELECT = "SELECT {columns} FROM {table} WHERE {where}"
-# Renew the rows found ({ids}: marks).
-RENEW_UPDATE = "UPDATE {table} SET {set} WHERE {key} IN ({ids})"
 # Connection set-up of the engine's database.
 BUSY_TIMEOUT_S = 30
 BUSY_TIMEOUT = f"PRAGMA busy_timeout = {BUSY_TIMEOUT_S * 1000}"
@@ -189,37 +148,12 @@ def busy_timeout(conn: Any) -> float:
     return float(options.get("timeout", BUSY_TIMEOUT_S))
 
 
-class SQLiteStore(DjangoStore):
-    """The store on SQLite."""
+class SQLiteDatabase(Database):
+    """A SQLite database file (or, in tests, a database in memory)."""
 
     NOW_MS = sql.NOW_MS_SQLITE
     NEXT_SEQ = sql.NEXT_SEQ_SQLITE
     single_writer = True
-
-    # Django 5.2 writes a partial index's "runnable is true" as "runnable", 6.1 as
-    # "runnable" = 1: both terms, so the statement implies either index's condition.
-    RUNNABLE_SQL = "runnable AND runnable = 1"
-
-    def _index_hint(self, index: str) -> str:
-        """``INDEXED BY``: with statistics, a claim prefers the due-time range of
-        ``sv_task_queued_idx`` and sorts the backlog, where ``sv_task_rank_idx`` gives the
-        first few in order."""
-        return f" INDEXED BY {index}" if index else ""
-
-    def _status_rows(self, template: str, index: str, params: list[object]) -> list[Any]:
-        """``INDEXED BY``: without statistics SQLite prefers the status index and sorts
-        every running instance, where the status report's partial index is the one. An
-        index whose condition the statement does not imply (made by hand, or by another
-        Django version) leaves SQLite without a plan: then the planner chooses."""
-        if index:
-            hinted = sql.compose(template, hint=f" INDEXED BY {index}", runnable=self.RUNNABLE_SQL)
-            try:
-                return self._fetch(hinted, params)
-            except OperationalError as error:
-                if "no query solution" not in str(error):
-                    raise
-                logger.warning("index %s does not fit the status report's read: %s", index, error)
-        return super()._status_rows(template, "", params)
 
     @property
     def _returning(self) -> bool:
@@ -288,92 +222,6 @@ class SQLiteStore(DjangoStore):
             return True
         return bool(self._fetch(probe, params))
 
-    # -- dispatch and renewals ------------------------------------------------------------
-
-    def _lease_rows(
-        self, owner: str, limit: int, named: str, where: list[Any], lease_params: list[Any]
-    ) -> list[tuple[Any, ...]]:
-        # Pick, lease, read back, in one write transaction. (Its UPDATE ... RETURNING
-        # reports no row count until the rows are read, which statement wrappers such as
-        # the fault injector's need.) A read first: a write transaction locks the whole
-        # database.
-        expired = sql.compose(sql.DISPATCH_EXPIRED, named=named)
-        ready = sql.compose(DISPATCH_READY, named=named)
-        if not self._fetch(
-            sql.compose(DISPATCH_PROBE, expired=expired, ready=ready), [*where, *where]
-        ):
-            return []
-        with self.atomic():
-            picked = self._fetch(
-                sql.compose(DISPATCH_PICK, expired=expired, ready=ready),
-                [*where, limit, *where, limit, limit],
-            )
-            ids = [row[0] for row in picked]
-            if not ids:
-                return []
-            marks = sql.marks(len(ids))
-            self._execute(sql.compose(DISPATCH_LEASE, ids=marks), [*lease_params, *ids])
-            taken_over = {row[0] for row in picked if row[1] == 0}
-            rows = self._fetch(sql.compose(DISPATCH_READ_BACK, ids=marks), [owner, *ids])
-            return [(*row, row[0] in taken_over) for row in rows]
-
-    def _renew(
-        self,
-        table: str,
-        columns: str,
-        where: str,
-        where_params: list[Any],
-        set_sql: str,
-        set_params: list[Any],
-    ) -> list[tuple[Any, ...]]:
-        # One write transaction (the database's write lock) for the whole batch.
-        key = columns.split(",")[0].strip()
-        with self.atomic():
-            rows = self._fetch(
-                sql.compose(RENEW_SELECT, columns=columns, where=where, table=table), where_params
-            )
-            if rows:
-                statement = sql.compose(
-                    RENEW_UPDATE, set=set_sql, key=key, ids=sql.marks(len(rows)), table=table
-                )
-                self._execute(statement, [*set_params, *(row[0] for row in rows)])
-        return [(*row, 1) for row in rows]
-
-    # -- before SQLite 3.35: no RETURNING ---------------------------------------------------
-
-    @operation
-    def release_lease(
-        self,
-        fence: Fence,
-        runnable: bool = False,
-        parked: tuple[int, str] | None = None,
-        sticky: float | None = None,
-    ) -> None:
-        if self._returning or self.has_deferred(fence):
-            super().release_lease(fence, runnable, parked, sticky)
-            return
-        updated = (
-            WorkflowInstance.objects.using(self.alias)
-            .filter(
-                instance_id=fence.instance_id,
-                lease_owner=fence.owner,
-                lease_epoch=fence.epoch,
-            )
-            .update(
-                lease_owner="",
-                lease_expires_ms=None,
-                execution_errors=0,
-                execution_error="",
-                **(self.wake_fields() if runnable else {}),
-                **({} if parked is None else {"parked_seq": parked[0], "parked_key": parked[1]}),
-                sticky_owner=fence.owner if sticky is not None else "",
-                sticky_until_ms=self.now_expr(sticky or 0.0),
-            )
-        )
-        if updated:
-            # An arrival during the execution may have left it runnable: dispatch again.
-            self.after_commit(TOPIC_RUNNABLE)
-
     def _fence(
         self,
         fence: Fence,
@@ -390,7 +238,7 @@ class SQLiteStore(DjangoStore):
         )
         if self._execute(statement, params) != 1:
             raise self._fenced_error(fence)
-        self._apply_deferred(fence)
+        self.apply_deferred(fence)
         self.after_commit(TOPIC_RUNNABLE)
 
     def _insert_returning_id(self, statement: str, params: list[Any], pk: str) -> Any:
@@ -399,11 +247,6 @@ class SQLiteStore(DjangoStore):
         with self.connection.cursor() as cursor:
             cursor.execute(statement, params)
             return cursor.lastrowid if cursor.rowcount else None
-
-    def _deliver(self, iid: str, seq: int, observation: Observation) -> Arrivals:
-        if self._returning or not (observation.deliver_all or observation.deliver):
-            return super()._deliver(iid, seq, observation)
-        return self._deliver_read_first(iid, seq, observation)
 
     def _insert_new(self, template: str, rows: list[tuple[str, list[Any]]]) -> list[str]:
         if self._returning:
@@ -430,8 +273,8 @@ class SQLiteStore(DjangoStore):
         """
         from django.core.exceptions import ImproperlyConfigured
 
-        from ..conf import get_settings
-        from ..input_filters import register_sqlite_function
+        from ...conf import get_settings
+        from .input_filters import register_sqlite_function
 
         register_sqlite_function(connection)  # harmless anywhere; find_instances needs it
         try:

@@ -1,6 +1,6 @@
 """The PostgreSQL store: row locks, SKIP LOCKED, NOTIFY and one-statement writes.
 
-Only what differs from the portable :class:`~.store.DjangoStore`:
+Only what differs from the portable :class:`~selvedge_django.storage.store.DjangoStore`:
 
 * candidates are locked with ``FOR UPDATE SKIP LOCKED`` (dispatch, claims,
   renewals, timer fires), so concurrent workers take different rows and nobody
@@ -18,54 +18,36 @@ Only what differs from the portable :class:`~.store.DjangoStore`:
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Iterator, Sequence
 from typing import Any
 
-from django.core.checks import CheckMessage, Warning
-from django.db import DatabaseError, IntegrityError, transaction
+from django.db import IntegrityError
 
-from ..engine.events import CLOSE_KEY, EV_ACTIVITY_COMPLETED, Fence, HistoryRow
-from ..engine.ports import CloseRequest, TaskClaim, TaskSpec
-from ..models import ActivityTask, ActivityTaskStatus, WorkflowStatus
-from . import sql
-from .base import operation
-from .errors import guard_prepared_statements
-from .inline import Pending
-from .postgresql_inbox import PostgresInbox
-from .postgresql_sql import (
+from ...engine.events import CLOSE_KEY, EV_ACTIVITY_COMPLETED, Fence, HistoryRow
+from ...engine.ports import CloseRequest, TaskClaim, TaskSpec
+from ...models import ActivityTask, ActivityTaskStatus, WorkflowStatus
+from .. import sql
+from ..inline import Pending
+from ..operation import operation
+from ..wakeups import (
+    TOPIC_RUNNABLE,
+    TOPIC_TASK,
+    closed_topic,
+)
+from .db import PostgresDatabase
+from .inbox import PostgresInbox
+from .sql import (
     CLOSE,
     CLOSE_WITH_INLINE,
     COMPLETE_CLOSING,
     COMPLETE_TASK,
     DUE_TIMERS_LOCK,
-    IDLE_TIMEOUT_SETTING,
-    KEY_LOCK_CLASS,
     LEASE_BATCH,
-    LOCK_INSTANCE,
-    LOCK_LIMITS,
-    LOCK_TASK,
     NOT_HELD_BY_LOCKED,
-    NOTIFY_ALL,
-    NOTIFY_CALL,
-    NOTIFY_FROM,
-    QUEUE_LOCK_CLASS,
     RENEW_BATCH,
     RESERVE_ACTIVITY,
     RESERVE_WITH_INLINE,
-    SET_IDLE_TIMEOUT,
-    SHOW_AUTOVACUUM,
-    SNAPSHOT_ISOLATION,
     START_WITH_TASK,
-)
-from .wakeups import (
-    NOTIFY_CHANNEL,
-    NOTIFY_QUEUE_CEILING,
-    TOPIC_RUNNABLE,
-    TOPIC_TASK,
-    closed_topic,
-    notify_payload,
 )
 
 __all__ = ["PostgresStore"]
@@ -76,144 +58,11 @@ logger = logging.getLogger("selvedge_django.store")
 class PostgresStore(PostgresInbox):
     """The store on PostgreSQL."""
 
-    @classmethod
-    def connection_created(cls, connection: Any) -> None:
-        """Name the pooler when a prepared statement is missing from a session.
+    database = PostgresDatabase
+    db: PostgresDatabase
 
-        A connection of the engine's aliases (``DATABASE``, ``RENEWAL_DATABASE``)
-        that binds on the server (``OPTIONS["server_side_binding"]``: psycopg then
-        prepares statements) runs its statements through
-        :func:`~.errors.guard_prepared_statements`; the default client-side binding
-        prepares nothing and is left alone.
-        """
-        from django.core.exceptions import ImproperlyConfigured
-
-        from ..conf import get_settings
-
-        options = connection.settings_dict.get("OPTIONS") or {}
-        if not options.get("server_side_binding"):
-            return
-        try:
-            settings = get_settings()
-        except ImproperlyConfigured:
-            return  # the system checks report it; never break a connection over it
-        if connection.alias not in (settings.database, settings.renewal_database):
-            return
-        if guard_prepared_statements not in connection.execute_wrappers:
-            # First, so outermost, and out of the way of a wrapper installed for a
-            # moment (``execute_wrapper()`` pops the last one when it ends).
-            connection.execute_wrappers.insert(0, guard_prepared_statements)
-
-    @classmethod
-    def server_checks(cls, alias: str, connection: Any) -> list[CheckMessage]:
-        """selvedge.W006: the server runs without autovacuum.
-
-        Every lease, release and claim rewrites an instance or task row, so the
-        partial indexes dispatch and claims walk fill with dead entries that only
-        vacuum removes, and the planner works without statistics: each poll slows
-        as the tables grow.
-        """
-        with connection.cursor() as cursor:
-            cursor.execute(SHOW_AUTOVACUUM)
-            (value,) = cursor.fetchone()
-        if str(value).lower() == "on":
-            return []
-        return [
-            Warning(
-                f"autovacuum is {value} on the PostgreSQL server of database {alias!r}: the "
-                "engine's tables and indexes fill with dead rows and lose their statistics, "
-                "and dispatch and claims slow down as they grow.",
-                hint="Turn autovacuum on (see docs/deployment.md), or VACUUM ANALYZE the "
-                "selvedge_django tables on a schedule.",
-                id="selvedge.W006",
-            )
-        ]
-
-    NOW_MS = sql.NOW_MS_POSTGRESQL
-    NEXT_SEQ = sql.NEXT_SEQ_POSTGRESQL
-    can_notify = True
     DUE_TIMERS_LOCK = DUE_TIMERS_LOCK
     CLAIM_LOCK = " FOR UPDATE SKIP LOCKED"
-
-    # -- plumbing ---------------------------------------------------------------------
-
-    @contextlib.contextmanager
-    def _snapshot_transaction(self) -> Iterator[None]:
-        with transaction.atomic(using=self.alias):
-            with self.connection.cursor() as cursor:
-                cursor.execute(SNAPSHOT_ISOLATION)
-            yield
-
-    @operation
-    def allow_idle_transaction(self, seconds: float | None) -> None:
-        """Let the current transaction stay idle for ``seconds`` (None: any time).
-
-        A transactional attempt's body runs inside its transaction and may wait on other
-        things (the network, a sleep) between statements. With an
-        ``idle_in_transaction_session_timeout`` on the role or database, the server would
-        end the session each time the body waited longer, and the attempt could never
-        succeed. So the attempt's transaction (``SET LOCAL``, through ``set_config``)
-        raises that timeout to its start-to-close timeout plus a second, or turns it off
-        without one. Nothing is sent while the setting is off (the default): it is read
-        once per connection.
-        """
-        conn = self.connection
-        conn.ensure_connection()
-        raw = conn.connection
-        known = getattr(conn, "_selvedge_idle_timeout", None)
-        if known is None or known[0] is not raw:
-            rows = self._fetch(IDLE_TIMEOUT_SETTING, ["idle_in_transaction_session_timeout"])
-            known = (raw, int(rows[0][0]) if rows else 0)
-            conn._selvedge_idle_timeout = known
-        if known[1] == 0:
-            return
-        wanted = 0 if seconds is None else max(known[1], round(seconds * 1000) + 1000)
-        self._execute(SET_IDLE_TIMEOUT, [str(wanted)])
-
-    def _notify(self, topics: Sequence[str] | set[str]) -> None:
-        """Send ``topics`` in one statement, unless the notification queue is half full
-        (``NOTIFY_QUEUE_CEILING``), so that a full queue cannot fail the commit."""
-        ordered = sorted(topics)
-        statement = sql.compose(NOTIFY_ALL, calls=", ".join([NOTIFY_CALL] * len(ordered)))
-        params: list[Any] = []
-        for topic in ordered:
-            params += [NOTIFY_CHANNEL, notify_payload(topic)]
-        params.append(NOTIFY_QUEUE_CEILING)
-        try:
-            with self.connection.cursor() as cursor:
-                cursor.execute(statement, params)
-        except DatabaseError:  # a hint only: pollers will find the work
-            logger.debug("NOTIFY failed", exc_info=True)
-            if self.connection.in_atomic_block:
-                raise
-
-    def _notify_from(self, source: str, topics: Sequence[str]) -> tuple[str, list[Any]]:
-        """A scalar subquery sending ``topics`` once if the CTE ``source`` has a row."""
-        if not (self.notify_enabled and topics):
-            return "0", []
-        params: list[Any] = []
-        for topic in topics:
-            params += [NOTIFY_CHANNEL, notify_payload(topic)]
-        params.append(NOTIFY_QUEUE_CEILING)
-        calls = ", ".join([NOTIFY_CALL] * len(topics))
-        return sql.compose(NOTIFY_FROM, calls=calls, source=source), params
-
-    def _lock_instance(self, instance_id: str, *, skip_locked: bool = False) -> bool:
-        """``FOR NO KEY UPDATE`` is the lock a fence update takes: it queues behind fenced
-        writers without blocking the foreign-key checks of rows that reference the
-        instance (see :meth:`StoreBase._lock_instance`)."""
-        statement = sql.compose(LOCK_INSTANCE, skip=" SKIP LOCKED" if skip_locked else "")
-        locked = self._fetch(statement, [instance_id])
-        return bool(locked) or not skip_locked
-
-    def _lock_task(self, task_id: int) -> bool:
-        return bool(self._fetch(LOCK_TASK, [task_id]))
-
-    def _lock_limits(self, queues: Sequence[str], keys: Sequence[str]) -> None:
-        """One advisory lock per queue and key until commit, so the counts that follow
-        see every claim committed before (a hash collision only serialises more)."""
-        classes = [QUEUE_LOCK_CLASS] * len(queues) + [KEY_LOCK_CLASS] * len(keys)
-        self._fetch(LOCK_LIMITS, [classes, [*queues, *keys]])
 
     # -- dispatch and renewals ------------------------------------------------------------
 
@@ -258,7 +107,7 @@ class PostgresStore(PostgresInbox):
         if not self._one_statement:
             return super()._insert_with_task(instance_id, params, row, task)
         row_sql, row_params = self._history_insert_sql(instance_id, row, "i")
-        notify, notify_params = self._notify_from("i", [TOPIC_TASK])
+        notify, notify_params = self.db._notify_from("i", [TOPIC_TASK])
         statement = sql.compose(
             START_WITH_TASK,
             start=self._insert_instance_sql(),
@@ -289,7 +138,7 @@ class PostgresStore(PostgresInbox):
         (record, record_params), (wake, wake_params) = self._arrive_locked_sql(
             claim, output, inline_fence
         )
-        notify, notify_params = self._notify_from("w", [TOPIC_RUNNABLE])
+        notify, notify_params = self.db._notify_from("w", [TOPIC_RUNNABLE])
         statement = sql.compose(
             COMPLETE_TASK, complete=complete, record=record, wake=wake, notify=notify
         )
@@ -314,8 +163,8 @@ class PostgresStore(PostgresInbox):
         row_sql, row_params = self._history_insert_sql(iid, self._close_record(output), "c")
         wake, wake_params = self._wake_sql(iid)
         topic = closed_topic(iid)
-        notify, notify_params = self._notify_from("c", [topic])
-        woken, woken_params = self._notify_from("w", [TOPIC_RUNNABLE])
+        notify, notify_params = self.db._notify_from("c", [topic])
+        woken, woken_params = self.db._notify_from("w", [TOPIC_RUNNABLE])
         statement = sql.compose(
             COMPLETE_CLOSING,
             complete=complete,
@@ -424,10 +273,10 @@ class PostgresStore(PostgresInbox):
         )
         history_sql, history_params = self._history_insert_sql(fence.instance_id, row, "f")
         columns, values, task_params = self._insert_parts(ActivityTask, fields, skip_pk=True)
-        notify, notify_params = self._notify_from(
+        notify, notify_params = self.db._notify_from(
             "t", [TOPIC_TASK] if queued and not deferred else []
         )
-        wake, wake_params = self._notify_from(
+        wake, wake_params = self.db._notify_from(
             "r", [TOPIC_RUNNABLE] if release and not deferred else []
         )
         parts = {"fence": fence_sql, "columns": columns, "values": values, "notify": notify}
@@ -510,7 +359,7 @@ class PostgresStore(PostgresInbox):
             fence.instance_id, self._close_row(status, data), "c"
         )
         topic = closed_topic(fence.instance_id)
-        notify, notify_params = self._notify_from("c", [] if deferred else [topic])
+        notify, notify_params = self.db._notify_from("c", [] if deferred else [topic])
         statement = sql.compose(CLOSE, close=close_sql, history=row_sql, notify=notify)
         try:
             closed, _ = self._fetch(statement, [*close_params, *row_params, *notify_params])[0]
@@ -538,7 +387,7 @@ class PostgresStore(PostgresInbox):
         (record, record_params), (wake, wake_params) = self._arrive_locked_sql(
             carried.claim, carried.output, fence
         )
-        woken, woken_params = self._notify_from("w", [TOPIC_RUNNABLE])
+        woken, woken_params = self.db._notify_from("w", [TOPIC_RUNNABLE])
         parts = {"complete": complete, "record": record, "wake": wake, "woken": woken}
         leading = [fence.instance_id, *complete_params, *record_params, *wake_params]
         return parts, leading, woken_params
@@ -571,7 +420,7 @@ class PostgresStore(PostgresInbox):
             fence.instance_id, self._close_row(status, data), "c"
         )
         topic = closed_topic(fence.instance_id)
-        notify, notify_params = self._notify_from("c", [topic])
+        notify, notify_params = self.db._notify_from("c", [topic])
         statement = sql.compose(
             CLOSE_WITH_INLINE, close=close_sql, closerow=row_sql, notify=notify, **carrying
         )

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from django.db import IntegrityError
 
-from ..engine.events import CMD_RECEIVE, EV_SIGNAL_RECEIVED, Arrivals, Fence, HistoryRow
-from ..engine.ports import ObservationResult, ReceiveOutcome, SignalMessage
-from . import sql
-from .base import operation
-from .postgresql_sql import RECEIVE_NEXT
-from .store import DjangoStore
+from ...engine.events import CMD_RECEIVE, EV_SIGNAL_RECEIVED, Arrivals, Fence, HistoryRow
+from ...engine.ports import ObservationResult, ReceiveOutcome, SignalMessage
+from .. import sql
+from ..operation import operation
+from ..store import DjangoStore
+from .sql import RECEIVE_NEXT
 
 __all__ = ["PostgresInbox"]
 

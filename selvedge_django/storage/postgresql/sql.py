@@ -1,12 +1,12 @@
-"""The statements only the PostgreSQL store runs (:mod:`.postgresql`).
+"""The statements only the PostgreSQL store runs (:mod:`.store`, :mod:`.inbox`).
 
 Module-level text only: the store composes them with the portable parts of
-:mod:`.sql` (table names, fence updates, history inserts).
+:mod:`selvedge_django.storage.sql` (table names, fence updates, history inserts).
 """
 
 from __future__ import annotations
 
-from . import sql
+from .. import sql
 
 __all__ = [
     "CLOSE",

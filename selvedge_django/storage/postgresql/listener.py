@@ -23,7 +23,7 @@ from typing import Any
 
 from django.db import connections
 
-from .wakeups import NOTIFY_CHANNEL, TOPIC_RUNNABLE, TOPIC_TASK, TOPIC_TIMER, Bus, notify_topic
+from ..wakeups import NOTIFY_CHANNEL, TOPIC_RUNNABLE, TOPIC_TASK, TOPIC_TIMER, Bus, notify_topic
 
 __all__ = [
     "Listener",

@@ -1,0 +1,185 @@
+"""The PostgreSQL database: row locks, NOTIFY, snapshots and the idle-transaction timeout.
+
+Only what differs from the portable :class:`~selvedge_django.storage.db.Database`:
+a consistent read runs at ``REPEATABLE READ``; arrivals lock the instance row first
+(``FOR NO KEY UPDATE``), the lock order of every write path; flow control takes one
+advisory lock per queue and key; wake-ups reach other processes through ``NOTIFY``
+(skipped while the notification queue is half full), sent in the writing
+transaction. The connection set-up guards server-side prepared statements behind
+a pooler, and the system checks warn when autovacuum is off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from django.core.checks import CheckMessage, Warning
+from django.db import DatabaseError, transaction
+
+from .. import sql
+from ..db import Database
+from ..errors import guard_prepared_statements
+from ..operation import operation
+from ..wakeups import NOTIFY_CHANNEL, NOTIFY_QUEUE_CEILING, notify_payload
+from .sql import (
+    IDLE_TIMEOUT_SETTING,
+    KEY_LOCK_CLASS,
+    LOCK_INSTANCE,
+    LOCK_LIMITS,
+    LOCK_TASK,
+    NOTIFY_ALL,
+    NOTIFY_CALL,
+    NOTIFY_FROM,
+    QUEUE_LOCK_CLASS,
+    SET_IDLE_TIMEOUT,
+    SHOW_AUTOVACUUM,
+    SNAPSHOT_ISOLATION,
+)
+
+__all__ = ["PostgresDatabase"]
+
+logger = logging.getLogger("selvedge_django.store")
+
+
+class PostgresDatabase(Database):
+    """A PostgreSQL database alias."""
+
+    NOW_MS = sql.NOW_MS_POSTGRESQL
+    NEXT_SEQ = sql.NEXT_SEQ_POSTGRESQL
+    can_notify = True
+
+    @classmethod
+    def connection_created(cls, connection: Any) -> None:
+        """Name the pooler when a prepared statement is missing from a session.
+
+        A connection of the engine's aliases (``DATABASE``, ``RENEWAL_DATABASE``)
+        that binds on the server (``OPTIONS["server_side_binding"]``: psycopg then
+        prepares statements) runs its statements through
+        :func:`~selvedge_django.storage.errors.guard_prepared_statements`; the default
+        client-side binding prepares nothing and is left alone.
+        """
+        from django.core.exceptions import ImproperlyConfigured
+
+        from ...conf import get_settings
+
+        options = connection.settings_dict.get("OPTIONS") or {}
+        if not options.get("server_side_binding"):
+            return
+        try:
+            settings = get_settings()
+        except ImproperlyConfigured:
+            return  # the system checks report it; never break a connection over it
+        if connection.alias not in (settings.database, settings.renewal_database):
+            return
+        if guard_prepared_statements not in connection.execute_wrappers:
+            # First, so outermost, and out of the way of a wrapper installed for a
+            # moment (``execute_wrapper()`` pops the last one when it ends).
+            connection.execute_wrappers.insert(0, guard_prepared_statements)
+
+    @classmethod
+    def server_checks(cls, alias: str, connection: Any) -> list[CheckMessage]:
+        """selvedge.W006: the server runs without autovacuum.
+
+        Every lease, release and claim rewrites an instance or task row, so the
+        partial indexes dispatch and claims walk fill with dead entries that only
+        vacuum removes, and the planner works without statistics: each poll slows
+        as the tables grow.
+        """
+        with connection.cursor() as cursor:
+            cursor.execute(SHOW_AUTOVACUUM)
+            (value,) = cursor.fetchone()
+        if str(value).lower() == "on":
+            return []
+        return [
+            Warning(
+                f"autovacuum is {value} on the PostgreSQL server of database {alias!r}: the "
+                "engine's tables and indexes fill with dead rows and lose their statistics, "
+                "and dispatch and claims slow down as they grow.",
+                hint="Turn autovacuum on (see docs/deployment.md), or VACUUM ANALYZE the "
+                "selvedge_django tables on a schedule.",
+                id="selvedge.W006",
+            )
+        ]
+
+    # -- plumbing ---------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _snapshot_transaction(self) -> Iterator[None]:
+        with transaction.atomic(using=self.alias):
+            with self.connection.cursor() as cursor:
+                cursor.execute(SNAPSHOT_ISOLATION)
+            yield
+
+    @operation
+    def allow_idle_transaction(self, seconds: float | None) -> None:
+        """Let the current transaction stay idle for ``seconds`` (None: any time).
+
+        A transactional attempt's body runs inside its transaction and may wait on other
+        things (the network, a sleep) between statements. With an
+        ``idle_in_transaction_session_timeout`` on the role or database, the server would
+        end the session each time the body waited longer, and the attempt could never
+        succeed. So the attempt's transaction (``SET LOCAL``, through ``set_config``)
+        raises that timeout to its start-to-close timeout plus a second, or turns it off
+        without one. Nothing is sent while the setting is off (the default): it is read
+        once per connection.
+        """
+        conn = self.connection
+        conn.ensure_connection()
+        raw = conn.connection
+        known = getattr(conn, "_selvedge_idle_timeout", None)
+        if known is None or known[0] is not raw:
+            rows = self._fetch(IDLE_TIMEOUT_SETTING, ["idle_in_transaction_session_timeout"])
+            known = (raw, int(rows[0][0]) if rows else 0)
+            conn._selvedge_idle_timeout = known
+        if known[1] == 0:
+            return
+        wanted = 0 if seconds is None else max(known[1], round(seconds * 1000) + 1000)
+        self._execute(SET_IDLE_TIMEOUT, [str(wanted)])
+
+    def _notify(self, topics: Sequence[str] | set[str]) -> None:
+        """Send ``topics`` in one statement, unless the notification queue is half full
+        (``NOTIFY_QUEUE_CEILING``), so that a full queue cannot fail the commit."""
+        ordered = sorted(topics)
+        statement = sql.compose(NOTIFY_ALL, calls=", ".join([NOTIFY_CALL] * len(ordered)))
+        params: list[Any] = []
+        for topic in ordered:
+            params += [NOTIFY_CHANNEL, notify_payload(topic)]
+        params.append(NOTIFY_QUEUE_CEILING)
+        try:
+            with self.connection.cursor() as cursor:
+                cursor.execute(statement, params)
+        except DatabaseError:  # a hint only: pollers will find the work
+            logger.debug("NOTIFY failed", exc_info=True)
+            if self.connection.in_atomic_block:
+                raise
+
+    def _notify_from(self, source: str, topics: Sequence[str]) -> tuple[str, list[Any]]:
+        """A scalar subquery sending ``topics`` once if the CTE ``source`` has a row."""
+        if not (self.notify_enabled and topics):
+            return "0", []
+        params: list[Any] = []
+        for topic in topics:
+            params += [NOTIFY_CHANNEL, notify_payload(topic)]
+        params.append(NOTIFY_QUEUE_CEILING)
+        calls = ", ".join([NOTIFY_CALL] * len(topics))
+        return sql.compose(NOTIFY_FROM, calls=calls, source=source), params
+
+    def _lock_instance(self, instance_id: str, *, skip_locked: bool = False) -> bool:
+        """``FOR NO KEY UPDATE`` is the lock a fence update takes: it queues behind fenced
+        writers without blocking the foreign-key checks of rows that reference the
+        instance (see :meth:`Database._lock_instance`)."""
+        statement = sql.compose(LOCK_INSTANCE, skip=" SKIP LOCKED" if skip_locked else "")
+        locked = self._fetch(statement, [instance_id])
+        return bool(locked) or not skip_locked
+
+    def _lock_task(self, task_id: int) -> bool:
+        return bool(self._fetch(LOCK_TASK, [task_id]))
+
+    def _lock_limits(self, queues: Sequence[str], keys: Sequence[str]) -> None:
+        """One advisory lock per queue and key until commit, so the counts that follow
+        see every claim committed before (a hash collision only serialises more)."""
+        classes = [QUEUE_LOCK_CLASS] * len(queues) + [KEY_LOCK_CLASS] * len(keys)
+        self._fetch(LOCK_LIMITS, [classes, [*queues, *keys]])
