@@ -16,8 +16,9 @@ from django.db.models.expressions import Combinable
 
 from ..engine.codec import Codec
 from ..engine.events import Fence, HistoryRow
-from .db import Database, Sql
+from .db import Database
 from .operation import operation
+from .sql import Sql
 from .wakeups import Bus
 
 __all__ = ["StoreBase"]

@@ -36,8 +36,8 @@ from ..models import (
 )
 from . import sql
 from .base import StoreBase
-from .db import Sql
 from .operation import operation
+from .sql import Sql
 from .wakeups import TOPIC_RUNNABLE
 
 __all__ = ["ChildStore"]

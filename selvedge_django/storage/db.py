@@ -39,38 +39,12 @@ from ..models import (
 from . import sql
 from .clock import DbNowMs, clock_offset_ms
 from .operation import operation
+from .sql import Sql
 from .wakeups import TOPIC_RUNNABLE, Bus, bus_for
 
 __all__ = ["Database", "Sql"]
 
 logger = logging.getLogger("selvedge_django.store")
-
-
-class Sql:
-    """A SQL expression with its parameters, for :meth:`Database._insert` values."""
-
-    __slots__ = ("params", "sql")
-
-    def __init__(self, sql: str, params: Sequence[Any] = ()) -> None:
-        self.sql = sql
-        self.params = list(params)
-
-
-def _ms(seconds: float | None) -> int | None:
-    return None if seconds is None else round(seconds * 1000)
-
-
-def _nothing_held(fence: Fence) -> bool:
-    """Whether an inline result of ``fence``'s execution waits for its next write: no."""
-    return False
-
-
-def _nothing_deferred(fence: Fence) -> None:
-    """No inline result waits for ``fence``'s execution."""
-
-
-def _no_rollback() -> None:
-    """Nothing to drop when a transaction rolls back."""
 
 
 class Database:
@@ -113,9 +87,9 @@ class Database:
         # The inline results' hooks (storage.inline): whether one is held for a fence (a
         # write that has one cannot take a one-statement path), record those held right
         # after its fence check, drop them when the outermost transaction rolls back.
-        self.has_deferred: Callable[[Fence], bool] = _nothing_held
-        self.apply_deferred: Callable[[Fence], None] = _nothing_deferred
-        self.deferred_rolled_back: Callable[[], None] = _no_rollback
+        self.has_deferred: Callable[[Fence], bool] = lambda fence: False
+        self.apply_deferred: Callable[[Fence], None] = lambda fence: None
+        self.deferred_rolled_back: Callable[[], None] = lambda: None
         self._tx = threading.local()
         # Inline results waiting for their execution's next write (storage.inline).
         self._inline = threading.local()
@@ -587,3 +561,29 @@ class Database:
     def _lock_limits(self, queues: Sequence[str], keys: Sequence[str]) -> None:
         """Serialise claims per rate-limited queue and per concurrency key until commit
         (queues first, each in sorted order); nothing where one writer already does."""
+
+    # -- reads meant for an index, and renewals ---------------------------------------------
+
+    def _index_hint(self, index: str) -> str:
+        """SQL after a table name that makes the database use ``index`` (none here)."""
+        return ""
+
+    #: "runnable is true" as the statements spell it.
+    RUNNABLE_SQL: ClassVar[str] = "runnable"
+
+    def _status_rows(self, template: str, index: str, params: list[object]) -> list[Any]:
+        """Run a status statement meant for ``index`` (the planner picks it here)."""
+        return self._fetch(sql.compose(template, hint="", runnable=self.RUNNABLE_SQL), params)
+
+    def _renew(
+        self,
+        table: str,
+        columns: str,
+        where: str,
+        where_params: list[Any],
+        set_sql: str,
+        set_params: list[Any],
+    ) -> list[tuple[Any, ...]]:
+        """Renew the rows of ``table`` matching ``where``; return (*columns, renewed) per
+        matching row, renewed false for a row another transaction holds (PostgreSQL)."""
+        raise NotImplementedError

@@ -57,10 +57,6 @@ class FlowControlStore(StoreBase):
             self._record_queue_claims(limited)
             return claimed
 
-    def _index_hint(self, index: str) -> str:
-        """SQL after a table name that makes the database use ``index`` (none here)."""
-        return ""
-
     def _claim_pick(self, names: Sequence[str], limit: int) -> tuple[str, list[Any]]:
         """sql.CLAIM_PICK with this store's queues, full queues and concurrency room."""
         filters = ""
@@ -80,7 +76,7 @@ class FlowControlStore(StoreBase):
             filters=filters,
             lock=self.CLAIM_LOCK,
             limit=str(int(limit)),
-            hint=self._index_hint("sv_task_rank_idx"),
+            hint=self.db._index_hint("sv_task_rank_idx"),
         )
         return statement, [*names, *self.now_sql().params, *params, *params]
 
@@ -90,7 +86,7 @@ class FlowControlStore(StoreBase):
         text = sql.compose(
             sql.INLINE_NEXT,
             names=sql.in_list("c.name", len(served)),
-            hint=self._index_hint("sv_task_rank_idx"),
+            hint=self.db._index_hint("sv_task_rank_idx"),
         )
         clock = self.now_sql().params
         return RawSQL(self._tables(text), [*clock, *served, *clock], BooleanField())

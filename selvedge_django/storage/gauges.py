@@ -65,8 +65,8 @@ def read_gauges(store: DjangoStore, cap: int = GAUGE_CAP) -> GaugeReading:
     }
     # The status report's reads: the partial ready index, insisted on where SQLite would
     # rather sort every running instance.
-    runnable = store.count_runnable(now_ms, cap)
-    first = store.runnable_instances(now_ms, 1)
+    runnable = store.status.count_runnable(now_ms, cap)
+    first = store.status.runnable_instances(now_ms, 1)
     return GaugeReading(
         queued=queued,
         oldest_queued_age_s=oldest,

@@ -1,6 +1,6 @@
 """Worker heartbeats: each worker's row, written on the database clock.
 
-A worker says it is alive by renewing its row (:meth:`HeartbeatStore.beat_worker`)
+A worker says it is alive by renewing its row (:meth:`Heartbeats.beat_worker`)
 every ``LEADER_HEARTBEAT_INTERVAL``, with an expiry ``LEADER_LEASE_DURATION``
 later, as the leader lock is renewed; the status report (``runselvedge status``,
 the health view) counts the rows not yet expired as the workers alive. Nothing
@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from django.db import IntegrityError, transaction
 
 from ..models import WorkerHeartbeat
-from .base import StoreBase
+from .db import Database
 from .operation import operation
 
-__all__ = ["HeartbeatStore", "WorkerInfo"]
+__all__ = ["Heartbeats", "WorkerInfo"]
 
 
 class WorkerInfo:
@@ -40,13 +40,16 @@ class WorkerInfo:
         self.queues = None if queues is None else list(queues)
 
 
-class HeartbeatStore(StoreBase):
-    """Write, delete and expire worker heartbeat rows."""
+class Heartbeats:
+    """Write, delete and expire worker heartbeat rows (``store.heartbeats``)."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
 
     @operation
     def beat_worker(self, worker_id: str, info: WorkerInfo, ttl: float) -> None:
         """Record that ``worker_id`` is alive now, until ``ttl`` seconds from now."""
-        rows = WorkerHeartbeat.objects.using(self.alias)
+        rows = WorkerHeartbeat.objects.using(self.db.alias)
         fields = {
             "hostname": info.hostname,
             "pid": info.pid,
@@ -54,18 +57,18 @@ class HeartbeatStore(StoreBase):
             "code_version": info.code_version,
             "queues": info.queues,
         }
-        with self.atomic():
+        with self.db.atomic():
             if rows.filter(worker_id=worker_id).update(
-                last_seen_ms=self.now_expr(), expires_ms=self.now_expr(ttl), **fields
+                last_seen_ms=self.db.now_expr(), expires_ms=self.db.now_expr(ttl), **fields
             ):
                 return
             try:
-                with transaction.atomic(using=self.alias):
+                with transaction.atomic(using=self.db.alias):
                     rows.create(
                         worker_id=worker_id,
-                        started_ms=self.now_expr(),
-                        last_seen_ms=self.now_expr(),
-                        expires_ms=self.now_expr(ttl),
+                        started_ms=self.db.now_expr(),
+                        last_seen_ms=self.db.now_expr(),
+                        expires_ms=self.db.now_expr(ttl),
                         **fields,
                     )
             except IntegrityError:  # another start of the same id won: its row stands
@@ -74,15 +77,15 @@ class HeartbeatStore(StoreBase):
     @operation
     def forget_worker(self, worker_id: str) -> None:
         """Delete the row of a worker that stopped gracefully."""
-        WorkerHeartbeat.objects.using(self.alias).filter(worker_id=worker_id).delete()
+        WorkerHeartbeat.objects.using(self.db.alias).filter(worker_id=worker_id).delete()
 
     @operation
     def prune_workers(self, expired_for: float, limit: int) -> int:
         """Delete up to ``limit`` rows that expired more than ``expired_for`` seconds ago."""
-        rows = WorkerHeartbeat.objects.using(self.alias)
-        with self.atomic():
+        rows = WorkerHeartbeat.objects.using(self.db.alias)
+        with self.db.atomic():
             ids = list(
-                rows.filter(expires_ms__lt=self.now_expr(-expired_for))
+                rows.filter(expires_ms__lt=self.db.now_expr(-expired_for))
                 .order_by("expires_ms")
                 .values_list("worker_id", flat=True)[:limit]
             )

@@ -6,37 +6,40 @@ from django.db import IntegrityError, transaction
 from django.db.models import Case, F, Q, When
 
 from ..models import SystemLock
-from .base import StoreBase
+from .db import Database
 from .operation import operation
 
-__all__ = ["LockStore"]
+__all__ = ["Locks"]
 
 
-class LockStore(StoreBase):
-    """Named locks with an owner, an epoch and an expiry."""
+class Locks:
+    """Named locks with an owner, an epoch and an expiry (``store.locks``)."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
 
     @operation
     def try_lock(self, name: str, owner: str, ttl: float) -> bool:
         """Take or renew a named lock; True while ``owner`` holds it."""
-        with self.atomic():
-            now = self.now_expr()
+        with self.db.atomic():
+            now = self.db.now_expr()
             updated = (
-                SystemLock.objects.using(self.alias)
+                SystemLock.objects.using(self.db.alias)
                 .filter(Q(name=name) & (Q(owner=owner) | Q(expires_ms__lt=now)))
                 .update(
                     epoch=Case(When(owner=owner, then=F("epoch")), default=F("epoch") + 1),
                     owner=owner,
-                    expires_ms=self.now_expr(ttl),
+                    expires_ms=self.db.now_expr(ttl),
                 )
             )
             if updated:
                 return True
-            if SystemLock.objects.using(self.alias).filter(name=name).exists():
+            if SystemLock.objects.using(self.db.alias).filter(name=name).exists():
                 return False
             try:
-                with transaction.atomic(using=self.alias):
-                    SystemLock.objects.using(self.alias).create(
-                        name=name, owner=owner, epoch=1, expires_ms=self.now_expr(ttl)
+                with transaction.atomic(using=self.db.alias):
+                    SystemLock.objects.using(self.db.alias).create(
+                        name=name, owner=owner, epoch=1, expires_ms=self.db.now_expr(ttl)
                     )
             except IntegrityError:
                 return False
@@ -45,7 +48,7 @@ class LockStore(StoreBase):
     @operation
     def unlock(self, name: str, owner: str) -> None:
         """Release a lock ``owner`` holds (nothing when it does not)."""
-        SystemLock.objects.using(self.alias).filter(name=name, owner=owner).update(
+        SystemLock.objects.using(self.db.alias).filter(name=name, owner=owner).update(
             owner="", expires_ms=0
         )
 
@@ -53,8 +56,8 @@ class LockStore(StoreBase):
     def lock_owner(self, name: str) -> str | None:
         """The current holder of a lock, or None when it is free or expired."""
         row = (
-            SystemLock.objects.using(self.alias)
-            .filter(name=name, expires_ms__gte=self.now_expr())
+            SystemLock.objects.using(self.db.alias)
+            .filter(name=name, expires_ms__gte=self.db.now_expr())
             .exclude(owner="")
             .values_list("owner", flat=True)
             .first()

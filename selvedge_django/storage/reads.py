@@ -12,28 +12,31 @@ from typing import Any
 from ..exceptions import WorkflowNotFound
 from ..models import WorkflowInstance
 from . import sql
-from .base import StoreBase
 from .clock import aware_utc, aware_utc_ms
+from .db import Database
 from .operation import operation
 
-__all__ = ["ReadStore"]
+__all__ = ["Reads"]
 
 
-class ReadStore(StoreBase):
-    """Reads of one instance for the client API."""
+class Reads:
+    """Reads of one instance for the client API (``store.reads``)."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
 
     @operation
     def get_instance(self, instance_id: str) -> WorkflowInstance:
         """The instance row; WorkflowNotFound when there is none."""
         try:
-            return WorkflowInstance.objects.using(self.alias).get(instance_id=instance_id)
+            return WorkflowInstance.objects.using(self.db.alias).get(instance_id=instance_id)
         except WorkflowInstance.DoesNotExist:
             raise WorkflowNotFound(instance_id) from None
 
     @operation
     def get_result_row(self, instance_id: str) -> tuple[str, str | None, str | None]:
         """An instance's (status, output, error), in one hand-written read."""
-        rows = self._fetch(sql.SELECT_RESULT, [instance_id])
+        rows = self.db._fetch(sql.SELECT_RESULT, [instance_id])
         if not rows:
             raise WorkflowNotFound(instance_id)
         status, output, error = rows[0]
@@ -47,7 +50,7 @@ class ReadStore(StoreBase):
         aware (UTC), the error envelopes as stored text; the task's fields are empty when
         it has no task under ``key`` yet. WorkflowNotFound when there is no instance.
         """
-        rows = self._fetch(sql.SELECT_TASK_RECORD, [key, instance_id])
+        rows = self.db._fetch(sql.SELECT_TASK_RECORD, [key, instance_id])
         if not rows:
             raise WorkflowNotFound(instance_id)
         row: Sequence[Any] = rows[0]
@@ -55,7 +58,7 @@ class ReadStore(StoreBase):
         return {
             "workflow_name": row[0],
             "status": row[1],
-            "input": field.from_db_value(row[2], None, self.connection),
+            "input": field.from_db_value(row[2], None, self.db.connection),
             "output": row[3],
             "error": row[4],
             "started_at": aware_utc(row[5]),

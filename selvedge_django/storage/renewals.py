@@ -20,10 +20,10 @@ from ..engine.events import Fence
 from ..engine.ports import TaskClaim
 from ..models import ActivityTaskStatus, WorkflowStatus
 from . import sql
-from .base import StoreBase
+from .db import Database
 from .operation import operation
 
-__all__ = ["RENEWAL_BATCH", "Renewal", "RenewalStore"]
+__all__ = ["RENEWAL_BATCH", "Renewal", "Renewals"]
 
 # Rows per renewal statement (two or three parameters each).
 RENEWAL_BATCH = 200
@@ -34,8 +34,15 @@ RENEWAL_BATCH = 200
 Renewal = bool | None
 
 
-class RenewalStore(StoreBase):
-    """Batch renewals of leases and claims."""
+class Renewals:
+    """Batch renewals of leases and claims (``store.renewals``).
+
+    The renewer's store sets ``urgent_writes`` on its database, so on SQLite these
+    writes take the writer's turn before every other writer of the process.
+    """
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
 
     @operation
     def renew_leases(self, fences: Sequence[Fence], ttl: float) -> dict[Fence, Renewal]:
@@ -51,11 +58,11 @@ class RenewalStore(StoreBase):
             params: list[Any] = []
             for fence in chunk:
                 params += [fence.instance_id, fence.epoch, fence.owner]
-            clock = self.now_sql().params
+            clock = self.db.now_sql().params
             where = sql.compose(sql.LIVE_LEASES, match=match)
             where_params = [*params, *clock, str(WorkflowStatus.RUNNING)]
             set_params = [*clock, round(ttl * 1000)]
-            rows = self._renew(
+            rows = self.db._renew(
                 "{instance}",
                 "instance_id, lease_epoch",
                 where,
@@ -93,7 +100,7 @@ class RenewalStore(StoreBase):
             for claim, ttl in chunk:
                 params += [claim.task_id, claim.epoch, claim.owner]
                 ttl_cases += [claim.task_id, round(ttl * 1000)]
-            clock = self.now_sql().params
+            clock = self.db.now_sql().params
             where = sql.compose(sql.LIVE_CLAIMS, match=match)
             where_params = [*params, *clock, str(ActivityTaskStatus.RUNNING)]
             expires_params = [*clock, *ttl_cases]
@@ -104,7 +111,7 @@ class RenewalStore(StoreBase):
             if given:
                 set_sql += sql.renew_details_set(len(given))
                 set_params += [value for pair in given for value in pair]
-            rows = self._renew(
+            rows = self.db._renew(
                 "{task}",
                 "id, claim_epoch",
                 where,
@@ -117,16 +124,3 @@ class RenewalStore(StoreBase):
                 renewed = state.get((claim.task_id, claim.epoch))
                 results[claim] = False if renewed is None else (True if renewed else None)
         return results
-
-    def _renew(
-        self,
-        table: str,
-        columns: str,
-        where: str,
-        where_params: list[Any],
-        set_sql: str,
-        set_params: list[Any],
-    ) -> list[tuple[Any, ...]]:
-        """Renew the rows of ``table`` matching ``where``; return (*columns, renewed) per
-        matching row, renewed false for a row another transaction holds (PostgreSQL)."""
-        raise NotImplementedError

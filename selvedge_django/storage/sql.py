@@ -11,7 +11,20 @@ statements only PostgreSQL or only SQLite runs live in
 
 from __future__ import annotations
 
-__all__ = ["compose", "in_list", "marks"]
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["Sql", "compose", "in_list", "marks"]
+
+
+class Sql:
+    """A SQL expression with its parameters, for :meth:`Database._insert` values."""
+
+    __slots__ = ("params", "sql")
+
+    def __init__(self, sql: str, params: Sequence[Any] = ()) -> None:
+        self.sql = sql
+        self.params = list(params)
 
 
 def compose(template: str, **parts: str) -> str:

@@ -4,22 +4,21 @@ The report (:mod:`selvedge_django.operations.status`) reads the small tables and
 the task and timer tables through the ORM; these reads of running instances are
 hand-written so that the partial index each needs is used on both databases:
 its condition is repeated as literals, and SQLite is told the index by name
-(:meth:`StatusReadStore._status_rows`), since without statistics it prefers the
-status index and sorts every running instance instead. Each reads at most
-``limit`` rows.
+(:meth:`~selvedge_django.storage.sqlite.db.SQLiteDatabase._status_rows`), since
+without statistics it prefers the status index and sorts every running instance
+instead. Each reads at most ``limit`` rows.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
 
 from ..models import LONG_HISTORY_SEQ
 from . import sql
-from .base import StoreBase
+from .db import Database
 from .operation import operation
 
-__all__ = ["InstanceState", "StatusReadStore"]
+__all__ = ["InstanceState", "StatusReads"]
 
 # A lease expiry later than any lease: "every leased instance".
 EVERY_LEASE_MS = 2**62
@@ -41,15 +40,12 @@ class InstanceState:
     generation: int
 
 
-class StatusReadStore(StoreBase):
-    """Bounded, index-backed reads of running instances for the status report."""
+class StatusReads:
+    """Bounded, index-backed reads of running instances for the status report
+    (``store.status``)."""
 
-    #: "runnable is true" as the statements spell it.
-    RUNNABLE_SQL: ClassVar[str] = "runnable"
-
-    def _status_rows(self, template: str, index: str, params: list[object]) -> list[Any]:
-        """Run a status statement meant for ``index`` (the planner picks it here)."""
-        return self._fetch(sql.compose(template, hint="", runnable=self.RUNNABLE_SQL), params)
+    def __init__(self, db: Database) -> None:
+        self.db = db
 
     def _states(self, template: str, index: str, params: list[object]) -> list[InstanceState]:
         return [
@@ -65,7 +61,7 @@ class StatusReadStore(StoreBase):
                 execution_error=str(row[8] or ""),
                 generation=int(row[9] or 1),
             )
-            for row in self._status_rows(template, index, params)
+            for row in self.db._status_rows(template, index, params)
         ]
 
     @operation
@@ -76,7 +72,9 @@ class StatusReadStore(StoreBase):
     @operation
     def count_runnable(self, ready_by_ms: int, limit: int) -> int:
         """How many instances are runnable and ready by ``ready_by_ms``, up to ``limit``."""
-        rows = self._status_rows(sql.STATUS_READY_COUNT, "sv_inst_ready_idx", [ready_by_ms, limit])
+        rows = self.db._status_rows(
+            sql.STATUS_READY_COUNT, "sv_inst_ready_idx", [ready_by_ms, limit]
+        )
         return int(rows[0][0])
 
     @operation

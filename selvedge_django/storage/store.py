@@ -16,17 +16,18 @@ from __future__ import annotations
 from typing import Any
 
 from ..engine.codec import Codec
+from ..models import WorkflowInstance
 from .execution_timeouts import ExecutionTimeoutStore
-from .heartbeats import HeartbeatStore
+from .heartbeats import Heartbeats
 from .inline import InlineResultStore
 from .instances import InstanceHead, InstanceStore
-from .locks import LockStore
+from .locks import Locks
 from .operation import operation
-from .reads import ReadStore
-from .renewals import RenewalStore
+from .reads import Reads
+from .renewals import Renewals
 from .resume import ResumeStoreMixin
 from .sole_activity import SoleActivityStore
-from .status_reads import StatusReadStore
+from .status_reads import EVERY_LEASE_MS, InstanceState, StatusReads
 from .task_timeouts import TaskTimeoutStore
 from .waits import WaitStore
 
@@ -39,11 +40,6 @@ class DjangoStore(
     ExecutionTimeoutStore,
     WaitStore,
     TaskTimeoutStore,
-    RenewalStore,
-    LockStore,
-    HeartbeatStore,
-    StatusReadStore,
-    ReadStore,
     InlineResultStore,
     SoleActivityStore,
 ):
@@ -55,9 +51,59 @@ class DjangoStore(
 
     def __init__(self, alias: str, codec: Codec) -> None:
         super().__init__(alias, codec)
+        db = self.db
+        self.renewals = Renewals(db)
+        self.locks = Locks(db)
+        self.heartbeats = Heartbeats(db)
+        self.reads = Reads(db)
+        self.status = StatusReads(db)
         self.db.has_deferred = self.has_deferred
         self.db.apply_deferred = self._apply_deferred
         self.db.deferred_rolled_back = self._deferred_rolled_back
+
+    # -- reads the operations layer calls on the store (until they move to store.reads) --
+
+    @operation
+    def get_instance(self, instance_id: str) -> WorkflowInstance:
+        """The instance row; WorkflowNotFound when there is none."""
+        return self.reads.get_instance(instance_id)
+
+    @operation
+    def get_result_row(self, instance_id: str) -> tuple[str, str | None, str | None]:
+        """An instance's (status, output, error), in one hand-written read."""
+        return self.reads.get_result_row(instance_id)
+
+    @operation
+    def get_task_record_row(self, instance_id: str, key: str) -> dict[str, Any]:
+        """An instance and its activity task ``key`` in one hand-written read."""
+        return self.reads.get_task_record_row(instance_id, key)
+
+    @operation
+    def runnable_instances(self, ready_by_ms: int, limit: int) -> list[InstanceState]:
+        """Runnable instances ready by ``ready_by_ms``, the longest waiting first."""
+        return self.status.runnable_instances(ready_by_ms, limit)
+
+    @operation
+    def count_runnable(self, ready_by_ms: int, limit: int) -> int:
+        """How many instances are runnable and ready by ``ready_by_ms``, up to ``limit``."""
+        return self.status.count_runnable(ready_by_ms, limit)
+
+    @operation
+    def leased_instances(
+        self, expired_before_ms: int = EVERY_LEASE_MS, limit: int = 100
+    ) -> list[InstanceState]:
+        """Leased instances whose lease expires before ``expired_before_ms``, earliest first."""
+        return self.status.leased_instances(expired_before_ms, limit)
+
+    @operation
+    def long_histories(self, threshold: int, limit: int) -> list[InstanceState]:
+        """Running instances suspended past command position ``threshold``, longest first."""
+        return self.status.long_histories(threshold, limit)
+
+    @operation
+    def erring_instances(self, limit: int) -> list[InstanceState]:
+        """Running instances held back after storage errors, the most errors first."""
+        return self.status.erring_instances(limit)
 
     @operation
     def signal_with_start(

@@ -6,9 +6,12 @@ from typing import Any
 
 from ..engine.events import Fence, HistoryRow
 from ..engine.ports import TaskSpec
-from .db import _ms
 
 __all__ = ["task_fields"]
+
+
+def _ms(seconds: float | None) -> int | None:
+    return None if seconds is None else round(seconds * 1000)
 
 
 def task_fields(fence: Fence, row: HistoryRow, task: TaskSpec, now: Any) -> dict[str, Any]:

@@ -30,8 +30,8 @@ from ..models import (
 from . import sql
 from .children import ChildStore
 from .clock import aware_utc
-from .db import Sql
 from .operation import operation
+from .sql import Sql
 from .wakeups import TOPIC_RUNNABLE, TOPIC_TIMER
 
 __all__ = ["WaitStore"]

@@ -51,7 +51,7 @@ class Heartbeat(Loop):
 
     def run_once(self) -> int:
         runtime = self.runtime
-        runtime.store.beat_worker(
+        runtime.store.heartbeats.beat_worker(
             runtime.worker_id, self.info, runtime.settings.leader_lease_duration
         )
         return 0  # a fixed cadence: never "more work waiting"
@@ -62,6 +62,6 @@ class Heartbeat(Loop):
     def forget(self) -> None:
         """Delete this worker's row (a graceful stop); a failure leaves it to expire."""
         try:
-            self.runtime.store.forget_worker(self.runtime.worker_id)
+            self.runtime.store.heartbeats.forget_worker(self.runtime.worker_id)
         except Exception:
             logger.warning("could not delete the worker's heartbeat row", exc_info=True)

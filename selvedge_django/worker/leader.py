@@ -62,7 +62,7 @@ class Leader(Loop):
             self.schedules.sync()
         now = time.monotonic()
         if not self.is_leader or now - self._renewed_at >= settings.leader_heartbeat_interval:
-            held = runtime.store.try_lock(
+            held = runtime.store.locks.try_lock(
                 LEADER_LOCK, runtime.worker_id, settings.leader_lease_duration
             )
             if held != self.is_leader:
@@ -76,7 +76,9 @@ class Leader(Loop):
             if held:
                 self._renewed_at = now
                 # Once a heartbeat: forget workers that were lost long ago.
-                runtime.store.prune_workers(WORKER_RETENTION, settings.max_workflows_per_batch)
+                runtime.store.heartbeats.prune_workers(
+                    WORKER_RETENTION, settings.max_workflows_per_batch
+                )
             self._observe_gauges(held)
         if not self.is_leader:
             return 0
@@ -115,7 +117,7 @@ class Leader(Loop):
         self._observe_gauges(False)
         if self.is_leader:
             try:
-                self.runtime.store.unlock(LEADER_LOCK, self.runtime.worker_id)
+                self.runtime.store.locks.unlock(LEADER_LOCK, self.runtime.worker_id)
             except Exception:
                 logger.warning("could not release the leader lock", exc_info=True)
             self.is_leader = False

@@ -1,7 +1,7 @@
 """Renews held leases and live activity claims before they expire.
 
 Each round renews every lease that is due in one statement and every claim that
-is due in another (:meth:`~selvedge_django.storage.store.DjangoStore.renew_leases`,
+is due in another (:meth:`~selvedge_django.storage.renewals.Renewals.renew_leases`,
 ``renew_claims``). A row another transaction holds (a client's signal or cancel
 still open in ``transaction.atomic()``) is skipped, not waited for, and tried
 again at the next round (PostgreSQL), so one held row never delays the renewal
@@ -188,7 +188,7 @@ class Renewer(Loop):
             if state.details is not None and state.details != self._stored_details.get(task.claim)
         }
         try:
-            results = runtime.renewal_store.renew_claims(
+            results = runtime.renewal_store.renewals.renew_claims(
                 [(task.claim, task.claim_ttl) for task, _, _ in due], details
             )
         except Exception:

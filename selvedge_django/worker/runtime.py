@@ -199,7 +199,7 @@ class WorkerRuntime(AttemptRunner):
         """
         started = time.monotonic()
         try:
-            results = self.renewal_store.renew_leases(fences, self.settings.lease.ttl)
+            results = self.renewal_store.renewals.renew_leases(fences, self.settings.lease.ttl)
         except Exception:
             logger.warning("renewal of %d leases failed", len(fences), exc_info=True)
             self.drop_broken_connection(self.renewal_store.alias)

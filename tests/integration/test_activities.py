@@ -1094,7 +1094,7 @@ def test_one_elected_leader_and_a_successor_when_it_stops(
 
     def led_by() -> str | None:
         # The lock row commits before its taker notes that it leads: wait for both.
-        holder = store.lock_owner(LEADER_LOCK)
+        holder = store.locks.lock_owner(LEADER_LOCK)
         leading = [w.worker_id for w in workers if w.leader.is_leader]
         return holder if holder and leading == [holder] else None
 
@@ -1103,13 +1103,13 @@ def test_one_elected_leader_and_a_successor_when_it_stops(
 
     def exactly_one() -> None:
         assert [w.worker_id for w in workers if w.leader.is_leader] == [owner]
-        assert store.lock_owner(LEADER_LOCK) == owner
+        assert store.locks.lock_owner(LEADER_LOCK) == owner
 
     observe(3.5, exactly_one)  # longer than the lease: the leader renews it
     leader = next(w for w in workers if w.worker_id == owner)
     other = next(w for w in workers if w.worker_id != owner)
     leader.stop(timeout=5)
-    wait_until(lambda: store.lock_owner(LEADER_LOCK) == other.worker_id)
+    wait_until(lambda: store.locks.lock_owner(LEADER_LOCK) == other.worker_id)
     wait_until(lambda: other.leader.is_leader)
 
 
@@ -1118,7 +1118,7 @@ def test_only_the_leader_records_timeouts_and_a_silent_leader_is_replaced(
 ) -> None:
     store = store_for("default", Codec())
     # A leader that died: it holds the lock (for 30 s) but sweeps nothing.
-    assert store.try_lock(LEADER_LOCK, "silent", 30)
+    assert store.locks.try_lock(LEADER_LOCK, "silent", 30)
     instance_id = start(
         "act.step", {"tag": "ldr"}, {"queue": "s2s-q", "schedule_to_start_timeout": 1}
     )
@@ -1145,7 +1145,7 @@ def test_only_the_leader_records_timeouts_and_a_silent_leader_is_replaced(
     result = sv.wait_workflow(instance_id, timeout=20)
 
     assert live.leader.is_leader
-    assert store.lock_owner(LEADER_LOCK) == live.worker_id
+    assert store.locks.lock_owner(LEADER_LOCK) == live.worker_id
     assert isinstance(result.error, sv.ActivityTimeoutError)
     assert result.error.kind == "schedule_to_start"
 

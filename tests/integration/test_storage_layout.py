@@ -15,6 +15,7 @@ import selvedge_django
 from selvedge_django import storage
 from selvedge_django.engine.codec import Codec
 from selvedge_django.storage.base import StoreBase
+from selvedge_django.storage.db import Database
 from selvedge_django.storage.operation import OPERATIONS
 from selvedge_django.storage.store import DjangoStore
 
@@ -76,22 +77,32 @@ def test_no_module_is_over_600_lines(folder: str) -> None:
 
 def test_every_public_store_method_is_a_marked_operation() -> None:
     """The fault injector names statements after marked operations: a new public method
-    of a store class that was not marked would issue statements named after nothing."""
+    of a store class, of one of its parts or of its database that was not marked would
+    issue statements named after nothing."""
     classes = [
         cls
         for cls in (storage.PostgresStore, storage.SQLiteStore)
         for cls in cls.__mro__
         if issubclass(cls, StoreBase)
     ]
+    store = storage.store_for(connection.alias, Codec())
+    parts = [type(value) for value in vars(store).values() if hasattr(value, "db")]
+    databases = [
+        cls
+        for db in (storage.PostgresStore.database, storage.SQLiteStore.database)
+        for cls in db.__mro__
+        if issubclass(cls, Database)
+    ]
     unmarked = sorted(
         f"{cls.__name__}.{name}"
-        for cls in set(classes)
+        for cls in {*classes, *parts, *databases}
         for name, attr in vars(cls).items()
         if not name.startswith("_")
         and inspect.isfunction(attr)
         and getattr(attr, "__wrapped__", attr).__code__ not in OPERATIONS
     )
     assert unmarked == []
+    assert len(parts) >= 5
     assert "complete_task" in OPERATIONS.values()
 
 

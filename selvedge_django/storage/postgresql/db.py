@@ -34,6 +34,7 @@ from .sql import (
     NOTIFY_CALL,
     NOTIFY_FROM,
     QUEUE_LOCK_CLASS,
+    RENEW_BATCH,
     SET_IDLE_TIMEOUT,
     SHOW_AUTOVACUUM,
     SNAPSHOT_ISOLATION,
@@ -183,3 +184,20 @@ class PostgresDatabase(Database):
         see every claim committed before (a hash collision only serialises more)."""
         classes = [QUEUE_LOCK_CLASS] * len(queues) + [KEY_LOCK_CLASS] * len(keys)
         self._fetch(LOCK_LIMITS, [classes, [*queues, *keys]])
+
+    # -- renewals ---------------------------------------------------------------------------
+
+    def _renew(
+        self,
+        table: str,
+        columns: str,
+        where: str,
+        where_params: list[Any],
+        set_sql: str,
+        set_params: list[Any],
+    ) -> list[tuple[Any, ...]]:
+        key = columns.split(",")[0].strip()
+        statement = sql.compose(RENEW_BATCH, where=where, set=set_sql, columns=columns, key=key)
+        return self._fetch(
+            sql.compose(statement, table=table), [*where_params, *set_params, *where_params]
+        )

@@ -44,7 +44,6 @@ from .sql import (
     DUE_TIMERS_LOCK,
     LEASE_BATCH,
     NOT_HELD_BY_LOCKED,
-    RENEW_BATCH,
     RESERVE_ACTIVITY,
     RESERVE_WITH_INLINE,
     START_WITH_TASK,
@@ -76,21 +75,6 @@ class PostgresStore(PostgresInbox):
             ready=sql.compose(sql.DISPATCH_READY, named=named),
         )
         return self._fetch(statement, [*where, limit, *where, limit, limit, *lease_params])
-
-    def _renew(
-        self,
-        table: str,
-        columns: str,
-        where: str,
-        where_params: list[Any],
-        set_sql: str,
-        set_params: list[Any],
-    ) -> list[tuple[Any, ...]]:
-        key = columns.split(",")[0].strip()
-        statement = sql.compose(RENEW_BATCH, where=where, set=set_sql, columns=columns, key=key)
-        return self._fetch(
-            sql.compose(statement, table=table), [*where_params, *set_params, *where_params]
-        )
 
     # -- one-statement writes -------------------------------------------------------------
 

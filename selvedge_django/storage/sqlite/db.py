@@ -18,13 +18,14 @@ Only what differs from the portable :class:`~selvedge_django.storage.db.Database
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from django.core.checks import CheckMessage, Warning
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, OperationalError, transaction
 
 from ...engine.events import Fence
 from .. import sql
@@ -34,6 +35,12 @@ from ..wakeups import TOPIC_RUNNABLE
 
 __all__ = ["SQLiteDatabase", "busy_timeout"]
 
+logger = logging.getLogger("selvedge_django.store")
+
+# The rows of a renewal batch still live.
+RENEW_SELECT = "SELECT {columns} FROM {table} WHERE {where}"
+# Renew the rows found ({ids}: marks).
+RENEW_UPDATE = "UPDATE {table} SET {set} WHERE {key} IN ({ids})"
 # Connection set-up of the engine's database.
 BUSY_TIMEOUT_S = 30
 BUSY_TIMEOUT = f"PRAGMA busy_timeout = {BUSY_TIMEOUT_S * 1000}"
@@ -155,6 +162,31 @@ class SQLiteDatabase(Database):
     NEXT_SEQ = sql.NEXT_SEQ_SQLITE
     single_writer = True
 
+    # Django 5.2 writes a partial index's "runnable is true" as "runnable", 6.1 as
+    # "runnable" = 1: both terms, so the statement implies either index's condition.
+    RUNNABLE_SQL = "runnable AND runnable = 1"
+
+    def _index_hint(self, index: str) -> str:
+        """``INDEXED BY``: with statistics, a claim prefers the due-time range of
+        ``sv_task_queued_idx`` and sorts the backlog, where ``sv_task_rank_idx`` gives the
+        first few in order."""
+        return f" INDEXED BY {index}" if index else ""
+
+    def _status_rows(self, template: str, index: str, params: list[object]) -> list[Any]:
+        """``INDEXED BY``: without statistics SQLite prefers the status index and sorts
+        every running instance, where the status report's partial index is the one. An
+        index whose condition the statement does not imply (made by hand, or by another
+        Django version) leaves SQLite without a plan: then the planner chooses."""
+        if index:
+            hinted = sql.compose(template, hint=f" INDEXED BY {index}", runnable=self.RUNNABLE_SQL)
+            try:
+                return self._fetch(hinted, params)
+            except OperationalError as error:
+                if "no query solution" not in str(error):
+                    raise
+                logger.warning("index %s does not fit the status report's read: %s", index, error)
+        return super()._status_rows(template, "", params)
+
     @property
     def _returning(self) -> bool:
         """Whether this SQLite has ``UPDATE ... RETURNING`` (3.35 and later)."""
@@ -257,6 +289,30 @@ class SQLiteDatabase(Database):
             for marks, values in rows
             if self._execute(sql.compose(template, rows=marks), values)
         ]
+
+    # -- renewals ---------------------------------------------------------------------------
+
+    def _renew(
+        self,
+        table: str,
+        columns: str,
+        where: str,
+        where_params: list[Any],
+        set_sql: str,
+        set_params: list[Any],
+    ) -> list[tuple[Any, ...]]:
+        # One write transaction (the database's write lock) for the whole batch.
+        key = columns.split(",")[0].strip()
+        with self.atomic():
+            rows = self._fetch(
+                sql.compose(RENEW_SELECT, columns=columns, where=where, table=table), where_params
+            )
+            if rows:
+                statement = sql.compose(
+                    RENEW_UPDATE, set=set_sql, key=key, ids=sql.marks(len(rows)), table=table
+                )
+                self._execute(statement, [*set_params, *(row[0] for row in rows)])
+        return [(*row, 1) for row in rows]
 
     # -- set-up and checks ------------------------------------------------------------------
 

@@ -17,8 +17,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from django.db import OperationalError
-
 from ...engine.events import Arrivals, Fence
 from ...engine.ports import Observation
 from ...models import WorkflowInstance
@@ -65,10 +63,6 @@ DISPATCH_READ_BACK = (
     " FROM {instance}"
     " WHERE lease_owner = %s AND instance_id IN ({ids})"
 )
-# The rows of a renewal batch still live.
-RENEW_SELECT = "SELECT {columns} FROM {table} WHERE {where}"
-# Renew the rows found ({ids}: marks).
-RENEW_UPDATE = "UPDATE {table} SET {set} WHERE {key} IN ({ids})"
 
 
 class SQLiteStore(DjangoStore):
@@ -77,33 +71,6 @@ class SQLiteStore(DjangoStore):
     database = SQLiteDatabase
     db: SQLiteDatabase
     single_writer = SQLiteDatabase.single_writer
-
-    # Django 5.2 writes a partial index's "runnable is true" as "runnable", 6.1 as
-    # "runnable" = 1: both terms, so the statement implies either index's condition.
-    RUNNABLE_SQL = "runnable AND runnable = 1"
-
-    def _index_hint(self, index: str) -> str:
-        """``INDEXED BY``: with statistics, a claim prefers the due-time range of
-        ``sv_task_queued_idx`` and sorts the backlog, where ``sv_task_rank_idx`` gives the
-        first few in order."""
-        return f" INDEXED BY {index}" if index else ""
-
-    def _status_rows(self, template: str, index: str, params: list[object]) -> list[Any]:
-        """``INDEXED BY``: without statistics SQLite prefers the status index and sorts
-        every running instance, where the status report's partial index is the one. An
-        index whose condition the statement does not imply (made by hand, or by another
-        Django version) leaves SQLite without a plan: then the planner chooses."""
-        if index:
-            hinted = sql.compose(template, hint=f" INDEXED BY {index}", runnable=self.RUNNABLE_SQL)
-            try:
-                return self._fetch(hinted, params)
-            except OperationalError as error:
-                if "no query solution" not in str(error):
-                    raise
-                logger.warning("index %s does not fit the status report's read: %s", index, error)
-        return super()._status_rows(template, "", params)
-
-    # -- dispatch and renewals ------------------------------------------------------------
 
     def _lease_rows(
         self, owner: str, limit: int, named: str, where: list[Any], lease_params: list[Any]
@@ -131,28 +98,6 @@ class SQLiteStore(DjangoStore):
             taken_over = {row[0] for row in picked if row[1] == 0}
             rows = self._fetch(sql.compose(DISPATCH_READ_BACK, ids=marks), [owner, *ids])
             return [(*row, row[0] in taken_over) for row in rows]
-
-    def _renew(
-        self,
-        table: str,
-        columns: str,
-        where: str,
-        where_params: list[Any],
-        set_sql: str,
-        set_params: list[Any],
-    ) -> list[tuple[Any, ...]]:
-        # One write transaction (the database's write lock) for the whole batch.
-        key = columns.split(",")[0].strip()
-        with self.atomic():
-            rows = self._fetch(
-                sql.compose(RENEW_SELECT, columns=columns, where=where, table=table), where_params
-            )
-            if rows:
-                statement = sql.compose(
-                    RENEW_UPDATE, set=set_sql, key=key, ids=sql.marks(len(rows)), table=table
-                )
-                self._execute(statement, [*set_params, *(row[0] for row in rows)])
-        return [(*row, 1) for row in rows]
 
     # -- before SQLite 3.35: no RETURNING ---------------------------------------------------
 
