@@ -25,10 +25,10 @@ from django.db import connections
 
 from ..engine.codec import Codec
 from .clock import DbNowMs, clock_offset_ms, set_clock_offset_ms
+from .lapses import attempt_error_data
 from .postgresql import PostgresStore
 from .sqlite import SQLiteStore
 from .store import DjangoStore, InstanceHead
-from .tasks import attempt_error_data
 
 if TYPE_CHECKING:
     from ..conf import SelvedgeSettings

@@ -18,6 +18,7 @@ from ..engine.codec import Codec
 from ..engine.events import Fence, HistoryRow
 from .db import Database
 from .operation import operation
+from .options import StoreOptions
 from .sql import Sql
 from .wakeups import Bus
 
@@ -34,16 +35,65 @@ class StoreBase:
 
     def __init__(self, alias: str, codec: Codec) -> None:
         self.db = self.database(alias, codec)
-        self.lease_ttl = 30.0
-        self.activity_names: Callable[[], Sequence[str] | None] = lambda: None
-        self.activity_queues: tuple[str, ...] | None = None
-        # CODE_VERSION, recorded on the instances this store starts (children, schedule
-        # runs, forks; the client API passes its own); COMPATIBLE_VERSIONS limits leases.
-        self.code_version: str | None = None
-        self.compatible_versions: tuple[str | None, ...] | None = None
-        # QUEUE_RATE_LIMITS (queue -> claims, period ms); full queues, until when (a hint).
-        self.queue_rate_limits: dict[str, tuple[int, int]] = {}
-        self.queues_full_until: dict[str, float] = {}
+        self.options = StoreOptions()
+
+    # -- the options, held by the parts too ------------------------------------------------
+
+    @property
+    def lease_ttl(self) -> float:
+        return self.options.lease_ttl
+
+    @lease_ttl.setter
+    def lease_ttl(self, value: float) -> None:
+        self.options.lease_ttl = value
+
+    @property
+    def activity_names(self) -> Callable[[], Sequence[str] | None]:
+        return self.options.activity_names
+
+    @activity_names.setter
+    def activity_names(self, value: Callable[[], Sequence[str] | None]) -> None:
+        self.options.activity_names = value
+
+    @property
+    def activity_queues(self) -> tuple[str, ...] | None:
+        return self.options.activity_queues
+
+    @activity_queues.setter
+    def activity_queues(self, value: tuple[str, ...] | None) -> None:
+        self.options.activity_queues = value
+
+    @property
+    def code_version(self) -> str | None:
+        return self.options.code_version
+
+    @code_version.setter
+    def code_version(self, value: str | None) -> None:
+        self.options.code_version = value
+
+    @property
+    def compatible_versions(self) -> tuple[str | None, ...] | None:
+        return self.options.compatible_versions
+
+    @compatible_versions.setter
+    def compatible_versions(self, value: tuple[str | None, ...] | None) -> None:
+        self.options.compatible_versions = value
+
+    @property
+    def queue_rate_limits(self) -> dict[str, tuple[int, int]]:
+        return self.options.queue_rate_limits
+
+    @queue_rate_limits.setter
+    def queue_rate_limits(self, value: dict[str, tuple[int, int]]) -> None:
+        self.options.queue_rate_limits = value
+
+    @property
+    def queues_full_until(self) -> dict[str, float]:
+        return self.options.queues_full_until
+
+    @queues_full_until.setter
+    def queues_full_until(self, value: dict[str, float]) -> None:
+        self.options.queues_full_until = value
 
     # -- the database's own attributes --------------------------------------------------------
 

@@ -60,6 +60,10 @@ class Database:
     single_writer: ClassVar[bool] = False
     #: Whether this database can send NOTIFY to other processes.
     can_notify: ClassVar[bool] = False
+    #: Appended to the due-timer read: how concurrent pollers keep apart (row locks).
+    DUE_TIMERS_LOCK: ClassVar[str] = ""
+    #: The row locks of a claim's candidates (PostgreSQL: FOR UPDATE SKIP LOCKED).
+    CLAIM_LOCK: ClassVar[str] = ""
     #: The next creation number of an instance (sql.NEXT_SEQ_POSTGRESQL, NEXT_SEQ_SQLITE):
     #: dispatch takes equal ranks in the order of these numbers.
     NEXT_SEQ: ClassVar[str] = ""

@@ -4,7 +4,7 @@ A claim picks its candidates with one statement (``sql.CLAIM_PICK``): lapsed cla
 first, then due queued tasks by priority and age, skipping tasks whose concurrency
 key is at its limit and rate-limited queues known to be full. The candidates that
 have a key or a rate-limited queue are then counted against their limits under
-the limits' locks, in the claim's transaction (:meth:`FlowControlStore._within_limits`);
+the limits' locks, in the claim's transaction (:meth:`Limits._within_limits`);
 others pass without a statement. docs/flow-control.md states the rules.
 """
 
@@ -12,57 +12,33 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any
 
 from django.db.models import BooleanField
 from django.db.models.expressions import RawSQL
 
-from ..engine.ports import ClaimedTask
 from . import sql
-from .base import StoreBase
 from .clock import clock_offset_ms
-from .operation import operation
+from .db import Database
+from .options import StoreOptions
 
-__all__ = ["FlowControlStore"]
+__all__ = ["Limits"]
 
 
-class FlowControlStore(StoreBase):
-    """The candidates of activity claims, and the limits that hold some of them back."""
+class Limits:
+    """The candidates of activity claims, and the limits that hold some of them back
+    (``store.limits``)."""
 
-    # The row locks of a claim's candidates (PostgreSQL: FOR UPDATE SKIP LOCKED).
-    CLAIM_LOCK: ClassVar[str] = ""
-
-    if TYPE_CHECKING:  # provided by TaskStore
-
-        def _take_claims(self, ids: list[int], owner: str) -> list[ClaimedTask]: ...
-
-    @operation
-    def claim_tasks(self, owner: str, limit: int, names: Sequence[str]) -> list[ClaimedTask]:
-        """Claim up to ``limit`` due tasks of registered activities, by priority and age.
-
-        sql.TASK_RANK order (a minute waited is worth a point). Tasks of a key at its
-        ``max_concurrency`` and of full rate-limited queues are skipped; the rest are
-        counted against their limits under the limits' locks (:meth:`_within_limits`)
-        and the rate-limited claims recorded, in the claim's transaction.
-        """
-        if limit <= 0 or not names or self.activity_queues == ():
-            return []
-        if not self._worth_writing(*self._claim_probe(names)):
-            return []
-        statement, params = self._claim_pick(names, limit)
-        with self.atomic():
-            rows = [(int(r[0]), str(r[1]), str(r[2]), r[3]) for r in self._fetch(statement, params)]
-            taken, limited = self._within_limits(rows)
-            claimed = self._take_claims(taken, owner)
-            self._record_queue_claims(limited)
-            return claimed
+    def __init__(self, db: Database, options: StoreOptions) -> None:
+        self.db = db
+        self.options = options
 
     def _claim_pick(self, names: Sequence[str], limit: int) -> tuple[str, list[Any]]:
         """sql.CLAIM_PICK with this store's queues, full queues and concurrency room."""
         filters = ""
         params: list[Any] = []
-        if self.activity_queues is not None:
-            queues = list(self.activity_queues)
+        if self.options.activity_queues is not None:
+            queues = list(self.options.activity_queues)
             filters += sql.compose(sql.CLAIM_QUEUES, queues=sql.marks(len(queues)))
             params += queues
         full = self._full_queues()
@@ -74,11 +50,11 @@ class FlowControlStore(StoreBase):
             sql.CLAIM_PICK,
             names=", ".join([sql.CLAIM_NAME] * len(names)),
             filters=filters,
-            lock=self.CLAIM_LOCK,
+            lock=self.db.CLAIM_LOCK,
             limit=str(int(limit)),
             hint=self.db._index_hint("sv_task_rank_idx"),
         )
-        return statement, [*names, *self.now_sql().params, *params, *params]
+        return statement, [*names, *self.db.now_sql().params, *params, *params]
 
     def _next_in_queue(self, names: Sequence[str] | None) -> RawSQL:
         """sql.INLINE_NEXT for a claim by a worker serving ``names`` (None: all)."""
@@ -88,8 +64,8 @@ class FlowControlStore(StoreBase):
             names=sql.in_list("c.name", len(served)),
             hint=self.db._index_hint("sv_task_rank_idx"),
         )
-        clock = self.now_sql().params
-        return RawSQL(self._tables(text), [*clock, *served, *clock], BooleanField())
+        clock = self.db.now_sql().params
+        return RawSQL(self.db._tables(text), [*clock, *served, *clock], BooleanField())
 
     def _claim_probe(self, names: Sequence[str]) -> tuple[str, list[Any]]:
         """Whether a claim would find a candidate (:meth:`_worth_writing`'s probe)."""
@@ -100,7 +76,7 @@ class FlowControlStore(StoreBase):
         """The rate-limited queues whose window was full at their last claim, until it
         frees (a hint: the count under the queue's lock decides)."""
         now = _local_clock_ms()
-        full = self.queues_full_until
+        full = self.options.queues_full_until
         for queue in [q for q, until in full.items() if until <= now]:
             del full[queue]
         return sorted(full)
@@ -117,16 +93,16 @@ class FlowControlStore(StoreBase):
         queue's window are counted, and the rows are taken in order while both have
         room.
         """
-        limits = self.queue_rate_limits
+        limits = self.options.queue_rate_limits
         keys = sorted({key for _, _, key, _ in rows if key})
         queues = sorted({queue for _, queue, _, _ in rows if queue in limits})
         if not keys and not queues:
             return [row[0] for row in rows], []
-        self._lock_limits(queues, keys)
+        self.db._lock_limits(queues, keys)
         running: dict[str, int] = {}
         if keys:
             statement = sql.compose(sql.RUNNING_BY_KEY, keys=sql.marks(len(keys)))
-            counted = self._fetch(statement, [*self.now_sql().params, *keys])
+            counted = self.db._fetch(statement, [*self.db.now_sql().params, *keys])
             running = {key: int(count) for key, count in counted}
         room: dict[str, int] = {}
         for queue in queues:
@@ -151,20 +127,20 @@ class FlowControlStore(StoreBase):
         at the claims' own time (``claim_started_ms``, later than the count before them)."""
         if task_ids:
             statement = sql.compose(sql.QUEUE_RECORD, ids=sql.marks(len(task_ids)))
-            self._execute(statement, task_ids)
+            self.db._execute(statement, task_ids)
 
     def _queue_room(self, queue: str, count: int, period_ms: int) -> int:
         """How many claims ``queue``'s window has room for now (pruning what left it);
         a full window is remembered in :attr:`queues_full_until` until it frees."""
-        clock = self.now_sql().params
-        self._execute(sql.QUEUE_PRUNE, [queue, *clock, period_ms])
-        window = self._fetch(sql.QUEUE_WINDOW, [*clock, queue, *clock, period_ms])
+        clock = self.db.now_sql().params
+        self.db._execute(sql.QUEUE_PRUNE, [queue, *clock, period_ms])
+        window = self.db._fetch(sql.QUEUE_WINDOW, [*clock, queue, *clock, period_ms])
         claimed, oldest, now_ms = window[0]
         room = count - int(claimed)
         if room <= 0 and oldest is not None:
             # When the oldest claim leaves the window, on the local clock.
             frees_in = int(oldest) + period_ms - int(now_ms)
-            self.queues_full_until[queue] = _local_clock_ms() + max(0, frees_in)
+            self.options.queues_full_until[queue] = _local_clock_ms() + max(0, frees_in)
         return room
 
 

@@ -2,7 +2,7 @@
 
 An inline attempt (an activity run on the workflow's own thread, claimed with its
 reservation) does not commit its result on its own. The worker hands it to
-:meth:`InlineResultStore.defer_completion`, the workflow code goes on with the
+:meth:`Inline.defer_completion`, the workflow code goes on with the
 value, and the next fenced write of that execution (the next command's
 reservation, a wait, a timer, a child start, the suspension's lease release, the
 close or a continue-as-new) records it first, in its own transaction: the task
@@ -26,19 +26,16 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 
 from .. import exceptions as exc
-from ..engine.events import EV_ACTIVITY_COMPLETED, Fence
+from ..engine.events import Fence
 from ..engine.ports import TaskClaim
-from ..models import WorkflowInstance
-from .base import StoreBase
+from .db import Database
 from .operation import operation
-from .wakeups import TOPIC_RUNNABLE
 
-__all__ = ["InlineClaimLapsed", "InlineResultStore", "Pending"]
+__all__ = ["Inline", "InlineClaimLapsed", "Pending"]
 
 
 class InlineClaimLapsed(exc.LeaseLost):
@@ -57,25 +54,18 @@ class Pending:
     applying: bool = False
 
 
-class InlineResultStore(StoreBase):
-    """Deferred inline completions, per execution thread."""
+class Inline:
+    """The inline results held per execution thread, until their execution's next write
+    (``store.inline``). :meth:`Tasks._apply_deferred
+    <selvedge_django.storage.tasks.Tasks._apply_deferred>` records them."""
 
-    if TYPE_CHECKING:  # provided by TaskStore
-
-        def _complete_sql(self, claim: TaskClaim) -> tuple[str, list[Any]]: ...
-
-        def _arrive_record(
-            self, claim: TaskClaim, event_type: str, data: str
-        ) -> tuple[str, list[Any]]: ...
-
-        def complete_task(
-            self, claim: TaskClaim, output: str, *, inline_fence: Fence | None = None
-        ) -> bool: ...
+    def __init__(self, db: Database) -> None:
+        self.db = db
 
     def _pending(self) -> list[Pending]:
-        items: list[Pending] | None = getattr(self._inline, "items", None)
+        items: list[Pending] | None = getattr(self.db._inline, "items", None)
         if items is None:
-            items = self._inline.items = []
+            items = self.db._inline.items = []
         return items
 
     @operation
@@ -95,28 +85,31 @@ class InlineResultStore(StoreBase):
     @operation
     def has_deferred(self, fence: Fence) -> bool:
         """Whether a result of ``fence``'s execution waits for its next write."""
-        return any(p.fence == fence for p in getattr(self._inline, "items", ()) or ())
+        return any(p.fence == fence for p in getattr(self.db._inline, "items", ()) or ())
 
-    def _apply_deferred(self, fence: Fence) -> None:
-        """Record the results held for ``fence``, inside its write's transaction, just
-        after the fence check (the instance row first, then each task: the lock order
-        of every completion)."""
-        items = [p for p in getattr(self._inline, "items", ()) or () if p.fence == fence]
+    def _apply_deferred(
+        self, fence: Fence, record: Callable[[TaskClaim, str, Fence], bool]
+    ) -> None:
+        """Record the results held for ``fence`` with ``record`` (the claim-checked
+        completion and its history value; False when the claim lapsed), inside its
+        write's transaction, just after the fence check (the instance row first, then
+        each task: the lock order of every completion)."""
+        items = [p for p in getattr(self.db._inline, "items", ()) or () if p.fence == fence]
         for item in items:
             if item.applying:
                 continue
-            if not self._record_inline(item.claim, item.output, fence):
+            if not record(item.claim, item.output, fence):
                 # The claim lapsed: this value may never be recorded. The write fails
                 # (it rolls back), and the execution replays from what is recorded.
                 self._pending().remove(item)
                 raise self._lapsed(fence, item.claim)
             item.applying = True
-            transaction.on_commit(functools.partial(self._recorded, item), using=self.alias)
+            transaction.on_commit(functools.partial(self._recorded, item), using=self.db.alias)
 
     def _sole_deferred(self, fence: Fence) -> Pending | None:
         """The one result held for ``fence`` (None: none, several, or one being written),
         for a store that records it inside the write's own statement."""
-        items = [p for p in getattr(self._inline, "items", ()) or () if p.fence == fence]
+        items = [p for p in getattr(self.db._inline, "items", ()) or () if p.fence == fence]
         if len(items) != 1 or items[0].applying:
             return None
         return items[0]
@@ -136,16 +129,6 @@ class InlineResultStore(StoreBase):
             f" {fence.instance_id!r} lapsed before its result was recorded"
         )
 
-    def _record_inline(self, claim: TaskClaim, output: str, fence: Fence) -> bool:
-        """The claim-checked completion and the history value (no wake-up: the execution
-        holding ``fence`` reads it itself); False when the claim lapsed."""
-        complete, params = self._complete_sql(claim)
-        if not self._execute(complete, params):
-            return False
-        record, record_params = self._arrive_record(claim, EV_ACTIVITY_COMPLETED, output)
-        self._execute(record, record_params)
-        return True
-
     def _recorded(self, item: Pending) -> None:
         pending = self._pending()
         if item in pending:
@@ -155,7 +138,7 @@ class InlineResultStore(StoreBase):
 
     def _deferred_rolled_back(self) -> None:
         """The store transaction rolled back: what it wrote is pending again."""
-        for item in getattr(self._inline, "items", ()) or ():
+        for item in getattr(self.db._inline, "items", ()) or ():
             item.applying = False
 
     @operation
@@ -167,40 +150,3 @@ class InlineResultStore(StoreBase):
         for item in items:
             self._pending().remove(item)
         return [(item.claim, item.output, item.on_recorded) for item in items]
-
-    def _release_with_deferred(
-        self,
-        fence: Fence,
-        runnable: bool,
-        parked: tuple[int, str] | None,
-        sticky: float | None = None,
-    ) -> None:
-        """release_lease with the inline results it records, in one transaction.
-
-        When a result's claim lapsed it cannot be recorded: the lease is released
-        without it and the instance left runnable, so that it replays (and the
-        activity runs again) at once.
-        """
-        updates: dict[str, Any] = {
-            "lease_owner": "",
-            "lease_expires_ms": None,
-            "execution_errors": 0,
-            "execution_error": "",
-            # A worker's cache that keeps the execution (release_lease's ``sticky``).
-            "sticky_owner": fence.owner if sticky is not None else "",
-            "sticky_until_ms": self.now_expr(sticky or 0.0),
-        }
-        if parked is not None:
-            updates.update(parked_seq=parked[0], parked_key=parked[1])
-        held = WorkflowInstance.objects.using(self.alias).filter(
-            instance_id=fence.instance_id, lease_owner=fence.owner, lease_epoch=fence.epoch
-        )
-        try:
-            with self.atomic():
-                if held.update(**updates, **(self.wake_fields() if runnable else {})):
-                    self._apply_deferred(fence)
-                    self.after_commit(TOPIC_RUNNABLE)
-        except InlineClaimLapsed:
-            with self.atomic():
-                if held.update(**updates, **self.wake_fields()):
-                    self.after_commit(TOPIC_RUNNABLE)

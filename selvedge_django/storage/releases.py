@@ -7,11 +7,13 @@ window, during which other workers' dispatchers pass the instance over).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 from ..engine.events import Fence
+from ..models import WorkflowInstance
 from . import sql
 from .children import ChildStore
+from .inline import InlineClaimLapsed
 from .operation import operation
 from .wakeups import TOPIC_RUNNABLE
 
@@ -20,16 +22,6 @@ __all__ = ["LeaseReleaseStore"]
 
 class LeaseReleaseStore(ChildStore):
     """release_lease, portable (the SQLite store without RETURNING has its own)."""
-
-    if TYPE_CHECKING:  # provided by InlineResultStore
-
-        def _release_with_deferred(
-            self,
-            fence: Fence,
-            runnable: bool,
-            parked: tuple[int, str] | None,
-            sticky: float | None = None,
-        ) -> None: ...
 
     @operation
     def release_lease(
@@ -73,3 +65,40 @@ class LeaseReleaseStore(ChildStore):
         )
         if rows and rows[0][0]:
             self.after_commit(TOPIC_RUNNABLE)
+
+    def _release_with_deferred(
+        self,
+        fence: Fence,
+        runnable: bool,
+        parked: tuple[int, str] | None,
+        sticky: float | None = None,
+    ) -> None:
+        """release_lease with the inline results it records, in one transaction.
+
+        When a result's claim lapsed it cannot be recorded: the lease is released
+        without it and the instance left runnable, so that it replays (and the
+        activity runs again) at once.
+        """
+        updates: dict[str, Any] = {
+            "lease_owner": "",
+            "lease_expires_ms": None,
+            "execution_errors": 0,
+            "execution_error": "",
+            # A worker's cache that keeps the execution (release_lease's ``sticky``).
+            "sticky_owner": fence.owner if sticky is not None else "",
+            "sticky_until_ms": self.now_expr(sticky or 0.0),
+        }
+        if parked is not None:
+            updates.update(parked_seq=parked[0], parked_key=parked[1])
+        held = WorkflowInstance.objects.using(self.alias).filter(
+            instance_id=fence.instance_id, lease_owner=fence.owner, lease_epoch=fence.epoch
+        )
+        try:
+            with self.atomic():
+                if held.update(**updates, **(self.wake_fields() if runnable else {})):
+                    self.db.apply_deferred(fence)
+                    self.after_commit(TOPIC_RUNNABLE)
+        except InlineClaimLapsed:
+            with self.atomic():
+                if held.update(**updates, **self.wake_fields()):
+                    self.after_commit(TOPIC_RUNNABLE)

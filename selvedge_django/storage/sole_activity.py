@@ -1,7 +1,8 @@
 """Instances whose one command is an activity: the completion that closes them.
 
-A start may record its workflow's first command itself (:meth:`StartStore.create_instance`
-with ``first_task``): the instance row, the activity's history reservation and its
+A start may record its workflow's first command itself
+(:meth:`~selvedge_django.storage.starts.StartStore.create_instance` with
+``first_task``): the instance row, the activity's history reservation and its
 queued task commit in the start's transaction, and nobody leases the instance. When
 that workflow returns the activity's result (``WorkflowDefinition.result_activity``,
 the built-in ``selvedge.task``), the attempt that succeeds also closes the instance,
@@ -19,7 +20,7 @@ value arrives and the instance is woken, and the replay closes it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..engine.events import (
     CLOSE_EVENT_BY_STATUS,
@@ -31,52 +32,50 @@ from ..engine.events import (
 from ..engine.ports import TaskClaim
 from ..models import WorkflowStatus
 from . import sql
-from .base import StoreBase
+from .db import Database
 from .operation import operation
+from .tasks import Tasks
 from .wakeups import closed_topic
 
-__all__ = ["SoleActivityStore"]
+__all__ = ["SoleActivity"]
 
 
-class SoleActivityStore(StoreBase):
-    """The completion of an instance's only activity, closing the instance with it."""
+class SoleActivity:
+    """The completion of an instance's only activity, closing the instance with it
+    (``store.sole_activity``); the completion's statements are ``tasks``'."""
 
-    if TYPE_CHECKING:
-
-        def _complete_sql(self, claim: TaskClaim) -> tuple[str, list[Any]]: ...
-
-        def _arrive_record(
-            self, claim: TaskClaim, event_type: str, data: str
-        ) -> tuple[str, list[Any]]: ...
+    def __init__(self, db: Database, *, tasks: Tasks) -> None:
+        self.db = db
+        self.tasks = tasks
 
     @operation
     def complete_closing(self, claim: TaskClaim, output: str) -> bool | None:
         """Record a successful attempt and close its instance with ``output`` as its result
         when the instance is still as its start left it; otherwise wake it, as
-        :meth:`complete_task` does.
+        :meth:`Tasks.complete_task` does.
 
         Returns None when the claim was lost (nothing written), True when the instance
         closed as completed, False when the value arrived and the instance was woken.
         """
-        complete, params = self._complete_sql(claim)
-        with self.atomic():
-            self._lock_instance(claim.instance_id)
-            if not self._execute(complete, params):
+        complete, params = self.tasks._complete_sql(claim)
+        with self.db.atomic():
+            self.db._lock_instance(claim.instance_id)
+            if not self.db._execute(complete, params):
                 return None
-            record, record_params = self._arrive_record(claim, EV_ACTIVITY_COMPLETED, output)
-            self._execute(record, record_params)
-            closed = self._execute(*self._close_unleased_sql(claim.instance_id, output))
+            record, record_params = self.tasks._arrive_record(claim, EV_ACTIVITY_COMPLETED, output)
+            self.db._execute(record, record_params)
+            closed = self.db._execute(*self._close_unleased_sql(claim.instance_id, output))
             if not closed:
-                self._wake(claim.instance_id)
+                self.db._wake(claim.instance_id)
                 return False
-            self._insert_row(claim.instance_id, self._close_record(output))
-            self._closed_on_commit(claim.instance_id)
-            self.after_commit(closed_topic(claim.instance_id))
+            self.db._insert_row(claim.instance_id, self._close_record(output))
+            self.db._closed_on_commit(claim.instance_id)
+            self.db.after_commit(closed_topic(claim.instance_id))
         return True
 
     def _close_unleased_sql(self, instance_id: str, output: str) -> tuple[str, list[Any]]:
         """The conditional close of an instance its start left unleased (CLOSE_UNLEASED)."""
-        now = self._now_param()
+        now = self.db._now_param()
         running = str(WorkflowStatus.RUNNING)
         status = str(WorkflowStatus.COMPLETED)
         params = [status, output, None, "", False, now, now, instance_id, "", 0, running, False]

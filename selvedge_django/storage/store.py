@@ -13,22 +13,26 @@ in-process bus and, on PostgreSQL, NOTIFY, always after commit.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from ..engine.codec import Codec
+from ..engine.events import Fence, HistoryRow
+from ..engine.ports import ClaimedTask, TaskSpec
 from ..models import WorkflowInstance
 from .execution_timeouts import ExecutionTimeoutStore
+from .flow_control import Limits
 from .heartbeats import Heartbeats
-from .inline import InlineResultStore
+from .inline import Inline
 from .instances import InstanceHead, InstanceStore
 from .locks import Locks
 from .operation import operation
 from .reads import Reads
 from .renewals import Renewals
 from .resume import ResumeStoreMixin
-from .sole_activity import SoleActivityStore
+from .sole_activity import SoleActivity
 from .status_reads import EVERY_LEASE_MS, InstanceState, StatusReads
-from .task_timeouts import TaskTimeoutStore
+from .task_timeouts import TaskTimeouts
+from .tasks import Tasks
 from .waits import WaitStore
 
 __all__ = ["DjangoStore", "InstanceHead"]
@@ -39,9 +43,6 @@ class DjangoStore(
     ResumeStoreMixin,
     ExecutionTimeoutStore,
     WaitStore,
-    TaskTimeoutStore,
-    InlineResultStore,
-    SoleActivityStore,
 ):
     """Durable operations over the Django ORM for one database alias (portable part).
 
@@ -49,17 +50,50 @@ class DjangoStore(
     database; the portable class alone cannot dispatch or renew.
     """
 
+    #: The class of each part that differs between databases (the dialect's subclass).
+    tasks_class: ClassVar[type[Tasks]] = Tasks
+    sole_activity_class: ClassVar[type[SoleActivity]] = SoleActivity
+
     def __init__(self, alias: str, codec: Codec) -> None:
         super().__init__(alias, codec)
-        db = self.db
+        db, options = self.db, self.options
+        self.inline = Inline(db)
+        self.limits = Limits(db, options)
+        self.tasks = self.tasks_class(db, options, limits=self.limits, inline=self.inline)
+        self.sole_activity = self.sole_activity_class(db, tasks=self.tasks)
+        self.task_timeouts = TaskTimeouts(db)
         self.renewals = Renewals(db)
         self.locks = Locks(db)
         self.heartbeats = Heartbeats(db)
         self.reads = Reads(db)
         self.status = StatusReads(db)
-        self.db.has_deferred = self.has_deferred
-        self.db.apply_deferred = self._apply_deferred
-        self.db.deferred_rolled_back = self._deferred_rolled_back
+        # The inline results' hooks of the database (storage.inline).
+        db.has_deferred = self.inline.has_deferred
+        db.apply_deferred = self.tasks._apply_deferred
+        db.deferred_rolled_back = self.inline._deferred_rolled_back
+
+    # -- what the engine calls (engine.ports.EngineStore) ----------------------------------
+
+    @operation
+    def reserve_activity(
+        self,
+        fence: Fence,
+        row: HistoryRow,
+        task: TaskSpec,
+        claim_owner: str | None,
+        *,
+        release: bool = False,
+        observe_cancel: bool = False,
+    ) -> tuple[HistoryRow, ClaimedTask | None]:
+        """See :meth:`Tasks.reserve_activity`."""
+        return self.tasks.reserve_activity(
+            fence, row, task, claim_owner, release=release, observe_cancel=observe_cancel
+        )
+
+    @operation
+    def claim_task(self, instance_id: str, key: str, owner: str) -> ClaimedTask | None:
+        """See :meth:`Tasks.claim_task`."""
+        return self.tasks.claim_task(instance_id, key, owner)
 
     # -- reads the operations layer calls on the store (until they move to store.reads) --
 

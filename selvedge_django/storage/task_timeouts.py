@@ -14,23 +14,27 @@ from .. import exceptions as exc
 from .. import metrics
 from ..engine.events import EV_ACTIVITY_FAILED, error_data
 from ..models import ActivityTask, ActivityTaskStatus, HistoryEvent
+from .db import Database
+from .lapses import lapse_error_data, lapse_timeout
 from .operation import operation
-from .tasks import TaskStore, lapse_error_data, lapse_timeout
 from .wakeups import TOPIC_TASK
 
-__all__ = ["TaskTimeoutStore"]
+__all__ = ["TaskTimeouts"]
 
 
-class TaskTimeoutStore(TaskStore):
-    """Timeouts of activity tasks, recorded by the leader."""
+class TaskTimeouts:
+    """Timeouts of activity tasks, recorded by the leader (``store.task_timeouts``)."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
 
     @operation
     def sweep_activity_timeouts(self, limit: int) -> int:
         """Requeue lapsed claims, fail exhausted ones and schedule-to-start timeouts."""
         done = 0
-        now = self.now_expr()
+        now = self.db.now_expr()
         lapsed = list(
-            ActivityTask.objects.using(self.alias)
+            ActivityTask.objects.using(self.db.alias)
             .filter(status=ActivityTaskStatus.RUNNING, claim_expires_ms__lt=now)
             .order_by("claim_expires_ms")
             .values_list(
@@ -65,20 +69,20 @@ class TaskTimeoutStore(TaskStore):
             timeout = lapse_timeout(name, attempts, deadline_ms, heartbeat_ms, expired_ms)
             lapse_error = lapse_error_data(timeout, lost_owner, previous)
             exhausted = max_attempts != 0 and failures + 1 >= max_attempts
-            with self.atomic():
+            with self.db.atomic():
                 # The instance row first (the lock order of every write path) when the
                 # failure arrives in its history. A row or task another transaction holds
                 # (a client's signal still open) waits for the next round: it must not
                 # stall the sweep of every other instance.
-                if exhausted and not self._lock_instance(instance_id, skip_locked=True):
+                if exhausted and not self.db._lock_instance(instance_id, skip_locked=True):
                     continue
-                task = ActivityTask.objects.using(self.alias).filter(
+                task = ActivityTask.objects.using(self.db.alias).filter(
                     id=task_id,
                     claim_epoch=epoch,
                     status=ActivityTaskStatus.RUNNING,
-                    claim_expires_ms__lt=self.now_expr(),
+                    claim_expires_ms__lt=self.db.now_expr(),
                 )
-                if not self._lock_task(task_id):
+                if not self.db._lock_task(task_id):
                     continue
                 if exhausted:
                     final = exc.RetryExhaustedError(name, failures + 1, timeout)
@@ -110,28 +114,29 @@ class TaskTimeoutStore(TaskStore):
                             default=Value(None),
                         ),
                     )
-                    self.after_commit(TOPIC_TASK)
+                    self.db.after_commit(TOPIC_TASK)
             _count_timeout(name, timeout.kind, exhausted)
             done += 1
         overdue = list(
-            ActivityTask.objects.using(self.alias)
+            ActivityTask.objects.using(self.db.alias)
             .filter(status=ActivityTaskStatus.QUEUED, schedule_deadline_ms__lt=now)
             .order_by("schedule_deadline_ms")
             .values_list("id", "instance_id", "key", "name", "attempts")[:limit]
         )
         for task_id, instance_id, key, name, attempts in overdue:
             error = error_data(exc.ActivityTimeoutError(name, "schedule_to_start", attempts))
-            with self.atomic():
+            with self.db.atomic():
                 if not (
-                    self._lock_instance(instance_id, skip_locked=True) and self._lock_task(task_id)
+                    self.db._lock_instance(instance_id, skip_locked=True)
+                    and self.db._lock_task(task_id)
                 ):
                     continue
                 if (
-                    not ActivityTask.objects.using(self.alias)
+                    not ActivityTask.objects.using(self.db.alias)
                     .filter(
                         id=task_id,
                         status=ActivityTaskStatus.QUEUED,
-                        schedule_deadline_ms__lt=self.now_expr(),
+                        schedule_deadline_ms__lt=self.db.now_expr(),
                     )
                     .update(status=ActivityTaskStatus.FAILED, last_error=error)
                 ):
@@ -143,10 +148,10 @@ class TaskTimeoutStore(TaskStore):
 
     def _arrive_failure(self, instance_id: str, key: str, data: str) -> None:
         """A timeout's failure arriving in the history row, and the instance's wake-up."""
-        HistoryEvent.objects.using(self.alias).filter(
+        HistoryEvent.objects.using(self.db.alias).filter(
             instance_id=instance_id, key=key, data__isnull=True
         ).update(event_type=EV_ACTIVITY_FAILED, data=data, arrived_at=timezone.now())
-        self._wake(instance_id)
+        self.db._wake(instance_id)
 
 
 def _count_timeout(name: str, kind: str, final: bool) -> None:

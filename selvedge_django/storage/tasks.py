@@ -10,7 +10,6 @@ leader's timeout sweeps are in :mod:`.task_timeouts`, batch renewals in
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -18,7 +17,6 @@ from typing import Any
 from django.db.models import Case, F, Q, Value, When
 
 from .. import exceptions as exc
-from ..engine.codec import Codec, error_to_envelope
 from ..engine.events import (
     EV_ACTIVITY_CANCELLED,
     EV_ACTIVITY_COMPLETED,
@@ -30,78 +28,61 @@ from ..engine.events import (
 from ..engine.ports import ClaimedTask, TaskClaim, TaskSpec
 from ..models import ActivityTask, ActivityTaskStatus
 from . import sql
-from .flow_control import FlowControlStore
+from .db import Database
+from .flow_control import Limits
+from .inline import Inline
+from .lapses import lapse_error_data, lapse_timeout
 from .operation import operation
+from .options import StoreOptions
 from .task_rows import task_fields
 from .wakeups import TOPIC_TASK
 
-__all__ = ["TaskStore", "attempt_error_data", "lapse_error_data", "lapse_timeout"]
-
-# The most JSON a lapse's error keeps of the task's error before it.
-MAX_PREVIOUS_ERROR = 32_000
+__all__ = ["Tasks"]
 
 
-def lapse_timeout(
-    name: str,
-    attempt: int,
-    deadline_ms: int | None,
-    heartbeat_ms: int | None,
-    expired_ms: int | None,
-) -> exc.ActivityTimeoutError:
-    """What a lapsed claim stands for: its attempt deadline, a missed heartbeat, or else
-    only the lapse (the worker stopped renewing it: it vanished, stalled or lost the
-    database), ``kind="claim_lapsed"``."""
-    deadline_reached = deadline_ms is not None and (expired_ms is None or deadline_ms <= expired_ms)
-    if deadline_reached:
-        kind = "start_to_close"
-    elif heartbeat_ms is not None:
-        kind = "heartbeat"
-    else:
-        kind = "claim_lapsed"
-    return exc.ActivityTimeoutError(name, kind, attempt)
+class Tasks:
+    """Activity tasks: reserve with the command, claim, record outcomes, renew one claim
+    (``store.tasks``); claims pass flow control through ``limits``, and the results
+    ``inline`` holds are recorded here (:meth:`_apply_deferred`, the database's hook)."""
 
-
-def lapse_error_data(
-    timeout: exc.ActivityTimeoutError, lost_owner: str, previous: str | None
-) -> str:
-    """The error a lapsed claim leaves on its task: the timeout, with the worker that held
-    the claim (``fields.lost_worker_id``) and the task's error before the lapse
-    (``fields.previous_error``), so that a lapse does not overwrite what the attempts
-    before it recorded. The chain is cut when it would pass MAX_PREVIOUS_ERROR."""
-    envelope = json.loads(error_data(timeout))
-    envelope["fields"]["lost_worker_id"] = lost_owner
-    try:
-        prior = json.loads(previous) if previous else None
-    except ValueError:
-        prior = None
-    if isinstance(prior, dict):
-        if len(previous or "") > MAX_PREVIOUS_ERROR and isinstance(prior.get("fields"), dict):
-            prior["fields"].pop("previous_error", None)  # keep the last error, not the chain
-        if len(json.dumps(prior)) <= MAX_PREVIOUS_ERROR:
-            envelope["fields"]["previous_error"] = prior
-    return json.dumps(envelope)
-
-
-def attempt_error_data(error: BaseException, worker_id: str, codec: Codec | None = None) -> str:
-    """The error an attempt records for itself. An engine error (its deadline passed, a
-    panic) carries no details of its own, so it names the worker whose attempt it was
-    (``fields.lost_worker_id``, as a lapse does); an ApplicationError is left as it is."""
-    envelope = error_to_envelope(error, codec=codec)
-    if not isinstance(error, exc.ApplicationError):
-        envelope.setdefault("fields", {})["lost_worker_id"] = worker_id
-    return json.dumps(envelope)
-
-
-class TaskStore(FlowControlStore):
-    """Activity tasks: reserve with the command, claim, record outcomes, renew one claim."""
+    def __init__(
+        self, db: Database, options: StoreOptions, *, limits: Limits, inline: Inline
+    ) -> None:
+        self.db = db
+        self.options = options
+        self.limits = limits
+        self.inline = inline
 
     def _claim_ttl(self, start_to_close: float | None, heartbeat: float | None) -> float:
-        ttl = self.lease_ttl
+        ttl = self.options.lease_ttl
         if heartbeat is not None:
             ttl = min(ttl, heartbeat)
         if start_to_close is not None:
             ttl = min(ttl, start_to_close)
         return ttl
+
+    @operation
+    def claim_tasks(self, owner: str, limit: int, names: Sequence[str]) -> list[ClaimedTask]:
+        """Claim up to ``limit`` due tasks of registered activities, by priority and age.
+
+        sql.TASK_RANK order (a minute waited is worth a point). Tasks of a key at its
+        ``max_concurrency`` and of full rate-limited queues are skipped; the rest are
+        counted against their limits under the limits' locks (:meth:`Limits._within_limits`)
+        and the rate-limited claims recorded, in the claim's transaction.
+        """
+        if limit <= 0 or not names or self.options.activity_queues == ():
+            return []
+        if not self.db._worth_writing(*self.limits._claim_probe(names)):
+            return []
+        statement, params = self.limits._claim_pick(names, limit)
+        with self.db.atomic():
+            rows = [
+                (int(r[0]), str(r[1]), str(r[2]), r[3]) for r in self.db._fetch(statement, params)
+            ]
+            taken, limited = self.limits._within_limits(rows)
+            claimed = self._take_claims(taken, owner)
+            self.limits._record_queue_claims(limited)
+            return claimed
 
     @operation
     def reserve_activity(
@@ -122,25 +103,25 @@ class TaskStore(FlowControlStore):
         that ``Future.get()`` would record, with a cancelled task, and claims nothing.
         """
         ttl = self._claim_ttl(task.start_to_close_timeout, task.heartbeat_timeout)
-        fields = task_fields(fence, row, task, self.now_sql())
+        fields = task_fields(fence, row, task, self.db.now_sql())
         if claim_owner is not None:
             fields.update(
                 status=ActivityTaskStatus.RUNNING,
                 attempts=1,
                 claim_owner=claim_owner,
                 claim_epoch=1,
-                claim_expires_ms=self.now_sql(ttl),
-                claim_started_ms=self.now_sql(),
+                claim_expires_ms=self.db.now_sql(ttl),
+                claim_started_ms=self.db.now_sql(),
                 attempt_deadline_ms=None
                 if task.start_to_close_timeout is None
-                else self.now_sql(task.start_to_close_timeout),
+                else self.db.now_sql(task.start_to_close_timeout),
             )
         else:
             fields.update(
                 status=ActivityTaskStatus.QUEUED,
                 schedule_deadline_ms=None
                 if task.schedule_to_start_timeout is None
-                else self.now_sql(task.schedule_to_start_timeout),
+                else self.db.now_sql(task.schedule_to_start_timeout),
             )
         current_step = f"activity {task.name}"
         guarded = observe_cancel and claim_owner is not None
@@ -148,7 +129,7 @@ class TaskStore(FlowControlStore):
         try:
             task_id = self._reserve(fence, row, fields, current_step, release, guarded)
         except exc.Fenced:
-            reason = self._cancel_reason_under(fence) if guarded else None
+            reason = self.db._cancel_reason_under(fence) if guarded else None
             if reason is None:
                 raise
             return self._reserve_cancelled(fence, row, task, current_step, reason), None
@@ -183,12 +164,14 @@ class TaskStore(FlowControlStore):
     ) -> int:
         """Write the fence, the history row and the task; return the task's id."""
         queued = fields["status"] == ActivityTaskStatus.QUEUED
-        with self.atomic():
-            self._fence(fence, current_step=current_step, release=release, uncancelled=uncancelled)
-            self._insert_row(fence.instance_id, row)
-            task_id = int(self._insert(ActivityTask, fields, returning_id=True))
+        with self.db.atomic():
+            self.db._fence(
+                fence, current_step=current_step, release=release, uncancelled=uncancelled
+            )
+            self.db._insert_row(fence.instance_id, row)
+            task_id = int(self.db._insert(ActivityTask, fields, returning_id=True))
             if queued:
-                self.after_commit(TOPIC_TASK)
+                self.db.after_commit(TOPIC_TASK)
         return task_id
 
     def _reserve_cancelled(
@@ -210,7 +193,7 @@ class TaskStore(FlowControlStore):
             row.reservation,
         )
         fields = {
-            **task_fields(fence, row, task, self.now_sql()),
+            **task_fields(fence, row, task, self.db.now_sql()),
             "status": ActivityTaskStatus.CANCELLED,
         }
         self._reserve(fence, cancelled, fields, current_step, release=False)
@@ -218,9 +201,9 @@ class TaskStore(FlowControlStore):
 
     def _claimable(self) -> Any:
         """The tasks an activity worker may claim now, in the queues this store serves."""
-        qs = ActivityTask.objects.using(self.alias).claimable(self.now_expr())
-        if self.activity_queues is not None:
-            qs = qs.filter(queue__in=list(self.activity_queues))
+        qs = ActivityTask.objects.using(self.db.alias).claimable(self.db.now_expr())
+        if self.options.activity_queues is not None:
+            qs = qs.filter(queue__in=list(self.options.activity_queues))
         return qs
 
     def _take_claims(self, ids: list[int], owner: str) -> list[ClaimedTask]:
@@ -234,7 +217,7 @@ class TaskStore(FlowControlStore):
         if not ids:
             return []
         claimed_at = time.monotonic()
-        before = list(ActivityTask.objects.using(self.alias).filter(id__in=ids).order_by("id"))
+        before = list(ActivityTask.objects.using(self.db.alias).filter(id__in=ids).order_by("id"))
         ttls: dict[int, tuple[float, float | None, float | None]] = {}
         fresh: dict[tuple[float, float | None], list[int]] = {}
         for task in before:
@@ -246,22 +229,22 @@ class TaskStore(FlowControlStore):
                 fresh.setdefault((ttl, start_to_close), []).append(task.id)
                 continue
             # A lapsed claim taken over: its lapse is counted as a failure here.
-            ActivityTask.objects.using(self.alias).filter(id=task.id).update(
+            ActivityTask.objects.using(self.db.alias).filter(id=task.id).update(
                 status=ActivityTaskStatus.RUNNING,
                 attempts=F("attempts") + 1,
                 claim_owner=owner,
                 claim_epoch=F("claim_epoch") + 1,
-                claim_started_ms=self.now_expr(),
+                claim_started_ms=self.db.now_expr(),
                 schedule_deadline_ms=None,
-                claim_expires_ms=self.now_expr(ttl),
-                attempt_deadline_ms=self.now_expr(start_to_close) if start_to_close else None,
+                claim_expires_ms=self.db.now_expr(ttl),
+                attempt_deadline_ms=self.db.now_expr(start_to_close) if start_to_close else None,
                 failures=F("failures") + 1,
                 last_error=self._lapse_envelope(task, task.attempts),
             )
         for (ttl, start_to_close), group in fresh.items():
             # The tasks no claim held before: one update for those of one claim length.
-            clock = self.now_sql().params
-            self._execute(
+            clock = self.db.now_sql().params
+            self.db._execute(
                 sql.compose(sql.CLAIM_FRESH, ids=sql.marks(len(group))),
                 [
                     str(ActivityTaskStatus.RUNNING),
@@ -277,7 +260,7 @@ class TaskStore(FlowControlStore):
             )
         read_back = {
             task_id: (epoch, attempts, failures, started_ms)
-            for task_id, epoch, attempts, failures, started_ms in self._fetch(
+            for task_id, epoch, attempts, failures, started_ms in self.db._fetch(
                 sql.compose(sql.CLAIMED_BACK, ids=sql.marks(len(ids))), [*ids, owner]
             )
         }
@@ -318,14 +301,14 @@ class TaskStore(FlowControlStore):
         order puts behind another due task of its queue (sql.INLINE_NEXT): waiting
         for a result does not jump the queue.
         """
-        names = self.activity_names()
-        with self.atomic():
+        names = self.options.activity_names()
+        with self.db.atomic():
             qs = self._claimable().filter(instance_id=instance_id, key=key, concurrency_key="")
-            if self.queue_rate_limits:
-                qs = qs.exclude(queue__in=list(self.queue_rate_limits))
+            if self.options.queue_rate_limits:
+                qs = qs.exclude(queue__in=list(self.options.queue_rate_limits))
             if names is not None:
                 qs = qs.filter(name__in=list(names))
-            qs = qs.filter(self._next_in_queue(names))
+            qs = qs.filter(self.limits._next_in_queue(names))
             ids = list(
                 qs.order_by().select_for_update(skip_locked=True).values_list("id", flat=True)[:1]
             )
@@ -340,14 +323,14 @@ class TaskStore(FlowControlStore):
         as a failure and the task is claimable again at once, without backoff), so a
         late attempt's error never becomes the outcome, nor its backoff the wait.
         """
-        qs = ActivityTask.objects.using(self.alias).filter(
+        qs = ActivityTask.objects.using(self.db.alias).filter(
             id=claim.task_id,
             claim_owner=claim.owner,
             claim_epoch=claim.epoch,
             status=ActivityTaskStatus.RUNNING,
         )
         if live:
-            qs = qs.filter(claim_expires_ms__gte=self.now_expr())
+            qs = qs.filter(claim_expires_ms__gte=self.db.now_expr())
         return qs
 
     def _arrive_sql(
@@ -355,12 +338,12 @@ class TaskStore(FlowControlStore):
     ) -> tuple[tuple[str, list[Any]], tuple[str, list[Any]]]:
         """The two updates of an arrival: the history value, and the wake of the instance."""
         condition, params = self._not_held_by(inline_fence)
-        wake, wake_params = self._wake_sql(claim.instance_id, condition)
+        wake, wake_params = self.db._wake_sql(claim.instance_id, condition)
         return self._arrive_record(claim, event_type, data), (wake, [*wake_params, *params])
 
     def _arrive_record(self, claim: TaskClaim, event_type: str, data: str) -> tuple[str, list[Any]]:
         """The history value of an outcome, into the row still waiting for it."""
-        params = [data, event_type, self._now_param(), claim.instance_id, claim.key]
+        params = [data, event_type, self.db._now_param(), claim.instance_id, claim.key]
         return sql.ARRIVE_HISTORY, params
 
     @staticmethod
@@ -376,8 +359,8 @@ class TaskStore(FlowControlStore):
     ) -> None:
         """An outcome arriving: the history value, then the wake of the instance."""
         record, params = self._arrive_record(claim, event_type, data)
-        self._execute(record, params)
-        self._wake(claim.instance_id, *self._not_held_by(inline_fence))
+        self.db._execute(record, params)
+        self.db._wake(claim.instance_id, *self._not_held_by(inline_fence))
 
     def _complete_sql(self, claim: TaskClaim) -> tuple[str, list[Any]]:
         """The claim-checked update that completes a task."""
@@ -387,7 +370,7 @@ class TaskStore(FlowControlStore):
             claim.owner,
             claim.epoch,
             str(ActivityTaskStatus.RUNNING),
-            *self.now_sql().params,
+            *self.db.now_sql().params,
         ]
 
     @operation
@@ -400,9 +383,9 @@ class TaskStore(FlowControlStore):
     ) -> bool:
         """Record a successful attempt; False when the claim was lost (late result)."""
         complete, params = self._complete_sql(claim)
-        with self.atomic():
-            self._lock_instance(claim.instance_id)
-            if not self._execute(complete, params):
+        with self.db.atomic():
+            self.db._lock_instance(claim.instance_id)
+            if not self.db._execute(complete, params):
                 return False
             self._arrive(claim, EV_ACTIVITY_COMPLETED, output, inline_fence)
         return True
@@ -422,8 +405,8 @@ class TaskStore(FlowControlStore):
         ``error`` is the outcome recorded in history; the task keeps ``last_error``
         (default: the same), the error of the attempt itself.
         """
-        with self.atomic():
-            self._lock_instance(claim.instance_id)
+        with self.db.atomic():
+            self.db._lock_instance(claim.instance_id)
             if not self._claim_filter(claim, live=True).update(
                 status=ActivityTaskStatus.FAILED,
                 claim_expires_ms=None,
@@ -444,7 +427,7 @@ class TaskStore(FlowControlStore):
         ``details`` (JSON text) are the attempt's latest heartbeat details, stored by
         the same update for the next attempt; None keeps what renewals stored.
         """
-        with self.atomic():
+        with self.db.atomic():
             if not self._claim_filter(claim, live=True).update(
                 **self._details_field(details),
                 status=ActivityTaskStatus.QUEUED,
@@ -452,17 +435,17 @@ class TaskStore(FlowControlStore):
                 claim_expires_ms=None,
                 failures=F("failures") + 1,
                 last_error=error,
-                not_before_ms=self.now_expr(delay),
+                not_before_ms=self.db.now_expr(delay),
                 schedule_deadline_ms=Case(
                     When(
                         schedule_to_start_ms__isnull=False,
-                        then=self.now_expr(delay) + F("schedule_to_start_ms"),
+                        then=self.db.now_expr(delay) + F("schedule_to_start_ms"),
                     ),
                     default=Value(None),
                 ),
             ):
                 return False
-            self.after_commit(TOPIC_TASK)
+            self.db.after_commit(TOPIC_TASK)
         return True
 
     @operation
@@ -472,7 +455,7 @@ class TaskStore(FlowControlStore):
         A lapsed claim is refused: its lapse was already a failure. ``details`` as
         for :meth:`retry_task`.
         """
-        with self.atomic():
+        with self.db.atomic():
             released = self._claim_filter(claim, live=True).update(
                 **self._details_field(details),
                 status=ActivityTaskStatus.QUEUED,
@@ -482,13 +465,13 @@ class TaskStore(FlowControlStore):
                 schedule_deadline_ms=Case(
                     When(
                         schedule_to_start_ms__isnull=False,
-                        then=self.now_expr() + F("schedule_to_start_ms"),
+                        then=self.db.now_expr() + F("schedule_to_start_ms"),
                     ),
                     default=Value(None),
                 ),
             )
             if released:
-                self.after_commit(TOPIC_TASK)
+                self.db.after_commit(TOPIC_TASK)
         return bool(released)
 
     @staticmethod
@@ -499,10 +482,10 @@ class TaskStore(FlowControlStore):
     @operation
     def renew_task(self, claim: TaskClaim, ttl: float) -> bool:
         """Extend a live claim, never past the attempt's start-to-close deadline."""
-        expires = self.now_expr(ttl)
+        expires = self.db.now_expr(ttl)
         return bool(
             self._claim_filter(claim)
-            .filter(claim_expires_ms__gte=self.now_expr())
+            .filter(claim_expires_ms__gte=self.db.now_expr())
             .update(
                 claim_expires_ms=Case(
                     When(
@@ -534,8 +517,8 @@ class TaskStore(FlowControlStore):
         renewer could not make. Never past the attempt's start-to-close deadline: an
         attempt past it has timed out.
         """
-        now = self.now_expr()
-        expires = self.now_expr(ttl)
+        now = self.db.now_expr()
+        expires = self.db.now_expr(ttl)
         return bool(
             self._claim_filter(claim)
             .filter(Q(attempt_deadline_ms__isnull=True) | Q(attempt_deadline_ms__gte=now))
@@ -556,24 +539,39 @@ class TaskStore(FlowControlStore):
         """Milliseconds until the next queued task becomes due (None: nothing queued)."""
         if not names:
             return None
-        qs = ActivityTask.objects.using(self.alias).filter(
+        qs = ActivityTask.objects.using(self.db.alias).filter(
             status=ActivityTaskStatus.QUEUED, name__in=list(names)
         )
-        if self.activity_queues is not None:
-            qs = qs.filter(queue__in=list(self.activity_queues))
+        if self.options.activity_queues is not None:
+            qs = qs.filter(queue__in=list(self.options.activity_queues))
         first = qs.order_by("not_before_ms").values_list("not_before_ms", flat=True).first()
         if first is None:
             return None
-        return max(0, first - self.now_ms())
+        return max(0, first - self.db.now_ms())
 
     @operation
     def list_tasks(self, instance_id: str) -> list[ActivityTask]:
         """An instance's tasks in issue order."""
         return list(
-            ActivityTask.objects.using(self.alias)
+            ActivityTask.objects.using(self.db.alias)
             .filter(instance_id=instance_id)
             .order_by("seq", "id")
         )
+
+    def _apply_deferred(self, fence: Fence) -> None:
+        """Record the inline results held for ``fence``, inside its write's transaction,
+        just after the fence check (:meth:`Inline._apply_deferred`)."""
+        self.inline._apply_deferred(fence, self._record_inline)
+
+    def _record_inline(self, claim: TaskClaim, output: str, fence: Fence) -> bool:
+        """The claim-checked completion and the history value (no wake-up: the execution
+        holding ``fence`` reads it itself); False when the claim lapsed."""
+        complete, params = self._complete_sql(claim)
+        if not self.db._execute(complete, params):
+            return False
+        record, record_params = self._arrive_record(claim, EV_ACTIVITY_COMPLETED, output)
+        self.db._execute(record, record_params)
+        return True
 
     def _lapse_envelope(self, task: ActivityTask, attempt: int) -> str:
         """The error of a lapsed claim (attempt ``attempt``) taken over by a new one."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import Any, ClassVar, NoReturn
+from typing import Any, NoReturn
 
 from django.db import transaction
 from django.utils import timezone
@@ -39,9 +39,6 @@ __all__ = ["WaitStore"]
 
 class WaitStore(ChildStore):
     """Timers, signals and observations."""
-
-    #: Appended to the due-timer read: how concurrent pollers keep apart (row locks).
-    DUE_TIMERS_LOCK: ClassVar[str] = ""
 
     # -- timers -------------------------------------------------------------------------
 
@@ -101,7 +98,7 @@ class WaitStore(ChildStore):
             return 0
         with self.atomic():
             due = self._fetch(
-                sql.compose(sql.DUE_TIMERS, lock=self.DUE_TIMERS_LOCK), [*params, limit]
+                sql.compose(sql.DUE_TIMERS, lock=self.db.DUE_TIMERS_LOCK), [*params, limit]
             )
             if not due:
                 return 0

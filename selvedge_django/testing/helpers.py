@@ -33,7 +33,7 @@ def run_until_idle(worker: Worker, max_rounds: int = 1000) -> int:
     total = 0
     for _ in range(max_rounds):
         done = sum(loop.run_once() for loop in worker.work_loops())
-        done += worker.store.sweep_activity_timeouts(limit)
+        done += worker.store.task_timeouts.sweep_activity_timeouts(limit)
         done += worker.leader.sweep_execution_timeouts(limit)
         done += worker.leader.schedules.run_once()
         total += done

@@ -39,7 +39,9 @@ class ActivityPoller(Loop):
         if free <= 0:
             return 0
         claimed_at = time.monotonic()  # where the claims' belief starts
-        tasks = runtime.store.claim_tasks(runtime.worker_id, free, registered_activity_names())
+        tasks = runtime.store.tasks.claim_tasks(
+            runtime.worker_id, free, registered_activity_names()
+        )
         self.saturated = len(tasks) >= free
         for task in tasks:
             self.pool.submit(functools.partial(runtime.run_claimed, claimed_at=claimed_at), task)
@@ -55,7 +57,7 @@ class ActivityPoller(Loop):
 
     def next_delay(self, idle_delay: float) -> float:
         try:
-            due_ms = self.runtime.store.next_task_due_ms(registered_activity_names())
+            due_ms = self.runtime.store.tasks.next_task_due_ms(registered_activity_names())
         except Exception:
             return idle_delay
         if due_ms is None:

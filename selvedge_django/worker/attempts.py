@@ -193,7 +193,7 @@ class AttemptRunner:
         for task, _ in self.active_attempts():
             claim = task.claim
             if self._write_outcome(
-                claim, "release", functools.partial(self.store.release_task, claim)
+                claim, "release", functools.partial(self.store.tasks.release_task, claim)
             ):
                 released += 1
                 logger.info(
@@ -270,7 +270,7 @@ class AttemptRunner:
         if claimed_at is None:
             claimed_at = time.monotonic()
         if definition is None:
-            self.store.release_task(claim)
+            self.store.tasks.release_task(claim)
             return None
         info = ActivityInfo(
             instance_id=claim.instance_id,
@@ -327,7 +327,7 @@ class AttemptRunner:
                             # Recorded by the execution's next write, in its transaction
                             # (storage.inline): one commit per inline step.
                             duration = time.monotonic() - started
-                            self.store.defer_completion(
+                            self.store.inline.defer_completion(
                                 inline_fence,
                                 claim,
                                 output,
@@ -355,7 +355,7 @@ class AttemptRunner:
                     task.attempt,
                     exc_info=True,
                 )
-                self._write_outcome(claim, "release", lambda: self.store.release_task(claim))
+                self._write_outcome(claim, "release", lambda: self.store.tasks.release_task(claim))
                 return None
             if recorded:
                 duration = time.monotonic() - started
@@ -415,8 +415,8 @@ class AttemptRunner:
         """Write a success: ``"lost"`` (the claim), ``"recorded"`` or ``"closed"``."""
         workflow = get_workflow(task.workflow_name)
         if workflow is None or workflow.result_activity != task.claim.key:
-            return "recorded" if self.store.complete_task(task.claim, output) else "lost"
-        outcome = self.store.complete_closing(task.claim, output)
+            return "recorded" if self.store.tasks.complete_task(task.claim, output) else "lost"
+        outcome = self.store.sole_activity.complete_closing(task.claim, output)
         return "lost" if outcome is None else "closed" if outcome else "recorded"
 
     def _run_transactional(
@@ -448,7 +448,7 @@ class AttemptRunner:
         claim = task.claim
         failure: BaseException | None = None
         with store.atomic():
-            if not store.claim_live(claim):
+            if not store.tasks.claim_live(claim):
                 raise _LateResult()
             try:
                 with store.atomic():  # a savepoint: the body's writes
@@ -456,7 +456,7 @@ class AttemptRunner:
             except BaseException as error:
                 failure = error
                 try:
-                    store.extend_claim_under_lock(claim, task.claim_ttl)
+                    store.tasks.extend_claim_under_lock(claim, task.claim_ttl)
                 except DatabaseError:
                     logger.debug(
                         "could not extend the claim of %s/%s", claim.instance_id, claim.key
@@ -478,8 +478,8 @@ class AttemptRunner:
             raise exc.ActivityCancelled(state.cancel_reason)
         try:
             if self.store.single_writer:
-                self.store.extend_claim_under_lock(claim, task.claim_ttl)
-            completed = self.store.complete_task(claim, output, inline_fence=inline_fence)
+                self.store.tasks.extend_claim_under_lock(claim, task.claim_ttl)
+            completed = self.store.tasks.complete_task(claim, output, inline_fence=inline_fence)
         except DatabaseError as error:
             raise _RecordFailed() from error
         if not completed:
@@ -520,9 +520,8 @@ class AttemptRunner:
         if self.stopping.is_set() and state.cancel_reason == "shutdown":
             # Graceful release: another worker takes the task (from the latest heartbeat
             # details); no retry budget used.
-            self._write_outcome(
-                claim, "release", lambda: self.store.release_task(claim, details=state.details)
-            )
+            release = functools.partial(self.store.tasks.release_task, claim)
+            self._write_outcome(claim, "release", lambda: release(details=state.details))
             return None
         if state.cancelled and state.cancel_reason == "heartbeat timeout":
             error = exc.ActivityTimeoutError(task.name, "heartbeat", task.attempt)
@@ -548,13 +547,13 @@ class AttemptRunner:
             error = exc.WorkflowPanicError(f"activity raised {type(error).__name__}: {error}")
         failures = task.failures + 1
         envelope = attempt_error_data(error, claim.owner, self.codec)
-        store = self.store
+        tasks = self.store.tasks
         try:
             if final:
                 if self._write_outcome(
                     claim,
                     "failure",
-                    lambda: store.fail_task(claim, envelope, inline_fence=inline_fence),
+                    lambda: tasks.fail_task(claim, envelope, inline_fence=inline_fence),
                 ):
                     self.fire("on_activity_failed", error=error, **hook_fields)
                     return EV_ACTIVITY_FAILED, envelope
@@ -564,7 +563,7 @@ class AttemptRunner:
                 if self._write_outcome(
                     claim,
                     "failure",
-                    lambda: store.fail_task(
+                    lambda: tasks.fail_task(
                         claim, final_envelope, inline_fence=inline_fence, last_error=envelope
                     ),
                 ):
@@ -573,7 +572,7 @@ class AttemptRunner:
             elif self._write_outcome(
                 claim,
                 "retry",
-                lambda: store.retry_task(
+                lambda: tasks.retry_task(
                     claim, envelope, policy.delay_for(failures), details=state.details
                 ),
             ):

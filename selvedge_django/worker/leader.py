@@ -82,7 +82,7 @@ class Leader(Loop):
             self._observe_gauges(held)
         if not self.is_leader:
             return 0
-        runtime.store.sweep_activity_timeouts(settings.max_workflows_per_batch)
+        runtime.store.task_timeouts.sweep_activity_timeouts(settings.max_workflows_per_batch)
         done = self.sweep_execution_timeouts(settings.max_workflows_per_batch)
         return done + self.schedules.run_once()
 

@@ -261,10 +261,10 @@ class WorkerRuntime(AttemptRunner):
         trying again while the database refuses the write (a row a client holds, a
         statement timeout, a connection the server ended). The write is claim-checked,
         so a claim that lapsed meanwhile records nothing and the activity runs again."""
-        if not self.store.has_deferred(fence):
+        if not self.store.inline.has_deferred(fence):
             return
-        for claim, output, on_recorded in self.store.take_deferred(fence):
-            write = functools.partial(self.store.complete_task, claim, output)
+        for claim, output, on_recorded in self.store.inline.take_deferred(fence):
+            write = functools.partial(self.store.tasks.complete_task, claim, output)
             recorded = self._write_outcome(claim, "inline result", write, past_belief=True)
             if recorded and on_recorded is not None:
                 on_recorded()

@@ -203,13 +203,13 @@ def test_new_tasks_wake_local_activity_workers_at_once(make_worker: Callable[...
 def test_idle_activity_polling_backs_off(tdb: None, monkeypatch: pytest.MonkeyPatch) -> None:
     worker = Worker(activity_poll_interval=0.05, max_poll_interval=0.4)
     polls: list[float] = []
-    claim_tasks = worker.store.claim_tasks
+    claim_tasks = worker.store.tasks.claim_tasks
 
     def counting(*args: Any, **kwargs: Any) -> Any:
         polls.append(time.monotonic())
         return claim_tasks(*args, **kwargs)
 
-    monkeypatch.setattr(worker.store, "claim_tasks", counting)
+    monkeypatch.setattr(worker.store.tasks, "claim_tasks", counting)
     worker.start()
     try:
         time.sleep(1.6)  # an observation window, not a synchronisation
@@ -243,7 +243,7 @@ def test_get_suspends_while_another_worker_holds_the_task(clock: ControllableClo
     instance_id = start("act.step", {"tag": "held"}, **{"async": True})
     assert drive(clock, activity_queues=[]) == 1  # reserved; nobody here serves its queue
     store = store_for("default", Codec())
-    (other,) = store.claim_tasks("other-worker", 10, ["act.step"])
+    (other,) = store.tasks.claim_tasks("other-worker", 10, ["act.step"])
 
     # A signal wakes the instance on a worker that serves every queue: get() finds the
     # task held by the other worker and yields again.
@@ -253,7 +253,7 @@ def test_get_suspends_while_another_worker_holds_the_task(clock: ControllableClo
     assert (inst.status, inst.lease_owner, inst.runnable) == ("running", "", False)
     assert history(instance_id, other.claim.key).data is None
 
-    assert store.complete_task(other.claim, json.dumps("from the other worker"))
+    assert store.tasks.complete_task(other.claim, json.dumps("from the other worker"))
     assert drive(clock) == 1
 
     result = sv.get_workflow_result(instance_id)
@@ -988,9 +988,9 @@ def test_schedule_to_start_after_a_release_is_measured_from_the_release(
     drive(clock, activity_queues=[])
     clock.advance(8)
     store = store_for("default", Codec())
-    (claimed,) = store.claim_tasks("leaving", 1, ["act.step"])
+    (claimed,) = store.tasks.claim_tasks("leaving", 1, ["act.step"])
     clock.advance(8)  # 16 s after the reservation, 8 s into the claim
-    assert store.release_task(claimed.claim)  # a graceful release at shutdown
+    assert store.tasks.release_task(claimed.claim)  # a graceful release at shutdown
     clock.advance(9.5)
     assert sweep(clock) == 0
     clock.advance(0.6)
@@ -1009,7 +1009,7 @@ def test_schedule_to_start_after_a_lapse_is_measured_from_the_lapse(
     drive(clock, activity_queues=[])
     store = store_for("default", Codec())
     store.lease_ttl = 5
-    (claimed,) = store.claim_tasks("dies", 1, ["act.step"])  # its claim lapses in 5 s
+    (claimed,) = store.tasks.claim_tasks("dies", 1, ["act.step"])  # its claim lapses in 5 s
     clock.advance(9)  # lapsed 4 s ago, but no leader has swept yet
     assert sweep(clock) == 1  # the leader counts the lapse as a failure and requeues
     task = task_of(instance_id)
@@ -1032,7 +1032,7 @@ def test_a_lapsed_claim_counts_as_a_failure_and_is_reclaimed_at_once(
     drive(clock, activity_queues=[])
     store = store_for("default", Codec())
     store.lease_ttl = 5
-    (dead,) = store.claim_tasks("dead-worker", 1, ["act.step"])
+    (dead,) = store.tasks.claim_tasks("dead-worker", 1, ["act.step"])
     # The database clock also runs in real time: leave a second for a loaded machine.
     clock.advance(4.0)
     assert drive(clock) == 0  # the claim is still alive
@@ -1048,7 +1048,7 @@ def test_a_lapsed_claim_counts_as_a_failure_and_is_reclaimed_at_once(
     # No timeout was configured: what happened is that the claim lapsed.
     assert (info.last_error.kind, info.last_error.attempt) == ("claim_lapsed", 1)
     assert ledger("step:lapse") == ["step:lapse:2"]  # attempt 1 never ran its body here
-    assert store.complete_task(dead.claim, json.dumps("late")) is False
+    assert store.tasks.complete_task(dead.claim, json.dumps("late")) is False
 
 
 @pytest.mark.parametrize(
@@ -1064,9 +1064,9 @@ def test_the_leader_fails_a_lapse_that_exhausts_the_retry_budget(
     drive(clock, activity_queues=[])
     store = store_for("default", Codec())
     store.lease_ttl = 5
-    store.claim_tasks("dead-worker", 1, ["act.step"])
+    store.tasks.claim_tasks("dead-worker", 1, ["act.step"])
     clock.advance(5.1)
-    assert store.claim_tasks("successor", 1, ["act.step"]) == []  # no budget left to reclaim
+    assert store.tasks.claim_tasks("successor", 1, ["act.step"]) == []  # no budget left to reclaim
     sweep(clock)  # the leader records the exhausted lapse
     drive(clock)
 
@@ -1199,12 +1199,12 @@ def test_an_interrupted_claim_acquisition_consumes_no_attempt_and_no_budget(
     store = store_for("default", Codec())
     store.lease_ttl = 5
     if lapsed:
-        store.claim_tasks("dead-worker", 1, ["act.step"])
+        store.tasks.claim_tasks("dead-worker", 1, ["act.step"])
         clock.advance(5.1)
     before = ActivityTask.objects.filter(instance_id=instance_id).values().get()
 
     with connection.execute_wrapper(_fail_claim_read_back), pytest.raises(OperationalError):
-        store.claim_tasks("interrupted", 1, ["act.step"])
+        store.tasks.claim_tasks("interrupted", 1, ["act.step"])
     with connection.execute_wrapper(_fail_claim_read_back), pytest.raises(OperationalError):
         store.claim_task(instance_id, before["key"], "interrupted")
 

@@ -486,7 +486,7 @@ def test_close_cancels_tasks_timers_and_children_in_its_own_fenced_transaction(
     assert fence is not None
     store.reserve_activity(fence, HistoryRow("#1:test.add", 1, "activity"), _spec(), None)
     store.reserve_activity(fence, HistoryRow("#2:test.add", 2, "activity"), _spec(), None)
-    (attempt,) = store.claim_tasks("activity-worker", 1, ["test.add"])
+    (attempt,) = store.tasks.claim_tasks("activity-worker", 1, ["test.add"])
     assert attempt.claim.key == "#1:test.add"
     expires = timezone.now() + timedelta(hours=1)
     store.reserve_timer(fence, HistoryRow("#3:sleep", 3, "sleep"), expires, 3600)
@@ -532,9 +532,9 @@ def test_close_cancels_tasks_timers_and_children_in_its_own_fenced_transaction(
 
     # The running attempt cannot renew, complete or fail any more.
     claim = attempt.claim
-    assert store.renew_task(claim, 30) is False
-    assert store.complete_task(claim, "2") is False
-    assert store.fail_task(claim, json.dumps({"message": "late"})) is False
+    assert store.tasks.renew_task(claim, 30) is False
+    assert store.tasks.complete_task(claim, "2") is False
+    assert store.tasks.fail_task(claim, json.dumps({"message": "late"})) is False
     assert row(iid, "#1:test.add").event_type == "ActivityCancelled"
 
 

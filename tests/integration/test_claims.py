@@ -69,14 +69,14 @@ def test_a_lapsed_claim_can_neither_complete_fail_retry_nor_release(
     store = store_for("default", Codec())
     store.lease_ttl = 5
     ready_ms = task_of(instance_id).not_before_ms  # its reservation time
-    (claimed,) = store.claim_tasks("slow-worker", 1, ["act.step"])
+    (claimed,) = store.tasks.claim_tasks("slow-worker", 1, ["act.step"])
     clock.advance(5.1)  # lapsed, and nobody has reclaimed it yet
 
     claim = claimed.claim
-    assert store.complete_task(claim, json.dumps("late")) is False
-    assert store.fail_task(claim, json.dumps({"message": "late"})) is False
-    assert store.retry_task(claim, json.dumps({"message": "late"}), 10) is False
-    assert store.release_task(claim) is False
+    assert store.tasks.complete_task(claim, json.dumps("late")) is False
+    assert store.tasks.fail_task(claim, json.dumps({"message": "late"})) is False
+    assert store.tasks.retry_task(claim, json.dumps({"message": "late"}), 10) is False
+    assert store.tasks.release_task(claim) is False
     task = task_of(instance_id)
     assert (task.status, task.claim_owner, task.failures, task.not_before_ms) == (
         "running",
@@ -97,7 +97,7 @@ def test_a_lapsed_attempts_error_goes_through_the_lapse_path(
     instance_id = start("act.step", {"tag": f"late-{error}", **flags}, {"queue": "late-q"})
     drive(clock, activity_queues=[])
     worker = Worker(clock=clock, lease={"TTL": 5, "RENEW_INTERVAL": 1, "MARGIN": 1, "MAX_SKEW": 1})
-    (claimed,) = worker.store.claim_tasks(worker.worker_id, 1, ["act.step"])
+    (claimed,) = worker.store.tasks.claim_tasks(worker.worker_id, 1, ["act.step"])
     clock.advance(5.1)  # the claim lapses while the attempt runs
     assert worker.runtime.run_claimed(claimed) is None  # its failure was not written
 
@@ -133,7 +133,7 @@ def test_a_vanished_worker_s_lapse_names_what_happened(
     drive(clock, activity_queues=[])
     store = store_for("default", Codec())
     store.lease_ttl = 5
-    store.claim_tasks("vanished", 1, ["act.step"])
+    store.tasks.claim_tasks("vanished", 1, ["act.step"])
     clock.advance(5.1)
     drive(clock)
 

@@ -59,7 +59,7 @@ def test_a_run_past_its_timeout_is_terminated_with_everything_it_owns(
     (child,) = WorkflowInstance.objects.filter(parent_instance_id=iid)
     store = client_store()
     # An attempt of its activity is running when the deadline passes.
-    (claimed,) = store.claim_tasks("attempt-worker", 1, ["wait.manual"])
+    (claimed,) = store.tasks.claim_tasks("attempt-worker", 1, ["wait.manual"])
     before = instance(iid)
     description = sv.describe(iid)
     assert description.execution_timeout == timedelta(seconds=5)
@@ -87,7 +87,7 @@ def test_a_run_past_its_timeout_is_terminated_with_everything_it_owns(
     }
     # The attempt that was running finishes late: its result is discarded.
     activity_row = HistoryEvent.objects.get(instance_id=iid, command="activity")
-    assert not store.complete_task(claimed.claim, json.dumps("late"))
+    assert not store.tasks.complete_task(claimed.claim, json.dumps("late"))
     assert HistoryEvent.objects.get(id=activity_row.id).data is None
     assert ActivityTask.objects.get(instance_id=iid).status == "cancelled"
     # Nothing more happens on later rounds; the run still replays.

@@ -54,7 +54,7 @@ def queue_tasks(clock: ControllableClock) -> None:
 
 
 def claim(owner: str, limit: int = 1) -> list[str]:
-    return [t.claim.instance_id for t in store().claim_tasks(owner, limit, ["flow.span"])]
+    return [t.claim.instance_id for t in store().tasks.claim_tasks(owner, limit, ["flow.span"])]
 
 
 # -- priorities ----------------------------------------------------------------------------
@@ -192,13 +192,13 @@ def test_claims_keep_the_running_attempts_of_a_key_within_its_limit(
     start_span("free")
     start_span("other", concurrency_key="acct-2", max_concurrency=2)
     queue_tasks(clock)
-    first = store().claim_tasks("w1", 10, ["flow.span"])
+    first = store().tasks.claim_tasks("w1", 10, ["flow.span"])
     assert sorted(t.claim.instance_id for t in first) == ["free", "k1", "k2", "other"]
     assert claim("w2", 10) == []  # k3 waits: two attempts of "acct" run
     task = ActivityTask.objects.get(instance_id="k3")
     assert (task.status, task.attempts) == ("queued", 0)
     done = next(t for t in first if t.claim.instance_id == "k1")
-    assert store().complete_task(done.claim, '"k1"')
+    assert store().tasks.complete_task(done.claim, '"k1"')
     assert claim("w2", 10) == ["k3"]
 
 
@@ -262,9 +262,9 @@ def test_a_rate_limited_queue_claims_at_most_its_rate_per_sliding_window(
 ) -> None:
     def claim_and_complete(limited: StoreBase) -> list[str]:
         """Claim what the limits let in, and complete it (no claim lapses and returns)."""
-        claimed = limited.claim_tasks("w", 10, ["flow.span"])
+        claimed = limited.tasks.claim_tasks("w", 10, ["flow.span"])
         for task in claimed:
-            assert limited.complete_task(task.claim, '"done"')
+            assert limited.tasks.complete_task(task.claim, '"done"')
         return sorted(task.claim.instance_id for task in claimed)
 
     with rate_limited("2/m"):

@@ -123,7 +123,7 @@ def test_dispatch_walks_the_priority_index(filled: None) -> None:
 def test_claims_walk_the_priority_index(filled: None) -> None:
     store = store_for("default", Codec(), get_settings())
     statement, params = captured(
-        lambda: store.claim_tasks("w", 10, ["plans.act0", "plans.act1"]), "WITH n (name)"
+        lambda: store.tasks.claim_tasks("w", 10, ["plans.act0", "plans.act1"]), "WITH n (name)"
     )
     text = plan(statement, params)
     assert walks("sv_task_rank_idx", text), text

@@ -147,7 +147,7 @@ def test_an_attempts_deadline_runs_from_its_claim_not_from_its_threads_start(
     run_until_idle(Worker(activity_queues=[]))  # reserves the task, claims nothing
     worker = Worker(max_concurrent_activities=1)
     before = time.monotonic()
-    (claimed,) = worker.store.claim_tasks(worker.worker_id, 1, ["act.wait"])
+    (claimed,) = worker.store.tasks.claim_tasks(worker.worker_id, 1, ["act.wait"])
     after = time.monotonic()
     assert claimed.claim.instance_id == instance_id
     assert claimed.claimed_at is not None and before <= claimed.claimed_at <= after

@@ -198,16 +198,19 @@ def test_the_leaders_sweep_goes_around_an_instance_a_client_holds(tdb: None, due
     run_until_idle(Worker(activity_queues=[]))  # both wait for their task
     tasks = ActivityTask.objects.filter(instance_id__in=ids)
     if due == "lapsed":
-        assert len(store.claim_tasks("gone", 2, ["act.step"])) == 2
+        assert len(store.tasks.claim_tasks("gone", 2, ["act.step"])) == 2
         tasks.update(claim_expires_ms=0)  # a vanished worker's claims, out of retries
     else:
         tasks.update(schedule_deadline_ms=0)
     pinned, free = ids
     with RowHolder(pinned, "cancel"):
-        assert finished_within(lambda: store.sweep_activity_timeouts(10), timeout=10) == 1
+        assert (
+            finished_within(lambda: store.task_timeouts.sweep_activity_timeouts(10), timeout=10)
+            == 1
+        )
         assert ActivityTask.objects.get(instance_id=free).status == "failed"
         assert ActivityTask.objects.get(instance_id=pinned).status != "failed"
-    assert store.sweep_activity_timeouts(10) == 1
+    assert store.task_timeouts.sweep_activity_timeouts(10) == 1
     assert ActivityTask.objects.get(instance_id=pinned).status == "failed"
 
 

@@ -268,7 +268,7 @@ def test_handlers_read_the_delivered_view_at_the_replay_position(stepper: Worker
     store = _store()
     (row,) = HistoryEvent.objects.filter(instance_id=iid, command="activity")
     claimed = store.claim_task(iid, row.key, "another-worker")
-    assert claimed is not None and store.complete_task(claimed.claim, '"done elsewhere"')
+    assert claimed is not None and store.tasks.complete_task(claimed.claim, '"done elsewhere"')
     assert sv.query(iid, "manual_ready") is False  # arrived, still undelivered
     with pytest.raises(sv.QueryNotFound):
         sv.query(iid, "after_go")
@@ -292,7 +292,7 @@ def test_replay_stops_before_the_first_unrecorded_command_or_blocking_wait(
     store = _store()
     (row,) = HistoryEvent.objects.filter(instance_id=iid, command="activity")
     claimed = store.claim_task(iid, row.key, "another-worker")
-    assert claimed is not None and store.complete_task(claimed.claim, '"served"')
+    assert claimed is not None and store.tasks.complete_task(claimed.claim, '"served"')
     # The recorded outcome lets replay pass the get, as the next execution will.
     assert sv.query(iid, "after") == "after the activity"
 

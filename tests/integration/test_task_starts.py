@@ -164,9 +164,9 @@ def test_an_instance_a_cancel_request_reached_is_left_to_its_replay() -> None:
     and the replay closes it; nothing runs twice."""
     result = tasks.noted.enqueue("raced")
     store = sv_store()
-    [claimed] = store.claim_tasks("racer", 1, ["selvedge.task.run"])
+    [claimed] = store.tasks.claim_tasks("racer", 1, ["selvedge.task.run"])
     sv.cancel_workflow(result.id, reason="operator")
-    assert store.complete_closing(claimed.claim, '"raced"') is False
+    assert store.sole_activity.complete_closing(claimed.claim, '"raced"') is False
     instance = WorkflowInstance.objects.get(instance_id=result.id)
     assert (instance.status, instance.runnable) == ("running", True)
     run_until_idle(Worker())
@@ -180,9 +180,9 @@ def test_an_instance_a_cancel_request_reached_is_left_to_its_replay() -> None:
 def test_a_lost_claim_closes_nothing() -> None:
     result = tasks.noted.enqueue("late")
     store = sv_store()
-    [claimed] = store.claim_tasks("late-worker", 1, ["selvedge.task.run"])
+    [claimed] = store.tasks.claim_tasks("late-worker", 1, ["selvedge.task.run"])
     ActivityTask.objects.filter(instance_id=result.id).update(claim_epoch=99)
-    assert store.complete_closing(claimed.claim, '"late"') is None
+    assert store.sole_activity.complete_closing(claimed.claim, '"late"') is None
     instance = WorkflowInstance.objects.get(instance_id=result.id)
     assert instance.status == "running"
     assert [row[3] for row in history(result.id)] == ["Reserved"]

@@ -275,7 +275,7 @@ def test_a_resume_racing_a_late_activity_result_and_a_signal_loses_neither(tdb: 
     after the resume is delivered."""
     store = client_store()
     iid, _ = parked()
-    (stale,) = store.claim_tasks("stale-worker", 1, ["wait.manual"])
+    (stale,) = store.tasks.claim_tasks("stale-worker", 1, ["wait.manual"])
     assert stale.claim.instance_id == iid
     sv.terminate_workflow(iid, "hung")
     with pytest.raises(sv.InstanceClosed):
@@ -292,14 +292,14 @@ def test_a_resume_racing_a_late_activity_result_and_a_signal_loses_neither(tdb: 
     assert task.id != stale.claim.task_id
     # The late result of the first generation's attempt: refused, nothing recorded.
     recorded = rows(iid)
-    assert not store.complete_task(stale.claim, json.dumps("late"))
+    assert not store.tasks.complete_task(stale.claim, json.dumps("late"))
     assert rows(iid) == recorded
     task.refresh_from_db()
     assert (task.status, task.attempts) == ("queued", 0)
     # The re-run's attempt is the one that counts; the signal after the resume arrives.
-    (fresh,) = store.claim_tasks("fresh-worker", 1, ["wait.manual"])
+    (fresh,) = store.tasks.claim_tasks("fresh-worker", 1, ["wait.manual"])
     assert fresh.claim.task_id == task.id
-    assert store.complete_task(fresh.claim, json.dumps("fresh"))
+    assert store.tasks.complete_task(fresh.claim, json.dumps("fresh"))
     sv.signal(iid, "never", "after the resume")
     run_until_idle(Worker(**QUIET))
     assert sv.get_workflow_result(iid).output == "after the resume"

@@ -102,7 +102,7 @@ def complete_manual(instance_id: str, value: Any) -> None:
     (row,) = [r for r in rows(instance_id, "activity") if "wait.manual" in (r.reservation or "")]
     claimed = store.claim_task(instance_id, row.key, "another-worker")
     assert claimed is not None
-    assert store.complete_task(claimed.claim, json.dumps(value))
+    assert store.tasks.complete_task(claimed.claim, json.dumps(value))
 
 
 @pytest.fixture

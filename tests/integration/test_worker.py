@@ -485,23 +485,23 @@ def test_a_stale_activity_claim_cannot_complete_retry_or_renew(
     fence = store.acquire(instance_id, "owner-a", ttl=60)
     assert fence is not None
     store.reserve_activity(fence, HistoryRow("#1:test.add", 1, "activity"), _spec(), None)
-    (first,) = store.claim_tasks("worker-1", 10, ["test.add"])
-    assert store.claim_tasks("worker-2", 10, ["test.add"]) == []  # claimed and alive
+    (first,) = store.tasks.claim_tasks("worker-1", 10, ["test.add"])
+    assert store.tasks.claim_tasks("worker-2", 10, ["test.add"]) == []  # claimed and alive
 
     db_clock(6)  # the first claim has expired
-    (second,) = store.claim_tasks("worker-2", 10, ["test.add"])
+    (second,) = store.tasks.claim_tasks("worker-2", 10, ["test.add"])
     assert second.claim.epoch == first.claim.epoch + 1
     assert second.attempt == 2
 
-    assert store.complete_task(first.claim, "99") is False
-    assert store.retry_task(first.claim, '{"message": "late"}', 0.1) is False
-    assert store.fail_task(first.claim, '{"message": "late"}') is False
-    assert store.renew_task(first.claim, 5) is False
+    assert store.tasks.complete_task(first.claim, "99") is False
+    assert store.tasks.retry_task(first.claim, '{"message": "late"}', 0.1) is False
+    assert store.tasks.fail_task(first.claim, '{"message": "late"}') is False
+    assert store.tasks.renew_task(first.claim, 5) is False
     row = HistoryEvent.objects.get(instance_id=instance_id, key="#1:test.add")
     assert row.data is None
 
-    assert store.complete_task(second.claim, "2") is True
-    assert store.complete_task(second.claim, "3") is False  # first value wins
+    assert store.tasks.complete_task(second.claim, "2") is True
+    assert store.tasks.complete_task(second.claim, "3") is False  # first value wins
     row.refresh_from_db()
     assert (row.event_type, row.data) == ("ActivityCompleted", "2")
     task = ActivityTask.objects.get(instance_id=instance_id)

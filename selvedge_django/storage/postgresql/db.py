@@ -25,6 +25,7 @@ from ..errors import guard_prepared_statements
 from ..operation import operation
 from ..wakeups import NOTIFY_CHANNEL, NOTIFY_QUEUE_CEILING, notify_payload
 from .sql import (
+    DUE_TIMERS_LOCK,
     IDLE_TIMEOUT_SETTING,
     KEY_LOCK_CLASS,
     LOCK_INSTANCE,
@@ -51,6 +52,13 @@ class PostgresDatabase(Database):
     NOW_MS = sql.NOW_MS_POSTGRESQL
     NEXT_SEQ = sql.NEXT_SEQ_POSTGRESQL
     can_notify = True
+    DUE_TIMERS_LOCK = DUE_TIMERS_LOCK
+    CLAIM_LOCK = " FOR UPDATE SKIP LOCKED"
+
+    @property
+    def one_statement(self) -> bool:
+        """Whether a fenced write may run as one statement: outside any transaction."""
+        return not self.connection.in_atomic_block
 
     @classmethod
     def connection_created(cls, connection: Any) -> None:

@@ -17,6 +17,7 @@ from ...engine.ports import ObservationResult, ReceiveOutcome, SignalMessage
 from .. import sql
 from ..operation import operation
 from ..store import DjangoStore
+from .db import PostgresDatabase
 from .sql import RECEIVE_NEXT
 
 __all__ = ["PostgresInbox"]
@@ -25,10 +26,7 @@ __all__ = ["PostgresInbox"]
 class PostgresInbox(DjangoStore):
     """Receives in one statement; see the module docstring."""
 
-    @property
-    def _one_statement(self) -> bool:
-        """Whether a fenced write may run as one statement: outside any transaction."""
-        return not self.connection.in_atomic_block
+    db: PostgresDatabase
 
     @operation
     def receive_next(
@@ -37,7 +35,7 @@ class PostgresInbox(DjangoStore):
         """receive_next: the reads of a receive (cancel state, oldest signal) and its
         observation as one statement. Nothing is written when no signal is there; when
         one is there and the fence refuses, the cancel request (if any) tells why."""
-        if not self._one_statement or self.has_deferred(fence):
+        if not self.db.one_statement or self.db.has_deferred(fence):
             return None
         iid = fence.instance_id
         fence_sql, fence_params = self._fence_sql(fence, uncancelled=uncancelled)

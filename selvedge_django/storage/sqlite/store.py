@@ -109,7 +109,7 @@ class SQLiteStore(DjangoStore):
         parked: tuple[int, str] | None = None,
         sticky: float | None = None,
     ) -> None:
-        if self.db._returning or self.has_deferred(fence):
+        if self.db._returning or self.db.has_deferred(fence):
             super().release_lease(fence, runnable, parked, sticky)
             return
         updated = (
