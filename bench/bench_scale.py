@@ -450,7 +450,7 @@ def measure_resume(lengths: list[int], repeats: int) -> dict[str, Any]:
             times, loads = [], []
             for r in range(repeats):
                 t = time.perf_counter()
-                store.load_snapshot(instance_id)
+                store.instances.load_snapshot(instance_id)
                 loads.append(time.perf_counter() - t)
                 sv.signal(instance_id, "go", r)
                 t = time.perf_counter()

@@ -117,21 +117,21 @@ def explain_all() -> None:
     store = store_for("default", Codec())
     names = [f"plans.wf{i}" for i in range(20)]
     operations = [
-        ("dispatch: lease_batch", lambda: store.lease_batch("w1", 30, 100, names)),
+        ("dispatch: lease_batch", lambda: store.instances.lease_batch("w1", 30, 100, names)),
         ("claims: claim_tasks", lambda: store.tasks.claim_tasks("w1", 10, ["plans.act"])),
         ("claims: next_task_due_ms", lambda: store.tasks.next_task_due_ms(["plans.act"])),
         (
             "timers: fire_due_timers",
-            lambda: store.fire_due_timers(100),
+            lambda: store.waits.fire_due_timers(100),
         ),
-        ("timers: next_timer_due_ms", store.next_timer_due_ms),
+        ("timers: next_timer_due_ms", store.waits.next_timer_due_ms),
         (
             "leader: sweep_activity_timeouts",
             lambda: store.task_timeouts.sweep_activity_timeouts(100),
         ),
         ("receive: arrivals", lambda: store.arrivals("wf-7")),
         ("receive: next_signal", lambda: store.next_signal("wf-7", "go")),
-        ("execution: load_snapshot", lambda: store.load_snapshot("wf-7")),
+        ("execution: load_snapshot", lambda: store.instances.load_snapshot("wf-7")),
         ("list: find_instances(status=running)", lambda: find_instances(status="running")),
         (
             "list: find_instances(workflow_name=)",

@@ -8,7 +8,7 @@ from typing import Any
 from .. import exceptions as exc
 from ..conf import get_settings
 from ..engine.identifiers import check_instance_id, instance_id_problem
-from ..storage import DjangoStore, client_codec, store_for
+from ..storage import Store, client_codec, store_for
 from ..worker import handoff
 
 __all__ = [
@@ -19,18 +19,18 @@ __all__ = [
     "validate_instance_id",
 ]
 
-_client: tuple[Any, DjangoStore] | None = None
+_client: tuple[Any, Store] | None = None
 _stores_lock = threading.Lock()
 
 
-def client_store() -> DjangoStore:
+def client_store() -> Store:
     """The client API's store, rebuilt whenever the settings object changes."""
     global _client
     settings = get_settings()
     with _stores_lock:
         if _client is None or _client[0] is not settings:
             store = store_for(settings.database, client_codec(settings), settings)
-            store.on_closed = handoff.finished
+            store.db.on_closed = handoff.finished
             _client = (settings, store)
         return _client[1]
 

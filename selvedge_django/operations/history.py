@@ -53,7 +53,7 @@ from ..models import (
     WorkflowStatus,
 )
 from ..registry import get_workflow, registered_workflow_names
-from ..storage import DjangoStore, client_codec
+from ..storage import Store, client_codec
 from .base import client_store, known_id
 
 __all__ = [
@@ -72,7 +72,7 @@ __all__ = [
 
 
 def history_rows(
-    store: DjangoStore, instance_id: str, *, max_events: int, max_signals: int
+    store: Store, instance_id: str, *, max_events: int, max_signals: int
 ) -> tuple[WorkflowInstance, list[tuple[Any, ...]], list[tuple[Any, ...]]]:
     """Read an instance, its history rows and its signals' positions in one snapshot.
 
@@ -110,7 +110,7 @@ def history_rows(
 
 
 def archived_rows(
-    store: DjangoStore, instance_id: str, value: Callable[[str | None], Any], limit: int
+    store: Store, instance_id: str, value: Callable[[str | None], Any], limit: int
 ) -> list[RecordedArchivedEvent]:
     """The rows an instance's resumes archived, oldest generation first; at most ``limit``
     (:class:`HistoryLimitExceeded` past it)."""

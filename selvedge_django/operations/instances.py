@@ -160,7 +160,7 @@ def start_at(
         hooks, "start", instance_id=instance_id, workflow_name=name
     )
     leased_at = time.monotonic()
-    result = store.create_instance(
+    result = store.starts.create_instance(
         instance_id,
         name,
         json.loads(text),
@@ -220,7 +220,7 @@ def start_with_activity(
     trace = hooks_module.capture_trace_context(
         settings.hooks, "start", instance_id=instance_id, workflow_name=name
     )
-    store.create_instance(
+    store.starts.create_instance(
         instance_id,
         name,
         json.loads(text),
@@ -310,7 +310,7 @@ def signal(
     trace = hooks_module.capture_trace_context(
         settings.hooks, "signal", instance_id=instance_id, workflow_name="", key=channel
     )
-    store.append_signal(
+    store.waits.append_signal(
         instance_id,
         channel,
         text,
@@ -441,7 +441,7 @@ def cancel_workflow(instance_id: str, reason: str = "") -> None:
     trace = hooks_module.capture_trace_context(
         get_settings().hooks, "cancel", instance_id=instance_id, workflow_name=""
     )
-    client_store().request_cancel(instance_id, reason, trace_context=trace)
+    client_store().cancels.request_cancel(instance_id, reason, trace_context=trace)
 
 
 def terminate_workflow(instance_id: str, reason: str = "") -> None:
@@ -463,7 +463,7 @@ def terminate_workflow(instance_id: str, reason: str = "") -> None:
     store = client_store()
     error = exc.WorkflowTerminated(instance_id, reason)
     envelope = error_data(error, codec=store.codec)
-    name = store.terminate(instance_id, envelope, {"terminate": {"reason": reason}})
+    name = store.instances.terminate(instance_id, envelope, {"terminate": {"reason": reason}})
     hooks = get_settings().hooks
 
     def terminated() -> None:

@@ -74,7 +74,7 @@ def resume_workflow(
     if not isinstance(only_failed, bool):
         raise TypeError("only_failed must be a bool")
     store = client_store()
-    outcome: ResumeOutcome = store.resume(instance_id, from_key, only_failed=only_failed)
+    outcome: ResumeOutcome = store.recovery.resume(instance_id, from_key, only_failed=only_failed)
     # The resumed run keeps its start's trace; the operator's span links to it.
     hooks_module.capture_trace_context(
         get_settings().hooks, "resume", instance_id=instance_id, workflow_name=outcome.workflow_name
@@ -128,7 +128,7 @@ def fork_workflow(
             hooks, "fork", instance_id=new_id, workflow_name=name, source=instance_id
         )
 
-    new_id, name = store.fork(instance_id, from_key, new_instance_id, trace)
+    new_id, name = store.recovery.fork(instance_id, from_key, new_instance_id, trace)
 
     def forked() -> None:
         logger.info("forked %s (%s) as %s", instance_id, name, new_id)

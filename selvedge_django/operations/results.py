@@ -20,7 +20,7 @@ from ..engine.codec import error_from_envelope
 from ..handles import WorkflowResult
 from ..models import WorkflowInstance, WorkflowStatus
 from ..registry import get_workflow
-from ..storage import DjangoStore
+from ..storage import Store
 from ..storage.wakeups import Waker
 from ..worker.handoff import running_here
 from .base import client_store, known_id
@@ -86,10 +86,10 @@ def wait_workflow(instance_id: str, timeout: float | None = None) -> WorkflowRes
     waker = Waker()
     topic = f"closed:{instance_id}"
     store.bus.subscribe(topic, waker)
-    if store.notify_enabled:
+    if store.db.notify_enabled:
         from ..storage.postgresql.listener import ensure_listener
 
-        ensure_listener(store.listen_alias, store.bus)
+        ensure_listener(store.db.listen_alias, store.bus)
     # An execution handed to a worker of this process is running: no need to read
     # the row first (its close wakes this waiter; subscribed above, so none is missed).
     read = not running_here(instance_id)
@@ -126,14 +126,14 @@ class _LoopWaker(Waker):
             self.loop.call_soon_threadsafe(self.event.set)
 
 
-def _subscribe_closed(instance_id: str, waker: Waker) -> tuple[DjangoStore, bool]:
+def _subscribe_closed(instance_id: str, waker: Waker) -> tuple[Store, bool]:
     """Subscribe ``waker`` to the instance's close; return the store and whether to read."""
     store = client_store()
     store.bus.subscribe(f"closed:{instance_id}", waker)
-    if store.notify_enabled:
+    if store.db.notify_enabled:
         from ..storage.postgresql.listener import ensure_listener
 
-        ensure_listener(store.listen_alias, store.bus)
+        ensure_listener(store.db.listen_alias, store.bus)
     return store, not running_here(instance_id)
 
 

@@ -45,7 +45,7 @@ from ..models import (
     WorkflowInstance,
     WorkflowStatus,
 )
-from ..storage import DjangoStore
+from ..storage import Store
 from ..worker.leader import LEADER_LOCK
 from .base import client_store
 
@@ -267,7 +267,7 @@ def _queues(alias: str, now: int) -> dict[str, dict[str, Any]]:
     return queues
 
 
-def _instances(store: DjangoStore, now: int) -> dict[str, Any]:
+def _instances(store: Store, now: int) -> dict[str, Any]:
     oldest = store.runnable_instances(now, 1)
     running = WorkflowInstance.objects.using(store.alias).filter(status=WorkflowStatus.RUNNING)
     return {
@@ -283,14 +283,14 @@ def _timers(alias: str, now: int) -> dict[str, Any]:
     return {"due_timers": _count(due), "oldest_due_timer_age_s": _age(now, oldest)}
 
 
-def _long_histories(store: DjangoStore, threshold: int) -> list[dict[str, Any]]:
+def _long_histories(store: Store, threshold: int) -> list[dict[str, Any]]:
     return [
         {"instance_id": s.instance_id, "workflow_name": s.workflow_name, "commands": s.parked_seq}
         for s in store.long_histories(threshold, MAX_LISTED)
     ]
 
 
-def _stuck(store: DjangoStore, now: int, stuck_after: float) -> list[dict[str, Any]]:
+def _stuck(store: Store, now: int, stuck_after: float) -> list[dict[str, Any]]:
     limit = now - round(stuck_after * 1000)
     # A lease that expired and nobody took over: no worker can run it (none alive, none
     # registers the workflow, or none of a compatible code version).
@@ -317,7 +317,7 @@ def _stuck(store: DjangoStore, now: int, stuck_after: float) -> list[dict[str, A
     return stuck[:MAX_LISTED]
 
 
-def _hot_loops(store: DjangoStore, now: int) -> list[dict[str, Any]]:
+def _hot_loops(store: Store, now: int) -> list[dict[str, Any]]:
     candidates = [
         *store.erring_instances(MAX_LISTED),
         *(

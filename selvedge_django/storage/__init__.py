@@ -1,18 +1,19 @@
 """Storage: the durable operations of the engine over the Django ORM.
 
-Layout (see docs/architecture in the README): :mod:`.sql` names every
-hand-written statement; :mod:`.base` is the plumbing (clock, transactions,
-fences, wake-ups); :mod:`.instances`, :mod:`.children`, :mod:`.waits`,
-:mod:`.tasks`, :mod:`.task_timeouts`, :mod:`.renewals`, :mod:`.locks` and
-:mod:`.reads` are the parts :class:`~.store.DjangoStore` is made of;
-:mod:`.postgresql` and :mod:`.sqlite` hold everything that differs between the
-two databases (one subclass each), and :func:`store_for` picks the class once.
+Layout (see the README's architecture section): :mod:`.store` holds
+:class:`~.store.Store`, which builds a :class:`~.db.Database` (connection,
+transactions, fences, wake-ups, clock) and one part per aggregate on it, each a
+module of this package (:mod:`.instances`, :mod:`.starts`, :mod:`.children`,
+:mod:`.waits`, :mod:`.tasks`, :mod:`.flow_control`, :mod:`.inline`,
+:mod:`.resume`, :mod:`.renewals`, :mod:`.locks`, :mod:`.reads`, ...);
+:mod:`.sql` names the portable statements. :mod:`.postgresql` and :mod:`.sqlite`
+hold everything that differs between the two databases (a Database subclass each,
+and the parts that differ there), and :func:`store_for` picks the store once.
 :mod:`.schedules` stores schedule rows through a store, :mod:`.wakeups` is the
-in-process bus and the NOTIFY topics, :mod:`.listener` the PostgreSQL LISTEN
-thread, :mod:`.errors` what storage errors mean.
+in-process bus and the NOTIFY topics, :mod:`.errors` what storage errors mean.
 
 Storage imports nothing of the worker, the operations layer or the registry: an
-upward need is a callback (``DjangoStore.on_closed``).
+upward need is a callback (``store.db.on_closed``).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from .clock import DbNowMs, clock_offset_ms, set_clock_offset_ms
 from .lapses import attempt_error_data
 from .postgresql import PostgresStore
 from .sqlite import SQLiteStore
-from .store import DjangoStore, InstanceHead
+from .store import DjangoStore, InstanceHead, Store
 
 if TYPE_CHECKING:
     from ..conf import SelvedgeSettings
@@ -51,6 +52,7 @@ __all__ = [
     "InstanceHead",
     "PostgresStore",
     "SQLiteStore",
+    "Store",
     "attempt_error_data",
     "check_vendor",
     "client_codec",
@@ -65,15 +67,15 @@ __all__ = [
 ]
 
 # The store class of each supported database vendor.
-STORES: dict[str, type[DjangoStore]] = {"postgresql": PostgresStore, "sqlite": SQLiteStore}
+STORES: dict[str, type[Store]] = {"postgresql": PostgresStore, "sqlite": SQLiteStore}
 
 
-def store_class(alias: str) -> type[DjangoStore] | None:
+def store_class(alias: str) -> type[Store] | None:
     """The store class for the database ``alias``, or None when it is not supported."""
     return STORES.get(connections[alias].vendor)
 
 
-def check_vendor(alias: str) -> type[DjangoStore]:
+def check_vendor(alias: str) -> type[Store]:
     """The store class for ``alias``; ImproperlyConfigured for other databases."""
     cls = store_class(alias)
     if cls is None:
@@ -84,7 +86,7 @@ def check_vendor(alias: str) -> type[DjangoStore]:
     return cls
 
 
-def store_for(alias: str, codec: Codec, settings: SelvedgeSettings | None = None) -> DjangoStore:
+def store_for(alias: str, codec: Codec, settings: SelvedgeSettings | None = None) -> Store:
     """A new store for ``alias`` (cheap), of its database's class.
 
     With ``settings``, the notification settings apply: ``LISTEN_NOTIFY`` (NOTIFY
@@ -92,12 +94,13 @@ def store_for(alias: str, codec: Codec, settings: SelvedgeSettings | None = None
     """
     store = check_vendor(alias)(alias, codec)
     if settings is not None:
+        db, options = store.db, store.options
         if settings.listen_notify is not None:
-            store.notify_enabled = settings.listen_notify and store.db.can_notify
-        store.listen_alias = settings.listen_database or settings.database
-        store.code_version = settings.code_version
-        store.compatible_versions = settings.compatible_versions
-        store.queue_rate_limits = dict(settings.queue_rate_limits)
+            db.notify_enabled = settings.listen_notify and db.can_notify
+        db.listen_alias = settings.listen_database or settings.database
+        options.code_version = settings.code_version
+        options.compatible_versions = settings.compatible_versions
+        options.queue_rate_limits = dict(settings.queue_rate_limits)
     return store
 
 

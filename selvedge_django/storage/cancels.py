@@ -5,15 +5,18 @@ from __future__ import annotations
 from .. import exceptions as exc
 from ..models import WorkflowInstance, WorkflowStatus
 from . import sql
-from .base import StoreBase
+from .db import Database
 from .operation import operation
 from .wakeups import TOPIC_RUNNABLE
 
-__all__ = ["CancelStore"]
+__all__ = ["Cancels"]
 
 
-class CancelStore(StoreBase):
-    """A cancel request and its state."""
+class Cancels:
+    """A cancel request and its state (``store.cancels``)."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
 
     @operation
     def request_cancel(
@@ -21,8 +24,8 @@ class CancelStore(StoreBase):
     ) -> str:
         """Store a durable cancel request (the first one's ``trace_context`` with it) and
         wake the instance; return its status."""
-        instances = WorkflowInstance.objects.using(self.alias)
-        with self.atomic():
+        instances = WorkflowInstance.objects.using(self.db.alias)
+        with self.db.atomic():
             status = (
                 instances.filter(instance_id=instance_id)
                 .select_for_update(no_key=True)
@@ -38,14 +41,14 @@ class CancelStore(StoreBase):
             instances.filter(instance_id=instance_id, cancel_requested=False).update(
                 cancel_requested=True, cancel_reason=reason, cancel_trace_context=trace_context
             )
-            instances.filter(instance_id=instance_id).update(**self.wake_fields())
-            self.after_commit(TOPIC_RUNNABLE)
+            instances.filter(instance_id=instance_id).update(**self.db.wake_fields())
+            self.db.after_commit(TOPIC_RUNNABLE)
             return str(status)
 
     @operation
     def cancel_state(self, instance_id: str) -> tuple[bool, str]:
         """(cancel requested, reason) of an instance; (False, "") when it does not exist."""
-        rows = self._fetch(sql.SELECT_CANCEL_STATE, [instance_id])
+        rows = self.db._fetch(sql.SELECT_CANCEL_STATE, [instance_id])
         if not rows:
             return False, ""
         return bool(rows[0][0]), str(rows[0][1])

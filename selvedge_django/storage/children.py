@@ -35,23 +35,29 @@ from ..models import (
     WorkflowStatus,
 )
 from . import sql
-from .base import StoreBase
+from .db import Database
 from .operation import operation
+from .options import StoreOptions
 from .sql import Sql
 from .wakeups import TOPIC_RUNNABLE
 
-__all__ = ["ChildStore"]
+__all__ = ["Children"]
 
 
-class ChildStore(StoreBase):
-    """Child starts, cancel requests to children, and the cascade of a close."""
+class Children:
+    """Child starts, cancel requests to children, and the cascade of a close
+    (``store.children``)."""
+
+    def __init__(self, db: Database, options: StoreOptions) -> None:
+        self.db = db
+        self.options = options
 
     def _next_seq_sql(self, offset: int = 0) -> Sql:
         """The next creation number of an instance as a SQL value. ``offset`` is the row's
         place in a multi-row insert: SQLite reads its number once per statement, a
         PostgreSQL sequence gives each row its own."""
-        text = self._tables(self.db.NEXT_SEQ)
-        if offset and self.single_writer:
+        text = self.db._tables(self.db.NEXT_SEQ)
+        if offset and self.db.single_writer:
             return Sql(f"({text} + %s)", [offset])
         return Sql(text)
 
@@ -61,39 +67,39 @@ class ChildStore(StoreBase):
 
         A child id that is taken records the start's failure in the command's row.
         """
-        with self.atomic():
-            self._fence(fence, current_step=f"child {child.workflow_name} {child.instance_id}")
-            stored = self._insert_row(fence.instance_id, row)
+        with self.db.atomic():
+            self.db._fence(fence, current_step=f"child {child.workflow_name} {child.instance_id}")
+            stored = self.db._insert_row(fence.instance_id, row)
             if stored is not row:
                 return stored
             now = timezone.now()
             try:
-                with transaction.atomic(using=self.alias):
-                    WorkflowInstance.objects.using(self.alias).create(
+                with transaction.atomic(using=self.db.alias):
+                    WorkflowInstance.objects.using(self.db.alias).create(
                         instance_id=child.instance_id,
                         workflow_name=child.workflow_name,
                         input=child.input,
                         status=WorkflowStatus.RUNNING,
                         runnable=True,
-                        ready_ms=self.now_expr(),
+                        ready_ms=self.db.now_expr(),
                         created_seq=RawSQL(self._next_seq_sql().sql, []),
                         parent_instance_id=fence.instance_id,
                         parent_key=row.key,
                         parent_generation=child.parent_generation,
                         # The child's spans join its parent's trace.
                         trace_context=Subquery(
-                            WorkflowInstance.objects.using(self.alias)
+                            WorkflowInstance.objects.using(self.db.alias)
                             .filter(instance_id=fence.instance_id)
                             .values("trace_context")[:1]
                         ),
                         started_at=now,
                         updated_at=now,
-                        code_version=self.code_version,
+                        code_version=self.options.code_version,
                         execution_timeout_ms=child.execution_timeout_ms,
                         execution_deadline_ms=(
                             None
                             if child.execution_timeout_ms is None
-                            else self.now_expr(child.execution_timeout_ms / 1000)
+                            else self.db.now_expr(child.execution_timeout_ms / 1000)
                         ),
                     )
             except IntegrityError:
@@ -101,7 +107,7 @@ class ChildStore(StoreBase):
                 if attached is not None:
                     return attached
                 data = error_data(exc.WorkflowAlreadyStarted(child.instance_id))
-                HistoryEvent.objects.using(self.alias).filter(
+                HistoryEvent.objects.using(self.db.alias).filter(
                     instance_id=fence.instance_id, key=row.key
                 ).update(event_type=EV_CHILD_START_FAILED, data=data, delivered_seq=row.seq)
                 stored = HistoryRow(
@@ -114,7 +120,7 @@ class ChildStore(StoreBase):
                     row.seq,
                 )
             else:
-                self.after_commit(TOPIC_RUNNABLE)
+                self.db.after_commit(TOPIC_RUNNABLE)
             return stored
 
     def _reattach_child(self, fence: Fence, row: HistoryRow, child: ChildSpec) -> HistoryRow | None:
@@ -129,7 +135,7 @@ class ChildStore(StoreBase):
         parent started (before a continue-as-new): that one is not the command's.
         """
         found = (
-            WorkflowInstance.objects.using(self.alias)
+            WorkflowInstance.objects.using(self.db.alias)
             .filter(
                 instance_id=child.instance_id,
                 parent_instance_id=fence.instance_id,
@@ -151,11 +157,11 @@ class ChildStore(StoreBase):
             WorkflowStatus.CANCELLED: EV_CHILD_CANCELLED,
         }[WorkflowStatus(status)]
         data = output if status == WorkflowStatus.COMPLETED else error
-        HistoryEvent.objects.using(self.alias).filter(
+        HistoryEvent.objects.using(self.db.alias).filter(
             instance_id=fence.instance_id, key=row.key, data__isnull=True
         ).update(event_type=event, data=data, arrived_at=timezone.now())
-        wake = self.wake_sql()
-        self._execute(sql.WAKE_INSTANCE, [*wake.params, fence.instance_id])
+        wake = self.db.wake_sql()
+        self.db._execute(sql.WAKE_INSTANCE, [*wake.params, fence.instance_id])
         # An arrival, as a child closing now would make it: the next wait delivers it.
         return row
 
@@ -170,16 +176,16 @@ class ChildStore(StoreBase):
         """
         if not children:
             return
-        for part in self._chunks(children, values_each=2):
-            mine = WorkflowInstance.objects.using(self.alias).filter(
+        for part in self.db._chunks(children, values_each=2):
+            mine = WorkflowInstance.objects.using(self.db.alias).filter(
                 instance_id__in=[child_id for child_id, _ in part],
                 parent_instance_id=parent_id,
                 parent_key__in=[key for _, key in part],
                 status=WorkflowStatus.RUNNING,
             )
             mine.filter(cancel_requested=False).update(cancel_requested=True, cancel_reason=reason)
-            mine.update(**self.wake_fields())
-        self.after_commit(TOPIC_RUNNABLE)
+            mine.update(**self.db.wake_fields())
+        self.db.after_commit(TOPIC_RUNNABLE)
 
     def _wake_waiting_parent(
         self, iid: str, parent: tuple[str, str] | None
@@ -197,12 +203,12 @@ class ChildStore(StoreBase):
         when known, None to read it.
         """
         if parent is None:
-            rows = self._fetch(sql.SELECT_PARENT, [iid])
+            rows = self.db._fetch(sql.SELECT_PARENT, [iid])
             parent = (str(rows[0][0]), str(rows[0][1])) if rows else ("", "")
         parent_id, parent_key = parent
         if not parent_id:
             return None
-        if not self._wake(parent_id, sql.PARENT_WAITS, [parent_id, parent_key, CMD_CHILD, iid]):
+        if not self.db._wake(parent_id, sql.PARENT_WAITS, [parent_id, parent_key, CMD_CHILD, iid]):
             return None
         return parent_id, parent_key
 
@@ -212,7 +218,7 @@ class ChildStore(StoreBase):
         # otherwise SQLite scans every running instance through the status index.
         return [
             (child_id, key)
-            for child_id, key, child_status in WorkflowInstance.objects.using(self.alias)
+            for child_id, key, child_status in WorkflowInstance.objects.using(self.db.alias)
             .filter(parent_instance_id=iid)
             .exclude(parent_instance_id="")
             .order_by()
@@ -246,7 +252,7 @@ class ChildStore(StoreBase):
             WorkflowStatus.FAILED: EV_CHILD_FAILED,
             WorkflowStatus.CANCELLED: EV_CHILD_CANCELLED,
         }[WorkflowStatus(status)]
-        HistoryEvent.objects.using(self.alias).filter(
+        HistoryEvent.objects.using(self.db.alias).filter(
             instance_id=parent_id, key=parent_key, command=CMD_CHILD, data__isnull=True
         ).update(event_type=event, data=data, arrived_at=timezone.now())
 
@@ -257,16 +263,16 @@ class ChildStore(StoreBase):
         cancellation as their value (the workflow code closed without them); a
         terminate leaves them as they are.
         """
-        ActivityTask.objects.using(self.alias).filter(instance_id=iid).unfinished().update(
+        ActivityTask.objects.using(self.db.alias).filter(instance_id=iid).unfinished().update(
             status=ActivityTaskStatus.CANCELLED, claim_owner="", claim_expires_ms=None
         )
         if not fill:
-            TimerSubscription.objects.using(self.alias).filter(instance_id=iid).delete()
+            TimerSubscription.objects.using(self.db.alias).filter(instance_id=iid).delete()
             return
         closed = error_data(exc.Cancelled("workflow closed before it finished"))
-        unfinished = HistoryEvent.objects.using(self.alias).filter(
+        unfinished = HistoryEvent.objects.using(self.db.alias).filter(
             instance_id=iid, data__isnull=True
         )
         unfinished.filter(command="activity").update(event_type=EV_ACTIVITY_CANCELLED, data=closed)
         unfinished.filter(command=CMD_SLEEP).update(event_type=EV_TIMER_CANCELLED, data=closed)
-        TimerSubscription.objects.using(self.alias).filter(instance_id=iid).delete()
+        TimerSubscription.objects.using(self.db.alias).filter(instance_id=iid).delete()

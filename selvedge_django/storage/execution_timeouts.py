@@ -13,18 +13,18 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError
 
 from .. import exceptions as exc
-from ..engine.events import Fence, error_data
+from ..engine.events import error_data
 from ..models import WorkflowInstance, WorkflowStatus
 from . import sql
-from .base import StoreBase
+from .db import Database
+from .instances import Instances
 from .operation import operation
 
-__all__ = ["EXECUTION_TIMEOUT_REASON", "ExecutionTimeoutStore", "TimedOutRun"]
+__all__ = ["EXECUTION_TIMEOUT_REASON", "ExecutionTimeouts", "TimedOutRun"]
 
 #: The reason of the :class:`~selvedge_django.exceptions.WorkflowTerminated` error of a
 #: run that outlived its execution timeout.
@@ -42,20 +42,13 @@ class TimedOutRun:
     error: exc.WorkflowTerminated
 
 
-class ExecutionTimeoutStore(StoreBase):
-    """Terminate the running instances whose execution deadline has passed."""
+class ExecutionTimeouts:
+    """Terminate the running instances whose execution deadline has passed
+    (``store.execution_timeouts``), through ``instances``."""
 
-    if TYPE_CHECKING:  # provided by DjangoStore
-
-        def terminate(
-            self,
-            instance_id: str,
-            error: str,
-            closed_by: dict[str, Any],
-            *,
-            fence: Fence | None = None,
-            overdue: bool = False,
-        ) -> str: ...
+    def __init__(self, db: Database, *, instances: Instances) -> None:
+        self.db = db
+        self.instances = instances
 
     @operation
     def sweep_execution_timeouts(self, limit: int) -> list[TimedOutRun]:
@@ -72,11 +65,11 @@ class ExecutionTimeoutStore(StoreBase):
         logged and swept again next round, after the others of the batch.
         """
         overdue = list(
-            WorkflowInstance.objects.using(self.alias)
+            WorkflowInstance.objects.using(self.db.alias)
             .filter(
                 status=WorkflowStatus.RUNNING,
                 execution_deadline_ms__isnull=False,
-                execution_deadline_ms__lt=self.now_expr(),
+                execution_deadline_ms__lt=self.db.now_expr(),
             )
             .order_by("execution_deadline_ms")
             .values_list("instance_id", "execution_timeout_ms", "execution_deadline_ms")[:limit]
@@ -88,12 +81,12 @@ class ExecutionTimeoutStore(StoreBase):
                 "execution_timeout": {"timeout_ms": timeout_ms, "deadline_ms": deadline_ms}
             }
             try:
-                with self.atomic():
+                with self.db.atomic():
                     if not self._lock_family(instance_id):
                         continue
-                    name = self.terminate(
+                    name = self.instances.terminate(
                         instance_id,
-                        error_data(error, codec=self.codec),
+                        error_data(error, codec=self.db.codec),
                         closed_by,
                         overdue=True,
                     )
@@ -115,10 +108,10 @@ class ExecutionTimeoutStore(StoreBase):
     def _lock_family(self, instance_id: str) -> bool:
         """Lock the parent's row (if any) and then the instance's, in the lock order of
         a close, unless another transaction holds one of them (False)."""
-        rows = self._fetch(sql.SELECT_PARENT, [instance_id])
+        rows = self.db._fetch(sql.SELECT_PARENT, [instance_id])
         if not rows:
             return False
         parent_id = str(rows[0][0])
-        if parent_id and not self._lock_instance(parent_id, skip_locked=True):
+        if parent_id and not self.db._lock_instance(parent_id, skip_locked=True):
             return False
-        return self._lock_instance(instance_id, skip_locked=True)
+        return self.db._lock_instance(instance_id, skip_locked=True)

@@ -16,7 +16,7 @@ from ..metrics import GaugeReading
 from ..models import ActivityTask, ActivityTaskStatus
 
 if TYPE_CHECKING:
-    from .store import DjangoStore
+    from .store import Store
 
 __all__ = ["GAUGE_CAP", "read_gauges"]
 
@@ -24,7 +24,7 @@ __all__ = ["GAUGE_CAP", "read_gauges"]
 GAUGE_CAP = 10_000
 
 
-def read_gauges(store: DjangoStore, cap: int = GAUGE_CAP) -> GaugeReading:
+def read_gauges(store: Store, cap: int = GAUGE_CAP) -> GaugeReading:
     """Queued and running tasks per queue, the oldest due, and the runnable instances."""
     tasks = ActivityTask.objects.using(store.alias)
     now_ms = store.now_ms()

@@ -28,13 +28,15 @@ from ..engine.events import (
 from ..engine.ports import CloseRequest, ExecutionSnapshot
 from ..models import WorkflowInstance, WorkflowStatus
 from . import sql
-from .cancels import CancelStore
+from .children import Children
+from .db import Database
 from .operation import operation
-from .releases import LeaseReleaseStore
-from .starts import StartStore
+from .options import StoreOptions
+from .starts import input_field
+from .tasks import Tasks
 from .wakeups import closed_topic
 
-__all__ = ["EXECUTION_ERROR_CHARS", "InstanceHead", "InstanceStore"]
+__all__ = ["EXECUTION_ERROR_CHARS", "InstanceHead", "Instances"]
 
 # The most of an error's text kept on the instance (``execution_error``).
 EXECUTION_ERROR_CHARS = 2000
@@ -58,8 +60,21 @@ class InstanceHead:
     taken_over: bool = False
 
 
-class InstanceStore(StartStore, CancelStore, LeaseReleaseStore):
-    """Starts, leases, snapshots, cancel requests, closes and what holds an instance back."""
+class Instances:
+    """Leases, snapshots, commands, closes and what holds an instance back
+    (``store.instances``).
+
+    A close cascades to the instance's children and parent through ``children``; the
+    dialect's close may carry an inline result of ``tasks`` in its own statement.
+    """
+
+    def __init__(
+        self, db: Database, options: StoreOptions, *, children: Children, tasks: Tasks
+    ) -> None:
+        self.db = db
+        self.options = options
+        self.children = children
+        self.tasks = tasks
 
     # -- progress -----------------------------------------------------------------------
 
@@ -68,14 +83,14 @@ class InstanceStore(StartStore, CancelStore, LeaseReleaseStore):
         """Store the instance's progress (JSON text) under the fence, in one statement."""
         params = [
             progress,
-            self._now_param(),
+            self.db._now_param(),
             fence.instance_id,
             fence.owner,
             fence.epoch,
             str(WorkflowStatus.RUNNING),
         ]
-        if self._execute(sql.SET_PROGRESS, params) != 1:
-            raise self._fenced_error(fence)
+        if self.db._execute(sql.SET_PROGRESS, params) != 1:
+            raise self.db._fenced_error(fence)
 
     # -- leases -------------------------------------------------------------------------
 
@@ -104,10 +119,10 @@ class InstanceStore(StartStore, CancelStore, LeaseReleaseStore):
         its snapshot then reads only the history. How concurrent dispatchers keep
         apart is the dialect's (:meth:`_lease_rows`).
         """
-        versions = self.compatible_versions
+        versions = self.options.compatible_versions
         if limit <= 0 or (names is not None and not names) or versions == ():
             return []
-        clock = self.now_sql().params
+        clock = self.db.now_sql().params
         named = "" if names is None else sql.in_list("workflow_name", len(names))
         name_params = [] if names is None else list(names)
         if versions is not None:
@@ -152,7 +167,7 @@ class InstanceStore(StartStore, CancelStore, LeaseReleaseStore):
         parked_seq, parked_key, history_generation = row[7:10]
         return InstanceHead(
             workflow_name=name,
-            input=self._input_field.from_db_value(input_value, None, self.connection),
+            input=input_field().from_db_value(input_value, None, self.db.connection),
             status=status,
             cancel_requested=bool(cancel_requested),
             cancel_reason=reason,
@@ -165,7 +180,7 @@ class InstanceStore(StartStore, CancelStore, LeaseReleaseStore):
 
     def _compatible(self, instances: Any) -> Any:
         """Only the instances of COMPATIBLE_VERSIONS (all when it is None)."""
-        versions = self.compatible_versions
+        versions = self.options.compatible_versions
         if versions is None:
             return instances
         allowed = Q(code_version__in=[v for v in versions if v is not None])
@@ -176,15 +191,15 @@ class InstanceStore(StartStore, CancelStore, LeaseReleaseStore):
     @operation
     def acquire(self, instance_id: str, owner: str, ttl: float) -> Fence | None:
         """Lease one instance if it is dispatchable."""
-        instances = WorkflowInstance.objects.using(self.alias)
-        with self.atomic():
+        instances = WorkflowInstance.objects.using(self.db.alias)
+        with self.db.atomic():
             if (
                 not self._compatible(instances.filter(instance_id=instance_id))
-                .dispatchable(self.now_expr())
+                .dispatchable(self.db.now_expr())
                 .update(
                     lease_owner=owner,
                     lease_epoch=F("lease_epoch") + 1,
-                    lease_expires_ms=self.now_expr(ttl),
+                    lease_expires_ms=self.db.now_expr(ttl),
                     runnable=False,
                 )
             ):
@@ -200,15 +215,15 @@ class InstanceStore(StartStore, CancelStore, LeaseReleaseStore):
     def renew_lease(self, fence: Fence, ttl: float) -> bool:
         """Extend an unexpired matching lease on the database clock."""
         return bool(
-            WorkflowInstance.objects.using(self.alias)
+            WorkflowInstance.objects.using(self.db.alias)
             .filter(
                 instance_id=fence.instance_id,
                 lease_owner=fence.owner,
                 lease_epoch=fence.epoch,
                 status=WorkflowStatus.RUNNING,
-                lease_expires_ms__gte=self.now_expr(),
+                lease_expires_ms__gte=self.db.now_expr(),
             )
-            .update(lease_expires_ms=self.now_expr(ttl))
+            .update(lease_expires_ms=self.db.now_expr(ttl))
         )
 
     # -- snapshots and commands ---------------------------------------------------------
@@ -231,7 +246,7 @@ class InstanceStore(StartStore, CancelStore, LeaseReleaseStore):
         back is then unspecified).
         """
         if head is None:
-            rows = self._fetch(sql.SELECT_HEAD, [instance_id])
+            rows = self.db._fetch(sql.SELECT_HEAD, [instance_id])
             if not rows:
                 raise exc.WorkflowNotFound(instance_id)
             head = self._head(rows[0])
@@ -242,7 +257,7 @@ class InstanceStore(StartStore, CancelStore, LeaseReleaseStore):
             statement, params = sql.SNAPSHOT, [instance_id, instance_id]
         else:
             statement, params = sql.SNAPSHOT_BOUNDED, [instance_id, max_events + 1, instance_id]
-        rows = self._fetch(statement, params)
+        rows = self.db._fetch(statement, params)
         for kind, row_id, key, seq, command, event_type, data, reserved, delivered in rows:
             if kind == 0:
                 history.append(HistoryRow(key, seq, command, event_type, data, reserved, delivered))
@@ -268,9 +283,9 @@ class InstanceStore(StartStore, CancelStore, LeaseReleaseStore):
     @operation
     def record_command(self, fence: Fence, row: HistoryRow) -> HistoryRow:
         """Record a command's history row under the fence."""
-        with self.atomic():
-            self._fence(fence)
-            return self._insert_row(fence.instance_id, row)
+        with self.db.atomic():
+            self.db._fence(fence)
+            return self.db._insert_row(fence.instance_id, row)
 
     # -- close --------------------------------------------------------------------------
 
@@ -281,16 +296,16 @@ class InstanceStore(StartStore, CancelStore, LeaseReleaseStore):
         Returns the status written (a cancellation without a durable request closes
         as failed).
         """
-        with self.atomic():
+        with self.db.atomic():
             # Lock order: a child's close takes its parent's row before its own (an
             # ancestor before a descendant, as a parent's close cancelling its children
             # does), and decides there whether the parent still waits for the outcome.
-            parent_waits = self._wake_waiting_parent(fence.instance_id, request.parent)
+            parent_waits = self.children._wake_waiting_parent(fence.instance_id, request.parent)
             status = request.status
             if status == WorkflowStatus.CANCELLED:
-                self._fence(fence)
+                self.db._fence(fence)
                 requested = (
-                    WorkflowInstance.objects.using(self.alias)
+                    WorkflowInstance.objects.using(self.db.alias)
                     .filter(instance_id=fence.instance_id)
                     .values_list("cancel_requested", flat=True)
                     .get()
@@ -299,24 +314,24 @@ class InstanceStore(StartStore, CancelStore, LeaseReleaseStore):
                     status = WorkflowStatus.FAILED
             statement, params = self._close_sql(fence, status, request)
             # The fence check and the close are one conditional update.
-            if self._execute(statement, params) != 1:
-                raise self._fenced_error(fence)
+            if self.db._execute(statement, params) != 1:
+                raise self.db._fenced_error(fence)
             self.db.apply_deferred(fence)
             data = request.output if status == WorkflowStatus.COMPLETED else request.error
-            self._insert_row(fence.instance_id, self._close_row(status, data))
+            self.db._insert_row(fence.instance_id, self._close_row(status, data))
             if request.unfinished:
-                self._close_cleanup(fence.instance_id)
-            self._close_cascade(
+                self.children._close_cleanup(fence.instance_id)
+            self.children._close_cascade(
                 fence.instance_id, status, data, children=request.children, parent=parent_waits
             )
             # A waiter in this process reads the row again once the handed-over execution
             # is no longer marked running: unmark it before the wake-up goes out.
-            self._closed_on_commit(fence.instance_id)
-            self.after_commit(closed_topic(fence.instance_id))
+            self.db._closed_on_commit(fence.instance_id)
+            self.db.after_commit(closed_topic(fence.instance_id))
         return str(status)
 
     def _close_sql(self, fence: Fence, status: str, request: CloseRequest) -> tuple[str, list[Any]]:
-        now = self._now_param()
+        now = self.db._now_param()
         return (
             sql.CLOSE_UPDATE,
             [
@@ -350,7 +365,7 @@ class InstanceStore(StartStore, CancelStore, LeaseReleaseStore):
     def execution_errors(self, fence: Fence) -> int | None:
         """How many executions in a row ended on a storage error before the one ``fence``
         holds; None when that lease is no longer held (or the instance closed)."""
-        rows = self._fetch(
+        rows = self.db._fetch(
             sql.SELECT_EXECUTION_ERRORS,
             [fence.instance_id, fence.owner, fence.epoch, str(WorkflowStatus.RUNNING)],
         )
@@ -367,15 +382,15 @@ class InstanceStore(StartStore, CancelStore, LeaseReleaseStore):
         forward. False when the lease was no longer held.
         """
         return (
-            self._execute(
+            self.db._execute(
                 sql.DEFER_EXECUTION,
                 [
                     True,
-                    *self.now_sql().params,
+                    *self.db.now_sql().params,
                     round(delay * 1000),
                     errors,
                     message[:EXECUTION_ERROR_CHARS],
-                    self._now_param(),
+                    self.db._now_param(),
                     fence.instance_id,
                     fence.owner,
                     fence.epoch,
@@ -412,16 +427,18 @@ class InstanceStore(StartStore, CancelStore, LeaseReleaseStore):
         resume gave it a new one meanwhile). Raises :class:`WorkflowNotFound` or
         :class:`InstanceClosed`.
         """
-        with self.atomic():
-            rows = self._fetch(sql.SELECT_TERMINATE_HEAD, [instance_id])
+        with self.db.atomic():
+            rows = self.db._fetch(sql.SELECT_TERMINATE_HEAD, [instance_id])
             if not rows:
                 raise exc.WorkflowNotFound(instance_id)
             status, parent_id, parent_key, workflow_name = rows[0]
             if status != WorkflowStatus.RUNNING:
                 raise exc.InstanceClosed.for_status(instance_id, status)
             # Lock order: a waiting parent's row before this one, as a child's close does.
-            parent = self._wake_waiting_parent(instance_id, (str(parent_id), str(parent_key)))
-            now = self._now_param()
+            parent = self.children._wake_waiting_parent(
+                instance_id, (str(parent_id), str(parent_key))
+            )
+            now = self.db._now_param()
             params: list[Any] = [
                 str(WorkflowStatus.FAILED),
                 error,
@@ -436,21 +453,21 @@ class InstanceStore(StartStore, CancelStore, LeaseReleaseStore):
             if fence is not None:
                 params += [fence.owner, fence.epoch]
             if overdue:
-                now_ms = self.now_sql()
+                now_ms = self.db.now_sql()
                 guard += sql.compose(sql.TERMINATE_OVERDUE, now=now_ms.sql)
                 params += now_ms.params
             statement = sql.compose(sql.TERMINATE_UPDATE, fenced=guard)
-            if self._execute(statement, params) != 1:
+            if self.db._execute(statement, params) != 1:
                 if fence is not None:
-                    raise self._fenced_error(fence)
+                    raise self.db._fenced_error(fence)
                 # Closed by its execution while this transaction waited for the row.
-                closed = self._fetch(sql.SELECT_STATUS, [instance_id])
+                closed = self.db._fetch(sql.SELECT_STATUS, [instance_id])
                 if overdue and closed[0][0] == WorkflowStatus.RUNNING:
                     raise exc.InvalidWorkflowState(
                         instance_id, str(closed[0][0]), f"{instance_id!r} is not overdue"
                     )
                 raise exc.InstanceClosed.for_status(instance_id, closed[0][0])
-            self._insert_row(
+            self.db._insert_row(
                 instance_id,
                 HistoryRow(
                     key=CLOSE_KEY,
@@ -461,10 +478,10 @@ class InstanceStore(StartStore, CancelStore, LeaseReleaseStore):
                     reservation=json.dumps({"closed_by": closed_by}),
                 ),
             )
-            self._close_cleanup(instance_id, fill=False)
-            self._close_cascade(
+            self.children._close_cleanup(instance_id, fill=False)
+            self.children._close_cascade(
                 instance_id, str(WorkflowStatus.FAILED), error, children=True, parent=parent
             )
-            self._closed_on_commit(instance_id)
-            self.after_commit(closed_topic(instance_id))
+            self.db._closed_on_commit(instance_id)
+            self.db.after_commit(closed_topic(instance_id))
         return str(workflow_name)

@@ -12,16 +12,20 @@ from typing import Any
 from ..engine.events import Fence
 from ..models import WorkflowInstance
 from . import sql
-from .children import ChildStore
+from .db import Database
 from .inline import InlineClaimLapsed
 from .operation import operation
 from .wakeups import TOPIC_RUNNABLE
 
-__all__ = ["LeaseReleaseStore"]
+__all__ = ["Releases"]
 
 
-class LeaseReleaseStore(ChildStore):
-    """release_lease, portable (the SQLite store without RETURNING has its own)."""
+class Releases:
+    """The release of an execution lease (``store.releases``); the SQLite store without
+    RETURNING has its own."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
 
     @operation
     def release_lease(
@@ -48,15 +52,15 @@ class LeaseReleaseStore(ChildStore):
         if self.db.has_deferred(fence):
             self._release_with_deferred(fence, runnable, parked, sticky)
             return
-        rows = self._fetch(
+        rows = self.db._fetch(
             sql.RELEASE_LEASE,
             [
                 fence.owner if sticky is not None else "",
-                *self.now_sql().params,
+                *self.db.now_sql().params,
                 round((sticky or 0.0) * 1000),
                 *(parked if parked is not None else (None, None)),
                 runnable,
-                *self.now_sql().params,
+                *self.db.now_sql().params,
                 runnable,
                 fence.instance_id,
                 fence.owner,
@@ -64,7 +68,7 @@ class LeaseReleaseStore(ChildStore):
             ],
         )
         if rows and rows[0][0]:
-            self.after_commit(TOPIC_RUNNABLE)
+            self.db.after_commit(TOPIC_RUNNABLE)
 
     def _release_with_deferred(
         self,
@@ -86,19 +90,19 @@ class LeaseReleaseStore(ChildStore):
             "execution_error": "",
             # A worker's cache that keeps the execution (release_lease's ``sticky``).
             "sticky_owner": fence.owner if sticky is not None else "",
-            "sticky_until_ms": self.now_expr(sticky or 0.0),
+            "sticky_until_ms": self.db.now_expr(sticky or 0.0),
         }
         if parked is not None:
             updates.update(parked_seq=parked[0], parked_key=parked[1])
-        held = WorkflowInstance.objects.using(self.alias).filter(
+        held = WorkflowInstance.objects.using(self.db.alias).filter(
             instance_id=fence.instance_id, lease_owner=fence.owner, lease_epoch=fence.epoch
         )
         try:
-            with self.atomic():
-                if held.update(**updates, **(self.wake_fields() if runnable else {})):
+            with self.db.atomic():
+                if held.update(**updates, **(self.db.wake_fields() if runnable else {})):
                     self.db.apply_deferred(fence)
-                    self.after_commit(TOPIC_RUNNABLE)
+                    self.db.after_commit(TOPIC_RUNNABLE)
         except InlineClaimLapsed:
-            with self.atomic():
-                if held.update(**updates, **self.wake_fields()):
-                    self.after_commit(TOPIC_RUNNABLE)
+            with self.db.atomic():
+                if held.update(**updates, **self.db.wake_fields()):
+                    self.db.after_commit(TOPIC_RUNNABLE)

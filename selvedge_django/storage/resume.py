@@ -1,6 +1,6 @@
 """Store operations that bring a run back: resume (in place) and fork (a new instance).
 
-Mixed into :class:`selvedge_django.store.DjangoStore`; each public method is one
+The part ``store.recovery`` of :class:`~.store.Store`; each public method is one
 transaction that takes the instance row first and is guarded by the status it
 read. Nothing recorded is deleted: the rows a resume takes out of the current
 history move, as they were, to the archive table under the generation they
@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .. import exceptions as exc
 from ..engine.events import (
@@ -32,14 +32,17 @@ from ..engine.events import (
 )
 from ..engine.identifiers import check_instance_id
 from ..models import WorkflowInstance, WorkflowStatus
-from .base import StoreBase
+from .children import Children
+from .db import Database
 from .operation import operation
+from .options import StoreOptions
+from .starts import Starts, input_field
 
 __all__ = [
     "CLOSED_UNFINISHED_MESSAGE",
     "TERMINATED_TYPE",
+    "Recovery",
     "ResumeOutcome",
-    "ResumeStoreMixin",
     "closed_kind",
 ]
 
@@ -229,35 +232,18 @@ def _closed_unfinished(event_type: str, data: str | None) -> bool:
     return identity is not None and identity[1] == CLOSED_UNFINISHED_MESSAGE
 
 
-class ResumeStoreMixin(StoreBase):
-    """Resume: archive the history from a key on and run the instance again; fork."""
+class Recovery:
+    """Resume: archive the history from a key on and run the instance again; fork; and
+    continue-as-new (``store.recovery``). New instances are ``starts``'; what a
+    cut-off run left running among its children, ``children``'."""
 
-    if TYPE_CHECKING:  # provided by DjangoStore
-        code_version: str | None
-
-        def create_instance(
-            self,
-            instance_id: str,
-            workflow_name: str,
-            input_value: Any,
-            *,
-            service_name: str = "",
-            code_version: str | None = None,
-            execution_timeout_ms: int | None = None,
-            priority: int = 0,
-            trace_context: str | None = None,
-        ) -> Any: ...
-
-        @property
-        def _input_field(self) -> Any: ...
-
-        def _close_cleanup(self, iid: str, *, fill: bool = True) -> None: ...
-
-        def _running_children(self, iid: str) -> list[tuple[str, str]]: ...
-
-        def _request_child_cancel(
-            self, parent_id: str, children: list[tuple[str, str]], reason: str
-        ) -> None: ...
+    def __init__(
+        self, db: Database, options: StoreOptions, *, starts: Starts, children: Children
+    ) -> None:
+        self.db = db
+        self.options = options
+        self.starts = starts
+        self.children = children
 
     @operation
     def continue_as_new(self, fence: Fence, input_text: str) -> int:
@@ -277,14 +263,14 @@ class ResumeStoreMixin(StoreBase):
         longer held.
         """
         iid = fence.instance_id
-        with self.atomic():
-            updated = self._execute(
+        with self.db.atomic():
+            updated = self.db._execute(
                 self._with_now(CONTINUE_INSTANCE),
                 [
-                    self._input_field.get_db_prep_save(json.loads(input_text), self.connection),
+                    input_field().get_db_prep_save(json.loads(input_text), self.db.connection),
                     True,
-                    *self.now_sql().params,
-                    self._now_param(),
+                    *self.db.now_sql().params,
+                    self.db._now_param(),
                     iid,
                     fence.owner,
                     fence.epoch,
@@ -292,24 +278,24 @@ class ResumeStoreMixin(StoreBase):
                 ],
             )
             if updated != 1:
-                raise self._fenced_error(fence)
+                raise self.db._fenced_error(fence)
             self.db.apply_deferred(fence)
-            (generation,) = self._fetch(SELECT_GENERATION, [iid])[0]
+            (generation,) = self.db._fetch(SELECT_GENERATION, [iid])[0]
             ended = int(generation) - 1
-            self._close_cleanup(iid)
-            self._insert_row(
+            self.children._close_cleanup(iid)
+            self.db._insert_row(
                 iid,
                 HistoryRow(CLOSE_KEY, None, CMD_CLOSE, EV_WORKFLOW_CONTINUED, data=input_text),
             )
-            self._execute(ARCHIVE_ROWS, [ended, self._now_param(), iid, 0])
+            self.db._execute(ARCHIVE_ROWS, [ended, self.db._now_param(), iid, 0])
             self._archive_tasks(iid, ended, 0, keys=False)
-            self._execute(ARCHIVE_CONSUMED_SIGNALS, [ended, iid])
-            self._execute(CARRY_SIGNALS, [iid])
-            self._execute(REMOVE_ARCHIVED_ROWS, [iid, 0])
-            self._request_child_cancel(
-                iid, self._running_children(iid), f"parent {iid} continued as new"
+            self.db._execute(ARCHIVE_CONSUMED_SIGNALS, [ended, iid])
+            self.db._execute(CARRY_SIGNALS, [iid])
+            self.db._execute(REMOVE_ARCHIVED_ROWS, [iid, 0])
+            self.children._request_child_cancel(
+                iid, self.children._running_children(iid), f"parent {iid} continued as new"
             )
-            self.after_commit("runnable")
+            self.db.after_commit("runnable")
         return int(generation)
 
     @operation
@@ -339,9 +325,9 @@ class ResumeStoreMixin(StoreBase):
         (completed, cancelled or terminated) raises :class:`InvalidWorkflowState`
         too, judged by what this transaction read under the row lock.
         """
-        with self.atomic():
-            self._lock_instance(instance_id)
-            head = self._fetch(SELECT_RESUME_HEAD, [instance_id])
+        with self.db.atomic():
+            self.db._lock_instance(instance_id)
+            head = self.db._fetch(SELECT_RESUME_HEAD, [instance_id])
             if not head:
                 raise exc.WorkflowNotFound(instance_id)
             status, workflow_name, generation, error = head[0]
@@ -356,14 +342,14 @@ class ResumeStoreMixin(StoreBase):
                     f"workflow instance {instance_id!r} is {kind}, not failed",
                 )
             cut_id, cut_seq = self._resume_cut(instance_id, from_key, str(status), error)
-            now = self._now_param()
-            resumed = self._execute(
+            now = self.db._now_param()
+            resumed = self.db._execute(
                 self._with_now(RESUME_INSTANCE),
                 [
                     str(WorkflowStatus.RUNNING),
                     True,
-                    *self.now_sql().params,
-                    *self.now_sql().params,
+                    *self.db.now_sql().params,
+                    *self.db.now_sql().params,
                     False,
                     now,
                     instance_id,
@@ -373,14 +359,16 @@ class ResumeStoreMixin(StoreBase):
             )
             if resumed != 1:  # pragma: no cover - the row lock makes this unreachable
                 raise exc.InvalidWorkflowState(instance_id, str(status))
-            self._execute(ARCHIVE_ROWS, [generation, now, instance_id, cut_id])
+            self.db._execute(ARCHIVE_ROWS, [generation, now, instance_id, cut_id])
             archived_keys = self._archive_tasks(instance_id, int(generation), cut_id)
             # A cut at the close (no position) leaves every consumption and delivery.
             seq_bound = cut_seq if cut_seq is not None else _PAST_EVERY_POSITION
-            self._execute(RETURN_SIGNALS, [instance_id, seq_bound, seq_bound, instance_id, cut_id])
-            self._execute(UNDELIVER_ROWS, [instance_id, cut_id, seq_bound])
-            self._execute(REMOVE_ARCHIVED_ROWS, [instance_id, cut_id])
-            self.after_commit("runnable")
+            self.db._execute(
+                RETURN_SIGNALS, [instance_id, seq_bound, seq_bound, instance_id, cut_id]
+            )
+            self.db._execute(UNDELIVER_ROWS, [instance_id, cut_id, seq_bound])
+            self.db._execute(REMOVE_ARCHIVED_ROWS, [instance_id, cut_id])
+            self.db.after_commit("runnable")
         return ResumeOutcome(str(workflow_name), int(generation) + 1, archived_keys)
 
     @operation
@@ -406,51 +394,53 @@ class ResumeStoreMixin(StoreBase):
         :class:`WorkflowNotFound`, :class:`HistoryKeyConflict` or
         :class:`WorkflowAlreadyStarted` (the new id is taken).
         """
-        with self.atomic():
-            self._lock_instance(instance_id)
-            head = self._fetch(SELECT_FORK_SOURCE, [instance_id])
+        with self.db.atomic():
+            self.db._lock_instance(instance_id)
+            head = self.db._fetch(SELECT_FORK_SOURCE, [instance_id])
             if not head:
                 raise exc.WorkflowNotFound(instance_id)
             status, workflow_name, error, service_name, timeout_ms, priority = head[0]
             input_value = (
-                WorkflowInstance.objects.using(self.alias)
+                WorkflowInstance.objects.using(self.db.alias)
                 .filter(instance_id=instance_id)
                 .values_list("input", flat=True)
                 .get()
             )
             cut_id, cut_seq = self._resume_cut(instance_id, from_key, str(status), error)
             if new_instance_id is None:
-                (forks,) = self._fetch(COUNT_FORKS, [instance_id])[0]
+                (forks,) = self.db._fetch(COUNT_FORKS, [instance_id])[0]
                 new_instance_id = check_instance_id(
                     f"{instance_id}/fork-{int(forks) + 1}", "fork id (the source's id and a count)"
                 )
-            self.create_instance(
+            self.starts.create_instance(
                 new_instance_id,
                 str(workflow_name),
                 input_value,
                 service_name=str(service_name),
-                code_version=self.code_version,
+                code_version=self.options.code_version,
                 execution_timeout_ms=None if timeout_ms is None else int(timeout_ms),
                 priority=int(priority),
                 trace_context=None if trace is None else trace(new_instance_id, str(workflow_name)),
             )
-            self._execute(MARK_FORK, [instance_id, new_instance_id])
-            self._execute(
-                COPY_ROWS, [new_instance_id, self._now_param(), instance_id, cut_id, CLOSE_KEY]
+            self.db._execute(MARK_FORK, [instance_id, new_instance_id])
+            self.db._execute(
+                COPY_ROWS, [new_instance_id, self.db._now_param(), instance_id, cut_id, CLOSE_KEY]
             )
             bound = cut_seq if cut_seq is not None else _PAST_EVERY_POSITION
-            self._execute(UNDELIVER_ROWS, [new_instance_id, _PAST_ID, bound])
-            self._execute(COPY_SIGNALS, [new_instance_id, bound, bound, bound, bound, instance_id])
+            self.db._execute(UNDELIVER_ROWS, [new_instance_id, _PAST_ID, bound])
+            self.db._execute(
+                COPY_SIGNALS, [new_instance_id, bound, bound, bound, bound, instance_id]
+            )
         return new_instance_id, str(workflow_name)
 
     def _with_now(self, sql: str) -> str:
-        return sql.replace("{now}", self.now_sql().sql)
+        return sql.replace("{now}", self.db.now_sql().sql)
 
     def _resume_cut(
         self, instance_id: str, from_key: str | None, status: str, error: str | None
     ) -> tuple[int, int | None]:
         """The id and position of the first row a resume archives."""
-        rows = self._fetch(
+        rows = self.db._fetch(
             SELECT_RESUME_CANDIDATES,
             [
                 instance_id,
@@ -501,7 +491,7 @@ class ResumeStoreMixin(StoreBase):
     ) -> tuple[str, ...]:
         """Summarise the archived rows' tasks on their archive rows and remove them;
         return the archived keys (with ``keys``; none read without)."""
-        tasks = self._fetch(SELECT_ARCHIVED_TASKS, [instance_id, instance_id, cut_id])
+        tasks = self.db._fetch(SELECT_ARCHIVED_TASKS, [instance_id, instance_id, cut_id])
         for key, name, queue, status, attempts, failures, last_error in tasks:
             summary = {
                 "name": name,
@@ -511,10 +501,10 @@ class ResumeStoreMixin(StoreBase):
                 "failures": failures,
                 "last_error": last_error,
             }
-            self._execute(ARCHIVE_TASK, [json.dumps(summary), instance_id, generation, key])
+            self.db._execute(ARCHIVE_TASK, [json.dumps(summary), instance_id, generation, key])
         if tasks:
-            self._execute(DELETE_ARCHIVED_TASKS, [instance_id, instance_id, cut_id])
+            self.db._execute(DELETE_ARCHIVED_TASKS, [instance_id, instance_id, cut_id])
         if not keys:
             return ()
-        archived = self._fetch(SELECT_ARCHIVED_KEYS, [instance_id, generation])
+        archived = self.db._fetch(SELECT_ARCHIVED_KEYS, [instance_id, generation])
         return tuple(str(key) for (key,) in archived)

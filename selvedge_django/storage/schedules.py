@@ -33,7 +33,7 @@ from ..models import Schedule, WorkflowInstance, WorkflowStatus
 from ..schedule_slots import SlotRule, jitter_offset_ms, plan, slot_id, trigger_id
 from . import sql
 from .operation import operation
-from .store import DjangoStore
+from .store import Store
 from .wakeups import TOPIC_RUNNABLE
 
 __all__ = ["FireResult", "ScheduleStore", "TraceSource", "rule_of"]
@@ -112,7 +112,7 @@ class ScheduleStore:
     (``BEGIN IMMEDIATE``, ``SKIP LOCKED``) apply here too.
     """
 
-    def __init__(self, store: DjangoStore) -> None:
+    def __init__(self, store: Store) -> None:
         self.store = store
         self.alias = store.alias
 
@@ -242,8 +242,8 @@ class ScheduleStore:
     @operation
     def probe_due(self) -> bool:
         """Whether any schedule needs the leader now (one read, no lock)."""
-        params = [False, *self.store.now_sql().params, False, str(WorkflowStatus.RUNNING)]
-        return bool(self.store._fetch(sql.SCHEDULES_DUE_PROBE, params))
+        params = [False, *self.store.db.now_sql().params, False, str(WorkflowStatus.RUNNING)]
+        return bool(self.store.db._fetch(sql.SCHEDULES_DUE_PROBE, params))
 
     @operation
     def fire_due(self, limit: int, trace: TraceSource | None = None) -> FireResult:
@@ -350,11 +350,11 @@ class ScheduleStore:
 
     def _cancel(self, row: Schedule, now: int) -> bool:
         """Ask the last run of ``row`` to cancel (cancel_other); False if its row is busy."""
-        if not self.store._lock_instance(row.last_run_id, skip_locked=True):
+        if not self.store.db._lock_instance(row.last_run_id, skip_locked=True):
             return False
         reason = f"schedule {row.name!r}: a newer slot is due (overlap cancel_other)"
-        wake = self.store.wake_sql()
-        if self.store._execute(
+        wake = self.store.db.wake_sql()
+        if self.store.db._execute(
             sql.CANCEL_RUN,
             [True, reason, *wake.params, row.last_run_id, str(WorkflowStatus.RUNNING)],
         ):
@@ -367,7 +367,7 @@ class ScheduleStore:
         for first in range(0, len(unique), 500):
             chunk = unique[first : first + 500]
             statement = sql.compose(sql.RUN_STATUSES, ids=sql.marks(len(chunk)))
-            found.update((str(i), str(s)) for i, s in self.store._fetch(statement, chunk))
+            found.update((str(i), str(s)) for i, s in self.store.db._fetch(statement, chunk))
         return found
 
     def _start_runs(
@@ -380,7 +380,7 @@ class ScheduleStore:
         columns = ""
         rows: list[tuple[str, list[Any]]] = []
         for offset, (run_id, schedule) in enumerate(runs):
-            columns, marks, values = self.store._insert_parts(
+            columns, marks, values = self.store.db._insert_parts(
                 WorkflowInstance,
                 {
                     "instance_id": run_id,
@@ -388,17 +388,17 @@ class ScheduleStore:
                     "status": str(WorkflowStatus.RUNNING),
                     "input": schedule.input,
                     "runnable": True,
-                    "ready_ms": self.store.now_sql(),
-                    "created_seq": self.store._next_seq_sql(offset),
+                    "ready_ms": self.store.db.now_sql(),
+                    "created_seq": self.store.children._next_seq_sql(offset),
                     "started_at": now,
                     "updated_at": now,
-                    "code_version": self.store.code_version,
+                    "code_version": self.store.options.code_version,
                     "trace_context": None if trace is None else trace(run_id, schedule),
                 },
                 skip_pk=False,
             )
             rows.append((f"({marks})", values))
-        return self.store._insert_new(sql.compose(sql.START_RUNS, columns=columns), rows)
+        return self.store.db._insert_new(sql.compose(sql.START_RUNS, columns=columns), rows)
 
     def _record(self, record: _Record, now: int) -> None:
         """Write one schedule's bookkeeping under its version (a changed row rolls back)."""
@@ -408,7 +408,7 @@ class ScheduleStore:
         if record.started:
             last_run_id, last_run_ms = record.started[-1], now
             recent = [*reversed(record.started), *recent][:RECENT_RUNS]
-        updated = self.store._execute(
+        updated = self.store.db._execute(
             sql.RECORD_SCHEDULE,
             [
                 record.next_slot_ms,
@@ -421,7 +421,7 @@ class ScheduleStore:
                 record.missed,
                 record.overlap_skipped,
                 record.last_error,
-                self.store._now_param(),
+                self.store.db._now_param(),
                 row.name,
                 row.version,
             ],

@@ -20,15 +20,21 @@ from ..engine.events import Fence, HistoryRow
 from ..engine.ports import TaskSpec
 from ..models import ActivityTask, ActivityTaskStatus, WorkflowInstance, WorkflowStatus
 from . import sql
-from .base import StoreBase
+from .db import Database
 from .operation import operation
+from .options import StoreOptions
 from .task_rows import task_fields
 from .wakeups import TOPIC_RUNNABLE, TOPIC_TASK
 
-__all__ = ["StartResult", "StartStore"]
+__all__ = ["StartResult", "Starts", "input_field"]
 
 # The first columns of INSERT_QUEUED_TASK, as task_fields names them.
 QUEUED_TASK_COLUMNS = ("instance_id", "workflow_name", "key", "seq", "name", "input", "queue")
+
+
+def input_field() -> Any:
+    """The instance's ``input`` field, which turns a stored input back into its value."""
+    return WorkflowInstance._meta.get_field("input")
 
 
 @dataclass(frozen=True)
@@ -40,8 +46,12 @@ class StartResult:
     fence: Fence | None = None
 
 
-class StartStore(StoreBase):
-    """Insert instances (``sv.start_workflow``, forks, signal-with-start)."""
+class Starts:
+    """Insert instances (``store.starts``): ``sv.start_workflow``, forks, signal-with-start."""
+
+    def __init__(self, db: Database, options: StoreOptions) -> None:
+        self.db = db
+        self.options = options
 
     @operation
     def create_instance(
@@ -88,12 +98,12 @@ class StartStore(StoreBase):
         transaction: the instance is inserted not runnable, the row and the queued task
         with it, and activity workers are woken after commit (:mod:`.sole_activity`).
         """
-        now = self._now_param(started_at or timezone.now())
-        stored_input = self._input_field.get_db_prep_save(input_value, self.connection)
+        now = self.db._now_param(started_at or timezone.now())
+        stored_input = input_field().get_db_prep_save(input_value, self.db.connection)
         # One statement text whether leased or not (no owner: no expiry), so that
         # statement-level tools (the fault injector, pg_stat_statements) see one start.
-        clock = self.now_sql().params
-        ttl = self.lease_ttl if lease_ttl is None else lease_ttl
+        clock = self.db.now_sql().params
+        ttl = self.options.lease_ttl if lease_ttl is None else lease_ttl
         leased = lease_owner is not None
         if first_task is not None and leased:
             raise ValueError("a start that records its first activity is not leased")
@@ -141,7 +151,7 @@ class StartStore(StoreBase):
         id (a committed row, which pruning alone removes: then the id counts as taken).
         """
         if if_exists == "return":
-            rows = self._fetch(sql.SELECT_WORKFLOW_NAME, [instance_id])
+            rows = self.db._fetch(sql.SELECT_WORKFLOW_NAME, [instance_id])
             if rows and rows[0][0] == workflow_name:
                 return
         raise exc.WorkflowAlreadyStarted(instance_id)
@@ -153,10 +163,10 @@ class StartStore(StoreBase):
     def _insert_instance(self, params: list[Any], leased: bool) -> bool:
         """Run the start's insert (False: the id was taken, nothing written); a runnable
         start wakes the dispatchers after commit."""
-        with self.atomic():
-            inserted = self._execute(self._insert_instance_sql(), params) == 1
+        with self.db.atomic():
+            inserted = self.db._execute(self._insert_instance_sql(), params) == 1
             if inserted and not leased:
-                self.after_commit(TOPIC_RUNNABLE)
+                self.db.after_commit(TOPIC_RUNNABLE)
         return inserted
 
     def _insert_with_task(
@@ -164,27 +174,27 @@ class StartStore(StoreBase):
     ) -> bool:
         """Insert the instance, its first command's row and its queued task; wake the
         activity workers after commit (False: the id was taken, nothing written)."""
-        with self.atomic():
-            if self._execute(self._insert_instance_sql(), params) != 1:
+        with self.db.atomic():
+            if self.db._execute(self._insert_instance_sql(), params) != 1:
                 return False
-            self._insert_row(instance_id, row)
-            self._execute(
+            self.db._insert_row(instance_id, row)
+            self.db._execute(
                 sql.compose(sql.INSERT_QUEUED_TASK, source=""),
                 self._queued_task_params(instance_id, row, task),
             )
-            self.after_commit(TOPIC_TASK)
+            self.db.after_commit(TOPIC_TASK)
         return True
 
     def _queued_task_params(self, instance_id: str, row: HistoryRow, task: TaskSpec) -> list[Any]:
         """The parameters of INSERT_QUEUED_TASK, from the columns ``task_fields`` derives."""
         fields = task_fields(Fence(instance_id, "", 0), row, task, None)
-        clock = self.now_sql().params
+        clock = self.db.now_sql().params
         schedule_ms = fields["schedule_to_start_ms"]
-        now = self._now_param()
+        now = self.db._now_param()
         options = ActivityTask._meta.get_field("options")
         return [
             *(fields[column] for column in QUEUED_TASK_COLUMNS),
-            options.get_db_prep_save(fields["options"], self.connection),
+            options.get_db_prep_save(fields["options"], self.db.connection),
             fields["max_attempts"],
             fields["priority"],
             fields["concurrency_key"],
@@ -200,7 +210,3 @@ class StartStore(StoreBase):
             now,
             now,
         ]
-
-    @property
-    def _input_field(self) -> Any:
-        return WorkflowInstance._meta.get_field("input")

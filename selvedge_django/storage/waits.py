@@ -28,17 +28,23 @@ from ..models import (
     SignalMessage as SignalRow,
 )
 from . import sql
-from .children import ChildStore
+from .children import Children
 from .clock import aware_utc
+from .db import Database
 from .operation import operation
 from .sql import Sql
 from .wakeups import TOPIC_RUNNABLE, TOPIC_TIMER
 
-__all__ = ["WaitStore"]
+__all__ = ["Waits"]
 
 
-class WaitStore(ChildStore):
-    """Timers, signals and observations."""
+class Waits:
+    """Timers, signals and observations (``store.waits``); a cancellation an observation
+    carries reaches the instance's children through ``children``."""
+
+    def __init__(self, db: Database, *, children: Children) -> None:
+        self.db = db
+        self.children = children
 
     # -- timers -------------------------------------------------------------------------
 
@@ -51,27 +57,27 @@ class WaitStore(ChildStore):
         The timer fires ``delay`` seconds from now on the database clock (``fire_at_ms``),
         and records ``expires_at``, the workflow time the configured clock gave.
         """
-        with self.atomic():
-            self._fence(fence, current_step=f"{row.command} until {expires_at.isoformat()}")
-            stored = self._insert_row(fence.instance_id, row)
+        with self.db.atomic():
+            self.db._fence(fence, current_step=f"{row.command} until {expires_at.isoformat()}")
+            stored = self.db._insert_row(fence.instance_id, row)
             if stored is row:
-                self._insert(
+                self.db._insert(
                     TimerSubscription,
                     {
                         "instance_id": fence.instance_id,
                         "key": row.key,
                         "expires_at": expires_at,
-                        "fire_at_ms": self.now_sql(max(0.0, delay)),
+                        "fire_at_ms": self.db.now_sql(max(0.0, delay)),
                     },
                     returning_id=True,  # (the id column is left to the database)
                 )
-                self.after_commit(TOPIC_TIMER)
+                self.db.after_commit(TOPIC_TIMER)
             return stored
 
     @operation
     def timer_fired(self, instance_id: str, key: str) -> bool:
         return (
-            TimerSubscription.objects.using(self.alias)
+            TimerSubscription.objects.using(self.db.alias)
             .filter(instance_id=instance_id, key=key, fired=True)
             .exists()
         )
@@ -91,13 +97,13 @@ class WaitStore(ChildStore):
         (their timers fire at the next round), so a fire never waits for, nor
         deadlocks with, an execution observing its timed receive or closing.
         """
-        clock = self.now_sql().params
+        clock = self.db.now_sql().params
         params: list[Any] = [False, *clock]
         # A read first where a write transaction locks the whole database.
-        if not self._worth_writing(sql.TIMER_DUE_PROBE, params):
+        if not self.db._worth_writing(sql.TIMER_DUE_PROBE, params):
             return 0
-        with self.atomic():
-            due = self._fetch(
+        with self.db.atomic():
+            due = self.db._fetch(
                 sql.compose(sql.DUE_TIMERS, lock=self.db.DUE_TIMERS_LOCK), [*params, limit]
             )
             if not due:
@@ -112,12 +118,12 @@ class WaitStore(ChildStore):
                 if command == CMD_RECEIVE:
                     mark_ids.append(timer_id)
                 else:
-                    self._execute(
+                    self.db._execute(
                         sql.FILL_HISTORY,
                         [
                             EV_TIMER_EXPIRED,
                             json.dumps(aware_utc(expires_at).isoformat()),
-                            self._now_param(),
+                            self.db._now_param(),
                             instance_id,
                             key,
                         ],
@@ -127,22 +133,22 @@ class WaitStore(ChildStore):
                 if fired is not None:
                     fired.append((instance_id, key, workflow_name))
             if delete_ids:
-                TimerSubscription.objects.using(self.alias).filter(id__in=delete_ids).delete()
+                TimerSubscription.objects.using(self.db.alias).filter(id__in=delete_ids).delete()
             if mark_ids:
-                TimerSubscription.objects.using(self.alias).filter(id__in=mark_ids).update(
+                TimerSubscription.objects.using(self.db.alias).filter(id__in=mark_ids).update(
                     fired=True
                 )
             if woken:
-                WorkflowInstance.objects.using(self.alias).filter(
+                WorkflowInstance.objects.using(self.db.alias).filter(
                     instance_id__in=woken, status=WorkflowStatus.RUNNING
-                ).update(**self.wake_fields())
-                self.after_commit(TOPIC_RUNNABLE)
+                ).update(**self.db.wake_fields())
+                self.db.after_commit(TOPIC_RUNNABLE)
             return len(due)
 
     @operation
     def next_timer_due_ms(self) -> int | None:
         """Milliseconds until the next timer fires on the database clock (None: none armed)."""
-        rows = self._fetch(sql.NEXT_TIMER_DUE, [*self.now_sql().params, False])
+        rows = self.db._fetch(sql.NEXT_TIMER_DUE, [*self.db.now_sql().params, False])
         return max(0, int(rows[0][0])) if rows else None
 
     # -- signals ------------------------------------------------------------------------
@@ -178,15 +184,15 @@ class WaitStore(ChildStore):
         if max_pending is not None:
             # The partial index of pending signals answers the count; LIMIT bounds it.
             where = Sql(
-                self._tables(sql.PENDING_SIGNALS_BELOW), [instance_id, max_pending, max_pending]
+                self.db._tables(sql.PENDING_SIGNALS_BELOW), [instance_id, max_pending, max_pending]
             )
         if idempotency_key is not None:
             row = {"channel": channel, "payload": payload, "trace_context": trace_context}
             return self._append_keyed_signal(instance_id, row, where, max_pending, idempotency_key)
-        with self.atomic():
-            if not self._wake(instance_id):
+        with self.db.atomic():
+            if not self.db._wake(instance_id):
                 self._not_running(instance_id)
-            signal_id = self._insert(
+            signal_id = self.db._insert(
                 SignalRow,
                 {
                     "instance_id": instance_id,
@@ -211,11 +217,11 @@ class WaitStore(ChildStore):
         key: str,
     ) -> int:
         """append_signal with an idempotency key: lock, insert unless the key is there, wake."""
-        with self.atomic():
+        with self.db.atomic():
             # The instance row first (the one lock order), so racing senders of one key
             # queue here and the second one's insert sees the first one's row.
-            self._lock_instance(instance_id)
-            signal_id = self._insert(
+            self.db._lock_instance(instance_id)
+            signal_id = self.db._insert(
                 SignalRow,
                 {"instance_id": instance_id, **row, "idempotency_key": key},
                 returning_id=True,
@@ -223,28 +229,28 @@ class WaitStore(ChildStore):
                 on_conflict=sql.SIGNAL_KEY_CONFLICT,
             )
             if signal_id is None:
-                status = self._fetch(sql.SELECT_STATUS, [instance_id])
+                status = self.db._fetch(sql.SELECT_STATUS, [instance_id])
                 if not status or status[0][0] != WorkflowStatus.RUNNING:
                     self._not_running(instance_id)
-                rows = self._fetch(sql.SIGNAL_BY_KEY, [instance_id, key])
+                rows = self.db._fetch(sql.SIGNAL_BY_KEY, [instance_id, key])
                 if rows:
                     return int(rows[0][0])  # already delivered: nothing written, no wake
                 assert max_pending is not None
                 raise exc.InboxFull(instance_id, max_pending)
-            if not self._wake(instance_id):
+            if not self.db._wake(instance_id):
                 self._not_running(instance_id)  # rolls the insert back
             return int(signal_id)
 
     def _not_running(self, instance_id: str) -> NoReturn:
         """Raise why a signal cannot land: no such instance, or it is closed."""
-        rows = self._fetch(sql.SELECT_STATUS, [instance_id])
+        rows = self.db._fetch(sql.SELECT_STATUS, [instance_id])
         if not rows:
             raise exc.WorkflowNotFound(instance_id)
         raise exc.InstanceClosed.for_status(instance_id, rows[0][0])
 
     @operation
     def next_signal(self, instance_id: str, channel: str) -> SignalMessage | None:
-        rows = self._fetch(sql.NEXT_SIGNAL, [instance_id, channel])
+        rows = self.db._fetch(sql.NEXT_SIGNAL, [instance_id, channel])
         return SignalMessage(*rows[0]) if rows else None
 
     @operation
@@ -257,7 +263,7 @@ class WaitStore(ChildStore):
     @operation
     def signal_payload(self, signal_id: int) -> str | None:
         return (
-            SignalRow.objects.using(self.alias)
+            SignalRow.objects.using(self.db.alias)
             .filter(id=signal_id)
             .values_list("payload", flat=True)
             .first()
@@ -268,11 +274,11 @@ class WaitStore(ChildStore):
     @operation
     def arrivals(self, instance_id: str) -> Arrivals:
         keys = (
-            HistoryEvent.objects.using(self.alias)
+            HistoryEvent.objects.using(self.db.alias)
             .filter(instance_id=instance_id, delivered_seq__isnull=True, data__isnull=False)
             .exclude(seq__isnull=True)
         )
-        signals = SignalRow.objects.using(self.alias).filter(
+        signals = SignalRow.objects.using(self.db.alias).filter(
             instance_id=instance_id, delivered_seq__isnull=True
         )
         return Arrivals(
@@ -284,12 +290,12 @@ class WaitStore(ChildStore):
     def observe(self, fence: Fence, observation: Observation) -> ObservationResult:
         iid = fence.instance_id
         seq = observation.seq
-        with self.atomic():
-            self._fence(fence)
+        with self.db.atomic():
+            self.db._fence(fence)
             consumed = True
             if observation.consume is not None:
                 consumed = bool(
-                    self._execute(
+                    self.db._execute(
                         sql.CONSUME_SIGNAL,
                         [
                             seq,
@@ -302,36 +308,36 @@ class WaitStore(ChildStore):
                     )
                 )
                 if not consumed:
-                    transaction.set_rollback(True, using=self.alias)
+                    transaction.set_rollback(True, using=self.db.alias)
                     return ObservationResult(None, Arrivals(), consumed=False)
             stored: HistoryRow | None = None
             if observation.record is not None:
-                stored = self._insert_row(iid, observation.record)
+                stored = self.db._insert_row(iid, observation.record)
             elif observation.fill is not None:
                 fill = observation.fill
-                HistoryEvent.objects.using(self.alias).filter(
+                HistoryEvent.objects.using(self.db.alias).filter(
                     instance_id=iid, key=fill.key, data__isnull=True
                 ).update(event_type=fill.event_type, data=fill.data, arrived_at=timezone.now())
-                stored = self.get_row(iid, fill.key)
+                stored = self.db.get_row(iid, fill.key)
             if observation.retire_timer is not None:
-                TimerSubscription.objects.using(self.alias).filter(
+                TimerSubscription.objects.using(self.db.alias).filter(
                     instance_id=iid, key=observation.retire_timer
                 ).delete()
             for key, event_type, data in observation.fill_cancelled:
-                HistoryEvent.objects.using(self.alias).filter(
+                HistoryEvent.objects.using(self.db.alias).filter(
                     instance_id=iid, key=key, data__isnull=True
                 ).update(event_type=event_type, data=data, delivered_seq=seq)
-            for keys in self._chunks(list(observation.cancel_tasks)):
-                ActivityTask.objects.using(self.alias).filter(
+            for keys in self.db._chunks(list(observation.cancel_tasks)):
+                ActivityTask.objects.using(self.db.alias).filter(
                     instance_id=iid, key__in=keys
                 ).unfinished().update(
                     status=ActivityTaskStatus.CANCELLED, claim_owner="", claim_expires_ms=None
                 )
-                TimerSubscription.objects.using(self.alias).filter(
+                TimerSubscription.objects.using(self.db.alias).filter(
                     instance_id=iid, key__in=keys
                 ).delete()
             if observation.cancel_children:
-                self._request_child_cancel(
+                self.children._request_child_cancel(
                     iid,
                     list(observation.cancel_children),
                     observation.cancel_reason or "cancelled by parent",
@@ -349,19 +355,19 @@ class WaitStore(ChildStore):
             wanted = observation.deliver
             if not wanted.keys and not wanted.signals:
                 return Arrivals()
-            key_lists = self._chunks(list(wanted.keys))
-            signal_lists = self._chunks([sid for sid, _ in wanted.signals])
+            key_lists = self.db._chunks(list(wanted.keys))
+            signal_lists = self.db._chunks([sid for sid, _ in wanted.signals])
         else:
             return Arrivals()
         key_rows: list[tuple[Any, ...]] = []
         signal_rows: list[tuple[Any, ...]] = []
         for keys in key_lists:
-            key_rows += self._fetch(
+            key_rows += self.db._fetch(
                 sql.compose(sql.DELIVER_HISTORY, keys=sql.in_list("key", len(keys))),
                 [seq, iid, *keys],
             )
         for ids in signal_lists:
-            signal_rows += self._fetch(
+            signal_rows += self.db._fetch(
                 sql.compose(sql.DELIVER_SIGNALS, ids=sql.in_list("id", len(ids))),
                 [seq, iid, *ids],
             )
@@ -373,10 +379,10 @@ class WaitStore(ChildStore):
     def _deliver_read_first(self, iid: str, seq: int, observation: Observation) -> Arrivals:
         """_deliver without UPDATE ... RETURNING: read the batch, then mark it (the SQLite
         store uses it before SQLite 3.35)."""
-        events = HistoryEvent.objects.using(self.alias).filter(
+        events = HistoryEvent.objects.using(self.db.alias).filter(
             instance_id=iid, delivered_seq__isnull=True, data__isnull=False, seq__isnull=False
         )
-        signals = SignalRow.objects.using(self.alias).filter(
+        signals = SignalRow.objects.using(self.db.alias).filter(
             instance_id=iid, delivered_seq__isnull=True
         )
         if observation.deliver_all:
@@ -386,18 +392,18 @@ class WaitStore(ChildStore):
             assert observation.deliver is not None
             wanted = observation.deliver
             found: list[tuple[int, str]] = []
-            for part in self._chunks(list(wanted.keys)):
+            for part in self.db._chunks(list(wanted.keys)):
                 found += events.filter(key__in=part).values_list("id", "key")
             keys = tuple(key for _, key in sorted(found))
             sigs = tuple(
                 sorted(
                     signal
-                    for part in self._chunks([sid for sid, _ in wanted.signals])
+                    for part in self.db._chunks([sid for sid, _ in wanted.signals])
                     for signal in signals.filter(id__in=part).values_list("id", "channel")
                 )
             )
-        for part in self._chunks(list(keys)):
+        for part in self.db._chunks(list(keys)):
             events.filter(key__in=part).update(delivered_seq=seq)
-        for part in self._chunks([sid for sid, _ in sigs]):
+        for part in self.db._chunks([sid for sid, _ in sigs]):
             signals.filter(id__in=part).update(delivered_seq=seq)
         return Arrivals(keys=keys, signals=sigs)

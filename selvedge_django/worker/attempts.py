@@ -31,7 +31,7 @@ from ..engine.execution import current_execution
 from ..engine.options import ActivityOptions, RetryPolicy
 from ..engine.ports import ClaimedTask, TaskClaim
 from ..registry import get_activity, get_workflow
-from ..storage import DjangoStore, attempt_error_data
+from ..storage import Store, attempt_error_data
 from .group_commit import GroupCommit
 
 __all__ = ["HUNG_AFTER", "AttemptRunner", "HungAttempt"]
@@ -88,7 +88,7 @@ class AttemptRunner:
     """Runs a worker's activity attempts and records their outcomes (a part of the runtime)."""
 
     settings: SelvedgeSettings
-    store: DjangoStore
+    store: Store
     codec: Codec
     stopping: threading.Event
     _lock: threading.Lock
@@ -437,7 +437,7 @@ class AttemptRunner:
             with store.atomic():
                 # A body may wait on other things inside its transaction: a role's
                 # idle_in_transaction_session_timeout would end the session every time.
-                store.allow_idle_transaction(task.start_to_close_timeout)
+                store.db.allow_idle_transaction(task.start_to_close_timeout)
                 return self._transactional_body(fn, value, task, state, inline_fence)
         # SQLite: the transaction holds the database's write lock from BEGIN IMMEDIATE to
         # its end, so nobody can renew this claim meanwhile, and nobody can take it over

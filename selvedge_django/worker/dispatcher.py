@@ -40,7 +40,7 @@ class Dispatcher(Loop):
         if free <= 0:
             return 0
         started = time.monotonic()
-        leased = self.runtime.store.lease_batch(
+        leased = self.runtime.store.instances.lease_batch(
             self.runtime.worker_id, settings.lease.ttl, free, registered_workflow_names()
         )
         self.saturated = len(leased) >= free

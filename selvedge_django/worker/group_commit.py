@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from ..storage import DjangoStore
+from ..storage import Store
 
 __all__ = ["GroupCommit"]
 
@@ -39,7 +39,7 @@ class _Write(Generic[T]):
 class GroupCommit:
     """Commit the writes submitted while a batch is being written in the next batch."""
 
-    def __init__(self, store: DjangoStore) -> None:
+    def __init__(self, store: Store) -> None:
         self._store = store
         self._lock = threading.Lock()
         self._waiting: list[_Write[Any]] = []

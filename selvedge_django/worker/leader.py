@@ -90,7 +90,7 @@ class Leader(Loop):
         """Terminate runs past their execution timeout (one bounded batch a round) and
         fire ``on_workflow_failed`` for each, as a terminate from the client API does."""
         runtime = self.runtime
-        closed = runtime.store.sweep_execution_timeouts(limit)
+        closed = runtime.store.execution_timeouts.sweep_execution_timeouts(limit)
         for run in closed:
             logger.warning(
                 "workflow %s (%s) terminated: execution timeout",

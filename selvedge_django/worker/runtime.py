@@ -52,17 +52,17 @@ class WorkerRuntime(AttemptRunner):
         self.settings = settings
         self.codec = client_codec(settings)
         self.store = store_for(settings.database, self.codec, settings)
-        self.store.lease_ttl = settings.lease.ttl
-        self.store.activity_queues = settings.activity_queues
-        self.store.activity_names = registered_activity_names
-        self.store.on_closed = handoff.finished
+        self.store.options.lease_ttl = settings.lease.ttl
+        self.store.options.activity_queues = settings.activity_queues
+        self.store.options.activity_names = registered_activity_names
+        self.store.db.on_closed = handoff.finished
         # The renewer's own store: on RENEWAL_DATABASE when set (a direct connection
         # past a pooler), and first in line for SQLite's write lock.
         self.renewal_store = store_for(
             settings.renewal_database or settings.database, self.codec, settings
         )
-        self.renewal_store.lease_ttl = settings.lease.ttl
-        self.renewal_store.urgent_writes = True
+        self.renewal_store.options.lease_ttl = settings.lease.ttl
+        self.renewal_store.db.urgent_writes = True
         self.worker_id = settings.worker_id
         self.hooks = settings.hooks
         self.stopping = threading.Event()
@@ -275,7 +275,7 @@ class WorkerRuntime(AttemptRunner):
         store = self.store
         if snapshot is None:
             try:
-                snapshot = store.load_snapshot(
+                snapshot = store.instances.load_snapshot(
                     fence.instance_id, head, max_events=self.settings.max_history_events
                 )
             except exc.WorkflowNotFound:
@@ -454,7 +454,7 @@ class WorkerRuntime(AttemptRunner):
             self._release_quietly(fence, runnable=True)
             outcome.kind = "abandoned"
             return
-        generation = self.store.continue_as_new(fence, outcome.output)
+        generation = self.store.recovery.continue_as_new(fence, outcome.output)
         logger.info(
             "workflow %s continued as new: generation %d",
             fence.instance_id,
@@ -484,7 +484,7 @@ class WorkerRuntime(AttemptRunner):
         # terminated session): count and hold back on a new one.
         self.drop_broken_connection()
         try:
-            before = self.store.execution_errors(fence)
+            before = self.store.instances.execution_errors(fence)
         except Exception:
             logger.warning(
                 "execution of %s ended on a storage error (%s), and its error count could not"
@@ -519,7 +519,7 @@ class WorkerRuntime(AttemptRunner):
                 return failure
         delay = backoff_delay(settings, errors)
         try:
-            held = self.store.defer_execution(fence, errors, delay, message)
+            held = self.store.instances.defer_execution(fence, errors, delay, message)
         except Exception:
             logger.warning(
                 "could not hold back %s after a storage error; the lease is left to lapse",
@@ -556,7 +556,7 @@ class WorkerRuntime(AttemptRunner):
         if not self.lease_valid(fence):
             return False
         try:
-            self.store.terminate(iid, envelope, closed_by, fence=fence)
+            self.store.instances.terminate(iid, envelope, closed_by, fence=fence)
         except (exc.Fenced, exc.InstanceClosed, exc.WorkflowNotFound):
             return False
         except Exception:

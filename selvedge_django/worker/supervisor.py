@@ -121,8 +121,8 @@ class Worker:
             self.workflow_cache.open()
         self.resumptions.start()
         self.activities.start()
-        if self.store.notify_enabled:
-            self.listener = acquire_listener(self.store.listen_alias, self.store.bus)
+        if self.store.db.notify_enabled:
+            self.listener = acquire_listener(self.store.db.listen_alias, self.store.bus)
         for loop in self.loops:
             # The renewer and the heartbeat keep going until in-flight work is done.
             stop = self._stop_renewals if loop in (self.renewer, self.heartbeat) else self._stop

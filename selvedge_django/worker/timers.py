@@ -41,12 +41,12 @@ class TimerPoller(Loop):
             return 0
         # A read first: most wake-ups announce a timer armed for later, and firing
         # takes a write transaction (on SQLite, the database's write lock).
-        due_ms = runtime.store.next_timer_due_ms()
+        due_ms = runtime.store.waits.next_timer_due_ms()
         if due_ms is None or due_ms > 0:
             self._next_due = (due_ms, time.monotonic())
             return 0
         woke: list[tuple[str, str, str]] = []
-        done = runtime.store.fire_due_timers(runtime.settings.max_timers_per_batch, woke)
+        done = runtime.store.waits.fire_due_timers(runtime.settings.max_timers_per_batch, woke)
         for instance_id, key, workflow_name in woke:
             runtime.fire(
                 "on_timer_fired", instance_id=instance_id, key=key, workflow_name=workflow_name
@@ -61,7 +61,7 @@ class TimerPoller(Loop):
             due_ms, read_at = self._next_due
         else:
             try:
-                due_ms, read_at = self.runtime.store.next_timer_due_ms(), time.monotonic()
+                due_ms, read_at = self.runtime.store.waits.next_timer_due_ms(), time.monotonic()
             except Exception:
                 return idle_delay
         if due_ms is None:

@@ -1008,7 +1008,7 @@ def test_schedule_to_start_after_a_lapse_is_measured_from_the_lapse(
     )
     drive(clock, activity_queues=[])
     store = store_for("default", Codec())
-    store.lease_ttl = 5
+    store.options.lease_ttl = 5
     (claimed,) = store.tasks.claim_tasks("dies", 1, ["act.step"])  # its claim lapses in 5 s
     clock.advance(9)  # lapsed 4 s ago, but no leader has swept yet
     assert sweep(clock) == 1  # the leader counts the lapse as a failure and requeues
@@ -1031,7 +1031,7 @@ def test_a_lapsed_claim_counts_as_a_failure_and_is_reclaimed_at_once(
     instance_id = start("act.step", {"tag": "lapse"}, {"queue": "lapse-q"})
     drive(clock, activity_queues=[])
     store = store_for("default", Codec())
-    store.lease_ttl = 5
+    store.options.lease_ttl = 5
     (dead,) = store.tasks.claim_tasks("dead-worker", 1, ["act.step"])
     # The database clock also runs in real time: leave a second for a loaded machine.
     clock.advance(4.0)
@@ -1063,7 +1063,7 @@ def test_the_leader_fails_a_lapse_that_exhausts_the_retry_budget(
     instance_id = start("act.step", {"tag": "gone"}, options)
     drive(clock, activity_queues=[])
     store = store_for("default", Codec())
-    store.lease_ttl = 5
+    store.options.lease_ttl = 5
     store.tasks.claim_tasks("dead-worker", 1, ["act.step"])
     clock.advance(5.1)
     assert store.tasks.claim_tasks("successor", 1, ["act.step"]) == []  # no budget left to reclaim
@@ -1197,7 +1197,7 @@ def test_an_interrupted_claim_acquisition_consumes_no_attempt_and_no_budget(
     instance_id = start("act.step", {"tag": "intr"}, {"queue": "intr-q"})
     drive(clock, activity_queues=[])
     store = store_for("default", Codec())
-    store.lease_ttl = 5
+    store.options.lease_ttl = 5
     if lapsed:
         store.tasks.claim_tasks("dead-worker", 1, ["act.step"])
         clock.advance(5.1)
@@ -1252,7 +1252,7 @@ def test_tasks_of_unregistered_activities_stay_queued_until_one_registers(
     scratch("act.scratch.late", "activity")
     instance_id = sv.start_workflow("test.worker.unserved", {})
     store = store_for("default", Codec())
-    fence = store.acquire(instance_id, "issuer", ttl=60)
+    fence = store.instances.acquire(instance_id, "issuer", ttl=60)
     assert fence is not None
     spec = TaskSpec(
         name="act.scratch.late",

@@ -480,9 +480,9 @@ def test_close_cancels_tasks_timers_and_children_in_its_own_fenced_transaction(
     tdb: None, requested: bool
 ) -> None:
     store = store_for("default", Codec())
-    store.lease_ttl = 30.0
+    store.options.lease_ttl = 30.0
     iid = sv.start_workflow("cancel.store_only")
-    fence = store.acquire(iid, "owner-a", ttl=60)
+    fence = store.instances.acquire(iid, "owner-a", ttl=60)
     assert fence is not None
     store.reserve_activity(fence, HistoryRow("#1:test.add", 1, "activity"), _spec(), None)
     store.reserve_activity(fence, HistoryRow("#2:test.add", 2, "activity"), _spec(), None)

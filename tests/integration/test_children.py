@@ -109,7 +109,7 @@ def test_a_child_start_commits_with_the_parents_command_in_one_fenced_transactio
 ) -> None:
     store = store_for("default", Codec())
     parent = sv.start_workflow("child.store_only")
-    fence = store.acquire(parent, "owner-a", ttl=60)
+    fence = store.instances.acquire(parent, "owner-a", ttl=60)
     assert fence is not None
     reservation = json.dumps({"child_id": "child-fenced", "workflow": "child.store_only"})
     command = HistoryRow("#1:child:child.store_only", 1, "child", reservation=reservation)

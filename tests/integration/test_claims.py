@@ -67,7 +67,7 @@ def test_a_lapsed_claim_can_neither_complete_fail_retry_nor_release(
     instance_id = start("act.step", {"tag": "rule"}, {"queue": "rule-q"})
     drive(clock, activity_queues=[])
     store = store_for("default", Codec())
-    store.lease_ttl = 5
+    store.options.lease_ttl = 5
     ready_ms = task_of(instance_id).not_before_ms  # its reservation time
     (claimed,) = store.tasks.claim_tasks("slow-worker", 1, ["act.step"])
     clock.advance(5.1)  # lapsed, and nobody has reclaimed it yet
@@ -132,7 +132,7 @@ def test_a_vanished_worker_s_lapse_names_what_happened(
     instance_id = start("act.step", {"tag": "gone"}, {"queue": "gone-q", **options})
     drive(clock, activity_queues=[])
     store = store_for("default", Codec())
-    store.lease_ttl = 5
+    store.options.lease_ttl = 5
     store.tasks.claim_tasks("vanished", 1, ["act.step"])
     clock.advance(5.1)
     drive(clock)

@@ -238,7 +238,7 @@ def test_a_failing_statement_at_each_step_leaves_everything_as_it_was(tdb: None)
     store = client_store()
     # Lease it as a dispatch would (the test plays the execution that continues).
     WorkflowInstance.objects.filter(instance_id=iid).update(runnable=True)
-    fence = store.acquire(iid, "test-owner", 60)
+    fence = store.instances.acquire(iid, "test-owner", 60)
     assert fence is not None
     before = state(iid)
     text = json.dumps(2)
@@ -246,7 +246,7 @@ def test_a_failing_statement_at_each_step_leaves_everything_as_it_was(tdb: None)
     try:
         with pytest.raises(InjectedFault):
             injector.fail_statement(r"DELETE FROM .*history", operation="continue_as_new")
-            store.continue_as_new(fence, text)
+            store.recovery.continue_as_new(fence, text)
         steps = max(s.step for s in injector.statements if s.operation == "continue_as_new")
     finally:
         injector.uninstall()
@@ -257,14 +257,14 @@ def test_a_failing_statement_at_each_step_leaves_everything_as_it_was(tdb: None)
         try:
             fault = injector.fail_statement(None, operation="continue_as_new", step=step)
             with pytest.raises(InjectedFault):
-                store.continue_as_new(fence, text)
+                store.recovery.continue_as_new(fence, text)
             assert fault.fired == 1
         finally:
             injector.uninstall()
         assert state(iid) == before, f"step {step} left a partial write"
-    assert store.continue_as_new(fence, text) == 2
+    assert store.recovery.continue_as_new(fence, text) == 2
     with pytest.raises(sv.Fenced):
-        store.continue_as_new(fence, text)  # the old epoch can write nothing more
+        store.recovery.continue_as_new(fence, text)  # the old epoch can write nothing more
     assert sv.describe(iid).generation == 2
     pending = SignalMessage.objects.get(instance_id=iid, channel="other")
     assert (pending.delivered_seq, pending.consumed_seq, pending.archived_generation) == (

@@ -44,7 +44,9 @@ def instance(instance_id: str) -> WorkflowInstance:
 def sweep(worker: Worker | None = None) -> list[str]:
     """One round of the leader's execution timeout sweep; the ids it terminated."""
     worker = worker or Worker(**QUIET)
-    return [run.instance_id for run in worker.store.sweep_execution_timeouts(100)]
+    return [
+        run.instance_id for run in worker.store.execution_timeouts.sweep_execution_timeouts(100)
+    ]
 
 
 def close_row(instance_id: str) -> HistoryEvent:
@@ -193,7 +195,7 @@ def test_a_worker_holding_the_old_epoch_cannot_write_after_the_timeout(
 ) -> None:
     iid = sv.start_workflow("wait.sleep", {"seconds": 3600}, execution_timeout=5)
     store = client_store()
-    fence = store.acquire(iid, "stale-worker", 3600)
+    fence = store.instances.acquire(iid, "stale-worker", 3600)
     assert fence is not None
     selvedge_clock.advance(6)
     assert sweep() == [iid]
@@ -332,7 +334,7 @@ def test_a_failing_statement_at_each_step_of_the_sweep_leaves_the_run_as_it_was(
     try:
         # Fail the close row's insert, after counting the statements before it.
         injector.fail_statement(r"INSERT INTO .*history", operation="sweep_execution_timeouts")
-        assert store.sweep_execution_timeouts(10) == []
+        assert store.execution_timeouts.sweep_execution_timeouts(10) == []
         steps = max(
             s.step for s in injector.statements if s.operation == "sweep_execution_timeouts"
         )
@@ -345,7 +347,7 @@ def test_a_failing_statement_at_each_step_of_the_sweep_leaves_the_run_as_it_was(
         try:
             fault = injector.fail_statement(None, operation="sweep_execution_timeouts", step=step)
             try:
-                assert store.sweep_execution_timeouts(10) == []
+                assert store.execution_timeouts.sweep_execution_timeouts(10) == []
             except InjectedFault:
                 assert step == 1  # the batch's read: the whole round fails, and is retried
             assert fault.fired == 1
@@ -370,7 +372,7 @@ def test_an_ambiguous_commit_of_the_sweep_is_not_terminated_twice(
         fault = injector.fail_after_commit(
             r"INSERT INTO .*history", operation="sweep_execution_timeouts"
         )
-        store.sweep_execution_timeouts(10)
+        store.execution_timeouts.sweep_execution_timeouts(10)
         assert fault.fired == 1
     finally:
         injector.uninstall()
@@ -396,8 +398,8 @@ def test_the_close_is_guarded_by_the_deadline_having_passed(
     before = everything_state(iid)
     envelope = json.dumps({"type": "WorkflowTerminated", "message": "x", "kind": "engine"})
     with pytest.raises(sv.InvalidWorkflowState):
-        store.terminate(iid, envelope, {"execution_timeout": {}}, overdue=True)
+        store.instances.terminate(iid, envelope, {"execution_timeout": {}}, overdue=True)
     assert everything_state(iid) == before
     selvedge_clock.advance(6)
-    store.terminate(iid, envelope, {"execution_timeout": {}}, overdue=True)
+    store.instances.terminate(iid, envelope, {"execution_timeout": {}}, overdue=True)
     assert instance(iid).status == "failed"

@@ -20,8 +20,7 @@ import selvedge_django as sv
 from selvedge_django.conf import get_settings, resolve_settings
 from selvedge_django.engine.codec import Codec
 from selvedge_django.models import ActivityTask, QueueClaim, WorkflowInstance
-from selvedge_django.storage import store_for
-from selvedge_django.storage.base import StoreBase
+from selvedge_django.storage import Store, store_for
 from selvedge_django.testing import ControllableClock, run_until_idle
 from selvedge_django.worker import Worker
 from tests.testapp.models import Ledger
@@ -32,13 +31,13 @@ def clock(tdb: None, selvedge_clock: ControllableClock) -> ControllableClock:
     return selvedge_clock
 
 
-def store() -> StoreBase:
+def store() -> Store:
     return store_for("default", Codec(), get_settings())
 
 
 def next_leased() -> str | None:
     """Lease the one instance dispatch takes first (and keep it)."""
-    leased = store().lease_batch("dispatcher", 30, 1, None)
+    leased = store().instances.lease_batch("dispatcher", 30, 1, None)
     return leased[0][0].instance_id if leased else None
 
 
@@ -260,7 +259,7 @@ def rate_limited(rate: str) -> Any:
 def test_a_rate_limited_queue_claims_at_most_its_rate_per_sliding_window(
     clock: ControllableClock,
 ) -> None:
-    def claim_and_complete(limited: StoreBase) -> list[str]:
+    def claim_and_complete(limited: Store) -> list[str]:
         """Claim what the limits let in, and complete it (no claim lapses and returns)."""
         claimed = limited.tasks.claim_tasks("w", 10, ["flow.span"])
         for task in claimed:

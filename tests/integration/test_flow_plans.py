@@ -113,7 +113,8 @@ def walks(index: str, text: str) -> bool:
 def test_dispatch_walks_the_priority_index(filled: None) -> None:
     store = store_for("default", Codec(), get_settings())
     statement, params = captured(
-        lambda: store.lease_batch("w", 30, 10, ["plans.wf0", "plans.wf1"]), "60000 * priority"
+        lambda: store.instances.lease_batch("w", 30, 10, ["plans.wf0", "plans.wf1"]),
+        "60000 * priority",
     )
     text = plan(statement, params)
     assert walks("sv_inst_rank_idx", text), text

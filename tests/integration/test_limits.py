@@ -367,7 +367,7 @@ def test_a_resumption_loads_at_most_the_event_limit_and_fails_an_oversized_insta
         wait_until(lambda: HistoryEvent.objects.filter(instance_id=iid).count() == 30)
     from selvedge_django.operations import _store
 
-    assert len(_store().load_snapshot(iid, max_events=10).history) == 11
+    assert len(_store().instances.load_snapshot(iid, max_events=10).history) == 11
     # The limit is lowered below what the instance holds: its next resumption fails it.
     with limited(MAX_HISTORY_EVENTS=10), Worker():
         try:
@@ -509,7 +509,7 @@ def test_a_read_first_delivery_binds_bounded_lists(tdb: None, widest_statement: 
     store = store_for(connection.alias, Codec())
     widest_statement[0] = 0  # (the bulk inserts above bind more)
     with store.atomic():
-        delivered = store._deliver_read_first(iid, 99, Observation(99, deliver=wanted))
+        delivered = store.waits._deliver_read_first(iid, 99, Observation(99, deliver=wanted))
     assert delivered == wanted
     assert HistoryEvent.objects.filter(instance_id=iid, delivered_seq=99).count() == 25
     assert SignalMessage.objects.filter(instance_id=iid, delivered_seq=99).count() == 25

@@ -180,7 +180,7 @@ def test_lifecycle_counters_and_latency_histograms(reader: InMemoryMetricReader)
 def test_lease_takeovers_and_fenced_writes(reader: InMemoryMetricReader) -> None:
     iid = sv.start_workflow("metrics.flow", "flaky")
     store = client_store()
-    ((ghost, _),) = store.lease_batch("ghost-worker", 0.05, 1, None)
+    ((ghost, _),) = store.instances.lease_batch("ghost-worker", 0.05, 1, None)
     deadline = time.monotonic() + 10
     while not _expired(store, iid):
         assert time.monotonic() < deadline

@@ -175,10 +175,10 @@ def test_the_timer_poller_fires_around_an_instance_a_client_holds(tdb: None) -> 
     TimerSubscription.objects.filter(instance_id__in=ids).update(fire_at_ms=0)
     pinned, free = ids
     with RowHolder(pinned, "signal"):
-        assert finished_within(lambda: store.fire_due_timers(10), timeout=10) == 1
+        assert finished_within(lambda: store.waits.fire_due_timers(10), timeout=10) == 1
         assert not TimerSubscription.objects.filter(instance_id=free).exists()
         assert TimerSubscription.objects.filter(instance_id=pinned, fired=False).exists()
-    assert store.fire_due_timers(10) == 1  # its turn comes at the next round
+    assert store.waits.fire_due_timers(10) == 1  # its turn comes at the next round
 
 
 @postgres_only
@@ -229,8 +229,12 @@ def test_the_execution_timeout_sweep_goes_around_a_run_a_client_holds(
     (child,) = WorkflowInstance.objects.filter(parent_instance_id=parent)
     pinned = child.instance_id
     with RowHolder(pinned if held == "instance" else parent, "signal"):
-        closed = finished_within(lambda: store.sweep_execution_timeouts(10), timeout=10)
+        closed = finished_within(
+            lambda: store.execution_timeouts.sweep_execution_timeouts(10), timeout=10
+        )
         assert [run.instance_id for run in closed] == [free]
         assert WorkflowInstance.objects.get(instance_id=pinned).status == "running"
-    assert [run.instance_id for run in store.sweep_execution_timeouts(10)] == [pinned]
+    assert [run.instance_id for run in store.execution_timeouts.sweep_execution_timeouts(10)] == [
+        pinned
+    ]
     assert WorkflowInstance.objects.get(instance_id=pinned).status == "failed"

@@ -344,7 +344,7 @@ def test_a_query_answers_while_another_execution_holds_the_lease(stepper: Worker
     iid = sv.start_workflow(counter)
     run_until_idle(stepper)
     sv.signal(iid, "inc", "a")  # runnable again: another worker leases it
-    fence = _store().acquire(iid, "another-worker", ttl=60)
+    fence = _store().instances.acquire(iid, "another-worker", ttl=60)
     assert fence is not None
     held = WorkflowInstance.objects.values("lease_owner", "lease_epoch").get(instance_id=iid)
     assert sv.query(iid, "count") == 0

@@ -272,7 +272,7 @@ def test_a_worker_holding_the_old_epoch_cannot_write_after_a_resume(tdb: None) -
     resume_flows.BROKEN.add("charge")
     iid = sv.start_workflow("resume.signals", None)
     store = _store()
-    fence = store.acquire(iid, "stale-worker", 30)
+    fence = store.instances.acquire(iid, "stale-worker", 30)
     assert fence is not None
     sv.terminate_workflow(iid)
     sv.resume_workflow(iid)

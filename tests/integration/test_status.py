@@ -113,7 +113,7 @@ def test_runnable_instances_nobody_dispatches_are_counted_and_reported_stuck(tdb
 def test_a_lease_that_expired_and_nobody_took_over_is_stuck(tdb: None) -> None:
     iid = sv.start_workflow("test.sum3", {"a": 1, "b": 2, "c": 3})
     store = store_for("default", Codec())
-    fence = store.acquire(iid, "gone-worker", 0.05)
+    fence = store.instances.acquire(iid, "gone-worker", 0.05)
     assert fence is not None
     wait_until(lambda: store.now_ms() > 100 + (store.get_instance(iid).lease_expires_ms or 0))
     stuck = status_report(stuck_after=0.01)["stuck"]
@@ -160,7 +160,7 @@ def test_an_instance_dispatched_again_and_again_without_progress_is_a_hot_loop(
     store = store_for("default", Codec())
     # What a worker whose every execution ends at once looks like in the database.
     for _ in range(status_module.HOT_LOOP_DISPATCHES):
-        fence = store.acquire(iid, "spinner", 5)
+        fence = store.instances.acquire(iid, "spinner", 5)
         assert fence is not None
         store.release_lease(fence, runnable=True)
     hot = status_report()["hot_loops"]

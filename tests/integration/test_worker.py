@@ -386,7 +386,7 @@ def test_finally_runs_on_suspension_and_the_workflow_completes_later(
 
 def _store() -> DjangoStore:
     store = store_for("default", Codec())
-    store.lease_ttl = 5.0
+    store.options.lease_ttl = 5.0
     return store
 
 
@@ -409,12 +409,12 @@ def test_a_stale_lease_holder_is_fenced_out_and_writes_nothing(
 ) -> None:
     store = _store()
     instance_id = sv.start_workflow("test.worker.unserved", {})
-    old = store.acquire(instance_id, "owner-a", ttl=5)
+    old = store.instances.acquire(instance_id, "owner-a", ttl=5)
     assert old is not None and old.epoch == 1
-    assert store.acquire(instance_id, "owner-b", ttl=5) is None  # still held
+    assert store.instances.acquire(instance_id, "owner-b", ttl=5) is None  # still held
 
     db_clock(6)  # owner-a's lease has expired on the database clock
-    new = store.acquire(instance_id, "owner-b", ttl=5)
+    new = store.instances.acquire(instance_id, "owner-b", ttl=5)
     assert new == Fence(instance_id, "owner-b", 2)
 
     with pytest.raises(sv.Fenced):
@@ -425,7 +425,7 @@ def test_a_stale_lease_holder_is_fenced_out_and_writes_nothing(
         )
     with pytest.raises(sv.Fenced):
         store.close(old, CloseRequest("completed", "1", None))
-    assert store.renew_lease(old, 5) is False
+    assert store.instances.renew_lease(old, 5) is False
     store.release_lease(old, runnable=True)
 
     inst = instance(instance_id)
@@ -438,7 +438,7 @@ def test_a_stale_lease_holder_is_fenced_out_and_writes_nothing(
         new, HistoryRow("#1:test.add", 1, "activity"), _spec(), claim_owner=None
     )
     assert stored.key == "#1:test.add" and claimed is None
-    assert store.renew_lease(new, 5) is True
+    assert store.instances.renew_lease(new, 5) is True
     assert store.close(new, CloseRequest("completed", "1", None)) == "completed"
     inst = instance(instance_id)
     assert (inst.status, inst.lease_owner) == ("completed", "")
@@ -452,10 +452,10 @@ def test_an_inline_claim_that_observes_cancellation_is_still_fenced_by_the_lease
 ) -> None:
     store = _store()
     instance_id = sv.start_workflow("test.worker.unserved", {})
-    old = store.acquire(instance_id, "owner-a", ttl=5)
+    old = store.instances.acquire(instance_id, "owner-a", ttl=5)
     assert old is not None
     db_clock(6)
-    new = store.acquire(instance_id, "owner-b", ttl=5)
+    new = store.instances.acquire(instance_id, "owner-b", ttl=5)
     assert new is not None
     sv.cancel_workflow(instance_id, "stop")
     row = HistoryRow("#1:test.add", 1, "activity")
@@ -482,7 +482,7 @@ def test_a_stale_activity_claim_cannot_complete_retry_or_renew(
 ) -> None:
     store = _store()
     instance_id = sv.start_workflow("test.worker.unserved", {})
-    fence = store.acquire(instance_id, "owner-a", ttl=60)
+    fence = store.instances.acquire(instance_id, "owner-a", ttl=60)
     assert fence is not None
     store.reserve_activity(fence, HistoryRow("#1:test.add", 1, "activity"), _spec(), None)
     (first,) = store.tasks.claim_tasks("worker-1", 10, ["test.add"])

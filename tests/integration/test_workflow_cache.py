@@ -417,14 +417,14 @@ def test_dispatch_passes_over_another_workers_sticky_instance_until_its_window_e
     settings = get_settings()
     store = store_for(settings.database, client_codec(settings), settings)
     iid = sv.start_workflow("wait.receive", {"channels": ["a"]})
-    [fence] = store.acquire_batch("A", 30, 10, None)
+    [fence] = store.instances.acquire_batch("A", 30, 10, None)
     store.release_lease(fence, runnable=True, sticky=30)
-    assert store.acquire_batch("B", 30, 10, None) == []
-    [again] = store.acquire_batch("A", 30, 10, None)
+    assert store.instances.acquire_batch("B", 30, 10, None) == []
+    [again] = store.instances.acquire_batch("A", 30, 10, None)
     assert again.epoch == fence.epoch + 1
     store.release_lease(again, runnable=True, sticky=30)
     WorkflowInstance.objects.filter(instance_id=iid).update(sticky_until_ms=0)  # window over
-    [taken] = store.acquire_batch("B", 30, 10, None)
+    [taken] = store.instances.acquire_batch("B", 30, 10, None)
     assert taken.owner == "B"
     store.release_lease(taken, runnable=True)  # no cache: nobody is preferred
     assert WorkflowInstance.objects.get(instance_id=iid).sticky_owner == ""

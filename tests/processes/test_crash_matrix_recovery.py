@@ -251,7 +251,7 @@ def test_a_leader_exiting_during_the_timeout_sweep_terminates_the_run_once(
     # The next leader finishes the sweep, or finds nothing left to do.
     deadline = time.monotonic() + 30
     while WorkflowInstance.objects.get(instance_id=iid).status == "running":
-        Worker(**QUIET).store.sweep_execution_timeouts(10)
+        Worker(**QUIET).store.execution_timeouts.sweep_execution_timeouts(10)
         assert time.monotonic() < deadline
     assert closes.count() == 1
     error = sv.get_workflow_result(iid).error

@@ -1,11 +1,11 @@
-"""The PostgreSQL store's signal inbox: a receive as one statement.
+"""Waits on PostgreSQL: a receive as one statement.
 
-The base of :class:`~.postgresql.PostgresStore`: the wake of a workflow blocked in
-``receive`` (read the cancel state and the oldest signal, consume it, record the
-received row, deliver every arrival) as one statement, where the portable store
-reads twice and then observes in a transaction of several statements. Where the
-statement is not offered (inside a transaction, or with an inline result pending)
-the portable path runs whole.
+:class:`PostgresWaits`, the waits part of :class:`~.store.PostgresStore`: the
+wake of a workflow blocked in ``receive`` (read the cancel state and the oldest
+signal, consume it, record the received row, deliver every arrival) as one
+statement, where the portable store reads twice and then observes in a
+transaction of several statements. Where the statement is not offered (inside a
+transaction, or with an inline result pending) the portable path runs whole.
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ from ...engine.events import CMD_RECEIVE, EV_SIGNAL_RECEIVED, Arrivals, Fence, H
 from ...engine.ports import ObservationResult, ReceiveOutcome, SignalMessage
 from .. import sql
 from ..operation import operation
-from ..store import DjangoStore
+from ..waits import Waits
 from .db import PostgresDatabase
 from .sql import RECEIVE_NEXT
 
-__all__ = ["PostgresInbox"]
+__all__ = ["PostgresWaits"]
 
 
-class PostgresInbox(DjangoStore):
+class PostgresWaits(Waits):
     """Receives in one statement; see the module docstring."""
 
     db: PostgresDatabase
@@ -38,22 +38,22 @@ class PostgresInbox(DjangoStore):
         if not self.db.one_statement or self.db.has_deferred(fence):
             return None
         iid = fence.instance_id
-        fence_sql, fence_params = self._fence_sql(fence, uncancelled=uncancelled)
+        fence_sql, fence_params = self.db._fence_sql(fence, uncancelled=uncancelled)
         params = [iid, channel, *fence_params, seq, key, seq, iid]
-        params += [iid, key, seq, CMD_RECEIVE, EV_SIGNAL_RECEIVED, seq, self._now_param()]
+        params += [iid, key, seq, CMD_RECEIVE, EV_SIGNAL_RECEIVED, seq, self.db._now_param()]
         params += [seq, iid, seq, iid, iid]
         try:
             found, fenced, consumed, fresh, payload, keys, ids, channels, requested, reason = (
-                self._fetch(sql.compose(RECEIVE_NEXT, fence=fence_sql), params)[0]
+                self.db._fetch(sql.compose(RECEIVE_NEXT, fence=fence_sql), params)[0]
             )
         except IntegrityError as error:
-            raise self._key_conflict(iid, key) from error
+            raise self.db._key_conflict(iid, key) from error
         if found is None:
             return ReceiveOutcome(cancel_reason=str(reason) if uncancelled and requested else None)
         if fenced != 1:
-            why = self._cancel_reason_under(fence) if uncancelled else None
+            why = self.db._cancel_reason_under(fence) if uncancelled else None
             if why is None:
-                raise self._fenced_error(fence)
+                raise self.db._fenced_error(fence)
             return ReceiveOutcome(cancel_reason=why)
         message = SignalMessage(int(found), channel, str(payload or ""))
         if not consumed:

@@ -1,6 +1,6 @@
 """The PostgreSQL store: row locks, SKIP LOCKED, NOTIFY and one-statement writes.
 
-Only what differs from the portable :class:`~selvedge_django.storage.store.DjangoStore`:
+Only what differs from the portable parts of :class:`~selvedge_django.storage.store.Store`:
 
 * candidates are locked with ``FOR UPDATE SKIP LOCKED`` (dispatch, claims,
   renewals, timer fires), so concurrent workers take different rows and nobody
@@ -18,7 +18,6 @@ Only what differs from the portable :class:`~selvedge_django.storage.store.Djang
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from django.db import IntegrityError
@@ -28,36 +27,59 @@ from ...engine.ports import CloseRequest, TaskSpec
 from ...models import WorkflowStatus
 from .. import sql
 from ..inline import Pending
+from ..instances import Instances
 from ..operation import operation
-from ..wakeups import (
-    TOPIC_TASK,
-    closed_topic,
-)
+from ..starts import Starts
+from ..store import Store
+from ..wakeups import TOPIC_TASK, closed_topic
 from .db import PostgresDatabase
-from .inbox import PostgresInbox
-from .sql import (
-    CLOSE,
-    CLOSE_WITH_INLINE,
-    LEASE_BATCH,
-    START_WITH_TASK,
-)
+from .inbox import PostgresWaits
+from .sql import CLOSE, CLOSE_WITH_INLINE, LEASE_BATCH, START_WITH_TASK
 from .tasks import PostgresSoleActivity, PostgresTasks
 
-__all__ = ["PostgresStore"]
-
-logger = logging.getLogger("selvedge_django.store")
+__all__ = ["PostgresInstances", "PostgresStarts", "PostgresStore"]
 
 
-class PostgresStore(PostgresInbox):
-    """The store on PostgreSQL."""
+class PostgresStarts(Starts):
+    """Starts on PostgreSQL: a start with its first task as one statement."""
 
-    database = PostgresDatabase
     db: PostgresDatabase
-    tasks_class = PostgresTasks
-    tasks: PostgresTasks
-    sole_activity_class = PostgresSoleActivity
 
-    # -- dispatch and renewals ------------------------------------------------------------
+    def _insert_instance(self, params: list[Any], leased: bool) -> bool:
+        if leased and self.db.one_statement:
+            # Nobody to wake: one statement.
+            return self.db._execute(self._insert_instance_sql(), params) == 1
+        return super()._insert_instance(params, leased)
+
+    def _insert_with_task(
+        self, instance_id: str, params: list[Any], row: HistoryRow, task: TaskSpec
+    ) -> bool:
+        """The start, its first command's row and its queued task as one statement."""
+        if not self.db.one_statement:
+            return super()._insert_with_task(instance_id, params, row, task)
+        row_sql, row_params = self.db._history_insert_sql(instance_id, row, "i")
+        notify, notify_params = self.db._notify_from("i", [TOPIC_TASK])
+        statement = sql.compose(
+            START_WITH_TASK,
+            start=self._insert_instance_sql(),
+            row=row_sql,
+            queued=sql.compose(sql.INSERT_QUEUED_TASK, source=" FROM i"),
+            notify=notify,
+        )
+        task_params = self._queued_task_params(instance_id, row, task)
+        fetched = self.db._fetch(statement, [*params, *row_params, *task_params, *notify_params])
+        inserted = fetched[0][0]
+        if not inserted:
+            return False
+        self.db._publish_now(TOPIC_TASK)
+        return True
+
+
+class PostgresInstances(Instances):
+    """Dispatch with ``SKIP LOCKED`` in one statement, and the one-statement close."""
+
+    db: PostgresDatabase
+    tasks: PostgresTasks
 
     def _lease_rows(
         self, owner: str, limit: int, named: str, where: list[Any], lease_params: list[Any]
@@ -68,38 +90,7 @@ class PostgresStore(PostgresInbox):
             expired=sql.compose(sql.DISPATCH_EXPIRED, named=named),
             ready=sql.compose(sql.DISPATCH_READY, named=named),
         )
-        return self._fetch(statement, [*where, limit, *where, limit, limit, *lease_params])
-
-    # -- one-statement writes -------------------------------------------------------------
-
-    def _insert_instance(self, params: list[Any], leased: bool) -> bool:
-        if leased and self.db.one_statement:
-            # Nobody to wake: one statement.
-            return self._execute(self._insert_instance_sql(), params) == 1
-        return super()._insert_instance(params, leased)
-
-    def _insert_with_task(
-        self, instance_id: str, params: list[Any], row: HistoryRow, task: TaskSpec
-    ) -> bool:
-        """The start, its first command's row and its queued task as one statement."""
-        if not self.db.one_statement:
-            return super()._insert_with_task(instance_id, params, row, task)
-        row_sql, row_params = self._history_insert_sql(instance_id, row, "i")
-        notify, notify_params = self.db._notify_from("i", [TOPIC_TASK])
-        statement = sql.compose(
-            START_WITH_TASK,
-            start=self._insert_instance_sql(),
-            row=row_sql,
-            queued=sql.compose(sql.INSERT_QUEUED_TASK, source=" FROM i"),
-            notify=notify,
-        )
-        task_params = self._queued_task_params(instance_id, row, task)
-        fetched = self._fetch(statement, [*params, *row_params, *task_params, *notify_params])
-        inserted = fetched[0][0]
-        if not inserted:
-            return False
-        self._publish_now(TOPIC_TASK)
-        return True
+        return self.db._fetch(statement, [*where, limit, *where, limit, limit, *lease_params])
 
     @operation
     def close(self, fence: Fence, request: CloseRequest) -> str:
@@ -116,11 +107,11 @@ class PostgresStore(PostgresInbox):
         ):
             return super().close(fence, request)
         if self.db.has_deferred(fence):
-            item = self.inline._sole_deferred(fence)
-            if item is not None and not self.connection.in_atomic_block:
+            item = self.tasks.inline._sole_deferred(fence)
+            if item is not None and not self.db.connection.in_atomic_block:
                 return self._close_with_inline(fence, request, item)
             # The inline result before it, then the close: one transaction, two statements.
-            with self.atomic():
+            with self.db.atomic():
                 self.db.apply_deferred(fence)
                 return self._close_statement(fence, request, deferred=True)
         return self._close_statement(fence, request)
@@ -133,24 +124,24 @@ class PostgresStore(PostgresInbox):
         status = request.status
         data = request.output if status == WorkflowStatus.COMPLETED else request.error
         close_sql, close_params = self._close_sql(fence, status, request)
-        row_sql, row_params = self._history_insert_sql(
+        row_sql, row_params = self.db._history_insert_sql(
             fence.instance_id, self._close_row(status, data), "c"
         )
         topic = closed_topic(fence.instance_id)
         notify, notify_params = self.db._notify_from("c", [] if deferred else [topic])
         statement = sql.compose(CLOSE, close=close_sql, history=row_sql, notify=notify)
         try:
-            closed, _ = self._fetch(statement, [*close_params, *row_params, *notify_params])[0]
+            closed, _ = self.db._fetch(statement, [*close_params, *row_params, *notify_params])[0]
         except IntegrityError as error:
-            raise self._key_conflict(fence.instance_id, CLOSE_KEY) from error
+            raise self.db._key_conflict(fence.instance_id, CLOSE_KEY) from error
         if closed != 1:
-            raise self._fenced_error(fence)
+            raise self.db._fenced_error(fence)
         if deferred:
-            self._closed_on_commit(fence.instance_id)
-            self.after_commit(topic)
+            self.db._closed_on_commit(fence.instance_id)
+            self.db.after_commit(topic)
             return str(status)
-        self._closed(fence.instance_id)
-        self._publish_now(topic)
+        self.db._closed(fence.instance_id)
+        self.db._publish_now(topic)
         return str(status)
 
     def _close_with_inline(self, fence: Fence, request: CloseRequest, item: Pending) -> str:
@@ -166,7 +157,7 @@ class PostgresStore(PostgresInbox):
         data = request.output if status == WorkflowStatus.COMPLETED else request.error
         carrying, leading, woken_params = self.tasks._carried_parts(item, fence)
         close_sql, close_params = self._close_sql(fence, status, request)
-        row_sql, row_params = self._history_insert_sql(
+        row_sql, row_params = self.db._history_insert_sql(
             fence.instance_id, self._close_row(status, data), "c"
         )
         topic = closed_topic(fence.instance_id)
@@ -176,12 +167,23 @@ class PostgresStore(PostgresInbox):
         )
         params = [*leading, *close_params, *row_params, *notify_params, *woken_params]
         try:
-            claimed, closed, woke, _, _ = self._fetch(statement, params)[0]
+            claimed, closed, woke, _, _ = self.db._fetch(statement, params)[0]
         except IntegrityError as error:
-            raise self._key_conflict(fence.instance_id, CLOSE_KEY) from error
+            raise self.db._key_conflict(fence.instance_id, CLOSE_KEY) from error
         self.tasks._settle_carried(item, fence, recorded=bool(claimed), woke=bool(woke))
         if closed != 1:
-            raise self._fenced_error(fence)
-        self._closed(fence.instance_id)
-        self._publish_now(topic)
+            raise self.db._fenced_error(fence)
+        self.db._closed(fence.instance_id)
+        self.db._publish_now(topic)
         return str(status)
+
+
+class PostgresStore(Store):
+    """The store on PostgreSQL: its database and the parts that differ there."""
+
+    database = PostgresDatabase
+    instances_class = PostgresInstances
+    starts_class = PostgresStarts
+    waits_class = PostgresWaits
+    tasks_class = PostgresTasks
+    sole_activity_class = PostgresSoleActivity

@@ -1,6 +1,6 @@
 """The SQLite store: dispatch, renewals and deliveries as one writer at a time sees them.
 
-Only what differs from the portable :class:`~selvedge_django.storage.store.DjangoStore`
+Only what differs from the portable parts of :class:`~selvedge_django.storage.store.Store`
 in the store's parts; the database itself (``BEGIN IMMEDIATE``, the writer turn,
 probes before the write lock, WAL, pragmas and checks) is
 :class:`~selvedge_django.storage.sqlite.db.SQLiteDatabase`:
@@ -21,14 +21,17 @@ from ...engine.events import Arrivals, Fence
 from ...engine.ports import Observation
 from ...models import WorkflowInstance
 from .. import sql
+from ..instances import Instances
 from ..operation import operation
-from ..store import DjangoStore
+from ..releases import Releases
+from ..store import Store
+from ..waits import Waits
 from ..wakeups import TOPIC_RUNNABLE
 from .db import SQLiteDatabase
 
 logger = logging.getLogger("selvedge_django.store")
 
-__all__ = ["SQLiteStore"]
+__all__ = ["SQLiteInstances", "SQLiteReleases", "SQLiteStore", "SQLiteWaits"]
 
 # -- statements only SQLite runs ----------------------------------------------------------------
 
@@ -65,12 +68,10 @@ DISPATCH_READ_BACK = (
 )
 
 
-class SQLiteStore(DjangoStore):
-    """The store on SQLite."""
+class SQLiteInstances(Instances):
+    """Dispatch as one writer at a time sees it: probe, then pick, lease and read back."""
 
-    database = SQLiteDatabase
     db: SQLiteDatabase
-    single_writer = SQLiteDatabase.single_writer
 
     def _lease_rows(
         self, owner: str, limit: int, named: str, where: list[Any], lease_params: list[Any]
@@ -81,12 +82,12 @@ class SQLiteStore(DjangoStore):
         # database.
         expired = sql.compose(sql.DISPATCH_EXPIRED, named=named)
         ready = sql.compose(DISPATCH_READY, named=named)
-        if not self._fetch(
+        if not self.db._fetch(
             sql.compose(DISPATCH_PROBE, expired=expired, ready=ready), [*where, *where]
         ):
             return []
-        with self.atomic():
-            picked = self._fetch(
+        with self.db.atomic():
+            picked = self.db._fetch(
                 sql.compose(DISPATCH_PICK, expired=expired, ready=ready),
                 [*where, limit, *where, limit, limit],
             )
@@ -94,12 +95,16 @@ class SQLiteStore(DjangoStore):
             if not ids:
                 return []
             marks = sql.marks(len(ids))
-            self._execute(sql.compose(DISPATCH_LEASE, ids=marks), [*lease_params, *ids])
+            self.db._execute(sql.compose(DISPATCH_LEASE, ids=marks), [*lease_params, *ids])
             taken_over = {row[0] for row in picked if row[1] == 0}
-            rows = self._fetch(sql.compose(DISPATCH_READ_BACK, ids=marks), [owner, *ids])
+            rows = self.db._fetch(sql.compose(DISPATCH_READ_BACK, ids=marks), [owner, *ids])
             return [(*row, row[0] in taken_over) for row in rows]
 
-    # -- before SQLite 3.35: no RETURNING ---------------------------------------------------
+
+class SQLiteReleases(Releases):
+    """The release of a lease without ``RETURNING`` (before SQLite 3.35)."""
+
+    db: SQLiteDatabase
 
     @operation
     def release_lease(
@@ -113,7 +118,7 @@ class SQLiteStore(DjangoStore):
             super().release_lease(fence, runnable, parked, sticky)
             return
         updated = (
-            WorkflowInstance.objects.using(self.alias)
+            WorkflowInstance.objects.using(self.db.alias)
             .filter(
                 instance_id=fence.instance_id,
                 lease_owner=fence.owner,
@@ -124,17 +129,33 @@ class SQLiteStore(DjangoStore):
                 lease_expires_ms=None,
                 execution_errors=0,
                 execution_error="",
-                **(self.wake_fields() if runnable else {}),
+                **(self.db.wake_fields() if runnable else {}),
                 **({} if parked is None else {"parked_seq": parked[0], "parked_key": parked[1]}),
                 sticky_owner=fence.owner if sticky is not None else "",
-                sticky_until_ms=self.now_expr(sticky or 0.0),
+                sticky_until_ms=self.db.now_expr(sticky or 0.0),
             )
         )
         if updated:
             # An arrival during the execution may have left it runnable: dispatch again.
-            self.after_commit(TOPIC_RUNNABLE)
+            self.db.after_commit(TOPIC_RUNNABLE)
+
+
+class SQLiteWaits(Waits):
+    """Deliveries without ``RETURNING`` (before SQLite 3.35): read first, then write."""
+
+    db: SQLiteDatabase
 
     def _deliver(self, iid: str, seq: int, observation: Observation) -> Arrivals:
         if self.db._returning or not (observation.deliver_all or observation.deliver):
             return super()._deliver(iid, seq, observation)
         return self._deliver_read_first(iid, seq, observation)
+
+
+class SQLiteStore(Store):
+    """The store on SQLite: its database and the parts that differ there."""
+
+    database = SQLiteDatabase
+    single_writer = SQLiteDatabase.single_writer
+    instances_class = SQLiteInstances
+    releases_class = SQLiteReleases
+    waits_class = SQLiteWaits
