@@ -45,6 +45,7 @@ from bench.harness import (  # noqa: E402 - the repository root goes on the path
     SqlCounter,
     bench_database,
     each_database,
+    store_classes,
     transactions,
 )
 
@@ -384,11 +385,11 @@ def run_one(db: str, n: int, trace: bool, resumptions: int | None, futures: bool
         import django
 
         import selvedge_django
-        from selvedge_django.storage import check_vendor
 
         workload = define_futures_workload() if futures else define_workload()
         counter = SqlCounter()
-        counter.track(check_vendor("default"), PHASES)  # the database's store class
+        for cls in store_classes():  # the store of the database, its database and parts
+            counter.track(cls, PHASES)
         counter.install()
 
         print(f"== {db}: {info['version']} ==")

@@ -494,22 +494,21 @@ def measure_counts(units: int) -> dict[str, Any]:
     suspension, the wake-up (claim, fire, signal) and the next dispatch.
     """
     import selvedge_django as sv
-    from bench.harness import SqlCounter, transactions
+    from bench.harness import SqlCounter, store_classes, transactions
     from bench.workloads import BACKGROUND_QUEUE
     from selvedge_django.models import WorkflowInstance
-    from selvedge_django.storage import check_vendor
     from selvedge_django.worker import Worker
 
     counter = SqlCounter()
     plumbing = {"atomic", "read_snapshot", "after_commit", "now_expr"}
-    store_class = check_vendor("default")  # the database's store class
-    for cls in store_class.__mro__:
+    for tracked in store_classes():  # the store of the database, its database and parts
         names = [
             name
+            for cls in tracked.__mro__
             for name, attr in vars(cls).items()
             if inspect.isfunction(attr) and not name.startswith("_") and name not in plumbing
         ]
-        counter.track(store_class, names)
+        counter.track(tracked, names)
     counter.install()
 
     def inline_worker(**overrides: Any) -> Any:

@@ -183,6 +183,17 @@ class SqlCounter:
             )
 
 
+def store_classes(alias: str = "default") -> list[type]:
+    """The classes whose methods run the SQL of ``alias``'s store: the store class, its
+    database's and its parts' (a store holds its parts as members)."""
+    from selvedge_django.engine.codec import Codec
+    from selvedge_django.storage import check_vendor
+
+    store = check_vendor(alias)(alias, Codec())
+    parts = [value for value in vars(store).values() if hasattr(value, "db")]
+    return [type(store), type(store.db), *(type(part) for part in parts)]
+
+
 def transactions(counts: Counter[str]) -> int:
     """Commits, rollbacks and autocommit statements: every transaction the database ran."""
     return counts["commits"] + counts["rollbacks"] + counts["autocommit"]

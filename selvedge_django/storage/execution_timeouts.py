@@ -3,7 +3,7 @@
 A run started with ``execution_timeout`` has a deadline on the database clock
 (``execution_deadline_ms``, NULL otherwise; a partial index over running
 instances that have one is what the sweep reads). Each overdue run is closed by
-:meth:`~.instances.InstanceStore.terminate` in its own transaction, guarded by
+:meth:`~.instances.Instances.terminate` in its own transaction, guarded by
 the deadline still being past, with the reason ``"execution timeout"``; rows
 another transaction holds are skipped (not waited for) and handled at the next
 round, like the activity timeout sweeps.
@@ -55,7 +55,7 @@ class ExecutionTimeouts:
         """Terminate up to ``limit`` running instances past their execution deadline,
         the longest overdue first, each in its own transaction; return them.
 
-        Each close is :meth:`terminate`'s (a new lease epoch, unfinished tasks
+        Each close is :meth:`Instances.terminate`'s (a new lease epoch, unfinished tasks
         cancelled, timers deleted, running children asked to cancel, a waiting
         parent given the failure) with :class:`WorkflowTerminated` and the reason
         ``"execution timeout"``; the close row records the timeout and the

@@ -68,7 +68,7 @@ class Limits:
         return RawSQL(self.db._tables(text), [*clock, *served, *clock], BooleanField())
 
     def _claim_probe(self, names: Sequence[str]) -> tuple[str, list[Any]]:
-        """Whether a claim would find a candidate (:meth:`_worth_writing`'s probe)."""
+        """Whether a claim would find a candidate (:meth:`Database._worth_writing`'s probe)."""
         statement, params = self._claim_pick(names, 1)
         return sql.compose(sql.CLAIM_PROBE, pick=statement), params
 

@@ -145,7 +145,7 @@ class Inline:
     def take_deferred(self, fence: Fence) -> list[tuple[TaskClaim, str, Callable[[], None] | None]]:
         """Hand over the results still held for ``fence`` (the execution ended without a
         write that took them): each is then recorded on its own with
-        :meth:`complete_task`, claim-checked, as a background attempt records its own."""
+        :meth:`Tasks.complete_task`, claim-checked, as a background attempt records its own."""
         items = [p for p in self._pending() if p.fence == fence]
         for item in items:
             self._pending().remove(item)

@@ -1,7 +1,7 @@
 """Instances whose one command is an activity: the completion that closes them.
 
 A start may record its workflow's first command itself
-(:meth:`~selvedge_django.storage.starts.StartStore.create_instance` with
+(:meth:`~selvedge_django.storage.starts.Starts.create_instance` with
 ``first_task``): the instance row, the activity's history reservation and its
 queued task commit in the start's transaction, and nobody leases the instance. When
 that workflow returns the activity's result (``WorkflowDefinition.result_activity``,
