@@ -34,11 +34,11 @@ def test_lease_batch_takes_the_instances_runnable_longest_first(tdb: None) -> No
             sv.start_workflow("fair.late", "x", instance_id=f"late-{tag}-{n}") for n in range(3)
         ]
         set_clock_offset_ms(2000)
-        for fence, _ in s.lease_batch("owner", 30, 10, ["fair.busy"]):
+        for fence, _ in s.instances.lease_batch("owner", 30, 10, ["fair.busy"]):
             s.release_lease(fence, runnable=True)
         leased = [
             fence.instance_id
-            for fence, _ in s.lease_batch("owner", 30, 3, ["fair.busy", "fair.late"])
+            for fence, _ in s.instances.lease_batch("owner", 30, 3, ["fair.busy", "fair.late"])
         ]
     finally:
         set_clock_offset_ms(0)
