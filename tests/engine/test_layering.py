@@ -2,7 +2,7 @@
 
 The layers, bottom up (the README's "Architecture" draws them)::
 
-    surfaces      admin/ management/ checks apps testing/ contrib/ the public API
+    surfaces      admin/ cli/ management/ checks apps testing/ contrib/ the public API
     operations    operations/: start, signal, cancel, results, find, history, prune, ...
     worker        worker/: the supervisor, one module per loop, the runtime, the handoff
     definitions   registry, schedules, handles: what workflows and schedules exist, and a
@@ -71,6 +71,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "surfaces",
         (
             "admin",
+            "cli",  # runselvedge's subcommands
             "management",
             "checks",
             "apps",
