@@ -85,7 +85,12 @@ def _add_start(subparsers: Subparsers) -> argparse.ArgumentParser:
         default="fail",
         help="taken --id: fail or exit 0",
     )
-    start.add_argument("--priority", type=int, default=0, help="-100 to 100, larger first")
+    start.add_argument(
+        "--priority",
+        type=int,
+        default=0,
+        help="dispatch priority, -100 to 100, larger first (default 0)",
+    )
     start.add_argument(
         "--allow-unregistered",
         action="store_true",
