@@ -50,9 +50,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "foundations",
         (
             "conf",
-            "models",
-            "schedule_models",
-            "flow_models",
+            "models",  # one module per aggregate
+            "flow_models",  # PriorityRank's old path, which migrations 0017 and 0018 name
             "migrations",
             "signals",
             "hooks",
