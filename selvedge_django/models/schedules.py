@@ -1,7 +1,7 @@
 """Schedules: a definition the operations layer writes, and the leader's bookkeeping.
 
-The rules of slots are in :mod:`selvedge_django.schedule_slots`, the definitions'
-validation in :mod:`selvedge_django.schedules`.
+The rules of slots are in :mod:`selvedge_django.schedules.slots`, the definitions'
+validation in :mod:`selvedge_django.schedules.definitions`.
 """
 
 from __future__ import annotations
