@@ -58,7 +58,6 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "metrics",
             "converters",
             "input_filters",
-            "discovery",
             "schedules.slots",  # pure rules of slots, which the store plans with
         ),
     ),
