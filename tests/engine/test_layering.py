@@ -77,7 +77,6 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "contrib",
             "workflows",
             "tasks",  # the django.tasks backend
-            "history",  # the old import path of operations.history and engine.portable
             "views",  # the health view
             "urls",
         ),
