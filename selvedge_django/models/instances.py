@@ -1,8 +1,7 @@
 """An instance and what belongs to it: its history, archived history, timers and signals.
 
-Every row here hangs off one ``WorkflowInstance`` (a foreign key that cascades), and
-each is written in the transactions of that instance. Its activity tasks are in
-:mod:`selvedge_django.models.tasks`.
+Every row here hangs off one ``WorkflowInstance`` (a foreign key that cascades); its
+activity tasks are in :mod:`selvedge_django.models.tasks`.
 
 Times that decide ownership (lease and claim expiry, task due times) are Unix
 milliseconds on the database clock (``*_ms`` columns); workflow time (timer
