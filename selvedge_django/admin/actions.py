@@ -40,9 +40,8 @@ from .. import operations
 from ..models import WorkflowInstance, WorkflowStatus
 from ..operations.recovery import TERMINATED_TYPE
 from .base import APP, PERM_CANCEL, PERM_EXPORT, PERM_SIGNAL, PERM_TERMINATE, ReadOnlyAdmin
-from .display import CELL_CHARS, ID_CHARS, VALUE_CHARS, database_alias, safe_filename, truncate
+from .display import CELL_CHARS, ID_CHARS, VALUE_CHARS, admin_reads, safe_filename, truncate
 from .forms import CancelForm, SignalForm, TerminateForm
-from .sections import export_size
 
 # Most instances one changelist action handles at once.
 MAX_BATCH = 1000
@@ -395,7 +394,7 @@ class InstanceActionsAdmin(ReadOnlyAdmin):
             self.message_user(request, gettext("Nothing to export."), messages.WARNING)
             return None
         cap = MAX_EXPORT_BYTES
-        size = export_size(database_alias(), [obj.instance_id for obj in targets])
+        size = admin_reads().export_size([obj.instance_id for obj in targets])
         if size > cap:
             self.message_user(
                 request,

@@ -1,7 +1,8 @@
 """The admin's dashboard: counts, recent failures, slowest steps, queues and workers.
 
 One page (a "Dashboard" button of the instance changelist, view permission),
-built from bounded reads, each walking an index:
+built from bounded reads (:class:`~selvedge_django.storage.admin_reads.AdminReads`),
+each walking an index:
 
 - counts by status: one capped count per status (``sv_inst_status_idx``);
 - counts by workflow and status among the :data:`RECENT_SAMPLE` most recently
@@ -21,18 +22,18 @@ from datetime import timedelta
 from typing import Any
 
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count
 from django.http import HttpRequest, HttpResponseBase, HttpResponseNotAllowed
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.translation import gettext
 
-from ..models import HistoryEvent, WorkflowInstance, WorkflowStatus
+from ..models import WorkflowStatus
 from ..operations.status import COUNT_LIMIT, status_report
+from ..storage.admin_reads import AdminReads
 from .base import APP
 from .console import ConsoleAdmin
-from .display import ID_CHARS, database_alias, format_duration, format_time, truncate
+from .display import ID_CHARS, admin_reads, format_duration, format_time, truncate
 
 __all__ = ["DashboardAdmin", "dashboard_data"]
 
@@ -47,10 +48,6 @@ TEMPLATE = "admin/selvedge_django/workflowinstance/dashboard.html"
 _STATUSES = [str(status) for status in WorkflowStatus]
 
 
-def _capped(queryset: Any) -> int:
-    return int(queryset.order_by()[:COUNT_LIMIT].count())
-
-
 def _step_name(key: str) -> str:
     """A step's name without its command position (``#5:shop.charge`` -> ``shop.charge``)."""
     if key.startswith("#") and ":" in key:
@@ -58,26 +55,19 @@ def _step_name(key: str) -> str:
     return key
 
 
-def dashboard_data(alias: str) -> dict[str, Any]:
+def dashboard_data(reads: AdminReads) -> dict[str, Any]:
     """Read everything the dashboard shows (bounded; see the module docstring)."""
-    instances = WorkflowInstance.objects.using(alias)
     now = timezone.now()
-    counts = {status: _capped(instances.filter(status=status)) for status in _STATUSES}
+    counts = {status: reads.count_status(status, limit=COUNT_LIMIT) for status in _STATUSES}
     most = max([*counts.values(), 1])
     by_status: list[dict[str, Any]] = [
         {"status": status, "count": n, "percent": round(100 * n / most)}
         for status, n in counts.items()
     ]
 
-    recent = instances.order_by("-started_at", "-instance_id").values("instance_id")[:RECENT_SAMPLE]
     grouped: dict[str, dict[str, int]] = {}
-    for name, status, n in (
-        instances.filter(instance_id__in=recent)
-        .values_list("workflow_name", "status")
-        .annotate(n=Count("instance_id"))
-        .order_by()
-    ):
-        grouped.setdefault(name, dict.fromkeys(_STATUSES, 0))[status] = int(n)
+    for name, status, n in reads.recent_workflow_counts(sample=RECENT_SAMPLE):
+        grouped.setdefault(name, dict.fromkeys(_STATUSES, 0))[status] = n
     ranked = sorted(grouped.items(), key=lambda item: (-sum(item[1].values()), item[0]))
     by_workflow: list[dict[str, Any]] = [
         {"name": truncate(name, ID_CHARS), **counts, "total": sum(counts.values())}
@@ -85,11 +75,7 @@ def dashboard_data(alias: str) -> dict[str, Any]:
     ]
 
     since = now - FAILURE_WINDOW
-    failed = list(
-        instances.filter(status=WorkflowStatus.FAILED, closed_at__gte=since)
-        .order_by("-closed_at")
-        .values_list("instance_id", "workflow_name", "error_type", "closed_at")[:MAX_FAILURES]
-    )
+    failed = reads.failures_since(since, limit=MAX_FAILURES)
     error_types = Counter(error_type or gettext("(no type)") for _, _, error_type, _ in failed)
 
     return {
@@ -115,23 +101,15 @@ def dashboard_data(alias: str) -> dict[str, Any]:
                 for iid, name, kind, closed in failed[:10]
             ],
         },
-        "slowest": _slowest_steps(alias),
+        "slowest": _slowest_steps(reads),
         "step_window": STEP_WINDOW,
         "count_limit": COUNT_LIMIT,
     }
 
 
-def _slowest_steps(alias: str) -> list[dict[str, Any]]:
+def _slowest_steps(reads: AdminReads) -> list[dict[str, Any]]:
     """Activity and child steps among the last STEP_WINDOW history rows, slowest first."""
-    history = HistoryEvent.objects.using(alias)
-    last = history.order_by("-id").values_list("id", flat=True).first()
-    if last is None:
-        return []
-    rows = (
-        history.filter(id__gt=last - STEP_WINDOW, command__in=("activity", "child"))
-        .exclude(arrived_at=None)
-        .values_list("instance_id", "key", "created_at", "arrived_at")
-    )
+    rows = reads.recent_step_times(window=STEP_WINDOW)
     steps: dict[str, dict[str, Any]] = {}
     for iid, key, created, arrived in rows:
         if arrived is None or created is None:
@@ -185,13 +163,12 @@ class DashboardAdmin(ConsoleAdmin):
             return HttpResponseNotAllowed(["GET", "HEAD"])
         if not self.has_view_permission(request):
             raise PermissionDenied
-        alias = database_alias()
         report = status_report()
         context = {
             **self.admin_site.each_context(request),
             "title": gettext("Workflow dashboard"),
             "opts": self.opts,
-            "dashboard": dashboard_data(alias),
+            "dashboard": dashboard_data(admin_reads()),
             "report": report,
             "queues": [
                 {"name": name or gettext("(default)"), **queue}

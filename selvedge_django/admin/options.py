@@ -34,7 +34,7 @@ from .display import (
     EMPTY,
     ID_CHARS,
     VALUE_CHARS,
-    database_alias,
+    admin_reads,
     error_head_summary,
     error_html,
     error_summary,
@@ -312,20 +312,20 @@ class WorkflowInstanceAdmin(DashboardAdmin):
 
     def detail_context(self, request: HttpRequest, obj: WorkflowInstance) -> dict[str, Any]:
         """Gather what the detail page shows below the description, in bounded queries."""
-        alias = database_alias()
+        reads = admin_reads()
         iid = obj.instance_id
         running = obj.status == WorkflowStatus.RUNNING
         threshold = get_settings().history_warning_threshold
 
         sections = instance_sections(
-            alias, iid, self.instance_url, values=self.has_payloads_permission(request)
+            reads, iid, self.instance_url, values=self.has_payloads_permission(request)
         )
         quoted = quote(iid)
         site = self.admin_site.name
         child_urls = {child["parent_key"]: child["url"] for child in sections["children"]}
         return {
             **sections,
-            "timeline": build_timeline(alias, obj, sections["history_count"], child_urls),
+            "timeline": build_timeline(reads, obj, sections["history_count"], child_urls),
             "unregistered": running and get_workflow(obj.workflow_name) is None,
             "empty_mark": format_html('<span class="selvedge-empty">{}</span>', EMPTY),
             "history_warning": sections["history_count"] > threshold,

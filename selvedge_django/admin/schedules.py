@@ -32,12 +32,13 @@ from django.utils.translation import gettext_lazy as _
 
 from .. import exceptions as exc
 from .. import operations
-from ..models import Schedule, WorkflowInstance
+from ..models import Schedule
 from ..schedules import describe_row
 from .base import APP, PERM_PAYLOADS, PERM_TRIGGER, instance_url, may_start_builtin
 from .display import (
     ID_CHARS,
     VALUE_CHARS,
+    admin_reads,
     database_alias,
     format_time,
     json_preview,
@@ -180,11 +181,7 @@ class ScheduleAdmin(admin.ModelAdmin):
         """The schedule's state and recent runs (one query for their statuses)."""
         described = describe_row(obj)
         ids = described.recent_instance_ids
-        statuses = dict(
-            WorkflowInstance.objects.using(database_alias())
-            .filter(instance_id__in=ids)
-            .values_list("instance_id", "status")
-        )
+        statuses = admin_reads().instance_statuses(ids)
         quoted = quote(obj.name)
         site = self.admin_site.name
         can_change = self.has_change_permission(request, obj)
