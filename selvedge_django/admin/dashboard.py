@@ -24,18 +24,17 @@ from typing import Any
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponseBase, HttpResponseNotAllowed
 from django.template.response import TemplateResponse
-from django.urls import URLPattern, path, reverse
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import gettext
 
 from ..models import WorkflowStatus
 from ..operations.status import COUNT_LIMIT, status_report
 from ..storage.admin_reads import AdminReads
-from .base import APP
-from .console import ConsoleAdmin
+from .base import APP, ReadOnlyAdmin
 from .display import ID_CHARS, admin_reads, format_duration, format_time, truncate
 
-__all__ = ["DashboardAdmin", "dashboard_data"]
+__all__ = ["dashboard_data", "dashboard_view"]
 
 RECENT_SAMPLE = 5000
 MAX_FAILURES = 1000
@@ -135,54 +134,33 @@ def _slowest_steps(reads: AdminReads) -> list[dict[str, Any]]:
     ]
 
 
-class DashboardAdmin(ConsoleAdmin):
-    """The dashboard page, linked from the instance changelist."""
-
-    def get_urls(self) -> list[URLPattern]:
-        info = (self.opts.app_label, self.opts.model_name)
-        # Before every "<path:object_id>/..." pattern, as the start page.
-        return [
-            path(
-                "dashboard/",
-                self.admin_site.admin_view(self.dashboard_view),
-                name="{}_{}_dashboard".format(*info),
-            ),
-            *super().get_urls(),
-        ]
-
-    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
-        extra = dict(extra_context or {})
-        extra["selvedge_dashboard_url"] = reverse(
-            f"{self.admin_site.name}:{APP}_workflowinstance_dashboard"
-        )
-        return super().changelist_view(request, extra)
-
-    def dashboard_view(self, request: HttpRequest) -> HttpResponseBase:
-        """Show the dashboard (GET); needs view permission on instances."""
-        if request.method not in ("GET", "HEAD"):
-            return HttpResponseNotAllowed(["GET", "HEAD"])
-        if not self.has_view_permission(request):
-            raise PermissionDenied
-        report = status_report()
-        context = {
-            **self.admin_site.each_context(request),
-            "title": gettext("Workflow dashboard"),
-            "opts": self.opts,
-            "dashboard": dashboard_data(admin_reads()),
-            "report": report,
-            "queues": [
-                {"name": name or gettext("(default)"), **queue}
-                for name, queue in report["queues"].items()
-            ],
-            "changelist_url": reverse(f"{self.admin_site.name}:{APP}_workflowinstance_changelist"),
-            "instance_url": self.instance_url,
-        }
-        for row in context["dashboard"]["failures"]["latest"]:
-            row["url"] = self.instance_url(row["instance_id"])
-        for row in context["dashboard"]["slowest"]:
-            row["url"] = self.instance_url(row["slowest"]) if row["slowest"] else ""
-        for kind in ("stuck", "hot_loops", "long_histories"):
-            for row in report[kind]:
-                row["url"] = self.instance_url(row["instance_id"])
-                row["label"] = truncate(row["instance_id"], ID_CHARS)
-        return TemplateResponse(request, TEMPLATE, context)
+def dashboard_view(model_admin: ReadOnlyAdmin, request: HttpRequest) -> HttpResponseBase:
+    """Show the dashboard (GET); needs view permission on instances."""
+    if request.method not in ("GET", "HEAD"):
+        return HttpResponseNotAllowed(["GET", "HEAD"])
+    if not model_admin.has_view_permission(request):
+        raise PermissionDenied
+    site = model_admin.admin_site
+    report = status_report()
+    context = {
+        **site.each_context(request),
+        "title": gettext("Workflow dashboard"),
+        "opts": model_admin.opts,
+        "dashboard": dashboard_data(admin_reads()),
+        "report": report,
+        "queues": [
+            {"name": name or gettext("(default)"), **queue}
+            for name, queue in report["queues"].items()
+        ],
+        "changelist_url": reverse(f"{site.name}:{APP}_workflowinstance_changelist"),
+        "instance_url": model_admin.instance_url,
+    }
+    for row in context["dashboard"]["failures"]["latest"]:
+        row["url"] = model_admin.instance_url(row["instance_id"])
+    for row in context["dashboard"]["slowest"]:
+        row["url"] = model_admin.instance_url(row["slowest"]) if row["slowest"] else ""
+    for kind in ("stuck", "hot_loops", "long_histories"):
+        for row in report[kind]:
+            row["url"] = model_admin.instance_url(row["instance_id"])
+            row["label"] = truncate(row["instance_id"], ID_CHARS)
+    return TemplateResponse(request, TEMPLATE, context)

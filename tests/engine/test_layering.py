@@ -463,7 +463,7 @@ def test_the_checks_find_each_kind_of_violation(tmp_path: Path) -> None:
         ("selvedge_django.schedules", "definitions"),
         ("selvedge_django.schedules.definitions", "definitions"),
         ("selvedge_django.operations.schedules", "operations"),
-        ("selvedge_django.admin.options", "surfaces"),
+        ("selvedge_django.admin.instances", "surfaces"),
     ],
 )
 def test_a_module_is_in_the_layer_of_its_longest_entry(name: str, expected: str) -> None:
