@@ -17,17 +17,19 @@ Only what differs from the portable :class:`~.store.DjangoStore`:
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from django.core.checks import CheckMessage, Warning
 from django.db import DatabaseError, OperationalError, transaction
 
+from .. import exceptions as exc
 from ..engine.events import Arrivals, Fence
-from ..engine.ports import Observation
+from ..engine.ports import Observation, TaskClaim
 from ..models import WorkflowInstance
 from . import sql
 from .base import operation
@@ -269,6 +271,39 @@ class SQLiteStore(DjangoStore):
                 yield
         finally:
             conn.transaction_mode = previous
+
+    @operation
+    @contextlib.contextmanager
+    def transactional_attempt(
+        self, claim: TaskClaim, ttl: float, timeout: float | None
+    ) -> Iterator[Callable[[], object]]:
+        """A transactional attempt's transaction, holding the write lock from a live claim.
+
+        The transaction holds the database's write lock from BEGIN IMMEDIATE to its end,
+        so nobody can renew this claim meanwhile, and nobody can take it over either. The
+        claim must be live when the lock is taken (else :class:`LeaseLost`); then the
+        attempt extends its own claim (its deadline permitting) before it records the
+        outcome (the callable yielded), and, when the body fails, after rolling the body
+        back to a savepoint, so that the failure is recorded as this attempt's own, not
+        as a lapse.
+        """
+        failure: BaseException | None = None
+        with self.atomic():
+            if not self.claim_live(claim):
+                raise exc.LeaseLost(f"the claim on {claim.instance_id}/{claim.key} lapsed")
+            try:
+                with self.atomic():  # a savepoint: the body's writes
+                    yield functools.partial(self.extend_claim_under_lock, claim, ttl)
+            except BaseException as error:
+                failure = error
+                try:
+                    self.extend_claim_under_lock(claim, ttl)
+                except DatabaseError:
+                    logger.debug(
+                        "could not extend the claim of %s/%s", claim.instance_id, claim.key
+                    )
+        if failure is not None:
+            raise failure
 
     @operation
     def worth_locking(self, queryset: Any) -> bool:

@@ -13,8 +13,11 @@ in-process bus and, on PostgreSQL, NOTIFY, always after commit.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
+from ..engine.ports import TaskClaim
 from .base import operation
 from .execution_timeouts import ExecutionTimeoutStore
 from .heartbeats import HeartbeatStore
@@ -30,6 +33,10 @@ from .task_timeouts import TaskTimeoutStore
 from .waits import WaitStore
 
 __all__ = ["DjangoStore", "InstanceHead"]
+
+
+def _nothing() -> None:
+    """Nothing to do before a transactional attempt records its result."""
 
 
 class DjangoStore(
@@ -97,3 +104,22 @@ class DjangoStore(
                 trace_context=trace_context,
             )
         return bool(started.created)
+
+    @operation
+    @contextlib.contextmanager
+    def transactional_attempt(
+        self, claim: TaskClaim, ttl: float, timeout: float | None
+    ) -> Iterator[Callable[[], object]]:
+        """The one transaction of a transactional attempt: its body's writes and its result.
+
+        Yields what the attempt calls just before it records its result (here nothing;
+        SQLite extends the claim). ``claim`` is the attempt's, ``ttl`` its claim TTL and
+        ``timeout`` its start-to-close timeout. Raises
+        :class:`~selvedge_django.exceptions.LeaseLost` before the body when the database
+        finds the claim already lapsed (only SQLite looks).
+        """
+        with self.atomic():
+            # A body may wait on other things inside its transaction: a role's
+            # idle_in_transaction_session_timeout would end the session every time.
+            self.allow_idle_transaction(timeout)
+            yield _nothing

@@ -429,39 +429,22 @@ class AttemptRunner:
     ) -> str:
         """Run a transactional attempt: its body and its result commit in one transaction.
 
-        Raises what the body raised (its writes rolled back), ``_LateResult`` when the
-        claim was lost, ``_RecordFailed`` when the result's write failed.
+        The store opens it with what its database needs around it (``transactional_attempt``:
+        SQLite checks and extends the claim under the write lock). Raises what the body
+        raised (its writes rolled back), ``_LateResult`` when the claim was lost,
+        ``_RecordFailed`` when the result's write failed.
         """
-        store = self.store
-        if not store.single_writer:
-            with store.atomic():
-                # A body may wait on other things inside its transaction: a role's
-                # idle_in_transaction_session_timeout would end the session every time.
-                store.allow_idle_transaction(task.start_to_close_timeout)
-                return self._transactional_body(fn, value, task, state, inline_fence)
-        # SQLite: the transaction holds the database's write lock from BEGIN IMMEDIATE to
-        # its end, so nobody can renew this claim meanwhile, and nobody can take it over
-        # either. The claim must be live when the lock is taken; then the attempt extends
-        # its own claim (its deadline permitting) before it records the outcome, and, when
-        # the body fails, after rolling the body back to a savepoint, so that the failure
-        # is recorded as this attempt's own, not as a lapse.
-        claim = task.claim
-        failure: BaseException | None = None
-        with store.atomic():
-            if not store.claim_live(claim):
-                raise _LateResult()
-            try:
-                with store.atomic():  # a savepoint: the body's writes
-                    return self._transactional_body(fn, value, task, state, inline_fence)
-            except BaseException as error:
-                failure = error
-                try:
-                    store.extend_claim_under_lock(claim, task.claim_ttl)
-                except DatabaseError:
-                    logger.debug(
-                        "could not extend the claim of %s/%s", claim.instance_id, claim.key
-                    )
-        raise failure
+        entered = False
+        try:
+            with self.store.transactional_attempt(
+                task.claim, task.claim_ttl, task.start_to_close_timeout
+            ) as before_record:
+                entered = True
+                return self._transactional_body(fn, value, task, state, inline_fence, before_record)
+        except exc.LeaseLost:
+            if entered:
+                raise  # the body's own
+            raise _LateResult() from None
 
     def _transactional_body(
         self,
@@ -470,6 +453,7 @@ class AttemptRunner:
         task: ClaimedTask,
         state: AttemptState,
         inline_fence: Fence | None,
+        before_record: Callable[[], object],
     ) -> str:
         """The body of a transactional attempt and its completion, in the caller's transaction."""
         claim = task.claim
@@ -477,8 +461,7 @@ class AttemptRunner:
         if state.cancelled and state.cancel_reason not in _RECORDABLE:
             raise exc.ActivityCancelled(state.cancel_reason)
         try:
-            if self.store.single_writer:
-                self.store.extend_claim_under_lock(claim, task.claim_ttl)
+            before_record()
             completed = self.store.complete_task(claim, output, inline_fence=inline_fence)
         except DatabaseError as error:
             raise _RecordFailed() from error
