@@ -96,11 +96,11 @@ class WorkerRuntime(AttemptRunner):
     def park(self, execution: Execution, why: str) -> Fence | None:
         """Keep a suspending execution in the workflow cache until its next lease here.
 
-        Called by :func:`~selvedge_django.engine.parking.wait_here` on the execution's
-        thread with the lease held. Returns the new fence to go on under, or None: either
-        not kept (the lease is still held and the suspension goes on as without a cache)
-        or let go after the release (nothing is left to write: :meth:`_execute` returns
-        at once).
+        Called by :meth:`~selvedge_django.engine.execution.Execution.wait_here` on the
+        execution's thread with the lease held. Returns the new fence to go on under, or
+        None: either not kept (the lease is still held and the suspension goes on as
+        without a cache) or let go after the release (nothing is left to write:
+        :meth:`_execute` returns at once).
         """
         cache = self.cache
         fence = execution.fence
