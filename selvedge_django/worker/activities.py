@@ -42,7 +42,9 @@ class ActivityPoller(Loop):
         tasks = runtime.store.claim_tasks(runtime.worker_id, free, registered_activity_names())
         self.saturated = len(tasks) >= free
         for task in tasks:
-            self.pool.submit(functools.partial(runtime.run_claimed, claimed_at=claimed_at), task)
+            self.pool.submit(
+                functools.partial(runtime.attempts.run_claimed, claimed_at=claimed_at), task
+            )
         return len(tasks)
 
     def more_waiting(self, done: int) -> bool:
