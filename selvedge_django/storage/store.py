@@ -17,6 +17,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ..engine.codec import Codec
 from ..engine.ports import TaskClaim
 from .base import operation
 from .execution_timeouts import ExecutionTimeoutStore
@@ -24,6 +25,7 @@ from .heartbeats import HeartbeatStore
 from .inline import InlineResultStore
 from .instances import InstanceHead, InstanceStore
 from .locks import LockStore
+from .operator_reads import OperatorReads
 from .reads import ReadStore
 from .renewals import RenewalStore
 from .resume import ResumeStoreMixin
@@ -58,6 +60,12 @@ class DjangoStore(
     Use :func:`selvedge_django.storage.store_for` to get the subclass of the alias's
     database; the portable class alone cannot dispatch or renew.
     """
+
+    def __init__(self, alias: str, codec: Codec) -> None:
+        super().__init__(alias, codec)
+        # The operations layer's reads (a member, not a part of this class): instances,
+        # histories, pages and batches.
+        self.operator_reads = OperatorReads(alias)
 
     @operation
     def signal_with_start(
