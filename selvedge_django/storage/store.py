@@ -30,7 +30,7 @@ from .reads import ReadStore
 from .renewals import RenewalStore
 from .resume import ResumeStoreMixin
 from .sole_activity import SoleActivityStore
-from .status_reads import StatusReadStore
+from .status_reads import StatusReads, StatusReadStore
 from .task_timeouts import TaskTimeoutStore
 from .waits import WaitStore
 
@@ -63,9 +63,10 @@ class DjangoStore(
 
     def __init__(self, alias: str, codec: Codec) -> None:
         super().__init__(alias, codec)
-        # The operations layer's reads (a member, not a part of this class): instances,
-        # histories, pages and batches.
+        # The operations layer's reads (members, not parts of this class): instances,
+        # histories, pages and batches; and the status report's workers, queues, timers.
         self.operator_reads = OperatorReads(alias)
+        self.status_reads = StatusReads(alias)
 
     @operation
     def signal_with_start(
