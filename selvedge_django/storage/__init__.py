@@ -4,7 +4,9 @@ Layout (see docs/architecture in the README): :mod:`.sql` names every
 hand-written statement; :mod:`.base` is the plumbing (clock, transactions,
 fences, wake-ups); :mod:`.instances`, :mod:`.children`, :mod:`.waits`,
 :mod:`.tasks`, :mod:`.task_timeouts`, :mod:`.renewals`, :mod:`.locks` and
-:mod:`.reads` are the parts :class:`~.store.DjangoStore` is made of;
+:mod:`.reads` are the parts :class:`~.store.DjangoStore` is made of, and
+:mod:`.operator_reads` and :mod:`.status_reads` hold the operations layer's reads
+(``store.operator_reads``, ``store.status_reads``);
 :mod:`.postgresql` and :mod:`.sqlite` hold everything that differs between the
 two databases (one subclass each), and :func:`store_for` picks the class once.
 :mod:`.schedules` stores schedule rows through a store, :mod:`.wakeups` is the
