@@ -1,12 +1,13 @@
 """Reads of the operations layer: instances, their tasks and histories, pages and batches.
 
-:class:`OperatorReads` holds every read the operations layer
-(:mod:`selvedge_django.operations`) makes of instances and what they own:
-describe's task list, ``find_instances``' pages, an export's rows, the ids a
-bulk operation or a replay check acts on, the running versions. Each method is
-one bounded statement (a limit, one instance's rows, or one keyset page); the
-operations layer validates its arguments and shapes the answer. The status
-report's reads are :mod:`.status_reads`'.
+:class:`OperatorReads` holds the reads the operations layer
+(:mod:`selvedge_django.operations`) makes of instances and what they own beyond
+those of :mod:`.reads` (an instance row, a result): describe's task list,
+``find_instances``' pages, an export's rows, the ids a bulk operation or a replay
+check acts on, the running versions. Each method is one bounded statement (a
+limit, one instance's rows, or one keyset page); the operations layer validates
+its arguments and shapes the answer. The status report's reads are
+:mod:`.status_reads`'.
 """
 
 from __future__ import annotations
