@@ -50,7 +50,7 @@ def run(db: str, count: int, execute: bool) -> int:
 
         import selvedge_django as sv
         from selvedge_django.models import WorkflowInstance
-        from selvedge_django.schedules import _store
+        from selvedge_django.schedules import schedule_store
         from selvedge_django.storage import set_clock_offset_ms
         from selvedge_django.worker import Worker
 
@@ -61,7 +61,7 @@ def run(db: str, count: int, execute: bool) -> int:
             f"selvedge_django (git {_git_revision()}), Django {django.get_version()}, "
             f"Python {platform.python_version()}, {os.cpu_count()} CPUs"
         )
-        store = _store()
+        store = schedule_store()
         now_ms = store.now_ms()
         slot_ms = (now_ms // 60_000 + 3) * 60_000  # a whole minute, a few minutes ahead
         from datetime import UTC, datetime

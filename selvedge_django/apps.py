@@ -3,9 +3,20 @@ signals, the workflow handles' client and autodiscovery."""
 
 from __future__ import annotations
 
+import importlib
+
 from django.apps import AppConfig
+from django.conf import settings
 from django.db.backends.signals import connection_created
+from django.utils.module_loading import autodiscover_modules
 from django.utils.translation import gettext_lazy as _
+
+
+def autodiscover() -> None:
+    """Import every installed app's ``workflows`` module, then the configured modules."""
+    autodiscover_modules("workflows")
+    for module in (getattr(settings, "SELVEDGE", None) or {}).get("MODULES", ()) or ():
+        importlib.import_module(module)
 
 
 class SelvedgeConfig(AppConfig):
@@ -18,7 +29,6 @@ class SelvedgeConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks  # noqa: F401 - registers the system checks
-        from .discovery import autodiscover
         from .operations.handles import install_client
         from .storage import configure_connection
         from .tasks.finished import connect as connect_task_signals

@@ -265,7 +265,7 @@ def order_workflow(ctx: sv.WorkflowContext, request: dict[str, Any]) -> dict[str
         # the change (already charged, or charging) replays without the screen; every
         # order that reaches this point from now on records the patch's marker and
         # runs it. Once no order on the old path is left, deprecate_patch() replaces
-        # the `if` (see "Changing workflows" in the README).
+        # the `if` (see docs/changing-workflows.md).
         if ctx.patched("fraud-screen"):
             step("screening payment")
             screen = screen_payment.execute(

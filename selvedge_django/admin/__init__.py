@@ -8,19 +8,24 @@ a POST with CSRF protection, and is written to the admin log. Recorded values
 are shown, and exported unredacted, only to users with the ``view_payloads``
 permission.
 
-The modules, bottom up: ``display`` (truncation and formatting of stored
-values), ``base`` (permission names, the read-only base class), ``forms``,
-``filters`` (the name, code version and error type filters, the cheap
-changelist), ``sections`` (the bounded reads of an instance's page), ``actions``
-(cancel, terminate, signal and export, as changelist actions and per-instance
-views), ``recovery`` (resume and fork), ``console`` (the start page, an
-instance's query and replay check), ``timeline`` (an instance's steps as SVG),
-``dashboard`` (counts, failures, slowest steps, queues), ``options`` (the model admins of instances,
-activity tasks and locks) and ``schedules`` (the Schedule admin).
+One model admin per model, each in its own module: ``instances``
+(:class:`~.instances.WorkflowInstanceAdmin`), ``tasks`` (activity tasks),
+``locks`` (system locks) and ``schedules``. A model admin wires what the other
+modules define as module-level functions taking it first: the actions (``@admin.action``
+functions) and views of ``actions`` (cancel, terminate, signal, export) and
+``recovery`` (resume, fork), the views of ``console`` (the start page, an
+instance's query and replay check) and ``dashboard`` (counts, failures, slowest
+steps, queues). Below them: ``pages`` (an action's form page, a selection's
+confirmation, a download), ``sections`` (what an instance's page shows below its
+description) and ``timeline`` (its steps as SVG), ``filters`` (the name, code
+version and error type filters, the cheap changelist), ``forms``, ``base``
+(permissions, the read-only base class) and ``display`` (truncation and
+formatting of stored values). Every read beyond the changelist's own query set is
+one of :class:`~selvedge_django.storage.admin_reads.AdminReads`.
 Importing this package, as ``django.contrib.admin`` does on autodiscovery,
-registers them; URLs and templates are those of the ``selvedge_django`` app.
+registers the model admins; URLs and templates are those of the ``selvedge_django`` app.
 """
 
-from . import options, schedules
+from . import instances, locks, schedules, tasks
 
-__all__ = ["options", "schedules"]
+__all__ = ["instances", "locks", "schedules", "tasks"]

@@ -1,4 +1,4 @@
-"""What the app's model admins share: the permission names, the read-only base class.
+"""What the app's model admins share: the permissions, the read-only base class.
 
 Besides Django's view permission, each action needs its own: ``cancel``,
 ``terminate``, ``resume``, ``fork``, ``start`` and ``signal_workflowinstance``,
@@ -35,6 +35,10 @@ PERM_DELETE = f"{APP}.delete_workflowinstance"
 PERM_EXPORT = f"{APP}.export_history"
 PERM_PAYLOADS = f"{APP}.view_payloads"
 PERM_TRIGGER = f"{APP}.trigger_schedule"
+# A query's answer is computed from the recorded values; a replay check reads the whole
+# history as an export does, and costs as much.
+PERM_QUERY = PERM_PAYLOADS
+PERM_REPLAY_CHECK = PERM_EXPORT
 
 # What starting a built-in workflow from the admin needs besides start_workflowinstance:
 # pruning deletes closed instances with their history, so it also needs the delete
@@ -43,6 +47,16 @@ PERM_TRIGGER = f"{APP}.trigger_schedule"
 BUILTIN_START_PERMISSIONS: dict[str, tuple[str, ...]] = {
     "selvedge.prune": (PERM_START_BUILTIN, PERM_DELETE),
 }
+
+
+def has_permission(request: HttpRequest, permission: str) -> bool:
+    """Whether the request's user holds ``permission`` (one of the ``PERM_*`` names)."""
+    return bool(request.user.has_perm(permission))
+
+
+def may_view_payloads(request: HttpRequest) -> bool:
+    """Whether recorded values are shown to the request's user (``view_payloads``)."""
+    return has_permission(request, PERM_PAYLOADS)
 
 
 def may_start_builtin(user: Any, name: str) -> bool:
@@ -65,9 +79,6 @@ class ReadOnlyAdmin(admin.ModelAdmin):
     show_full_result_count = False
     empty_value_display = EMPTY
 
-    def has_payloads_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return request.user.has_perm(PERM_PAYLOADS)
-
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
@@ -81,9 +92,11 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return super().get_queryset(request).using(database_alias())
 
     def instance_url(self, instance_id: str) -> str:
+        """Return the URL of an instance's page on this admin site."""
         return instance_url(self.admin_site.name, instance_id)
 
     def instance_link(self, instance_id: str) -> str:
+        """Return a link to an instance's page, its id truncated; empty without an id."""
         if not instance_id:
             return ""
         return format_html(

@@ -19,7 +19,9 @@
   matched, or the divergence. It reads the whole history as an export does and
   costs as much, so it needs ``export_history`` besides view access.
 
-Each is a POST with CSRF protection and is written to the admin log.
+Each is a POST with CSRF protection and is written to the admin log. The views
+are module-level functions taking the model admin first, wired by
+:class:`~.instances.WorkflowInstanceAdmin`.
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ from typing import Any
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponseBase, HttpResponseNotAllowed, HttpResponseRedirect
-from django.urls import URLPattern, path, reverse
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
@@ -38,12 +39,26 @@ from .. import exceptions as exc
 from .. import operations
 from ..models import WorkflowInstance
 from ..registry import registered_workflow_names
-from .base import APP, PERM_EXPORT, PERM_PAYLOADS, PERM_START, may_start_builtin
+from .base import (
+    PERM_QUERY,
+    PERM_REPLAY_CHECK,
+    PERM_START,
+    ReadOnlyAdmin,
+    has_permission,
+    may_start_builtin,
+)
 from .display import ID_CHARS, VALUE_CHARS, truncate
 from .forms import QueryForm, StartWorkflowForm
-from .recovery import RecoveryActionsAdmin
+from .pages import action_object, render_action_page
 
-__all__ = ["QUERY_TIMEOUT", "ConsoleAdmin"]
+__all__ = [
+    "QUERY_TIMEOUT",
+    "may_start",
+    "query_view",
+    "replay_check_view",
+    "start_view",
+    "startable_workflows",
+]
 
 # Seconds a query's replay and handler may take before the admin gives up (QueryTimeout).
 QUERY_TIMEOUT = 10.0
@@ -66,183 +81,155 @@ def error_text(error: BaseException) -> str:
     return truncate(f"{type(error).__name__}: {error}", VALUE_CHARS)
 
 
-class ConsoleAdmin(RecoveryActionsAdmin):
-    """The start page, and the query and replay-check views of an instance."""
+# -- start --------------------------------------------------------------------------------
 
-    change_list_template = "admin/selvedge_django/workflowinstance/change_list.html"
 
-    def has_start_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return self.has_view_permission(request) and request.user.has_perm(PERM_START)
+def may_start(model_admin: ReadOnlyAdmin, request: HttpRequest) -> bool:
+    """Whether the user may open the start page: view access and ``start_workflowinstance``."""
+    return model_admin.has_view_permission(request) and has_permission(request, PERM_START)
 
-    def may_start_workflow(self, request: HttpRequest, name: str) -> bool:
-        """Whether the user may start ``name`` here (start permission already checked):
-        any workflow but a built-in; a built-in with the permissions listed for it."""
-        return may_start_builtin(request.user, name)
 
-    def startable_workflows(self, request: HttpRequest) -> list[str]:
-        """The registered workflows the user may start here, sorted."""
-        return [
-            name for name in registered_workflow_names() if self.may_start_workflow(request, name)
-        ]
+def startable_workflows(request: HttpRequest) -> list[str]:
+    """The registered workflows the user may start here, sorted: any workflow but a
+    built-in; a built-in with the permissions listed for it."""
+    return [name for name in registered_workflow_names() if may_start_builtin(request.user, name)]
 
-    def has_query_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return request.user.has_perm(PERM_PAYLOADS)
 
-    def has_replay_check_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return request.user.has_perm(PERM_EXPORT)
-
-    def get_urls(self) -> list[URLPattern]:
-        info = (self.opts.app_label, self.opts.model_name)
-        view = self.admin_site.admin_view
-        # "start/" before every "<path:object_id>/..." pattern (an instance called
-        # "start" keeps its page: that is "start/change/").
-        return [
-            path("start/", view(self.start_view), name="{}_{}_start".format(*info)),
-            path(
-                "<path:object_id>/query/",
-                view(self.query_view),
-                name="{}_{}_query".format(*info),
-            ),
-            path(
-                "<path:object_id>/replay-check/",
-                view(self.replay_check_view),
-                name="{}_{}_replay_check".format(*info),
-            ),
-            *super().get_urls(),
-        ]
-
-    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
-        extra = dict(extra_context or {})
-        if self.has_start_permission(request):
-            extra["selvedge_start_url"] = reverse(
-                f"{self.admin_site.name}:{APP}_workflowinstance_start"
-            )
-        return super().changelist_view(request, extra)
-
-    # -- start --------------------------------------------------------------------------
-
-    def start_view(self, request: HttpRequest) -> HttpResponseBase:
-        """Ask for a workflow, its input and an optional id (GET), then start it (POST)."""
-        if request.method not in ("GET", "POST"):
-            return HttpResponseNotAllowed(["GET", "POST"])
-        if not self.has_start_permission(request):
-            raise PermissionDenied
-        form = StartWorkflowForm(
-            request.POST if request.method == "POST" else None,
-            names=self.startable_workflows(request),
-        )
-        if form.is_bound and form.is_valid():
-            try:
-                instance_id = self.perform_start(request, form.cleaned_data)
-            except exc.SelvedgeError as error:
-                form.add_error(None, error_text(error))
-            else:
-                self.message_user(
-                    request,
-                    gettext("Started %(name)s as %(id)s.")
-                    % {
-                        "name": truncate(form.cleaned_data["workflow"], ID_CHARS),
-                        "id": truncate(instance_id, ID_CHARS),
-                    },
-                    messages.SUCCESS,
-                )
-                return HttpResponseRedirect(self.instance_url(instance_id))
-        return self.render_action_page(
-            request,
-            form,
-            title=gettext("Start workflow"),
-            intro=str(START_INTRO),
-            submit=gettext("Start"),
-            objects=[],
-        )
-
-    def perform_start(self, request: HttpRequest, data: dict[str, Any]) -> str:
-        """Start the workflow through the operations layer and log the addition."""
-        name = data["workflow"]
-        if not self.may_start_workflow(request, name):
-            raise PermissionDenied  # the form offers only what may be started
-        instance_id = operations.start_workflow(
-            name,
-            data["input"],
-            instance_id=data.get("instance_id") or None,
-            execution_timeout=data.get("execution_timeout"),
-        )
-        # The input stays out of the log, as signal payloads do: its size is enough to
-        # tell one start from another.
-        size = len(json.dumps(data["input"], separators=(",", ":"), ensure_ascii=False).encode())
-        self.log_addition(
-            request,
-            WorkflowInstance(instance_id=instance_id, workflow_name=name),
-            f"Started workflow {name!r} with a {size}-byte input.",
-        )
-        return instance_id
-
-    # -- query ----------------------------------------------------------------------------
-
-    def query_view(self, request: HttpRequest, object_id: str) -> HttpResponseBase:
-        """Offer the instance's query handlers (GET), then ask one and show the answer (POST)."""
-        if request.method not in ("GET", "POST"):
-            return HttpResponseNotAllowed(["GET", "POST"])
-        obj = self._action_object(request, object_id, self.has_query_permission)
-        form = QueryForm(request.POST if request.method == "POST" else request.GET or None)
-        result: dict[str, str] | None = None
-        if request.method == "POST" and form.is_valid():
-            name = form.cleaned_data["name"]
-            try:
-                answer = operations.query(obj.instance_id, name, timeout=QUERY_TIMEOUT)
-            except (exc.SelvedgeError, TimeoutError) as error:
-                result = {"title": gettext("Error"), "text": error_text(error), "kind": "error"}
-                outcome = f"failed: {type(error).__name__}"
-            else:
-                text = json.dumps(answer, indent=2, ensure_ascii=False, sort_keys=True)
-                result = {"title": gettext("Answer"), "text": truncate(text, VALUE_CHARS)}
-                result["kind"] = "answer"
-                outcome = "answered"
-            self.log_change(request, obj, f"Ran query {name!r}: {outcome}.")
+def start_view(model_admin: ReadOnlyAdmin, request: HttpRequest) -> HttpResponseBase:
+    """Ask for a workflow, its input and an optional id (GET), then start it (POST)."""
+    if request.method not in ("GET", "POST"):
+        return HttpResponseNotAllowed(["GET", "POST"])
+    if not may_start(model_admin, request):
+        raise PermissionDenied
+    form = StartWorkflowForm(
+        request.POST if request.method == "POST" else None,
+        names=startable_workflows(request),
+    )
+    if form.is_bound and form.is_valid():
         try:
-            names = operations.query_handler_names(obj.instance_id, timeout=QUERY_TIMEOUT)
-        except (exc.SelvedgeError, TimeoutError):
-            names = []  # the form still asks by name; the answer shows the error
-        return self.render_action_page(
-            request,
-            form,
-            title=gettext("Run query"),
-            intro=str(QUERY_INTRO),
-            submit=gettext("Run query"),
-            objects=[obj],
-            object_url=self.instance_url(obj.instance_id),
-            extra={
-                "result": result,
-                "datalist": {"id": "selvedge-query-names", "options": names[:MAX_QUERY_NAMES]},
-            },
-        )
-
-    # -- replay check ----------------------------------------------------------------------
-
-    def replay_check_view(self, request: HttpRequest, object_id: str) -> HttpResponseBase:
-        """Replay the instance against the deployed code (POST only); show pass or fail."""
-        if request.method != "POST":
-            return HttpResponseNotAllowed(["POST"])
-        obj = self._action_object(request, object_id, self.has_replay_check_permission)
-        label = truncate(obj.instance_id, ID_CHARS)
-        try:
-            result = operations.replay_instance(obj.instance_id)
+            instance_id = perform_start(model_admin, request, form.cleaned_data)
         except exc.SelvedgeError as error:
-            cause = error.divergence if isinstance(error, exc.ReplayError) else None
-            shown = error_text(cause or error)
-            self.log_change(request, obj, f"Replay check failed: {type(cause or error).__name__}.")
-            self.message_user(
-                request,
-                gettext("Replay check of %(id)s failed: %(error)s") % {"id": label, "error": shown},
-                messages.ERROR,
-            )
+            form.add_error(None, error_text(error))
         else:
-            patches = result.describe_patches()
-            self.log_change(request, obj, "Replay check passed.")
-            message = gettext(
-                "Replay check of %(id)s passed: the code deployed now replays its history."
-            ) % {"id": label}
-            if patches:
-                message += " " + gettext("Patches: %(patches)s") % {"patches": patches}
-            self.message_user(request, message, messages.SUCCESS)
-        return HttpResponseRedirect(self.instance_url(obj.instance_id))
+            model_admin.message_user(
+                request,
+                gettext("Started %(name)s as %(id)s.")
+                % {
+                    "name": truncate(form.cleaned_data["workflow"], ID_CHARS),
+                    "id": truncate(instance_id, ID_CHARS),
+                },
+                messages.SUCCESS,
+            )
+            return HttpResponseRedirect(model_admin.instance_url(instance_id))
+    return render_action_page(
+        model_admin,
+        request,
+        form,
+        title=gettext("Start workflow"),
+        intro=str(START_INTRO),
+        submit=gettext("Start"),
+        objects=[],
+    )
+
+
+def perform_start(model_admin: ReadOnlyAdmin, request: HttpRequest, data: dict[str, Any]) -> str:
+    """Start the workflow through the operations layer and log the addition."""
+    name = data["workflow"]
+    if not may_start_builtin(request.user, name):
+        raise PermissionDenied  # the form offers only what may be started
+    instance_id = operations.start_workflow(
+        name,
+        data["input"],
+        instance_id=data.get("instance_id") or None,
+        execution_timeout=data.get("execution_timeout"),
+    )
+    # The input stays out of the log, as signal payloads do: its size is enough to
+    # tell one start from another.
+    size = len(json.dumps(data["input"], separators=(",", ":"), ensure_ascii=False).encode())
+    model_admin.log_addition(
+        request,
+        WorkflowInstance(instance_id=instance_id, workflow_name=name),
+        f"Started workflow {name!r} with a {size}-byte input.",
+    )
+    return instance_id
+
+
+# -- query ----------------------------------------------------------------------------------
+
+
+def query_view(
+    model_admin: ReadOnlyAdmin, request: HttpRequest, object_id: str
+) -> HttpResponseBase:
+    """Offer the instance's query handlers (GET), then ask one and show the answer (POST)."""
+    if request.method not in ("GET", "POST"):
+        return HttpResponseNotAllowed(["GET", "POST"])
+    obj = action_object(model_admin, request, object_id, PERM_QUERY)
+    form = QueryForm(request.POST if request.method == "POST" else request.GET or None)
+    result: dict[str, str] | None = None
+    if request.method == "POST" and form.is_valid():
+        name = form.cleaned_data["name"]
+        try:
+            answer = operations.query(obj.instance_id, name, timeout=QUERY_TIMEOUT)
+        except (exc.SelvedgeError, TimeoutError) as error:
+            result = {"title": gettext("Error"), "text": error_text(error), "kind": "error"}
+            outcome = f"failed: {type(error).__name__}"
+        else:
+            text = json.dumps(answer, indent=2, ensure_ascii=False, sort_keys=True)
+            result = {"title": gettext("Answer"), "text": truncate(text, VALUE_CHARS)}
+            result["kind"] = "answer"
+            outcome = "answered"
+        model_admin.log_change(request, obj, f"Ran query {name!r}: {outcome}.")
+    try:
+        names = operations.query_handler_names(obj.instance_id, timeout=QUERY_TIMEOUT)
+    except (exc.SelvedgeError, TimeoutError):
+        names = []  # the form still asks by name; the answer shows the error
+    return render_action_page(
+        model_admin,
+        request,
+        form,
+        title=gettext("Run query"),
+        intro=str(QUERY_INTRO),
+        submit=gettext("Run query"),
+        objects=[obj],
+        object_url=model_admin.instance_url(obj.instance_id),
+        extra={
+            "result": result,
+            "datalist": {"id": "selvedge-query-names", "options": names[:MAX_QUERY_NAMES]},
+        },
+    )
+
+
+# -- replay check ------------------------------------------------------------------------------
+
+
+def replay_check_view(
+    model_admin: ReadOnlyAdmin, request: HttpRequest, object_id: str
+) -> HttpResponseBase:
+    """Replay the instance against the deployed code (POST only); show pass or fail."""
+    if request.method != "POST":
+        return HttpResponseNotAllowed(["POST"])
+    obj = action_object(model_admin, request, object_id, PERM_REPLAY_CHECK)
+    label = truncate(obj.instance_id, ID_CHARS)
+    try:
+        result = operations.replay_instance(obj.instance_id)
+    except exc.SelvedgeError as error:
+        cause = error.divergence if isinstance(error, exc.ReplayError) else None
+        shown = error_text(cause or error)
+        model_admin.log_change(
+            request, obj, f"Replay check failed: {type(cause or error).__name__}."
+        )
+        model_admin.message_user(
+            request,
+            gettext("Replay check of %(id)s failed: %(error)s") % {"id": label, "error": shown},
+            messages.ERROR,
+        )
+    else:
+        patches = result.describe_patches()
+        model_admin.log_change(request, obj, "Replay check passed.")
+        message = gettext(
+            "Replay check of %(id)s passed: the code deployed now replays its history."
+        ) % {"id": label}
+        if patches:
+            message += " " + gettext("Patches: %(patches)s") % {"patches": patches}
+        model_admin.message_user(request, message, messages.SUCCESS)
+    return HttpResponseRedirect(model_admin.instance_url(obj.instance_id))

@@ -1,7 +1,8 @@
 """The admin's dashboard: counts, recent failures, slowest steps, queues and workers.
 
 One page (a "Dashboard" button of the instance changelist, view permission),
-built from bounded reads, each walking an index:
+built from bounded reads (:class:`~selvedge_django.storage.admin_reads.AdminReads`),
+each walking an index:
 
 - counts by status: one capped count per status (``sv_inst_status_idx``);
 - counts by workflow and status among the :data:`RECENT_SAMPLE` most recently
@@ -21,20 +22,19 @@ from datetime import timedelta
 from typing import Any
 
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count
 from django.http import HttpRequest, HttpResponseBase, HttpResponseNotAllowed
 from django.template.response import TemplateResponse
-from django.urls import URLPattern, path, reverse
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import gettext
 
-from ..models import HistoryEvent, WorkflowInstance, WorkflowStatus
+from ..models import WorkflowStatus
 from ..operations.status import COUNT_LIMIT, status_report
-from .base import APP
-from .console import ConsoleAdmin
-from .display import ID_CHARS, database_alias, format_duration, format_time, truncate
+from ..storage.admin_reads import AdminReads
+from .base import APP, ReadOnlyAdmin
+from .display import ID_CHARS, admin_reads, format_duration, format_time, truncate
 
-__all__ = ["DashboardAdmin", "dashboard_data"]
+__all__ = ["dashboard_data", "dashboard_view"]
 
 RECENT_SAMPLE = 5000
 MAX_FAILURES = 1000
@@ -47,10 +47,6 @@ TEMPLATE = "admin/selvedge_django/workflowinstance/dashboard.html"
 _STATUSES = [str(status) for status in WorkflowStatus]
 
 
-def _capped(queryset: Any) -> int:
-    return int(queryset.order_by()[:COUNT_LIMIT].count())
-
-
 def _step_name(key: str) -> str:
     """A step's name without its command position (``#5:shop.charge`` -> ``shop.charge``)."""
     if key.startswith("#") and ":" in key:
@@ -58,26 +54,19 @@ def _step_name(key: str) -> str:
     return key
 
 
-def dashboard_data(alias: str) -> dict[str, Any]:
+def dashboard_data(reads: AdminReads) -> dict[str, Any]:
     """Read everything the dashboard shows (bounded; see the module docstring)."""
-    instances = WorkflowInstance.objects.using(alias)
     now = timezone.now()
-    counts = {status: _capped(instances.filter(status=status)) for status in _STATUSES}
+    counts = {status: reads.count_status(status, limit=COUNT_LIMIT) for status in _STATUSES}
     most = max([*counts.values(), 1])
     by_status: list[dict[str, Any]] = [
         {"status": status, "count": n, "percent": round(100 * n / most)}
         for status, n in counts.items()
     ]
 
-    recent = instances.order_by("-started_at", "-instance_id").values("instance_id")[:RECENT_SAMPLE]
     grouped: dict[str, dict[str, int]] = {}
-    for name, status, n in (
-        instances.filter(instance_id__in=recent)
-        .values_list("workflow_name", "status")
-        .annotate(n=Count("instance_id"))
-        .order_by()
-    ):
-        grouped.setdefault(name, dict.fromkeys(_STATUSES, 0))[status] = int(n)
+    for name, status, n in reads.recent_workflow_counts(sample=RECENT_SAMPLE):
+        grouped.setdefault(name, dict.fromkeys(_STATUSES, 0))[status] = n
     ranked = sorted(grouped.items(), key=lambda item: (-sum(item[1].values()), item[0]))
     by_workflow: list[dict[str, Any]] = [
         {"name": truncate(name, ID_CHARS), **counts, "total": sum(counts.values())}
@@ -85,11 +74,7 @@ def dashboard_data(alias: str) -> dict[str, Any]:
     ]
 
     since = now - FAILURE_WINDOW
-    failed = list(
-        instances.filter(status=WorkflowStatus.FAILED, closed_at__gte=since)
-        .order_by("-closed_at")
-        .values_list("instance_id", "workflow_name", "error_type", "closed_at")[:MAX_FAILURES]
-    )
+    failed = reads.failures_since(since, limit=MAX_FAILURES)
     error_types = Counter(error_type or gettext("(no type)") for _, _, error_type, _ in failed)
 
     return {
@@ -115,23 +100,15 @@ def dashboard_data(alias: str) -> dict[str, Any]:
                 for iid, name, kind, closed in failed[:10]
             ],
         },
-        "slowest": _slowest_steps(alias),
+        "slowest": _slowest_steps(reads),
         "step_window": STEP_WINDOW,
         "count_limit": COUNT_LIMIT,
     }
 
 
-def _slowest_steps(alias: str) -> list[dict[str, Any]]:
+def _slowest_steps(reads: AdminReads) -> list[dict[str, Any]]:
     """Activity and child steps among the last STEP_WINDOW history rows, slowest first."""
-    history = HistoryEvent.objects.using(alias)
-    last = history.order_by("-id").values_list("id", flat=True).first()
-    if last is None:
-        return []
-    rows = (
-        history.filter(id__gt=last - STEP_WINDOW, command__in=("activity", "child"))
-        .exclude(arrived_at=None)
-        .values_list("instance_id", "key", "created_at", "arrived_at")
-    )
+    rows = reads.recent_step_times(window=STEP_WINDOW)
     steps: dict[str, dict[str, Any]] = {}
     for iid, key, created, arrived in rows:
         if arrived is None or created is None:
@@ -157,55 +134,33 @@ def _slowest_steps(alias: str) -> list[dict[str, Any]]:
     ]
 
 
-class DashboardAdmin(ConsoleAdmin):
-    """The dashboard page, linked from the instance changelist."""
-
-    def get_urls(self) -> list[URLPattern]:
-        info = (self.opts.app_label, self.opts.model_name)
-        # Before every "<path:object_id>/..." pattern, as the start page.
-        return [
-            path(
-                "dashboard/",
-                self.admin_site.admin_view(self.dashboard_view),
-                name="{}_{}_dashboard".format(*info),
-            ),
-            *super().get_urls(),
-        ]
-
-    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
-        extra = dict(extra_context or {})
-        extra["selvedge_dashboard_url"] = reverse(
-            f"{self.admin_site.name}:{APP}_workflowinstance_dashboard"
-        )
-        return super().changelist_view(request, extra)
-
-    def dashboard_view(self, request: HttpRequest) -> HttpResponseBase:
-        """Show the dashboard (GET); needs view permission on instances."""
-        if request.method not in ("GET", "HEAD"):
-            return HttpResponseNotAllowed(["GET", "HEAD"])
-        if not self.has_view_permission(request):
-            raise PermissionDenied
-        alias = database_alias()
-        report = status_report()
-        context = {
-            **self.admin_site.each_context(request),
-            "title": gettext("Workflow dashboard"),
-            "opts": self.opts,
-            "dashboard": dashboard_data(alias),
-            "report": report,
-            "queues": [
-                {"name": name or gettext("(default)"), **queue}
-                for name, queue in report["queues"].items()
-            ],
-            "changelist_url": reverse(f"{self.admin_site.name}:{APP}_workflowinstance_changelist"),
-            "instance_url": self.instance_url,
-        }
-        for row in context["dashboard"]["failures"]["latest"]:
-            row["url"] = self.instance_url(row["instance_id"])
-        for row in context["dashboard"]["slowest"]:
-            row["url"] = self.instance_url(row["slowest"]) if row["slowest"] else ""
-        for kind in ("stuck", "hot_loops", "long_histories"):
-            for row in report[kind]:
-                row["url"] = self.instance_url(row["instance_id"])
-                row["label"] = truncate(row["instance_id"], ID_CHARS)
-        return TemplateResponse(request, TEMPLATE, context)
+def dashboard_view(model_admin: ReadOnlyAdmin, request: HttpRequest) -> HttpResponseBase:
+    """Show the dashboard (GET); needs view permission on instances."""
+    if request.method not in ("GET", "HEAD"):
+        return HttpResponseNotAllowed(["GET", "HEAD"])
+    if not model_admin.has_view_permission(request):
+        raise PermissionDenied
+    site = model_admin.admin_site
+    report = status_report()
+    context = {
+        **site.each_context(request),
+        "title": gettext("Workflow dashboard"),
+        "opts": model_admin.opts,
+        "dashboard": dashboard_data(admin_reads()),
+        "report": report,
+        "queues": [
+            {"name": name or gettext("(default)"), **queue}
+            for name, queue in report["queues"].items()
+        ],
+        "changelist_url": reverse(f"{site.name}:{APP}_workflowinstance_changelist"),
+        "instance_url": model_admin.instance_url,
+    }
+    for row in context["dashboard"]["failures"]["latest"]:
+        row["url"] = model_admin.instance_url(row["instance_id"])
+    for row in context["dashboard"]["slowest"]:
+        row["url"] = model_admin.instance_url(row["slowest"]) if row["slowest"] else ""
+    for kind in ("stuck", "hot_loops", "long_histories"):
+        for row in report[kind]:
+            row["url"] = model_admin.instance_url(row["instance_id"])
+            row["label"] = truncate(row["instance_id"], ID_CHARS)
+    return TemplateResponse(request, TEMPLATE, context)

@@ -18,6 +18,7 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext
 
 from ..conf import get_settings
+from ..storage.admin_reads import AdminReads
 
 # How much of a stored value is shown: a cell of a table, a value on the detail page.
 CELL_CHARS = 200
@@ -110,6 +111,11 @@ def ms_datetime(ms: int | None) -> datetime | None:
 def database_alias() -> str:
     """Return the database alias the engine uses (``SELVEDGE["DATABASE"]``)."""
     return get_settings().database
+
+
+def admin_reads() -> AdminReads:
+    """Return the admin's bounded reads on the engine's database."""
+    return AdminReads(database_alias())
 
 
 def hidden(size: int | None) -> str:

@@ -1,4 +1,8 @@
-"""The instance changelist's filter and query set, cheap on large tables."""
+"""The instance changelist's filters and query set, cheap on large tables.
+
+A filter's choices are bounded reads (:class:`~selvedge_django.storage.admin_reads.AdminReads`);
+filtering and the changelist's own query set are Django's query set plumbing.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ from django.utils.translation import gettext_lazy as _
 
 from ..conf import get_settings
 from ..registry import registered_workflow_names
-from .display import ID_CHARS, truncate
+from .display import ID_CHARS, admin_reads, truncate
 
 # Most workflow names the name filter lists (taken from the registry, not the table).
 MAX_FILTER_NAMES = 200
@@ -63,13 +67,7 @@ class CodeVersionFilter(admin.SimpleListFilter):
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         settings = get_settings()
         found: list[str | None] = [settings.code_version, *(settings.compatible_versions or ())]
-        found += list(
-            model_admin.model.objects.using(settings.database)
-            .filter(status="running")
-            .order_by("code_version")
-            .values_list("code_version", flat=True)
-            .distinct()[:MAX_FILTER_NAMES]
-        )
+        found += admin_reads().running_code_versions(limit=MAX_FILTER_NAMES)
         current = self.value()
         if current and current != NO_VERSION:
             found.insert(0, current)
@@ -107,12 +105,7 @@ class ErrorTypeFilter(admin.SimpleListFilter):
     parameter_name = "error_type"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        recent = (
-            model_admin.model.objects.using(get_settings().database)
-            .filter(status="failed")
-            .order_by("-started_at")
-            .values_list("error_type", flat=True)[:ERROR_TYPE_SAMPLE]
-        )
+        recent = admin_reads().recent_error_types(sample=ERROR_TYPE_SAMPLE)
         found = {kind for kind in recent if kind}
         current = self.value()
         if current:

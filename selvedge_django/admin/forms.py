@@ -20,7 +20,7 @@ from .. import exceptions as exc
 from ..models import Schedule, ScheduleOverlap
 from ..registry import is_builtin_workflow, registered_workflow_names
 from ..schedules import check_name, definition
-from .display import CELL_CHARS, VALUE_CHARS, database_alias, truncate
+from .display import CELL_CHARS, VALUE_CHARS, admin_reads, truncate
 
 
 class CancelForm(forms.Form):
@@ -342,7 +342,7 @@ class ScheduleForm(forms.ModelForm):
         try:
             if self.instance._state.adding:
                 name = check_name(data.get("name"))
-                if Schedule.objects.using(database_alias()).filter(name=name).exists():
+                if admin_reads().schedule_exists(name):
                     raise exc.ScheduleAlreadyExists(name)
             definition(**self.schedule_fields())
         except exc.InvalidSchedule as error:

@@ -6,7 +6,8 @@ completed, cancelled and terminated ones only when the operator asks for them,
 its page showing what will happen to each selected run) and as a button on a closed
 instance's page, needs its own permission (``resume_workflowinstance``,
 ``fork_workflowinstance``), goes through the operations layer and is written to
-the admin log.
+the admin log. The views and actions are module-level functions taking the model
+admin first, wired by :class:`~.instances.WorkflowInstanceAdmin`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponseBase, HttpResponseNotAllowed, HttpResponseRedirect
-from django.urls import URLPattern, path
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
@@ -25,12 +25,10 @@ from .. import exceptions as exc
 from ..models import WorkflowInstance, WorkflowStatus
 from ..operations import recovery as lifecycle
 from ..operations.recovery import TERMINATED_TYPE
-from .actions import BulkPlan, InstanceActionsAdmin
-from .base import PERM_FORK, PERM_RESUME
+from .base import PERM_FORK, PERM_RESUME, ReadOnlyAdmin, has_permission
 from .display import ID_CHARS, VALUE_CHARS, truncate
 from .forms import BulkResumeForm, ForkForm, ResumeForm
-
-__all__ = ["RecoveryActionsAdmin"]
+from .pages import BulkPlan, action_object, bulk_action, render_action_page
 
 RESUME_INTRO = _(
     "Run these closed instances again, in place, with the code deployed now: the history from"
@@ -59,178 +57,184 @@ def resume_skip(obj: WorkflowInstance, data: dict[str, Any] | None) -> str | Non
     return gettext("terminated, not failed")
 
 
-class RecoveryActionsAdmin(InstanceActionsAdmin):
-    """Resume and fork, as changelist actions and per-instance views."""
+# -- per-instance views ---------------------------------------------------------------------
 
-    def has_resume_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return request.user.has_perm(PERM_RESUME)
 
-    def has_fork_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return request.user.has_perm(PERM_FORK)
-
-    def get_urls(self) -> list[URLPattern]:
-        info = (self.opts.app_label, self.opts.model_name)
-        view = self.admin_site.admin_view
-        return [
-            path(
-                "<path:object_id>/resume/",
-                view(self.resume_view),
-                name="{}_{}_resume".format(*info),
-            ),
-            path("<path:object_id>/fork/", view(self.fork_view), name="{}_{}_fork".format(*info)),
-            *super().get_urls(),
-        ]
-
-    def resume_view(self, request: HttpRequest, object_id: str) -> HttpResponseBase:
-        """Ask for the reason and key (GET), then resume the instance (POST)."""
-        if request.method not in ("GET", "POST"):
-            return HttpResponseNotAllowed(["GET", "POST"])
-        obj = self._action_object(request, object_id, self.has_resume_permission)
-        form = ResumeForm(request.POST if request.method == "POST" else None)
-        if form.is_bound and form.is_valid():
-            try:
-                self.perform_resume(request, obj, form.cleaned_data)
-            except exc.SelvedgeError as error:
-                form.add_error(None, truncate(str(error), VALUE_CHARS))
-            else:
-                self.message_user(
-                    request,
-                    gettext("Resumed %(id)s.") % {"id": truncate(obj.instance_id, ID_CHARS)},
-                    messages.SUCCESS,
-                )
-                return HttpResponseRedirect(self.instance_url(obj.instance_id))
-        return self.render_action_page(
-            request,
-            form,
-            title=gettext("Resume workflow instance"),
-            intro=str(RESUME_INTRO),
-            submit=gettext("Resume"),
-            objects=[obj],
-            object_url=self.instance_url(obj.instance_id),
-        )
-
-    def fork_view(self, request: HttpRequest, object_id: str) -> HttpResponseBase:
-        """Ask for the key and new id (GET), then fork the instance (POST)."""
-        if request.method not in ("GET", "POST"):
-            return HttpResponseNotAllowed(["GET", "POST"])
-        obj = self._action_object(request, object_id, self.has_fork_permission)
-        form = ForkForm(request.POST if request.method == "POST" else None)
-        if form.is_bound and form.is_valid():
-            try:
-                new_id = self._fork(request, obj, form.cleaned_data)
-            except exc.SelvedgeError as error:
-                form.add_error(None, truncate(str(error), VALUE_CHARS))
-            else:
-                self.message_user(
-                    request,
-                    gettext("Forked %(id)s as %(new)s.")
-                    % {
-                        "id": truncate(obj.instance_id, ID_CHARS),
-                        "new": truncate(new_id, ID_CHARS),
-                    },
-                    messages.SUCCESS,
-                )
-                return HttpResponseRedirect(self.instance_url(new_id))
-        return self.render_action_page(
-            request,
-            form,
-            title=gettext("Fork workflow instance"),
-            intro=str(FORK_INTRO),
-            submit=gettext("Fork"),
-            objects=[obj],
-            object_url=self.instance_url(obj.instance_id),
-        )
-
-    # -- the operations, each logged ---------------------------------------------------
-
-    def perform_resume(
-        self, request: HttpRequest, obj: WorkflowInstance, data: dict[str, Any]
-    ) -> None:
-        self._resume(request, obj, data, only_failed=False)
-
-    def perform_bulk_resume(
-        self, request: HttpRequest, obj: WorkflowInstance, data: dict[str, Any]
-    ) -> None:
-        # The rule the plan applied, checked again in the resume's own transaction.
-        self._resume(request, obj, data, only_failed=not data.get("include_closed"))
-
-    def _resume(
-        self,
-        request: HttpRequest,
-        obj: WorkflowInstance,
-        data: dict[str, Any],
-        *,
-        only_failed: bool,
-    ) -> None:
-        reason = data.get("reason") or ""
-        from_key = data.get("from_key") or None
+def resume_view(
+    model_admin: ReadOnlyAdmin, request: HttpRequest, object_id: str
+) -> HttpResponseBase:
+    """Ask for the reason and key (GET), then resume the instance (POST)."""
+    if request.method not in ("GET", "POST"):
+        return HttpResponseNotAllowed(["GET", "POST"])
+    obj = action_object(model_admin, request, object_id, PERM_RESUME)
+    form = ResumeForm(request.POST if request.method == "POST" else None)
+    if form.is_bound and form.is_valid():
         try:
-            generation = lifecycle.resume_workflow(
-                obj.instance_id, from_key=from_key, reason=reason, only_failed=only_failed
+            perform_resume(model_admin, request, obj, form.cleaned_data)
+        except exc.SelvedgeError as error:
+            form.add_error(None, truncate(str(error), VALUE_CHARS))
+        else:
+            model_admin.message_user(
+                request,
+                gettext("Resumed %(id)s.") % {"id": truncate(obj.instance_id, ID_CHARS)},
+                messages.SUCCESS,
             )
-        except ValueError as error:  # a reason the database cannot store (NUL)
-            raise exc.SelvedgeError(str(error)) from error
-        where = f" from key {from_key!r}" if from_key else ""
-        self.log_change(
-            request, obj, f"Resumed{where} as generation {generation}. Reason: {reason!r}"
+            return HttpResponseRedirect(model_admin.instance_url(obj.instance_id))
+    return render_action_page(
+        model_admin,
+        request,
+        form,
+        title=gettext("Resume workflow instance"),
+        intro=str(RESUME_INTRO),
+        submit=gettext("Resume"),
+        objects=[obj],
+        object_url=model_admin.instance_url(obj.instance_id),
+    )
+
+
+def fork_view(model_admin: ReadOnlyAdmin, request: HttpRequest, object_id: str) -> HttpResponseBase:
+    """Ask for the key and new id (GET), then fork the instance (POST)."""
+    if request.method not in ("GET", "POST"):
+        return HttpResponseNotAllowed(["GET", "POST"])
+    obj = action_object(model_admin, request, object_id, PERM_FORK)
+    form = ForkForm(request.POST if request.method == "POST" else None)
+    if form.is_bound and form.is_valid():
+        try:
+            new_id = _fork(model_admin, request, obj, form.cleaned_data)
+        except exc.SelvedgeError as error:
+            form.add_error(None, truncate(str(error), VALUE_CHARS))
+        else:
+            model_admin.message_user(
+                request,
+                gettext("Forked %(id)s as %(new)s.")
+                % {
+                    "id": truncate(obj.instance_id, ID_CHARS),
+                    "new": truncate(new_id, ID_CHARS),
+                },
+                messages.SUCCESS,
+            )
+            return HttpResponseRedirect(model_admin.instance_url(new_id))
+    return render_action_page(
+        model_admin,
+        request,
+        form,
+        title=gettext("Fork workflow instance"),
+        intro=str(FORK_INTRO),
+        submit=gettext("Fork"),
+        objects=[obj],
+        object_url=model_admin.instance_url(obj.instance_id),
+    )
+
+
+# -- the operations, each logged -------------------------------------------------------------
+
+
+def perform_resume(
+    model_admin: ReadOnlyAdmin, request: HttpRequest, obj: WorkflowInstance, data: dict[str, Any]
+) -> None:
+    """Resume one instance, whatever way it closed."""
+    _resume(model_admin, request, obj, data, only_failed=False)
+
+
+def perform_bulk_resume(
+    model_admin: ReadOnlyAdmin, request: HttpRequest, obj: WorkflowInstance, data: dict[str, Any]
+) -> None:
+    """Resume one instance of a selection, by the rule of the bulk resume's plan."""
+    # The rule the plan applied, checked again in the resume's own transaction.
+    _resume(model_admin, request, obj, data, only_failed=not data.get("include_closed"))
+
+
+def _resume(
+    model_admin: ReadOnlyAdmin,
+    request: HttpRequest,
+    obj: WorkflowInstance,
+    data: dict[str, Any],
+    *,
+    only_failed: bool,
+) -> None:
+    reason = data.get("reason") or ""
+    from_key = data.get("from_key") or None
+    try:
+        generation = lifecycle.resume_workflow(
+            obj.instance_id, from_key=from_key, reason=reason, only_failed=only_failed
         )
+    except ValueError as error:  # a reason the database cannot store (NUL)
+        raise exc.SelvedgeError(str(error)) from error
+    where = f" from key {from_key!r}" if from_key else ""
+    model_admin.log_change(
+        request, obj, f"Resumed{where} as generation {generation}. Reason: {reason!r}"
+    )
 
-    def perform_fork(
-        self, request: HttpRequest, obj: WorkflowInstance, data: dict[str, Any]
-    ) -> None:
-        self._fork(request, obj, data)
 
-    def _fork(self, request: HttpRequest, obj: WorkflowInstance, data: dict[str, Any]) -> str:
-        from_key = data.get("from_key") or None
-        new_id = lifecycle.fork_workflow(
-            obj.instance_id, from_key=from_key, new_instance_id=data.get("new_instance_id") or None
-        )
-        where = f" before key {from_key!r}" if from_key else ""
-        self.log_change(request, obj, f"Forked{where} as {new_id!r}.")
-        return new_id
+def perform_fork(
+    model_admin: ReadOnlyAdmin, request: HttpRequest, obj: WorkflowInstance, data: dict[str, Any]
+) -> None:
+    """Fork one instance."""
+    _fork(model_admin, request, obj, data)
 
-    # -- changelist actions ------------------------------------------------------------
 
-    @admin.action(description=_("Resume selected instances\u2026"), permissions=["resume"])
-    def resume_instances(self, request: HttpRequest, queryset: QuerySet[Any]) -> Any:
-        if not self.has_resume_permission(request):
-            raise PermissionDenied
-        return self.bulk_action(
-            request,
-            queryset,
-            "resume_instances",
-            BulkResumeForm,
-            self.perform_bulk_resume,
-            plan=BulkPlan(
-                skip=resume_skip,
-                applied=gettext("Resumed"),
-                summary=lambda resumed, skipped: (
-                    gettext("%(resumed)d will be resumed, %(skipped)d skipped.")
-                    % {"resumed": resumed, "skipped": skipped}
-                ),
+def _fork(
+    model_admin: ReadOnlyAdmin, request: HttpRequest, obj: WorkflowInstance, data: dict[str, Any]
+) -> str:
+    from_key = data.get("from_key") or None
+    new_id = lifecycle.fork_workflow(
+        obj.instance_id, from_key=from_key, new_instance_id=data.get("new_instance_id") or None
+    )
+    where = f" before key {from_key!r}" if from_key else ""
+    model_admin.log_change(request, obj, f"Forked{where} as {new_id!r}.")
+    return new_id
+
+
+# -- changelist actions ------------------------------------------------------------------------
+
+
+@admin.action(description=_("Resume selected instances\u2026"), permissions=["resume"])
+def resume_instances(
+    model_admin: ReadOnlyAdmin, request: HttpRequest, queryset: QuerySet[Any]
+) -> Any:
+    """Ask for the reason and key once, then resume the selected runs the plan allows."""
+    if not has_permission(request, PERM_RESUME):
+        raise PermissionDenied
+    return bulk_action(
+        model_admin,
+        request,
+        queryset,
+        "resume_instances",
+        BulkResumeForm,
+        perform_bulk_resume,
+        plan=BulkPlan(
+            skip=resume_skip,
+            applied=gettext("Resumed"),
+            summary=lambda resumed, skipped: (
+                gettext("%(resumed)d will be resumed, %(skipped)d skipped.")
+                % {"resumed": resumed, "skipped": skipped}
             ),
-            title=gettext("Resume workflow instances"),
-            intro=str(RESUME_INTRO),
-            submit=gettext("Resume"),
-            done=lambda n: (
-                ngettext("Resumed %(n)d instance.", "Resumed %(n)d instances.", n) % {"n": n}
-            ),
-        )
+        ),
+        title=gettext("Resume workflow instances"),
+        intro=str(RESUME_INTRO),
+        submit=gettext("Resume"),
+        done=lambda n: (
+            ngettext("Resumed %(n)d instance.", "Resumed %(n)d instances.", n) % {"n": n}
+        ),
+    )
 
-    @admin.action(description=_("Fork selected instances\u2026"), permissions=["fork"])
-    def fork_instances(self, request: HttpRequest, queryset: QuerySet[Any]) -> Any:
-        if not self.has_fork_permission(request):
-            raise PermissionDenied
-        return self.bulk_action(
-            request,
-            queryset,
-            "fork_instances",
-            ForkForm,
-            self.perform_fork,
-            title=gettext("Fork workflow instances"),
-            intro=str(FORK_INTRO),
-            submit=gettext("Fork"),
-            done=lambda n: (
-                ngettext("Forked %(n)d instance.", "Forked %(n)d instances.", n) % {"n": n}
-            ),
-        )
+
+@admin.action(description=_("Fork selected instances\u2026"), permissions=["fork"])
+def fork_instances(
+    model_admin: ReadOnlyAdmin, request: HttpRequest, queryset: QuerySet[Any]
+) -> Any:
+    """Ask for the key once, then fork each selected instance."""
+    if not has_permission(request, PERM_FORK):
+        raise PermissionDenied
+    return bulk_action(
+        model_admin,
+        request,
+        queryset,
+        "fork_instances",
+        ForkForm,
+        perform_fork,
+        title=gettext("Fork workflow instances"),
+        intro=str(FORK_INTRO),
+        submit=gettext("Fork"),
+        done=lambda n: ngettext("Forked %(n)d instance.", "Forked %(n)d instances.", n) % {"n": n},
+    )

@@ -7,10 +7,16 @@ schedules``, and is recorded in the admin log. Adding, changing and deleting
 need Django's model permissions; pausing and unpausing the change permission;
 "trigger now" the ``trigger_schedule`` permission. A schedule's input, like any
 recorded value, is shown and edited only with ``view_payloads``.
+
+:class:`ScheduleAdmin` wires the module-level functions below: the columns, the
+trigger, pause and unpause views (each taking the model admin first, routed in
+``get_urls``) and the changelist actions.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import update_wrapper
 from typing import Any
 
 from django.contrib import admin, messages
@@ -32,12 +38,20 @@ from django.utils.translation import gettext_lazy as _
 
 from .. import exceptions as exc
 from .. import operations
-from ..models import Schedule, WorkflowInstance
+from ..models import Schedule
 from ..schedules import describe_row
-from .base import APP, PERM_PAYLOADS, PERM_TRIGGER, instance_url, may_start_builtin
+from .base import (
+    APP,
+    PERM_TRIGGER,
+    has_permission,
+    instance_url,
+    may_start_builtin,
+    may_view_payloads,
+)
 from .display import (
     ID_CHARS,
     VALUE_CHARS,
+    admin_reads,
     database_alias,
     format_time,
     json_preview,
@@ -50,18 +64,172 @@ from .forms import ScheduleForm
 __all__ = ["ScheduleAdmin", "ScheduleForm"]
 
 
+def schedule_url(model_admin: admin.ModelAdmin[Any], obj: Schedule) -> str:
+    """Return the URL of a schedule's admin page."""
+    site = model_admin.admin_site.name
+    return reverse(f"{site}:{APP}_schedule_change", args=(quote(obj.name),))
+
+
+# -- columns ----------------------------------------------------------------------------------
+
+
+@admin.display(description=_("when"))
+def when(obj: Schedule) -> str:
+    if obj.cron:
+        return f"{obj.cron} ({obj.timezone})"
+    seconds = (obj.interval_ms or 0) // 1000
+    return gettext("every %(seconds)d s") % {"seconds": seconds}
+
+
+@admin.display(description=_("next run"), ordering="next_due_ms")
+def next_run(obj: Schedule) -> str | None:
+    return None if obj.paused else format_time(ms_datetime(obj.next_due_ms)) or None
+
+
+# -- views ------------------------------------------------------------------------------------
+
+
+def _post_object(
+    model_admin: admin.ModelAdmin[Any], request: HttpRequest, object_id: str, allowed: bool
+) -> Schedule:
+    if not allowed:
+        raise PermissionDenied
+    obj = model_admin.get_object(request, unquote(object_id))
+    if obj is None:
+        raise Http404(gettext("No schedule with this name."))
+    return obj
+
+
+def trigger_view(
+    model_admin: ScheduleAdmin, request: HttpRequest, object_id: str
+) -> HttpResponseBase:
+    """Start one run now (POST only)."""
+    if request.method != "POST":
+        return HttpResponseNotAllowed(["POST"])
+    obj = _post_object(
+        model_admin,
+        request,
+        object_id,
+        model_admin.has_view_permission(request) and has_permission(request, PERM_TRIGGER),
+    )
+    perform_trigger(model_admin, request, obj)
+    return HttpResponseRedirect(schedule_url(model_admin, obj))
+
+
+def pause_view(
+    model_admin: ScheduleAdmin, request: HttpRequest, object_id: str
+) -> HttpResponseBase:
+    """Pause the schedule (POST only)."""
+    return _pause_view(model_admin, request, object_id, True)
+
+
+def unpause_view(
+    model_admin: ScheduleAdmin, request: HttpRequest, object_id: str
+) -> HttpResponseBase:
+    """Unpause the schedule (POST only)."""
+    return _pause_view(model_admin, request, object_id, False)
+
+
+def _pause_view(
+    model_admin: ScheduleAdmin, request: HttpRequest, object_id: str, paused: bool
+) -> HttpResponseBase:
+    if request.method != "POST":
+        return HttpResponseNotAllowed(["POST"])
+    obj = _post_object(model_admin, request, object_id, model_admin.has_change_permission(request))
+    perform_pause(model_admin, request, obj, paused)
+    return HttpResponseRedirect(schedule_url(model_admin, obj))
+
+
+# -- the operations, each logged ----------------------------------------------------------------
+
+
+def perform_trigger(model_admin: ScheduleAdmin, request: HttpRequest, obj: Schedule) -> str | None:
+    """Start one run of the schedule through the operations layer and log it."""
+    if not may_start_builtin(request.user, obj.workflow_name):
+        raise PermissionDenied(f"{obj.workflow_name} is a built-in workflow")
+    try:
+        run_id = operations.trigger_schedule(obj.name)
+    except exc.SelvedgeError as error:
+        model_admin.message_user(request, truncate(str(error), VALUE_CHARS), messages.ERROR)
+        return None
+    model_admin.log_change(request, obj, f"Triggered a run: {run_id}")  # the log stays in English
+    model_admin.message_user(
+        request,
+        format_html(
+            'Started <a href="{}">{}</a>.',
+            model_admin.instance_url(run_id),
+            truncate(run_id, ID_CHARS),
+        ),
+        messages.SUCCESS,
+    )
+    return run_id
+
+
+def perform_pause(
+    model_admin: ScheduleAdmin, request: HttpRequest, obj: Schedule, paused: bool
+) -> None:
+    """Pause or unpause the schedule through the operations layer and log it."""
+    try:
+        if paused:
+            operations.pause_schedule(obj.name)
+        else:
+            operations.unpause_schedule(obj.name)
+    except exc.SelvedgeError as error:
+        model_admin.message_user(request, truncate(str(error), VALUE_CHARS), messages.ERROR)
+        return
+    model_admin.log_change(request, obj, "Paused." if paused else "Unpaused.")
+    done = gettext("Paused %(name)s.") if paused else gettext("Unpaused %(name)s.")
+    model_admin.message_user(request, done % {"name": truncate(obj.name, ID_CHARS)})
+
+
+# -- changelist actions ---------------------------------------------------------------------------
+
+
+@admin.action(description=_("Pause selected schedules"), permissions=["change"])
+def pause_schedules(
+    model_admin: ScheduleAdmin, request: HttpRequest, queryset: QuerySet[Any]
+) -> None:
+    """Pause each selected schedule (at most 1000)."""
+    for obj in queryset[:1000]:
+        perform_pause(model_admin, request, obj, True)
+
+
+@admin.action(description=_("Unpause selected schedules"), permissions=["change"])
+def unpause_schedules(
+    model_admin: ScheduleAdmin, request: HttpRequest, queryset: QuerySet[Any]
+) -> None:
+    """Unpause each selected schedule (at most 1000)."""
+    for obj in queryset[:1000]:
+        perform_pause(model_admin, request, obj, False)
+
+
+@admin.action(description=_("Trigger selected schedules now"), permissions=["trigger"])
+def trigger_schedules(
+    model_admin: ScheduleAdmin, request: HttpRequest, queryset: QuerySet[Any]
+) -> None:
+    """Start one run of each selected schedule now (at most 100)."""
+    if not has_permission(request, PERM_TRIGGER):
+        raise PermissionDenied
+    for obj in queryset[:100]:
+        perform_trigger(model_admin, request, obj)
+
+
+# -- the model admin ------------------------------------------------------------------------------
+
+
 @admin.register(Schedule)
 class ScheduleAdmin(admin.ModelAdmin):
     """Schedules: their next and last run, recent runs, and the actions on them."""
 
     form = ScheduleForm
-    list_display = (
+    # Names and display functions: Django takes both, django-stubs types names only.
+    list_display: Any = (
         "name",
         "workflow_name",
-        "when",
+        when,
         "overlap",
         "paused",
-        "next_run",
+        next_run,
         "last_run",
         "runs_started",
         "missed_runs",
@@ -72,7 +240,7 @@ class ScheduleAdmin(admin.ModelAdmin):
     ordering = ("name",)
     list_per_page = 100
     show_full_result_count = False
-    actions = ("pause_schedules", "unpause_schedules", "trigger_schedules")
+    actions = (pause_schedules, unpause_schedules, trigger_schedules)
     change_form_template = "admin/selvedge_django/schedule/change_form.html"
     fieldsets = (
         (None, {"fields": ("name", "workflow", "input")}),
@@ -84,13 +252,10 @@ class ScheduleAdmin(admin.ModelAdmin):
         return super().get_queryset(request).using(database_alias())
 
     def has_trigger_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return request.user.has_perm(PERM_TRIGGER)
-
-    def has_payloads_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm(PERM_PAYLOADS)
+        return has_permission(request, PERM_TRIGGER)
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
-        if self.has_payloads_permission(request):
+        if may_view_payloads(request):
             return self.fieldsets
         _, *rest = self.fieldsets
         return ((None, {"fields": ("name", "workflow")}), *rest)
@@ -100,7 +265,7 @@ class ScheduleAdmin(admin.ModelAdmin):
     ) -> Any:
         kwargs["fields"] = []  # the declared fields only: the instance is never written by the form
         form = super().get_form(request, obj, change=change, **kwargs)
-        show = self.has_payloads_permission(request)
+        show = may_view_payloads(request)
         user = request.user
 
         class Bound(form):  # type: ignore[misc,valid-type]
@@ -114,19 +279,6 @@ class ScheduleAdmin(admin.ModelAdmin):
 
         return Bound
 
-    # -- columns ----------------------------------------------------------------------
-
-    @admin.display(description=_("when"))
-    def when(self, obj: Schedule) -> str:
-        if obj.cron:
-            return f"{obj.cron} ({obj.timezone})"
-        seconds = (obj.interval_ms or 0) // 1000
-        return gettext("every %(seconds)d s") % {"seconds": seconds}
-
-    @admin.display(description=_("next run"), ordering="next_due_ms")
-    def next_run(self, obj: Schedule) -> str | None:
-        return None if obj.paused else format_time(ms_datetime(obj.next_due_ms)) or None
-
     @admin.display(description=_("last run"), ordering="last_run_ms")
     def last_run(self, obj: Schedule) -> str | None:
         if not obj.last_run_id:
@@ -138,6 +290,7 @@ class ScheduleAdmin(admin.ModelAdmin):
         )
 
     def instance_url(self, instance_id: str) -> str:
+        """Return the URL of an instance's page on this admin site."""
         return instance_url(self.admin_site.name, instance_id)
 
     # -- add, change, delete through the operations layer -------------------------------
@@ -149,6 +302,7 @@ class ScheduleAdmin(admin.ModelAdmin):
         else:
             operations.create_schedule(form.cleaned_data["name"], **fields)
             obj.name = form.cleaned_data["name"]
+        # The operations layer wrote the row: reload it for the log entry and redirect that follow.
         obj.refresh_from_db(using=database_alias())
 
     def delete_model(self, request: HttpRequest, obj: Schedule) -> None:
@@ -161,7 +315,24 @@ class ScheduleAdmin(admin.ModelAdmin):
         for obj in queryset:
             self.delete_model(request, obj)
 
-    # -- the detail page ------------------------------------------------------------------
+    # -- the extra views and the detail page ----------------------------------------------
+
+    def get_urls(self) -> list[URLPattern]:
+        prefix = f"{self.opts.app_label}_{self.opts.model_name}"
+
+        def route(pattern: str, view: Callable[..., HttpResponseBase], name: str) -> URLPattern:
+            def bound(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+                return view(self, request, *args, **kwargs)
+
+            update_wrapper(bound, view)
+            return path(pattern, self.admin_site.admin_view(bound), name=f"{prefix}_{name}")
+
+        return [
+            route("<path:object_id>/trigger/", trigger_view, "trigger"),
+            route("<path:object_id>/pause/", pause_view, "pause"),
+            route("<path:object_id>/unpause/", unpause_view, "unpause"),
+            *super().get_urls(),
+        ]
 
     def render_change_form(
         self,
@@ -173,157 +344,44 @@ class ScheduleAdmin(admin.ModelAdmin):
         obj: Any = None,
     ) -> HttpResponse:
         if obj is not None:
-            context["selvedge"] = self.detail_context(request, obj)
+            context["selvedge"] = detail_context(self, request, obj)
         return super().render_change_form(request, context, add, change, form_url, obj)
 
-    def detail_context(self, request: HttpRequest, obj: Schedule) -> dict[str, Any]:
-        """The schedule's state and recent runs (one query for their statuses)."""
-        described = describe_row(obj)
-        ids = described.recent_instance_ids
-        statuses = dict(
-            WorkflowInstance.objects.using(database_alias())
-            .filter(instance_id__in=ids)
-            .values_list("instance_id", "status")
-        )
-        quoted = quote(obj.name)
-        site = self.admin_site.name
-        can_change = self.has_change_permission(request, obj)
-        return {
-            "description": described,
-            "buffered": format_time(ms_datetime(obj.buffered_slot_ms)),
-            "next_run_at": format_time(described.next_run_at),
-            "next_slot_at": format_time(described.next_slot_at),
-            "last_run_at": format_time(described.last_run_at),
-            "input": json_preview(obj.input) if self.has_payloads_permission(request) else None,
-            "recent": [
-                {
-                    "url": self.instance_url(run_id),
-                    "label": truncate(run_id, ID_CHARS),
-                    "status": status_badge(statuses[run_id])
-                    if run_id in statuses
-                    else gettext("(deleted)"),
-                }
-                for run_id in ids
-            ],
-            "trigger_url": reverse(f"{site}:{APP}_schedule_trigger", args=(quoted,))
-            if self.has_trigger_permission(request)
-            else "",
-            "pause_url": reverse(f"{site}:{APP}_schedule_pause", args=(quoted,))
-            if can_change and not obj.paused
-            else "",
-            "unpause_url": reverse(f"{site}:{APP}_schedule_unpause", args=(quoted,))
-            if can_change and obj.paused
-            else "",
-        }
 
-    def get_urls(self) -> list[URLPattern]:
-        info = (self.opts.app_label, self.opts.model_name)
-        view = self.admin_site.admin_view
-        return [
-            path(
-                "<path:object_id>/trigger/",
-                view(self.trigger_view),
-                name="{}_{}_trigger".format(*info),
-            ),
-            path(
-                "<path:object_id>/pause/", view(self.pause_view), name="{}_{}_pause".format(*info)
-            ),
-            path(
-                "<path:object_id>/unpause/",
-                view(self.unpause_view),
-                name="{}_{}_unpause".format(*info),
-            ),
-            *super().get_urls(),
-        ]
-
-    def _post_object(self, request: HttpRequest, object_id: str, allowed: bool) -> Schedule:
-        if not allowed:
-            raise PermissionDenied
-        obj = self.get_object(request, unquote(object_id))
-        if obj is None:
-            raise Http404(gettext("No schedule with this name."))
-        return obj
-
-    def _back(self, obj: Schedule) -> HttpResponseRedirect:
-        return HttpResponseRedirect(
-            reverse(f"{self.admin_site.name}:{APP}_schedule_change", args=(quote(obj.name),))
-        )
-
-    def trigger_view(self, request: HttpRequest, object_id: str) -> HttpResponseBase:
-        """Start one run now (POST only)."""
-        if request.method != "POST":
-            return HttpResponseNotAllowed(["POST"])
-        obj = self._post_object(
-            request,
-            object_id,
-            self.has_view_permission(request) and self.has_trigger_permission(request),
-        )
-        self.perform_trigger(request, obj)
-        return self._back(obj)
-
-    def pause_view(self, request: HttpRequest, object_id: str) -> HttpResponseBase:
-        return self._pause_view(request, object_id, True)
-
-    def unpause_view(self, request: HttpRequest, object_id: str) -> HttpResponseBase:
-        return self._pause_view(request, object_id, False)
-
-    def _pause_view(self, request: HttpRequest, object_id: str, paused: bool) -> HttpResponseBase:
-        if request.method != "POST":
-            return HttpResponseNotAllowed(["POST"])
-        obj = self._post_object(request, object_id, self.has_change_permission(request))
-        self.perform_pause(request, obj, paused)
-        return self._back(obj)
-
-    # -- the operations, each logged ------------------------------------------------------
-
-    def perform_trigger(self, request: HttpRequest, obj: Schedule) -> str | None:
-        if not may_start_builtin(request.user, obj.workflow_name):
-            raise PermissionDenied(f"{obj.workflow_name} is a built-in workflow")
-        try:
-            run_id = operations.trigger_schedule(obj.name)
-        except exc.SelvedgeError as error:
-            self.message_user(request, truncate(str(error), VALUE_CHARS), messages.ERROR)
-            return None
-        self.log_change(request, obj, f"Triggered a run: {run_id}")  # the log stays in English
-        self.message_user(
-            request,
-            format_html(
-                'Started <a href="{}">{}</a>.',
-                self.instance_url(run_id),
-                truncate(run_id, ID_CHARS),
-            ),
-            messages.SUCCESS,
-        )
-        return run_id
-
-    def perform_pause(self, request: HttpRequest, obj: Schedule, paused: bool) -> None:
-        try:
-            if paused:
-                operations.pause_schedule(obj.name)
-            else:
-                operations.unpause_schedule(obj.name)
-        except exc.SelvedgeError as error:
-            self.message_user(request, truncate(str(error), VALUE_CHARS), messages.ERROR)
-            return
-        self.log_change(request, obj, "Paused." if paused else "Unpaused.")
-        done = gettext("Paused %(name)s.") if paused else gettext("Unpaused %(name)s.")
-        self.message_user(request, done % {"name": truncate(obj.name, ID_CHARS)})
-
-    # -- changelist actions ----------------------------------------------------------------
-
-    @admin.action(description=_("Pause selected schedules"), permissions=["change"])
-    def pause_schedules(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
-        for obj in queryset[:1000]:
-            self.perform_pause(request, obj, True)
-
-    @admin.action(description=_("Unpause selected schedules"), permissions=["change"])
-    def unpause_schedules(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
-        for obj in queryset[:1000]:
-            self.perform_pause(request, obj, False)
-
-    @admin.action(description=_("Trigger selected schedules now"), permissions=["trigger"])
-    def trigger_schedules(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
-        if not self.has_trigger_permission(request):
-            raise PermissionDenied
-        for obj in queryset[:100]:
-            self.perform_trigger(request, obj)
+def detail_context(
+    model_admin: ScheduleAdmin, request: HttpRequest, obj: Schedule
+) -> dict[str, Any]:
+    """The schedule's state and recent runs (one query for their statuses)."""
+    described = describe_row(obj)
+    ids = described.recent_instance_ids
+    statuses = admin_reads().instance_statuses(ids)
+    quoted = quote(obj.name)
+    site = model_admin.admin_site.name
+    can_change = model_admin.has_change_permission(request, obj)
+    return {
+        "description": described,
+        "buffered": format_time(ms_datetime(obj.buffered_slot_ms)),
+        "next_run_at": format_time(described.next_run_at),
+        "next_slot_at": format_time(described.next_slot_at),
+        "last_run_at": format_time(described.last_run_at),
+        "input": json_preview(obj.input) if may_view_payloads(request) else None,
+        "recent": [
+            {
+                "url": model_admin.instance_url(run_id),
+                "label": truncate(run_id, ID_CHARS),
+                "status": status_badge(statuses[run_id])
+                if run_id in statuses
+                else gettext("(deleted)"),
+            }
+            for run_id in ids
+        ],
+        "trigger_url": reverse(f"{site}:{APP}_schedule_trigger", args=(quoted,))
+        if has_permission(request, PERM_TRIGGER)
+        else "",
+        "pause_url": reverse(f"{site}:{APP}_schedule_pause", args=(quoted,))
+        if can_change and not obj.paused
+        else "",
+        "unpause_url": reverse(f"{site}:{APP}_schedule_unpause", args=(quoted,))
+        if can_change and obj.paused
+        else "",
+    }

@@ -1,7 +1,8 @@
-"""What an instance's page shows below its description, and what an export would write.
+"""What an instance's page shows below its description.
 
-Reads only, each bounded: every section is capped and long values are cut in
-SQL, so a huge history or payload never reaches Python whole.
+Reads only, each bounded (through :class:`~selvedge_django.storage.admin_reads.AdminReads`):
+every section is capped and long values are cut in SQL, so a huge history or
+payload never reaches Python whole.
 """
 
 from __future__ import annotations
@@ -9,18 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from django.db.models import QuerySet, Sum, TextField, Value
-from django.db.models.functions import Cast, Coalesce, Length, Substr
-
-from ..models import (
-    ActivityTask,
-    ArchivedHistoryEvent,
-    HistoryEvent,
-    SignalMessage,
-    TimerSubscription,
-    WorkflowInstance,
-    WorkflowStatus,
-)
+from ..models import WorkflowStatus
+from ..storage.admin_reads import AdminReads
 from .display import (
     CELL_CHARS,
     EMPTY,
@@ -40,7 +31,7 @@ _STATUS_LABELS = dict(WorkflowStatus.choices)
 
 
 def instance_sections(
-    alias: str, iid: str, instance_url: Callable[[str], str], *, values: bool = True
+    reads: AdminReads, iid: str, instance_url: Callable[[str], str], *, values: bool = True
 ) -> dict[str, Any]:
     """Read an instance's history, tasks, timers, signals and children, in bounded queries.
 
@@ -50,26 +41,7 @@ def instance_sections(
     only its size.
     """
     cut = CELL_CHARS + 1 if values else 0
-    history_count = HistoryEvent.objects.using(alias).filter(instance_id=iid).count()
-    rows = (
-        HistoryEvent.objects.using(alias)
-        .filter(instance_id=iid)
-        .order_by("id")
-        .annotate(data_head=Substr("data", 1, cut), data_size=Length("data"))
-        .annotate(reservation_head=Substr("reservation", 1, cut))
-        .values_list(
-            "seq",
-            "key",
-            "command",
-            "event_type",
-            "data_head",
-            "reservation_head",
-            "delivered_seq",
-            "data_size",
-            "created_at",
-            "arrived_at",
-        )[:HISTORY_ROWS]
-    )
+    history_count = reads.history_count(iid)
     history = [
         {
             "seq": seq,
@@ -88,7 +60,7 @@ def instance_sections(
             else None,
         }
         for seq, key, command, event_type, data, reservation, delivered, size, created, arrived in (
-            rows
+            reads.history_rows(iid, cut=cut, limit=HISTORY_ROWS)
         )
     ]
 
@@ -109,31 +81,12 @@ def instance_sections(
             else truncate(task.details_head, CELL_CHARS),
             "heartbeat_details_size": task.details_size,
         }
-        for task in ActivityTask.objects.using(alias)
-        .filter(instance_id=iid)
-        .order_by("seq", "id")
-        .annotate(
-            details_head=Substr("heartbeat_details", 1, cut),
-            details_size=Length("heartbeat_details"),
-        )
-        .only(
-            "key",
-            "name",
-            "queue",
-            "status",
-            "attempts",
-            "failures",
-            "max_attempts",
-            "last_error",
-        )[:SECTION_ROWS]
+        for task in reads.task_rows(iid, cut=cut, limit=SECTION_ROWS)
     ]
 
     timers = [
         {"key": truncate(key, ID_CHARS), "expires_at": format_time(expires_at), "fired": fired}
-        for key, expires_at, fired in TimerSubscription.objects.using(alias)
-        .filter(instance_id=iid)
-        .order_by("expires_at", "id")
-        .values_list("key", "expires_at", "fired")[:SECTION_ROWS]
+        for key, expires_at, fired in reads.timer_rows(iid, limit=SECTION_ROWS)
     ]
 
     signals = [
@@ -149,21 +102,7 @@ def instance_sections(
             "size": size,
         }
         for sid, channel, sent_at, delivered, consumed, consumed_key, key, head, size in (
-            SignalMessage.objects.using(alias)
-            .filter(instance_id=iid)
-            .order_by("id")
-            .annotate(head=Substr("payload", 1, cut), size=Length("payload"))
-            .values_list(
-                "id",
-                "channel",
-                "sent_at",
-                "delivered_seq",
-                "consumed_seq",
-                "consumed_key",
-                "idempotency_key",
-                "head",
-                "size",
-            )[:SECTION_ROWS]
+            reads.signal_rows(iid, cut=cut, limit=SECTION_ROWS)
         )
     ]
 
@@ -175,12 +114,7 @@ def instance_sections(
             "status": status_badge(status, _STATUS_LABELS.get(status, status)),
             "parent_key": truncate(key, ID_CHARS),
         }
-        for child_id, name, status, key in WorkflowInstance.objects.using(alias)
-        .filter(parent_instance_id=iid)
-        # Spelled as the partial index's condition, so SQLite can use that index.
-        .exclude(parent_instance_id="")
-        .order_by("started_at", "instance_id")
-        .values_list("instance_id", "workflow_name", "status", "parent_key")[:SECTION_ROWS]
+        for child_id, name, status, key in reads.child_rows(iid, limit=SECTION_ROWS)
     ]
 
     archived = [
@@ -194,13 +128,7 @@ def instance_sections(
             "archived_at": format_time(archived_at),
         }
         for generation, seq, key, event_type, data, size, archived_at in (
-            ArchivedHistoryEvent.objects.using(alias)
-            .filter(instance_id=iid)
-            .order_by("generation", "event_id")
-            .annotate(data_head=Substr("data", 1, cut), data_size=Length("data"))
-            .values_list(
-                "generation", "seq", "key", "event_type", "data_head", "data_size", "archived_at"
-            )[:SECTION_ROWS]
+            reads.archived_rows(iid, cut=cut, limit=SECTION_ROWS)
         )
     ]
     return {
@@ -216,20 +144,3 @@ def instance_sections(
         "show_values": values,
         "empty": EMPTY,
     }
-
-
-def export_size(alias: str, instance_ids: list[str]) -> int:
-    """Return the characters of stored values an export of these instances would write."""
-
-    def total(queryset: QuerySet[Any], *columns: Any) -> int:
-        sizes = [Coalesce(Length(column), Value(0)) for column in columns]
-        expression: Any = sizes[0]
-        for size in sizes[1:]:
-            expression = expression + size
-        return int(queryset.aggregate(n=Sum(expression))["n"] or 0)
-
-    instances = WorkflowInstance.objects.using(alias).filter(instance_id__in=instance_ids)
-    history = HistoryEvent.objects.using(alias).filter(instance_id__in=instance_ids)
-    return total(instances, Cast("input", TextField()), "output", "error", "cancel_reason") + total(
-        history, "data", "reservation"
-    )

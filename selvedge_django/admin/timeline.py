@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import BooleanField, ExpressionWrapper, Q
 from django.utils import timezone
 from django.utils.translation import gettext
 
-from ..models import ActivityTask, ActivityTaskStatus, HistoryEvent, WorkflowInstance
+from ..models import ActivityTaskStatus, WorkflowInstance
+from ..storage.admin_reads import AdminReads
 from .display import error_summary, format_duration, format_time, ms_datetime, truncate
 
 __all__ = ["TIMELINE_BARS", "Timeline", "build_timeline"]
@@ -145,7 +145,7 @@ def _outcome(event_type: str, has_value: bool) -> str:
 
 
 def build_timeline(
-    alias: str,
+    reads: AdminReads,
     instance: WorkflowInstance,
     history_count: int,
     child_urls: dict[str, str],
@@ -156,36 +156,13 @@ def build_timeline(
     bounded: that many history rows (timestamps only, no values), and the activity
     tasks of the activity steps among them.
     """
-    recorded = (
-        HistoryEvent.objects.using(alias)
-        .filter(instance_id=instance.instance_id)
-        .order_by("id")
-        .annotate(has_value=ExpressionWrapper(Q(data__isnull=False), output_field=BooleanField()))
-        .values_list("key", "command", "event_type", "created_at", "arrived_at", "has_value")[
-            :TIMELINE_BARS
-        ]
-    )
+    recorded = reads.timeline_rows(instance.instance_id, limit=TIMELINE_BARS)
     keys_with_values = {row[0] for row in recorded if row[5]}
     rows = [row[:5] for row in recorded]
     if not rows:
         return None
     activity_keys = [key for key, command, *_ in rows if command == "activity"]
-    tasks = {
-        task["key"]: task
-        for task in ActivityTask.objects.using(alias)
-        .filter(instance_id=instance.instance_id, key__in=activity_keys)
-        .values(
-            "key",
-            "name",
-            "status",
-            "attempts",
-            "failures",
-            "max_attempts",
-            "not_before_ms",
-            "claim_started_ms",
-            "last_error",
-        )
-    }
+    tasks = reads.timeline_tasks(instance.instance_id, activity_keys)
     now = timezone.now()
     running = instance.status == "running"
     # The extent of the axis: every start and end drawn.

@@ -14,8 +14,8 @@ it, and that nothing here imports Django):
 - ``ports``: the store and runtime Protocols and the records passed through them.
 - ``leftovers``: the check for recorded commands past where workflow code stopped.
 - ``execution``: one run of workflow code against its history (the caller builds
-  the context it runs with).
-- ``parking``: ``wait_here``, where a live wait stays for the worker's cache or suspends.
+  the context it runs with), and ``Execution.wait_here``, where a live wait stays for
+  the worker's cache or suspends.
 - ``handles``, ``inbox``, ``commands``: futures, timers and child handles; signal
   commands; every other command.
 - ``patches``: ``patched()`` and ``deprecate_patch()``, code changes beside old histories.
@@ -36,7 +36,6 @@ ORDER = (
     "ports",
     "leftovers",
     "execution",
-    "parking",
     "handles",
     "inbox",
     "commands",

@@ -39,7 +39,6 @@ from .execution import Execution
 from .handles import ChildHandle, Future, Timer, decode_outcome
 from .identifiers import check_instance_id, check_workflow_name
 from .options import ActivityOptions
-from .parking import wait_here
 from .ports import ChildSpec, Observation, TaskSpec
 from .scope import Scope
 
@@ -309,7 +308,7 @@ def wait_condition(execution: Execution, scope: Scope, predicate: Any) -> None:
     if execution.readonly:
         raise execution.suspend("condition not met in recorded history")
     store = execution.runtime.store
-    while True:  # again after each wait the worker's cache continues (wait_here)
+    while True:  # again after each wait the worker's cache continues (Execution.wait_here)
         arrivals = execution.guarded(lambda: store.arrivals(execution.instance_id))
         for arrived_key in arrivals.keys:
             execution.refresh(arrived_key)
@@ -338,7 +337,7 @@ def wait_condition(execution: Execution, scope: Scope, predicate: Any) -> None:
                 )
             )
             raise cancelled
-        wait_here(execution, "condition not met")
+        execution.wait_here("condition not met")
 
 
 # -- children ----------------------------------------------------------------------------

@@ -251,6 +251,38 @@ class Execution:
         self.suspension = Frontier(why) if self.readonly else Suspend(why)
         return self.suspension
 
+    def wait_here(self, why: str) -> None:
+        """Park at a live wait that cannot complete; raise Suspend when not kept (or let go).
+
+        Without a workflow cache, such a wait raises :class:`Suspend`: the code unwinds,
+        the lease is released, and the next lease replays the code from its start. A
+        runtime that keeps executions (its ``park(execution, why)``, see
+        :mod:`selvedge_django.worker.cache`) releases the lease itself and blocks this
+        thread until the instance is leased to it again; ``wait_here`` then returns
+        with the new fence, and the wait looks again for what arrived, exactly where a
+        replay would look. Each live wait calls it in a loop (``while not ready:
+        execution.wait_here(...)``).
+        """
+        park = getattr(self.runtime, "park", None)
+        if (
+            park is None
+            or self.readonly
+            or self.fatal is not None
+            or self.suspension is not None
+            or self.continuation is not None
+            or self.in_predicate
+            or self.in_activity
+            # Recorded commands past this position: the suspension judges them (leftovers).
+            or self.seq < self.max_recorded_seq
+        ):
+            raise self.suspend(why)
+        # None: not kept (the lease still held), or let go after the release.
+        fence = park(self, why)
+        if fence is None:
+            raise self.suspend(why)
+        self.fence = fence
+        self.released = False
+
     def continue_as_new(self, input_text: str) -> ContinueAsNew:
         """Return the unwinding to raise; later commands are rejected without writes."""
         self.continuation = ContinueAsNew(input_text)

@@ -31,7 +31,6 @@ from .events import (
     reservation_of,
 )
 from .execution import Execution
-from .parking import wait_here
 from .ports import ClaimedTask, Observation
 from .scope import Scope
 
@@ -135,7 +134,7 @@ class Future(_Handle, Generic[OutT_co]):
             self._execution.check_command("Future.get()")
             row = self._lookup()
             while row is None:  # again after each wait the worker's cache continues
-                wait_here(self._execution, f"activity {self._key!r} has no outcome yet")
+                self._execution.wait_here(f"activity {self._key!r} has no outcome yet")
                 row = self._lookup()
             self._resolve(row)
             if self._execution.is_replaying and self._execution.live:
@@ -221,7 +220,7 @@ class Timer(_Handle):
             if row is None and execution.live:
                 row = self._cancel_on_wait(batch=batch)
             while row is None:  # again after each wait the worker's cache continues
-                wait_here(execution, f"timer {self._key!r} has not fired")
+                execution.wait_here(f"timer {self._key!r} has not fired")
                 row = self._stored() or self._cancel_on_wait(batch=batch)
             self._resolve(row)
         row = self._resolved
@@ -278,7 +277,7 @@ class ChildHandle(_Handle, Generic[OutT_co]):
             if row is None and execution.live:
                 row = self._cancel_on_wait()
             while row is None:  # again after each wait the worker's cache continues
-                wait_here(execution, f"child {self._child_id!r} has not closed")
+                execution.wait_here(f"child {self._child_id!r} has not closed")
                 row = self._stored() or self._cancel_on_wait()
             self._resolve(row)
         assert self._resolved is not None

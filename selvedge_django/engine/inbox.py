@@ -26,7 +26,6 @@ from .events import (
 from .execution import Execution
 from .handles import decode_outcome
 from .identifiers import valid_channel
-from .parking import wait_here
 from .ports import Observation, ReceiveOutcome
 from .scope import Scope
 
@@ -60,7 +59,7 @@ def receive(execution: Execution, scope: Scope, channel: str) -> Any:
     if execution.readonly:
         raise execution.suspend(f"receive {key!r} is not recorded")
     store = execution.runtime.store
-    while True:  # again after each wait the worker's cache continues (wait_here)
+    while True:  # again after each wait the worker's cache continues (Execution.wait_here)
         cancelled: BaseException | None = None
         if scope.locally_cancelled():
             cancelled = exc.ScopeCancelled()
@@ -91,7 +90,7 @@ def receive(execution: Execution, scope: Scope, channel: str) -> Any:
                 )
             )
             raise cancelled
-        wait_here(execution, f"no signal on {channel!r}")
+        execution.wait_here(f"no signal on {channel!r}")
     execution.observe(
         Observation(
             seq,
@@ -173,7 +172,7 @@ def receive_with_timeout(
         )
         stored = execution.guarded(lambda: store.reserve_timer(fence, row, expires, seconds))
         execution.check_stored(key, stored, CMD_RECEIVE)
-    while True:  # again after each wait the worker's cache continues (wait_here)
+    while True:  # again after each wait the worker's cache continues (Execution.wait_here)
         cancelled = execution.cancellation(scope)
         if cancelled is not None:
             _fill(execution, seq, key, EV_SIGNAL_CANCELLED, error_data(cancelled))
@@ -196,7 +195,7 @@ def receive_with_timeout(
         if execution.guarded(lambda: store.timer_fired(execution.instance_id, key)):
             stored_row = _fill(execution, seq, key, EV_SIGNAL_TIMEOUT, json.dumps(None))
             return _signal_outcome(execution, stored_row)
-        wait_here(execution, f"no signal on {channel!r} yet")
+        execution.wait_here(f"no signal on {channel!r} yet")
 
 
 def _fill(execution: Execution, seq: int, key: str, event_type: str, data: str) -> HistoryRow:

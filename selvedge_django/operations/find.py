@@ -15,14 +15,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.db.models import Q
 
 from .. import exceptions as exc
 from ..engine.codec import contains_nul, error_from_envelope, error_to_envelope
 from ..engine.options import ActivityOptions
 from ..handles import WorkflowDescription
-from ..models import ActivityTask, WorkflowInstance, WorkflowStatus
-from ..storage.sqlite.input_filters import input_value_equals
+from ..models import WorkflowInstance, WorkflowStatus
 from .base import client_store, filter_text, known_id, validate_instance_id
 
 __all__ = [
@@ -131,7 +129,6 @@ def list_activity_tasks(instance_id: str) -> list[ActivityTaskInfo]:
     """Return an instance's activity tasks in issue order."""
     store = client_store()
     store.get_instance(known_id(instance_id))
-    tasks = ActivityTask.objects.using(store.alias).filter(instance_id=instance_id)
     return [
         ActivityTaskInfo(
             key=t.key,
@@ -147,7 +144,7 @@ def list_activity_tasks(instance_id: str) -> list[ActivityTaskInfo]:
                 None if t.heartbeat_details is None else json.loads(t.heartbeat_details)
             ),
         )
-        for t in tasks.order_by("seq", "id")
+        for t in store.operator_reads.activity_tasks(instance_id)
     ]
 
 
@@ -188,23 +185,16 @@ def find_instances(
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
         raise ValueError("limit must be an integer from 1 to 1000")
     store = client_store()
-    qs = WorkflowInstance.objects.using(store.alias).all()
-    if status is not None:
-        if status not in WorkflowStatus.values:
-            raise ValueError(f"unknown status {status!r}")
-        qs = qs.filter(status=status)
+    if status is not None and status not in WorkflowStatus.values:
+        raise ValueError(f"unknown status {status!r}")
     if workflow_name:
-        qs = qs.filter(workflow_name__icontains=filter_text(workflow_name, "workflow_name"))
+        workflow_name = filter_text(workflow_name, "workflow_name")
     if instance_id:
-        qs = qs.filter(instance_id__icontains=filter_text(instance_id, "instance_id"))
-    if started_after is not None:
-        qs = qs.filter(started_at__gt=started_after)
-    if started_before is not None:
-        qs = qs.filter(started_at__lt=started_before)
+        instance_id = filter_text(instance_id, "instance_id")
+    conditions: list[tuple[list[str], Any]] = []
     if input_filters:
         if not isinstance(input_filters, dict):
             raise ValueError("input_filters must be a dict of dotted paths to values")
-        conditions: list[Any] = []
         for path, value in input_filters.items():
             if (
                 not isinstance(path, str)
@@ -223,12 +213,17 @@ def find_instances(
                 raise ValueError(f"input filter value for {path!r} is not JSON") from error
             if contains_nul(encoded):
                 raise ValueError(f"input filter value for {path!r} contains a NUL character")
-            conditions.append(input_value_equals(qs.query, path.split("."), json.loads(encoded)))
-        qs = qs.filter(*conditions)
-    if page_token:
-        started, last_id = _decode_token(page_token)
-        qs = qs.filter(Q(started_at__lt=started) | Q(started_at=started, instance_id__lt=last_id))
-    rows = list(qs.order_by("-started_at", "-instance_id")[: limit + 1])
+            conditions.append((path.split("."), json.loads(encoded)))
+    rows = store.operator_reads.find_instances(
+        status=status,
+        workflow_name=workflow_name,
+        instance_id=instance_id,
+        started_after=started_after,
+        started_before=started_before,
+        input_filters=conditions,
+        before=_decode_token(page_token) if page_token else None,
+        limit=limit + 1,
+    )
     has_more = len(rows) > limit
     rows = rows[:limit]
     token = _encode_token(rows[-1].started_at, rows[-1].instance_id) if has_more else None

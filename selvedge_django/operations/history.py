@@ -45,13 +45,7 @@ from ..engine.replay import (
     check_replay,
 )
 from ..engine.replay import query_handler_names as list_query_handlers
-from ..models import (
-    ArchivedHistoryEvent,
-    HistoryEvent,
-    SignalMessage,
-    WorkflowInstance,
-    WorkflowStatus,
-)
+from ..models import WorkflowInstance
 from ..registry import get_workflow, registered_workflow_names
 from ..storage import Store, client_codec
 from .base import client_store, known_id
@@ -76,27 +70,15 @@ def history_rows(
 ) -> tuple[WorkflowInstance, list[tuple[Any, ...]], list[tuple[Any, ...]]]:
     """Read an instance, its history rows and its signals' positions in one snapshot.
 
-    A bounded read model that belongs with storage's other reads. Raises
-    :class:`HistoryLimitExceeded` after reading one row past ``max_events`` rows
-    or ``max_signals`` signals.
+    The reads are storage's (:class:`~selvedge_django.storage.operator_reads.OperatorReads`),
+    each bounded. Raises :class:`HistoryLimitExceeded` after reading one row past
+    ``max_events`` rows or ``max_signals`` signals.
     """
     settings = get_settings()
     with store.read_snapshot():
         inst = store.get_instance(instance_id)
-        rows = list(
-            HistoryEvent.objects.using(store.alias)
-            .filter(instance_id=instance_id)
-            .order_by("id")
-            .values_list(
-                "seq", "key", "command", "event_type", "data", "reservation", "delivered_seq"
-            )[: max_events + 1]
-        )
-        signals = list(
-            SignalMessage.objects.using(store.alias)
-            .filter(instance_id=instance_id, archived_generation__isnull=True)
-            .order_by("id")
-            .values_list("id", "channel", "delivered_seq", "consumed_seq")[: max_signals + 1]
-        )
+        rows = store.operator_reads.history_events(instance_id, max_events + 1)
+        signals = store.operator_reads.signal_positions(instance_id, max_signals + 1)
     if len(rows) > max_events or len(signals) > max_signals:
         raise exc.HistoryLimitExceeded(
             instance_id,
@@ -114,22 +96,7 @@ def archived_rows(
 ) -> list[RecordedArchivedEvent]:
     """The rows an instance's resumes archived, oldest generation first; at most ``limit``
     (:class:`HistoryLimitExceeded` past it)."""
-    rows = list(
-        ArchivedHistoryEvent.objects.using(store.alias)
-        .filter(instance_id=instance_id)
-        .order_by("generation", "event_id")
-        .values_list(
-            "seq",
-            "key",
-            "command",
-            "event_type",
-            "data",
-            "reservation",
-            "delivered_seq",
-            "generation",
-            "archived_at",
-        )[: limit + 1]
-    )
+    rows = store.operator_reads.archived_events(instance_id, limit + 1)
     if len(rows) > limit:
         raise exc.HistoryLimitExceeded(
             instance_id,
@@ -332,21 +299,11 @@ def replay_check(
 
 
 def _replay_candidates(recent: timedelta, limit: int) -> list[str]:
-    base = WorkflowInstance.objects.using(get_settings().database).filter(
-        workflow_name__in=registered_workflow_names()
-    )
-    ids = list(
-        base.filter(status=WorkflowStatus.RUNNING)
-        .order_by("started_at")
-        .values_list("instance_id", flat=True)[:limit]
-    )
+    reads = client_store().operator_reads
+    names = registered_workflow_names()
+    ids = reads.running_ids(names, limit)
     if recent.total_seconds() > 0:
-        ids += list(
-            base.exclude(status=WorkflowStatus.RUNNING)
-            .filter(closed_at__gte=timezone.now() - recent)
-            .order_by("-closed_at")
-            .values_list("instance_id", flat=True)[:limit]
-        )
+        ids += reads.closed_ids(names, timezone.now() - recent, limit)
     return ids
 
 

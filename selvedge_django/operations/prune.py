@@ -7,7 +7,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from ..models import WorkflowInstance, WorkflowStatus
+from ..models import WorkflowStatus
 from .base import client_store
 
 __all__ = ["MAX_PRUNE_BATCH", "prune"]
@@ -43,24 +43,14 @@ def prune(
         raise ValueError(f"batch_size must be from 1 to {MAX_PRUNE_BATCH}")
     store = client_store()
     cutoff = timezone.now() - older_than
-    running = WorkflowInstance.objects.using(store.alias).filter(status=WorkflowStatus.RUNNING)
     total = 0
     while True:
-        qs = (
-            WorkflowInstance.objects.using(store.alias)
-            .filter(status__in=sorted(wanted), closed_at__lt=cutoff)
-            .exclude(parent_instance_id__in=running.values("instance_id"))
-        )
-        if workflow_name:
-            qs = qs.filter(workflow_name=workflow_name)
-        with store.atomic():
-            ids = list(qs.order_by("closed_at").values_list("instance_id", flat=True)[:batch_size])
-            if not ids:
-                break
-            WorkflowInstance.objects.using(store.alias).filter(instance_id__in=ids).delete()
-        total += len(ids)
+        deleted = store.instances.prune_closed(wanted, cutoff, workflow_name, batch_size)
+        if not deleted:
+            break
+        total += deleted
         if progress is not None:
             progress(total)
-        if len(ids) < batch_size:
+        if deleted < batch_size:
             break
     return total

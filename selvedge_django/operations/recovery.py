@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from .. import hooks as hooks_module
 from ..conf import get_settings
-from ..models import WorkflowInstance, WorkflowStatus
+from ..models import WorkflowStatus
 from ..storage.resume import TERMINATED_TYPE, ResumeOutcome
 from .base import client_store, known_id, reason_text, validate_instance_id
 
@@ -162,20 +162,17 @@ def select_instances(
         raise ValueError(f"unknown status {status!r}: one of {', '.join(WorkflowStatus.values)}")
     if not 1 <= batch <= MAX_SELECTION_BATCH:
         raise ValueError(f"batch must be between 1 and {MAX_SELECTION_BATCH}")
-    qs = WorkflowInstance.objects.using(client_store().alias).filter(status=status)
-    if workflow_name:
-        qs = qs.filter(workflow_name=workflow_name)
-    if exclude_terminated:
-        qs = qs.exclude(error_type=TERMINATED_TYPE)
-    if since is not None:
-        field = "started_at" if status == WorkflowStatus.RUNNING else "closed_at"
-        qs = qs.filter(**{f"{field}__gte": timezone.now() - since})
+    reads = client_store().operator_reads
+    cutoff = None if since is None else timezone.now() - since
     after = ""
     while True:
-        ids = list(
-            qs.filter(instance_id__gt=after)
-            .order_by("instance_id")
-            .values_list("instance_id", flat=True)[:batch]
+        ids = reads.selected_ids(
+            status=status,
+            workflow_name=workflow_name,
+            exclude_terminated=exclude_terminated,
+            since=cutoff,
+            after=after,
+            limit=batch,
         )
         if not ids:
             return

@@ -18,7 +18,7 @@ from asgiref.sync import sync_to_async
 from ..conf import get_settings
 from ..engine.codec import error_from_envelope
 from ..handles import WorkflowResult
-from ..models import WorkflowInstance, WorkflowStatus
+from ..models import WorkflowStatus
 from ..registry import get_workflow
 from ..storage import Store
 from ..storage.wakeups import Waker
@@ -52,12 +52,7 @@ def _typed_output(instance_id: str, output: Any) -> Any:
     settings = get_settings()
     if settings.payload_converter is None:
         return output
-    name = (
-        WorkflowInstance.objects.using(settings.database)
-        .filter(instance_id=instance_id)
-        .values_list("workflow_name", flat=True)
-        .first()
-    )
+    name = client_store().operator_reads.workflow_name(instance_id)
     definition = None if name is None else get_workflow(name)
     if definition is None:
         return output

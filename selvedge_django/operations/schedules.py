@@ -19,7 +19,7 @@ from .. import signals
 from ..conf import get_settings
 from ..models import Schedule
 from ..registry import WorkflowDefinition
-from ..schedules import (
+from ..schedules.definitions import (
     DEFINITION,
     FIELDS,
     MAX_BACKFILL_SLOTS,

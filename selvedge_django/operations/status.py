@@ -22,7 +22,8 @@ serves it to staff. Every read walks an index and stops early:
   without recording commands.
 
 Each count stops at :data:`COUNT_LIMIT`: a count equal to it means "at least".
-The reads of running instances are the store's (:mod:`selvedge_django.storage.status_reads`),
+Every read is the store's (:mod:`selvedge_django.storage.status_reads`): those of
+workers, locks, tasks and timers through the ORM, and the reads of running instances,
 whose statements name their partial index.
 """
 
@@ -33,19 +34,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.db import DatabaseError
-from django.db.models import Count
 
 from ..conf import get_settings
-from ..models import (
-    ActivityTask,
-    ActivityTaskStatus,
-    SystemLock,
-    TimerSubscription,
-    WorkerHeartbeat,
-    WorkflowInstance,
-    WorkflowStatus,
-)
 from ..storage import Store
+from ..storage.status_reads import StatusReads
 from ..worker.leader import LEADER_LOCK
 from .base import client_store
 
@@ -109,10 +101,6 @@ def _age(now_ms: int, ms: int | None) -> float | None:
     return None if ms is None else round(max(0, now_ms - ms) / 1000, 3)
 
 
-def _count(queryset: Any) -> int:
-    return int(queryset.order_by()[:COUNT_LIMIT].count())
-
-
 def status_report(*, stuck_after: float = STUCK_AFTER) -> dict[str, Any]:
     """Return the status report as a JSON-ready dict (see the module docstring).
 
@@ -129,14 +117,9 @@ def status_report(*, stuck_after: float = STUCK_AFTER) -> dict[str, Any]:
     settings = get_settings()
     store = client_store()
     alias = store.alias
+    reads = store.status
     now = store.now_ms()
-    leader = (
-        SystemLock.objects.using(alias)
-        .filter(name=LEADER_LOCK, expires_ms__gte=now)
-        .exclude(owner="")
-        .values_list("owner", flat=True)
-        .first()
-    )
+    leader = reads.lock_holder(LEADER_LOCK, now)
     report: dict[str, Any] = {
         "status": "ok",
         "database": alias,
@@ -144,10 +127,10 @@ def status_report(*, stuck_after: float = STUCK_AFTER) -> dict[str, Any]:
         "count_limit": COUNT_LIMIT,
         "leader": leader,
     }
-    report.update(_workers(alias, now, leader))
-    report["queues"] = _queues(alias, now)
+    report.update(_workers(reads, now, leader))
+    report["queues"] = _queues(reads, now)
     report.update(_instances(store, now))
-    report.update(_timers(alias, now))
+    report.update(_timers(reads, now))
     threshold = settings.history_warning_threshold
     report["history_warning_threshold"] = threshold
     report["long_histories"] = _long_histories(store, threshold)
@@ -157,44 +140,13 @@ def status_report(*, stuck_after: float = STUCK_AFTER) -> dict[str, Any]:
     return report
 
 
-def _workers(alias: str, now: int, leader: str | None) -> dict[str, Any]:
-    rows = WorkerHeartbeat.objects.using(alias)
-    columns = (
-        "worker_id",
-        "hostname",
-        "pid",
-        "service_name",
-        "code_version",
-        "queues",
-        "started_ms",
-        "last_seen_ms",
-        "expires_ms",
-    )
-    alive = list(
-        rows.filter(expires_ms__gte=now).order_by("expires_ms").values(*columns)[:MAX_WORKERS]
-    )
-    lost = list(
-        rows.filter(expires_ms__lt=now)
-        .order_by("-expires_ms")
-        .values("worker_id", "hostname", "pid", "last_seen_ms")[:MAX_LOST_WORKERS]
-    )
+def _workers(reads: StatusReads, now: int, leader: str | None) -> dict[str, Any]:
+    alive = reads.live_workers(now, MAX_WORKERS)
+    lost = reads.lost_workers(now, MAX_LOST_WORKERS)
     # What each holds now: live leases and claims. Both partial indexes hold only
     # running rows, as many as the workers' concurrency allows.
-    executions = dict(
-        WorkflowInstance.objects.using(alias)
-        .filter(status=WorkflowStatus.RUNNING, lease_expires_ms__gte=now)
-        .exclude(lease_owner="")
-        .values_list("lease_owner")
-        .annotate(n=Count("instance_id"))
-        .order_by()
-    )
-    activities = dict(
-        ActivityTask.objects.using(alias)
-        .filter(status=ActivityTaskStatus.RUNNING, claim_expires_ms__gte=now)
-        .values_list("claim_owner")
-        .annotate(n=Count("id"))
-        .order_by()
-    )
+    executions = reads.leases_by_owner(now)
+    activities = reads.claims_by_owner(now)
     workers = [
         {
             "worker_id": row["worker_id"],
@@ -226,32 +178,22 @@ def _workers(alias: str, now: int, leader: str | None) -> dict[str, Any]:
     return {"workers": workers, "lost_workers": lost_workers}
 
 
-def _queue_names(alias: str) -> list[str]:
+def _queue_names(reads: StatusReads) -> list[str]:
     """The queues of queued tasks: one step along ``sv_task_queue_idx`` each."""
-    queued = ActivityTask.objects.using(alias).filter(status=ActivityTaskStatus.QUEUED)
     names: list[str] = []
     while len(names) < MAX_QUEUES:
-        rest = queued.filter(queue__gt=names[-1]) if names else queued
-        name = rest.order_by("queue").values_list("queue", flat=True).first()
+        name = reads.next_queue(names[-1] if names else None)
         if name is None:
             break
         names.append(name)
     return names
 
 
-def _queues(alias: str, now: int) -> dict[str, dict[str, Any]]:
-    tasks = ActivityTask.objects.using(alias)
-    running = dict(
-        tasks.filter(status=ActivityTaskStatus.RUNNING)
-        .values_list("queue")
-        .annotate(n=Count("id"))
-        .order_by()[:MAX_QUEUES]
-    )
+def _queues(reads: StatusReads, now: int) -> dict[str, dict[str, Any]]:
+    running = reads.running_by_queue(MAX_QUEUES)
     queues: dict[str, dict[str, Any]] = {}
-    for name in sorted({*_queue_names(alias), *running}):
-        queued = tasks.filter(status=ActivityTaskStatus.QUEUED, queue=name)
-        due = queued.filter(not_before_ms__lte=now)
-        oldest = due.order_by("not_before_ms").values_list("not_before_ms", "created_at").first()
+    for name in sorted({*_queue_names(reads), *running}):
+        oldest = reads.oldest_due_task(name, now)
         age = None
         if oldest is not None:
             # A first attempt is due from its creation (not_before_ms 0), a retry from
@@ -259,8 +201,8 @@ def _queues(alias: str, now: int) -> dict[str, dict[str, Any]]:
             since = oldest[0] or round(oldest[1].timestamp() * 1000)
             age = _age(now, since)
         queues[name] = {
-            "queued": _count(queued),
-            "due": _count(due),
+            "queued": reads.count_queued(name, COUNT_LIMIT),
+            "due": reads.count_due(name, now, COUNT_LIMIT),
             "running": int(running.get(name, 0)),
             "oldest_queued_age_s": age,
         }
@@ -269,18 +211,19 @@ def _queues(alias: str, now: int) -> dict[str, dict[str, Any]]:
 
 def _instances(store: Store, now: int) -> dict[str, Any]:
     oldest = store.runnable_instances(now, 1)
-    running = WorkflowInstance.objects.using(store.alias).filter(status=WorkflowStatus.RUNNING)
     return {
-        "running_instances": _count(running),
+        "running_instances": store.status.count_running(COUNT_LIMIT),
         "runnable_instances": store.count_runnable(now, COUNT_LIMIT),
         "oldest_runnable_age_s": _age(now, oldest[0].ready_ms) if oldest else None,
     }
 
 
-def _timers(alias: str, now: int) -> dict[str, Any]:
-    due = TimerSubscription.objects.using(alias).filter(fired=False, fire_at_ms__lte=now)
-    oldest = due.order_by("fire_at_ms").values_list("fire_at_ms", flat=True).first()
-    return {"due_timers": _count(due), "oldest_due_timer_age_s": _age(now, oldest)}
+def _timers(reads: StatusReads, now: int) -> dict[str, Any]:
+    oldest = reads.oldest_due_timer(now)
+    return {
+        "due_timers": reads.count_due_timers(now, COUNT_LIMIT),
+        "oldest_due_timer_age_s": _age(now, oldest),
+    }
 
 
 def _long_histories(store: Store, threshold: int) -> list[dict[str, Any]]:

@@ -14,10 +14,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db.models import Count
-
-from ..conf import get_settings
-from ..models import HistoryEvent, WorkflowInstance, WorkflowStatus
+from .base import client_store
 
 __all__ = ["MAX_VERSION_ROWS", "WorkflowVersions", "running_versions"]
 
@@ -60,28 +57,13 @@ def running_versions(workflow_name: str | None = None) -> list[WorkflowVersions]
     Two grouped reads, each bounded by :data:`MAX_VERSION_ROWS` groups, both on
     partial indexes (running instances by workflow and version; patch markers).
     """
-    alias = get_settings().database
-    running = WorkflowInstance.objects.using(alias).filter(status=WorkflowStatus.RUNNING)
-    markers = HistoryEvent.objects.using(alias).filter(
-        command="patch", instance__status=WorkflowStatus.RUNNING
-    )
-    if workflow_name is not None:
-        running = running.filter(workflow_name=workflow_name)
-        markers = markers.filter(instance__workflow_name=workflow_name)
+    reads = client_store().operator_reads
     found: dict[str, WorkflowVersions] = {}
-    for name, version, count in (
-        running.values_list("workflow_name", "code_version")
-        .annotate(n=Count("instance_id"))
-        .order_by("workflow_name", "code_version")[:MAX_VERSION_ROWS]
-    ):
+    for name, version, count in reads.running_version_counts(workflow_name, MAX_VERSION_ROWS):
         entry = found.setdefault(name, WorkflowVersions(name))
         entry.versions[version] = count
         entry.running += count
-    for name, data, count in (
-        markers.values_list("instance__workflow_name", "data")
-        .annotate(n=Count("instance_id", distinct=True))
-        .order_by("instance__workflow_name", "data")[:MAX_VERSION_ROWS]
-    ):
+    for name, data, count in reads.running_patch_counts(workflow_name, MAX_VERSION_ROWS):
         patch_id = _patch_id(data)
         if patch_id is not None and name in found:
             found[name].patches[patch_id] = found[name].patches.get(patch_id, 0) + count

@@ -1,11 +1,13 @@
 """Storage: the durable operations of the engine over the Django ORM.
 
-Layout (see the README's architecture section): :mod:`.store` holds
+Layout (see the architecture section of CONTRIBUTING.md): :mod:`.store` holds
 :class:`~.store.Store`, which builds a :class:`~.db.Database` (connection,
 transactions, fences, wake-ups, clock) and one part per aggregate on it, each a
 module of this package (:mod:`.instances`, :mod:`.starts`, :mod:`.children`,
 :mod:`.waits`, :mod:`.tasks`, :mod:`.flow_control`, :mod:`.inline`,
 :mod:`.resume`, :mod:`.renewals`, :mod:`.locks`, :mod:`.reads`, ...);
+:mod:`.operator_reads`, :mod:`.status_reads` and :mod:`.admin_reads` hold the reads of
+the operations layer and the admin (``store.operator_reads``, ``store.status``);
 :mod:`.sql` names the portable statements. :mod:`.postgresql` and :mod:`.sqlite`
 hold everything that differs between the two databases (a Database subclass each,
 and the parts that differ there), and :func:`store_for` picks the store once.

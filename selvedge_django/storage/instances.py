@@ -1,4 +1,4 @@
-"""Instance rows: starts, leases, snapshots, cancel requests, closes, terminate, backoff.
+"""Instance rows: starts, leases, snapshots, cancel requests, closes, terminate, backoff, prune.
 
 Every method is one transaction (or one statement). Fenced writes start with a
 conditional update of the instance row that must touch exactly one row (the
@@ -8,8 +8,9 @@ writer still holds the lease epoch). Lease expiry uses the database clock.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
+from datetime import datetime
 from operator import attrgetter
 from typing import Any
 
@@ -485,3 +486,30 @@ class Instances:
             self.db._closed_on_commit(instance_id)
             self.db.after_commit(closed_topic(instance_id))
         return str(workflow_name)
+
+    @operation
+    def prune_closed(
+        self,
+        statuses: Collection[str],
+        closed_before: datetime,
+        workflow_name: str | None,
+        limit: int,
+    ) -> int:
+        """Delete up to ``limit`` instances in ``statuses`` closed before ``closed_before``,
+        the earliest closed first, with everything they own; return how many.
+
+        One transaction, whose delete is one IN list of ``limit`` ids at most. A child
+        whose parent is still running is kept; ``workflow_name`` is an exact name.
+        """
+        instances = WorkflowInstance.objects.using(self.db.alias)
+        running = instances.filter(status=WorkflowStatus.RUNNING)
+        qs = instances.filter(status__in=sorted(statuses), closed_at__lt=closed_before).exclude(
+            parent_instance_id__in=running.values("instance_id")
+        )
+        if workflow_name:
+            qs = qs.filter(workflow_name=workflow_name)
+        with self.db.atomic():
+            ids = list(qs.order_by("closed_at").values_list("instance_id", flat=True)[:limit])
+            if ids:
+                instances.filter(instance_id__in=ids).delete()
+        return len(ids)

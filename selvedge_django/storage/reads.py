@@ -1,7 +1,7 @@
 """Reads for the client API, operations and the admin: one instance, one result.
 
 Each is one statement on one instance (bounded by construction); lists an
-operator pages through are the operations layer's.
+operator pages through are :mod:`.operator_reads`'.
 """
 
 from __future__ import annotations

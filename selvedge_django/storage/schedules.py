@@ -7,7 +7,7 @@ order is schedule row, then instance rows.
 Firing is one transaction per batch of due schedules: the schedule rows are
 locked (``FOR UPDATE SKIP LOCKED`` on PostgreSQL, so two leaders for a moment
 take different rows; the write lock on SQLite), each schedule's plan is made
-(:func:`selvedge_django.schedule_slots.plan`), the slots' runs are inserted
+(:func:`selvedge_django.schedules.slots.plan`), the slots' runs are inserted
 with ``ON CONFLICT (instance_id) DO NOTHING``, and the bookkeeping (next slot,
 buffered slot, last run, counters) is written under the row's version. The start
 of a slot and the schedule's update commit together; a run id that already exists
@@ -30,7 +30,7 @@ from django.utils import timezone
 
 from .. import exceptions as exc
 from ..models import Schedule, WorkflowInstance, WorkflowStatus
-from ..schedule_slots import SlotRule, jitter_offset_ms, plan, slot_id, trigger_id
+from ..schedules.slots import SlotRule, jitter_offset_ms, plan, slot_id, trigger_id
 from . import sql
 from .operation import operation
 from .store import Store

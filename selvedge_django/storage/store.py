@@ -42,6 +42,7 @@ from ..engine.ports import (
     TaskSpec,
 )
 from ..models import WorkflowInstance
+from .attempt_transactions import AttemptTransactions
 from .cancels import Cancels
 from .children import Children
 from .db import Database
@@ -52,6 +53,7 @@ from .inline import Inline
 from .instances import InstanceHead, Instances
 from .locks import Locks
 from .operation import operation
+from .operator_reads import OperatorReads
 from .options import StoreOptions
 from .reads import Reads
 from .releases import Releases
@@ -83,6 +85,7 @@ class Store:
     waits_class: ClassVar[type[Waits]] = Waits
     tasks_class: ClassVar[type[Tasks]] = Tasks
     sole_activity_class: ClassVar[type[SoleActivity]] = SoleActivity
+    attempt_transactions_class: ClassVar[type[AttemptTransactions]] = AttemptTransactions
     #: Whether a write transaction locks the whole database (SQLite), not rows.
     single_writer: ClassVar[bool] = False
 
@@ -107,6 +110,9 @@ class Store:
         self.heartbeats = Heartbeats(db)
         self.reads = Reads(db)
         self.status = StatusReads(db)
+        # The operations layer's reads: instances, histories, pages and batches.
+        self.operator_reads = OperatorReads(alias)
+        self.attempt_transactions = self.attempt_transactions_class(db, tasks=self.tasks)
         # The inline results' hooks of the database (storage.inline).
         db.has_deferred = self.inline.has_deferred
         db.apply_deferred = self.tasks._apply_deferred

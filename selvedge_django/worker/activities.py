@@ -44,7 +44,9 @@ class ActivityPoller(Loop):
         )
         self.saturated = len(tasks) >= free
         for task in tasks:
-            self.pool.submit(functools.partial(runtime.run_claimed, claimed_at=claimed_at), task)
+            self.pool.submit(
+                functools.partial(runtime.attempts.run_claimed, claimed_at=claimed_at), task
+            )
         return len(tasks)
 
     def more_waiting(self, done: int) -> bool:

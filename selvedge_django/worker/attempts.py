@@ -1,10 +1,11 @@
 """Activity attempts of one worker: running them (inline or claimed), writing outcomes.
 
-:class:`AttemptRunner` is the attempts' half of
-:class:`~selvedge_django.worker.runtime.WorkerRuntime`: the attempts in flight,
-the belief in each claim (the monotonic time until which it is surely unexpired),
-the outcome writes that retry a failed database write while the claim holds, and
-the attempts that still run after they had to stop (hung).
+:class:`Attempts` is a member of :class:`~selvedge_django.worker.runtime.WorkerRuntime`
+(``runtime.attempts``), built with what it needs: the attempts in flight, the belief
+in each claim (the monotonic time until which it is surely unexpired), the outcome
+writes that retry a failed database write while the claim holds (its member
+``outcomes``, :mod:`.outcomes`), and the attempts that still run after they had to
+stop (hung).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.db import DatabaseError
 
@@ -24,17 +25,17 @@ from .. import exceptions as exc
 from .. import metrics
 from ..conf import SelvedgeSettings
 from ..engine.activity import ActivityInfo, AttemptState, attempt_scope
-from ..engine.codec import Codec, error_to_envelope
+from ..engine.codec import Codec
 from ..engine.coroutines import call_activity
-from ..engine.events import EV_ACTIVITY_COMPLETED, EV_ACTIVITY_FAILED, Fence
+from ..engine.events import EV_ACTIVITY_COMPLETED, Fence
 from ..engine.execution import current_execution
-from ..engine.options import ActivityOptions, RetryPolicy
+from ..engine.options import ActivityOptions
 from ..engine.ports import ClaimedTask, TaskClaim
-from ..registry import get_activity, get_workflow
-from ..storage import Store, attempt_error_data
-from .group_commit import GroupCommit
+from ..registry import get_activity
+from ..storage import DjangoStore
+from .outcomes import FireHook, Outcomes
 
-__all__ = ["HUNG_AFTER", "AttemptRunner", "HungAttempt"]
+__all__ = ["HUNG_AFTER", "Attempts", "HungAttempt"]
 
 logger = logging.getLogger("selvedge_django.worker")
 
@@ -77,37 +78,41 @@ class _RecordFailed(Exception):
     """The write of a transactional attempt's result failed: roll back its writes."""
 
 
-# An outcome write that fails with a database error is tried again, this many times in
-# all, with a doubling pause, as long as the claim is still believed valid.
-OUTCOME_WRITE_TRIES = 8
-OUTCOME_RETRY_FIRST_PAUSE = 0.05
-OUTCOME_RETRY_MAX_PAUSE = 2.0
+class Attempts:
+    """Runs a worker's activity attempts and records their outcomes."""
 
-
-class AttemptRunner:
-    """Runs a worker's activity attempts and records their outcomes (a part of the runtime)."""
-
-    settings: SelvedgeSettings
-    store: Store
-    codec: Codec
-    stopping: threading.Event
-    _lock: threading.Lock
-
-    if TYPE_CHECKING:
-
-        def fire(self, hook: str, **fields: Any) -> None: ...
-
-        def drop_broken_connection(self) -> None: ...
-
-    def _init_attempts(self) -> None:
+    def __init__(
+        self,
+        *,
+        settings: SelvedgeSettings,
+        store: DjangoStore,
+        codec: Codec,
+        stopping: threading.Event,
+        fire: FireHook,
+        drop_broken_connection: Callable[[], None],
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.codec = codec
+        # Set by the runtime when the worker stops: an attempt claimed now stops at once.
+        self.stopping = stopping
+        self.fire = fire
+        self._lock = threading.Lock()
         self._attempts: dict[TaskClaim, tuple[ClaimedTask, AttemptState]] = {}
         # The lease of the execution running each inline attempt.
         self._inline: dict[TaskClaim, Fence] = {}
         # Per live attempt, the monotonic time until which its claim is surely unexpired
         # (the start of the last successful claim or renewal statement + the claim TTL).
         self._claim_beliefs: dict[TaskClaim, float] = {}
-        # SQLite: the successes of attempts that finish together commit together.
-        self._group = GroupCommit(self.store) if self.store.single_writer else None
+        # What each attempt came to, written under its claim.
+        self.outcomes = Outcomes(
+            store=store,
+            codec=codec,
+            stopping=stopping,
+            fire=fire,
+            drop_broken_connection=drop_broken_connection,
+            claim_belief=self.claim_belief,
+        )
 
     def can_run_inline(self, activity_name: str, queue: str) -> bool:
         if self.stopping.is_set() or get_activity(activity_name) is None:
@@ -192,7 +197,7 @@ class AttemptRunner:
         released = 0
         for task, _ in self.active_attempts():
             claim = task.claim
-            if self._write_outcome(
+            if self.outcomes.record(
                 claim, "release", functools.partial(self.store.tasks.release_task, claim)
             ):
                 released += 1
@@ -203,54 +208,6 @@ class AttemptRunner:
                     task.attempt,
                 )
         return released
-
-    def _write_outcome(
-        self,
-        claim: TaskClaim,
-        what: str,
-        write: Callable[[], bool],
-        *,
-        past_belief: bool = False,
-    ) -> bool:
-        """Run one write of an attempt's outcome; retry a database error with backoff.
-
-        A failed statement is the infrastructure's fault, never the activity's: the
-        write is tried again (``OUTCOME_WRITE_TRIES`` in all, pauses doubling from
-        ``OUTCOME_RETRY_FIRST_PAUSE``) while the claim is still believed valid, or
-        regardless of that belief with ``past_belief`` (a claim-checked write whose
-        attempt is no longer tracked). After that the claim is left to lapse, and
-        the lapse path decides (False).
-        """
-        pause = OUTCOME_RETRY_FIRST_PAUSE
-        for tries in range(1, OUTCOME_WRITE_TRIES + 1):
-            try:
-                return write()
-            except DatabaseError:
-                self.drop_broken_connection()
-                valid_until = self.claim_belief(claim)
-                out_of_time = not past_belief and time.monotonic() + pause >= valid_until
-                if tries == OUTCOME_WRITE_TRIES or out_of_time:
-                    logger.warning(
-                        "could not record the %s of %s/%s after %d tries; the claim is left"
-                        " to lapse",
-                        what,
-                        claim.instance_id,
-                        claim.key,
-                        tries,
-                        exc_info=True,
-                    )
-                    return False
-                logger.info(
-                    "recording the %s of %s/%s failed; trying again in %.2f s",
-                    what,
-                    claim.instance_id,
-                    claim.key,
-                    pause,
-                    exc_info=True,
-                )
-                time.sleep(pause)
-                pause = min(pause * 2, OUTCOME_RETRY_MAX_PAUSE)
-        return False  # pragma: no cover - the loop returns
 
     def run_claimed(
         self,
@@ -339,8 +296,8 @@ class AttemptRunner:
                                 ),
                             )
                             return EV_ACTIVITY_COMPLETED, output
-                        recorded = self._write_outcome(
-                            claim, "result", lambda: self._complete(task, output, closed)
+                        recorded = self.outcomes.record(
+                            claim, "result", lambda: self.outcomes.complete(task, output, closed)
                         )
             except _LateResult:
                 recorded = False
@@ -355,7 +312,7 @@ class AttemptRunner:
                     task.attempt,
                     exc_info=True,
                 )
-                self._write_outcome(claim, "release", lambda: self.store.tasks.release_task(claim))
+                self.outcomes.record(claim, "release", lambda: self.store.tasks.release_task(claim))
                 return None
             if recorded:
                 duration = time.monotonic() - started
@@ -377,7 +334,7 @@ class AttemptRunner:
                     task.attempt,
                 )
         except BaseException as error:
-            written = self._record_failure(
+            written = self.outcomes.record_failure(
                 task,
                 state,
                 definition.non_retryable_errors,
@@ -395,30 +352,6 @@ class AttemptRunner:
                 self._inline.pop(claim, None)
         return None
 
-    def _complete(self, task: ClaimedTask, output: str, closed: list[bool]) -> bool:
-        """Record a background attempt's success (False: the claim was lost).
-
-        The only activity of an instance whose workflow returns its result, reserved by
-        the start (``WorkflowDefinition.result_activity``), closes the instance in the
-        same transaction when nothing else happened to it since (``closed`` then holds
-        True). On SQLite the write joins those of the attempts finishing at the same
-        moment in one transaction (:mod:`.group_commit`).
-        """
-        if self._group is None:
-            outcome = self._record_success(task, output)
-        else:
-            outcome = self._group.submit(lambda: self._record_success(task, output))
-        closed[:] = [True] if outcome == "closed" else []
-        return outcome != "lost"
-
-    def _record_success(self, task: ClaimedTask, output: str) -> str:
-        """Write a success: ``"lost"`` (the claim), ``"recorded"`` or ``"closed"``."""
-        workflow = get_workflow(task.workflow_name)
-        if workflow is None or workflow.result_activity != task.claim.key:
-            return "recorded" if self.store.tasks.complete_task(task.claim, output) else "lost"
-        outcome = self.store.sole_activity.complete_closing(task.claim, output)
-        return "lost" if outcome is None else "closed" if outcome else "recorded"
-
     def _run_transactional(
         self,
         fn: Callable[[Any], Any],
@@ -429,39 +362,22 @@ class AttemptRunner:
     ) -> str:
         """Run a transactional attempt: its body and its result commit in one transaction.
 
-        Raises what the body raised (its writes rolled back), ``_LateResult`` when the
-        claim was lost, ``_RecordFailed`` when the result's write failed.
+        The store opens it with what its database needs around it (``transactional_attempt``:
+        SQLite checks and extends the claim under the write lock). Raises what the body
+        raised (its writes rolled back), ``_LateResult`` when the claim was lost,
+        ``_RecordFailed`` when the result's write failed.
         """
-        store = self.store
-        if not store.single_writer:
-            with store.atomic():
-                # A body may wait on other things inside its transaction: a role's
-                # idle_in_transaction_session_timeout would end the session every time.
-                store.db.allow_idle_transaction(task.start_to_close_timeout)
-                return self._transactional_body(fn, value, task, state, inline_fence)
-        # SQLite: the transaction holds the database's write lock from BEGIN IMMEDIATE to
-        # its end, so nobody can renew this claim meanwhile, and nobody can take it over
-        # either. The claim must be live when the lock is taken; then the attempt extends
-        # its own claim (its deadline permitting) before it records the outcome, and, when
-        # the body fails, after rolling the body back to a savepoint, so that the failure
-        # is recorded as this attempt's own, not as a lapse.
-        claim = task.claim
-        failure: BaseException | None = None
-        with store.atomic():
-            if not store.tasks.claim_live(claim):
-                raise _LateResult()
-            try:
-                with store.atomic():  # a savepoint: the body's writes
-                    return self._transactional_body(fn, value, task, state, inline_fence)
-            except BaseException as error:
-                failure = error
-                try:
-                    store.tasks.extend_claim_under_lock(claim, task.claim_ttl)
-                except DatabaseError:
-                    logger.debug(
-                        "could not extend the claim of %s/%s", claim.instance_id, claim.key
-                    )
-        raise failure
+        entered = False
+        try:
+            with self.store.attempt_transactions.transactional_attempt(
+                task.claim, task.claim_ttl, task.start_to_close_timeout
+            ) as before_record:
+                entered = True
+                return self._transactional_body(fn, value, task, state, inline_fence, before_record)
+        except exc.LeaseLost:
+            if entered:
+                raise  # the body's own
+            raise _LateResult() from None
 
     def _transactional_body(
         self,
@@ -470,6 +386,7 @@ class AttemptRunner:
         task: ClaimedTask,
         state: AttemptState,
         inline_fence: Fence | None,
+        before_record: Callable[[], object],
     ) -> str:
         """The body of a transactional attempt and its completion, in the caller's transaction."""
         claim = task.claim
@@ -477,8 +394,7 @@ class AttemptRunner:
         if state.cancelled and state.cancel_reason not in _RECORDABLE:
             raise exc.ActivityCancelled(state.cancel_reason)
         try:
-            if self.store.single_writer:
-                self.store.tasks.extend_claim_under_lock(claim, task.claim_ttl)
+            before_record()
             completed = self.store.tasks.complete_task(claim, output, inline_fence=inline_fence)
         except DatabaseError as error:
             raise _RecordFailed() from error
@@ -496,90 +412,6 @@ class AttemptRunner:
             raise TypeError(
                 f"activity {name!r} returned a value that is not JSON: {error}"
             ) from error
-
-    def _record_failure(
-        self,
-        task: ClaimedTask,
-        state: AttemptState,
-        non_retryable: tuple[type[BaseException], ...],
-        error: BaseException,
-        inline_fence: Fence | None,
-        *,
-        duration: float | None = None,
-    ) -> tuple[str, str] | None:
-        """Record a failed attempt: release, retry or final failure. Return what was written."""
-        claim = task.claim
-        hook_fields = dict(
-            instance_id=claim.instance_id,
-            workflow_name=task.workflow_name,
-            key=claim.key,
-            activity_name=task.name,
-            attempt=task.attempt,
-            duration=duration,
-        )
-        if self.stopping.is_set() and state.cancel_reason == "shutdown":
-            # Graceful release: another worker takes the task (from the latest heartbeat
-            # details); no retry budget used.
-            release = functools.partial(self.store.tasks.release_task, claim)
-            self._write_outcome(claim, "release", lambda: release(details=state.details))
-            return None
-        if state.cancelled and state.cancel_reason == "heartbeat timeout":
-            error = exc.ActivityTimeoutError(task.name, "heartbeat", task.attempt)
-        elif (
-            state.cancelled
-            and state.deadline_monotonic is not None
-            and (time.monotonic() >= state.deadline_monotonic)
-        ):
-            error = exc.ActivityTimeoutError(task.name, "start_to_close", task.attempt)
-        policy_data = task.options.get("retry_policy") or {}
-        policy = RetryPolicy.from_json(policy_data)
-        final = (
-            (isinstance(error, exc.ApplicationError) and error.non_retryable)
-            or (bool(non_retryable) and isinstance(error, non_retryable))
-            # A retry cannot make an oversized or too deep result fit, nor a stored input
-            # that does not fit the activity's annotation.
-            or isinstance(
-                error, exc.PayloadTooLarge | exc.PayloadTooDeep | exc.PayloadConversionError
-            )
-            or not isinstance(error, Exception)
-        )
-        if not isinstance(error, Exception):
-            error = exc.WorkflowPanicError(f"activity raised {type(error).__name__}: {error}")
-        failures = task.failures + 1
-        envelope = attempt_error_data(error, claim.owner, self.codec)
-        tasks = self.store.tasks
-        try:
-            if final:
-                if self._write_outcome(
-                    claim,
-                    "failure",
-                    lambda: tasks.fail_task(claim, envelope, inline_fence=inline_fence),
-                ):
-                    self.fire("on_activity_failed", error=error, **hook_fields)
-                    return EV_ACTIVITY_FAILED, envelope
-            elif policy.exhausted(failures):
-                exhausted = exc.RetryExhaustedError(task.name, failures, error)
-                final_envelope = json.dumps(error_to_envelope(exhausted, codec=self.codec))
-                if self._write_outcome(
-                    claim,
-                    "failure",
-                    lambda: tasks.fail_task(
-                        claim, final_envelope, inline_fence=inline_fence, last_error=envelope
-                    ),
-                ):
-                    self.fire("on_activity_failed", error=exhausted, **hook_fields)
-                    return EV_ACTIVITY_FAILED, final_envelope
-            elif self._write_outcome(
-                claim,
-                "retry",
-                lambda: tasks.retry_task(
-                    claim, envelope, policy.delay_for(failures), details=state.details
-                ),
-            ):
-                self.fire("on_activity_retry", error=error, **hook_fields)
-        except Exception:
-            logger.exception("could not record the failure of %s/%s", claim.instance_id, claim.key)
-        return None
 
 
 def _count_claim(task: ClaimedTask) -> None:

@@ -4,7 +4,7 @@ Without the cache, a wait that cannot complete unwinds the workflow code and
 releases the lease; the next dispatch loads the whole history and replays the
 code from its start, so a workflow that handles n signals one by one costs
 O(n^2). With ``SELVEDGE["WORKFLOW_CACHE"]["MAX_ENTRIES"]`` above 0, such a wait
-*parks* instead (:func:`~selvedge_django.engine.parking.wait_here`):
+*parks* instead (:meth:`~selvedge_django.engine.execution.Execution.wait_here`):
 the lease is released as it would be (one fenced statement, which also names
 this worker as the instance's sticky owner for ``STICKY_WINDOW`` seconds), and
 the execution's thread waits here with everything it knows. When this worker's

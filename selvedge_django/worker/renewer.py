@@ -87,7 +87,7 @@ class Renewer(Loop):
     def _report_hung(self, now: float) -> None:
         """Log each hung attempt once; give up the lease of an execution stuck in one."""
         runtime = self.runtime
-        hung = runtime.hung_attempts(now)
+        hung = runtime.attempts.hung_attempts(now)
         for attempt in hung:
             if attempt.claim in self._reported:
                 continue
@@ -155,7 +155,7 @@ class Renewer(Loop):
         interval = runtime.settings.lease.renew_interval
         live = set()
         due: list[tuple[ClaimedTask, AttemptState, int]] = []
-        for task, state in runtime.active_attempts():
+        for task, state in runtime.attempts.active_attempts():
             claim = task.claim
             live.add(claim)
             # Both clocks start with the attempt, not when this loop first sees it.
@@ -202,16 +202,16 @@ class Renewer(Loop):
                 self._claims[claim] = (now, progress)
                 if claim in details:
                     self._stored_details[claim] = details[claim]
-                runtime.claim_renewed(claim, now, task.claim_ttl)
+                runtime.attempts.claim_renewed(claim, now, task.claim_ttl)
             elif ok is False:
                 self._lost.add(claim)
                 state.cancel("claim lost")
-            elif time.monotonic() >= runtime.claim_belief(claim):
+            elif time.monotonic() >= runtime.attempts.claim_belief(claim):
                 # Failed or held by another transaction: again at the next tick, unless
                 # the claim has expired by now, as far as this worker can tell.
                 state.cancel("claim lost")
 
     def next_delay(self, idle_delay: float) -> float:
         """Tick often enough to renew the shortest live claim several times per TTL."""
-        ttls = [task.claim_ttl for task, _ in self.runtime.active_attempts()]
+        ttls = [task.claim_ttl for task, _ in self.runtime.attempts.active_attempts()]
         return min([idle_delay, *(ttl / 4 for ttl in ttls)])

@@ -8,7 +8,6 @@ lease without asking the database (renewal start + TTL - MARGIN - MAX_SKEW).
 
 from __future__ import annotations
 
-import functools
 import heapq
 import json
 import logging
@@ -28,6 +27,7 @@ from ..engine.context import WorkflowContext
 from ..engine.events import Fence
 from ..engine.execution import Execution
 from ..engine.ports import (
+    ClaimedTask,
     CloseRequest,
     ExecutionOutcome,
     ExecutionSnapshot,
@@ -37,7 +37,7 @@ from ..registry import get_workflow, registered_activity_names
 from ..storage import InstanceHead, client_codec, store_for
 from ..storage.errors import backoff_delay, describe, is_data_error
 from . import handoff
-from .attempts import HUNG_AFTER, AttemptRunner, HungAttempt
+from .attempts import HUNG_AFTER, Attempts, HungAttempt
 from .cache import WorkflowCache
 
 __all__ = ["HUNG_AFTER", "HungAttempt", "WorkerRuntime", "client_codec"]  # client_codec: storage's
@@ -45,8 +45,8 @@ __all__ = ["HUNG_AFTER", "HungAttempt", "WorkerRuntime", "client_codec"]  # clie
 logger = logging.getLogger("selvedge_django.worker")
 
 
-class WorkerRuntime(AttemptRunner):
-    """Everything executions and attempts of one worker share (attempts: AttemptRunner)."""
+class WorkerRuntime:
+    """Everything executions and attempts of one worker share; the attempts are a member."""
 
     def __init__(self, settings: SelvedgeSettings) -> None:
         self.settings = settings
@@ -68,7 +68,15 @@ class WorkerRuntime(AttemptRunner):
         self.stopping = threading.Event()
         self._lock = threading.Lock()
         self._beliefs: dict[Fence, float] = {}
-        self._init_attempts()
+        # The activity attempts of this worker, inline and in the background.
+        self.attempts = Attempts(
+            settings=settings,
+            store=self.store,
+            codec=self.codec,
+            stopping=self.stopping,
+            fire=self.fire,
+            drop_broken_connection=self.drop_broken_connection,
+        )
         # Monotonic times at which instances this worker held back after a storage error
         # become dispatchable again (the dispatcher polls then).
         self._deferred: list[float] = []
@@ -96,11 +104,11 @@ class WorkerRuntime(AttemptRunner):
     def park(self, execution: Execution, why: str) -> Fence | None:
         """Keep a suspending execution in the workflow cache until its next lease here.
 
-        Called by :func:`~selvedge_django.engine.parking.wait_here` on the execution's
-        thread with the lease held. Returns the new fence to go on under, or None: either
-        not kept (the lease is still held and the suspension goes on as without a cache)
-        or let go after the release (nothing is left to write: :meth:`_execute` returns
-        at once).
+        Called by :meth:`~selvedge_django.engine.execution.Execution.wait_here` on the
+        execution's thread with the lease held. Returns the new fence to go on under, or
+        None: either not kept (the lease is still held and the suspension goes on as
+        without a cache) or let go after the release (nothing is left to write:
+        :meth:`_execute` returns at once).
         """
         cache = self.cache
         fence = execution.fence
@@ -156,6 +164,12 @@ class WorkerRuntime(AttemptRunner):
                 threshold,
                 extra={"instance_id": instance_id},
             )
+
+    def can_run_inline(self, activity_name: str, queue: str) -> bool:
+        return self.attempts.can_run_inline(activity_name, queue)
+
+    def run_attempt(self, task: ClaimedTask) -> tuple[str, str] | None:
+        return self.attempts.run_attempt(task)
 
     def tasks_reserved(self) -> None:
         """New queued tasks: the store already wakes local activity workers on commit."""
@@ -252,22 +266,8 @@ class WorkerRuntime(AttemptRunner):
         try:
             return self._execute(fence, snapshot, head)
         finally:
-            self._flush_inline_results(fence)
+            self.attempts.outcomes.flush_inline_results(fence)
             self.drop(fence)
-
-    def _flush_inline_results(self, fence: Fence) -> None:
-        """Record, each on its own, inline results that no write of the execution took
-        (it was fenced out, or a write failed): as a background attempt records its own,
-        trying again while the database refuses the write (a row a client holds, a
-        statement timeout, a connection the server ended). The write is claim-checked,
-        so a claim that lapsed meanwhile records nothing and the activity runs again."""
-        if not self.store.inline.has_deferred(fence):
-            return
-        for claim, output, on_recorded in self.store.inline.take_deferred(fence):
-            write = functools.partial(self.store.tasks.complete_task, claim, output)
-            recorded = self._write_outcome(claim, "inline result", write, past_belief=True)
-            if recorded and on_recorded is not None:
-                on_recorded()
 
     def _execute(
         self, fence: Fence, snapshot: ExecutionSnapshot | None, head: InstanceHead | None
@@ -326,7 +326,7 @@ class WorkerRuntime(AttemptRunner):
             # An inline result's claim lapsed before the close could record it: the
             # close rolled back; replay from what is recorded (the activity runs again).
             logger.warning("execution of %s abandoned at close: %s", fence.instance_id, error)
-            self._release_quietly(fence, runnable=True)
+            self.release_quietly(fence, runnable=True)
             outcome.kind, outcome.error = "abandoned", error
         except Exception as error:
             # The close or the release failed (or committed, and the connection was lost
@@ -372,7 +372,7 @@ class WorkerRuntime(AttemptRunner):
         )
         outcome = ExecutionOutcome("failed", error=error)
         if not self.lease_valid(fence):
-            self._release_quietly(fence, runnable=True)
+            self.release_quietly(fence, runnable=True)
             outcome.kind = "abandoned"
             return outcome
         try:
@@ -421,7 +421,7 @@ class WorkerRuntime(AttemptRunner):
                 return
             if error is None or isinstance(error, exc.LeaseLost | exc.HistoryKeyConflict):
                 logger.warning("execution of %s abandoned: %r", fence.instance_id, error)
-                self._release_quietly(fence, runnable=True)
+                self.release_quietly(fence, runnable=True)
                 return
             # A store operation failed: replaying at once could fail the same way forever.
             failure = self._after_storage_error(fence, error)
@@ -434,7 +434,7 @@ class WorkerRuntime(AttemptRunner):
         request = execution.close_request(outcome)
         if not self.lease_valid(fence):
             logger.warning("lease on %s lost before close; not closing", fence.instance_id)
-            self._release_quietly(fence, runnable=True)
+            self.release_quietly(fence, runnable=True)
             outcome.kind = "abandoned"  # nothing was closed: no close hooks
             return
         status = self.store.close(fence, request)
@@ -451,7 +451,7 @@ class WorkerRuntime(AttemptRunner):
         """Commit a continue-as-new: the generation ends, the next is runnable."""
         if not self.lease_valid(fence):
             logger.warning("lease on %s lost before continue-as-new", fence.instance_id)
-            self._release_quietly(fence, runnable=True)
+            self.release_quietly(fence, runnable=True)
             outcome.kind = "abandoned"
             return
         generation = self.store.recovery.continue_as_new(fence, outcome.output)
@@ -566,7 +566,8 @@ class WorkerRuntime(AttemptRunner):
         logger.error("workflow %s failed: %s", iid, error, extra={"instance_id": iid})
         return True
 
-    def _release_quietly(self, fence: Fence, *, runnable: bool) -> None:
+    def release_quietly(self, fence: Fence, *, runnable: bool) -> None:
+        """Release the lease on ``fence``; a failure is logged and the lease left to lapse."""
         try:
             self.store.release_lease(fence, runnable=runnable)
         except Exception:

@@ -102,7 +102,7 @@ class Worker:
         execution thread) until its code returns, and its result, if it ever comes,
         is discarded. Each is logged once as a warning when it is first seen.
         """
-        return self.runtime.hung_attempts()
+        return self.runtime.attempts.hung_attempts()
 
     def work_loops(self) -> list[Loop]:
         """The loops that find work (the renewer only maintains what is held)."""
@@ -157,7 +157,7 @@ class Worker:
             self.resumptions.submit(self._run_local, fence, leased_at, snapshot)
             return
         # If even that fails, the lease expires by itself and a dispatcher takes it then.
-        self.runtime._release_quietly(fence, runnable=True)
+        self.runtime.release_quietly(fence, runnable=True)
 
     def stop(self, timeout: float | None = None) -> None:
         """Stop claiming, let in-flight work finish, then release what is still held.
@@ -182,11 +182,11 @@ class Worker:
         self._stop.set()
         for loop in self.loops:
             loop.waker.wake()
-        self.runtime.cancel_attempts("shutdown")
+        self.runtime.attempts.cancel_attempts("shutdown")
         idle = self.activities.wait_idle(max(0.0, deadline - time.monotonic()))
         idle = self.resumptions.wait_idle(max(0.0, deadline - time.monotonic())) and idle
         if not idle:
-            released = self.runtime.release_attempts()
+            released = self.runtime.attempts.release_attempts()
             if released:
                 logger.warning(
                     "worker %s released %d claims of attempts still running at shutdown",
@@ -195,7 +195,7 @@ class Worker:
                     extra={"worker_id": self.worker_id},
                 )
         for fence in self.runtime.held_fences():
-            self.runtime._release_quietly(fence, runnable=True)
+            self.runtime.release_quietly(fence, runnable=True)
             self.runtime.drop(fence)
         self._stop_renewals.set()
         self.renewer.waker.wake()

@@ -15,7 +15,7 @@ from django.core.management.base import CommandError
 from django.db import connection
 
 import selvedge_django as sv
-from selvedge_django.schedules import _store
+from selvedge_django.schedules import schedule_store
 from tests.conftest import ROOT
 
 
@@ -52,7 +52,7 @@ def test_list_describe_pause_unpause_trigger_delete(tdb: None) -> None:
 
 def test_backfill_prints_each_slot_and_starts_it_once(tdb: None) -> None:
     sv.create_schedule("fill", "sched.echo", cron="*/10 * * * *")
-    now = datetime.fromtimestamp(_store().now_ms() / 1000, UTC)
+    now = datetime.fromtimestamp(schedule_store().now_ms() / 1000, UTC)
     end = now.replace(minute=now.minute - now.minute % 10, second=0, microsecond=0)
     start = end - timedelta(minutes=30)
     args = ("backfill", "fill", start.isoformat(), end.isoformat())

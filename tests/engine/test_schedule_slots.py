@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import selvedge_django as sv
-from selvedge_django.schedule_slots import (
+from selvedge_django.schedules.slots import (
     SlotRule,
     check_cron,
     check_timezone,
@@ -248,7 +248,7 @@ def test_cron_slots_increase_and_each_local_time_fires_once_or_once_per_pass(
 ) -> None:
     from zoneinfo import ZoneInfo
 
-    from selvedge_django.schedule_slots import is_wildcard
+    from selvedge_django.schedules.slots import is_wildcard
 
     rule = SlotRule(expression, None, timezone=zone)
     at = start
@@ -292,7 +292,7 @@ def test_slots_are_every_minute_whose_wall_clock_matches_by_brute_force(
 
     from cronsim import CronSim
 
-    from selvedge_django.schedule_slots import is_wildcard
+    from selvedge_django.schedules.slots import is_wildcard
 
     tz = ZoneInfo(zone)
     begin = ms(transition) - 3 * HOUR

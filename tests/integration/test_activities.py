@@ -842,7 +842,10 @@ def test_an_inline_attempt_that_loses_its_claim_stops_and_yields_the_workflow(
     # The attempt's next renewal fails, heartbeat() raises ActivityCancelled, and the
     # workflow, which ran the attempt inline, yields: lease and thread are released.
     wait_until(
-        lambda: instance(instance_id).lease_owner == "" and not worker.runtime.active_attempts()
+        lambda: (
+            instance(instance_id).lease_owner == ""
+            and not worker.runtime.attempts.active_attempts()
+        )
     )
     assert ledger("wait:lost") == ["wait:lost:1:start"]
     assert history(instance_id, task.key).data is None
@@ -876,7 +879,7 @@ def test_cancelling_the_workflow_stops_a_heartbeating_attempt(worker: Any, marke
     assert (task.status, task.attempts) == ("cancelled", 1)
     # heartbeat() raised in the attempt (the marker still exists): it never finished,
     # and its failure could not be recorded over the cancellation.
-    wait_until(lambda: not worker.runtime.active_attempts())
+    wait_until(lambda: not worker.runtime.attempts.active_attempts())
     assert ledger("wait:cx0") == ["wait:cx0:1:start"]
     assert history(instance_id, task.key).event_type == "ActivityCancelled"
 

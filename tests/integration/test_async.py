@@ -121,7 +121,7 @@ def test_cancelling_the_workflow_cancels_a_running_async_attempt(worker: Any) ->
 
     assert sv.wait_workflow(instance_id, timeout=20).status == "cancelled"
     wait_until(lambda: "cancel:cancelled:True" in EVENTS)
-    wait_until(lambda: not worker.runtime.active_attempts())
+    wait_until(lambda: not worker.runtime.attempts.active_attempts())
     (task,) = sv.list_activity_tasks(instance_id)
     assert task.status == "cancelled"
 

@@ -84,7 +84,7 @@ def in_ledger(entry: str) -> bool:
 
 
 def no_attempts(worker: Any) -> bool:
-    return not worker.runtime.active_attempts()
+    return not worker.runtime.attempts.active_attempts()
 
 
 def timers(instance_id: str) -> list[str]:

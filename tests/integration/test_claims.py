@@ -99,7 +99,7 @@ def test_a_lapsed_attempts_error_goes_through_the_lapse_path(
     worker = Worker(clock=clock, lease={"TTL": 5, "RENEW_INTERVAL": 1, "MARGIN": 1, "MAX_SKEW": 1})
     (claimed,) = worker.store.tasks.claim_tasks(worker.worker_id, 1, ["act.step"])
     clock.advance(5.1)  # the claim lapses while the attempt runs
-    assert worker.runtime.run_claimed(claimed) is None  # its failure was not written
+    assert worker.runtime.attempts.run_claimed(claimed) is None  # its failure was not written
 
     task = task_of(instance_id)
     assert (task.status, task.failures) == ("running", 0)

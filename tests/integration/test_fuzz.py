@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import selvedge_django as sv
-from selvedge_django.history import ABSENT
+from selvedge_django.engine.portable import ABSENT
 from selvedge_django.models import SignalMessage, WorkflowInstance
 from selvedge_django.testing import FaultInjector
 

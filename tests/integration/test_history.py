@@ -24,7 +24,7 @@ from django.db import connections
 
 import selvedge_django as sv
 from selvedge_django import registry
-from selvedge_django.history import ABSENT, FORMAT
+from selvedge_django.engine.portable import ABSENT, FORMAT
 from selvedge_django.testing import ControllableClock, run_until_idle
 from selvedge_django.worker import Worker
 from tests import ops_workflows

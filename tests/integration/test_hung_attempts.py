@@ -154,14 +154,14 @@ def test_an_attempts_deadline_runs_from_its_claim_not_from_its_threads_start(
 
     def run_attempt() -> None:
         try:
-            worker.runtime.run_claimed(claimed)
+            worker.runtime.attempts.run_claimed(claimed)
         finally:
             connections.close_all()
 
     attempt = threading.Thread(target=run_attempt)
     attempt.start()  # later than the claim, as from a pool
     try:
-        ((_, state),) = wait_until(worker.runtime.active_attempts)
+        ((_, state),) = wait_until(worker.runtime.attempts.active_attempts)
         assert state.deadline_monotonic is not None
         assert before + 30 <= state.deadline_monotonic <= after + 30
     finally:

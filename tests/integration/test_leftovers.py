@@ -21,7 +21,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 import selvedge_django as sv
-from selvedge_django.history import ABSENT
+from selvedge_django.engine.portable import ABSENT
 from selvedge_django.testing import ControllableClock, run_until_idle
 from selvedge_django.worker import Worker
 

@@ -232,15 +232,25 @@ def test_importing_the_package_imports_no_models() -> None:
     assert result.stdout.strip() == ""
 
 
-def test_the_modules_that_moved_keep_their_old_import_paths() -> None:
-    from selvedge_django import history, operations
-    from selvedge_django.engine import portable, replay
+def test_the_models_and_schedules_packages_re_export_their_modules_names() -> None:
+    """``selvedge_django.models.X`` and ``selvedge_django.schedules.X`` stay the import
+    paths of every public name, whichever module of the package defines it."""
+    import selvedge_django.flow_models
+    from selvedge_django import models, operations, schedules
+    from selvedge_django.models import instances, system, tasks
+    from selvedge_django.models import schedules as schedule_models
+    from selvedge_django.schedules import definitions, slots
 
-    assert history.export_history is operations.export_history is sv.export_history
-    assert history.parse_history is portable.parse_history is sv.parse_history
-    assert history.query is operations.query is sv.query
-    assert history.replay_history is operations.replay_history is sv.replay_history
-    assert history.RecordedHistory is portable.RecordedHistory is sv.RecordedHistory
-    assert history.ReplayRuntime is replay.ReplayRuntime
-    # The schedule calls are new in this release: operations.schedules is their only home.
-    assert operations.create_schedule is sv.create_schedule
+    modules = (instances, tasks, schedule_models, system)
+    assert sorted(models.__all__) == sorted(name for m in modules for name in m.__all__)
+    for module in modules:
+        for name in module.__all__:
+            assert getattr(models, name) is getattr(module, name), name
+    assert sorted(schedules.__all__) == sorted([*definitions.__all__, *slots.__all__])
+    for module in (definitions, slots):
+        for name in module.__all__:
+            assert getattr(schedules, name) is getattr(module, name), name
+    # Migrations 0017 and 0018 name the index expression by its old path.
+    assert selvedge_django.flow_models.PriorityRank is models.PriorityRank
+    assert sv.WorkflowStatus is models.WorkflowStatus
+    assert operations.ScheduleDescription is schedules.ScheduleDescription

@@ -21,7 +21,7 @@ from django.test import override_settings
 
 import selvedge_django as sv
 from selvedge_django.models import Schedule, WorkflowInstance
-from selvedge_django.schedules import _store
+from selvedge_django.schedules import schedule_store
 from selvedge_django.testing import ControllableClock, run_until_idle
 from selvedge_django.worker import Worker
 
@@ -33,7 +33,7 @@ def iso(moment: datetime) -> str:
 
 
 def db_now() -> datetime:
-    return datetime.fromtimestamp(_store().now_ms() / 1000, UTC)
+    return datetime.fromtimestamp(schedule_store().now_ms() / 1000, UTC)
 
 
 class Leader:

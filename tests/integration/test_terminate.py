@@ -186,7 +186,7 @@ def test_terminate_fences_a_worker_still_running_the_instance(
     recorded = rows(iid)
     assert instance(iid).lease_epoch == held.lease_epoch + 1
     # The attempt lost its claim: heartbeat() raises, and the execution writes nothing.
-    wait_until(lambda: not worker.runtime.active_attempts())
+    wait_until(lambda: not worker.runtime.attempts.active_attempts())
     marker.unlink()
     assert worker.resumptions.wait_idle(20)
     assert rows(iid) == recorded

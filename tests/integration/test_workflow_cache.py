@@ -108,6 +108,7 @@ INPUTS: dict[str, Any] = {
     "resume.reserving_child": "r",
     "resume.default_child_parent": "d",
     "flow.run": {"tag": "cache", "options": {"priority": 3}},
+    "flow.backlog": {"tasks": [["cache-low", 0], ["cache-high", 50]]},
     "scale.three": "t",
     "sched.echo": 1,
     "sched.wait": 1,

@@ -21,7 +21,7 @@ import pytest
 
 import selvedge_django as sv
 from selvedge_django.models import Schedule, SystemLock, WorkflowInstance
-from selvedge_django.schedules import _store
+from selvedge_django.schedules import schedule_store
 from selvedge_django.testing import FAULT_EXIT_STATUS, ControllableClock, FaultInjector
 from selvedge_django.worker.leader import LEADER_LOCK
 from tests.conftest import WorkerProcess, wait_until
@@ -38,7 +38,7 @@ def iso(moment: datetime) -> str:
 
 
 def db_now() -> datetime:
-    return datetime.fromtimestamp(_store().now_ms() / 1000, UTC)
+    return datetime.fromtimestamp(schedule_store().now_ms() / 1000, UTC)
 
 
 def runs(name: str) -> list[str]:

@@ -145,9 +145,12 @@ def test_a_receive_killed_in_or_after_its_commit_neither_loses_nor_double_consum
 
 def _testing_page_example() -> str:
     text = (ROOT / "docs" / "testing.md").read_text(encoding="utf-8")
-    match = re.search(r"```python\n(.*?)```", text, re.DOTALL)
-    assert match is not None, "docs/testing.md has no python example"
-    return match.group(1)
+    # The complete test module: the first example that defines tests (a settings snippet
+    # comes before it).
+    for block in re.findall(r"```python\n(.*?)```", text, re.DOTALL):
+        if "\ndef test_" in block:
+            return str(block)
+    raise AssertionError("docs/testing.md has no complete test module")
 
 
 def test_the_testing_pages_example_runs_under_pytest(tdb: None, tmp_path: Path) -> None:

@@ -14,13 +14,20 @@ probes before the write lock, WAL, pragmas and checks) is
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
+from collections.abc import Callable, Iterator
 from typing import Any
 
+from django.db import DatabaseError
+
+from ... import exceptions as exc
 from ...engine.events import Arrivals, Fence
-from ...engine.ports import Observation
+from ...engine.ports import Observation, TaskClaim
 from ...models import WorkflowInstance
 from .. import sql
+from ..attempt_transactions import AttemptTransactions
 from ..instances import Instances
 from ..operation import operation
 from ..releases import Releases
@@ -31,7 +38,13 @@ from .db import SQLiteDatabase
 
 logger = logging.getLogger("selvedge_django.store")
 
-__all__ = ["SQLiteInstances", "SQLiteReleases", "SQLiteStore", "SQLiteWaits"]
+__all__ = [
+    "SQLiteAttemptTransactions",
+    "SQLiteInstances",
+    "SQLiteReleases",
+    "SQLiteStore",
+    "SQLiteWaits",
+]
 
 # -- statements only SQLite runs ----------------------------------------------------------------
 
@@ -151,6 +164,41 @@ class SQLiteWaits(Waits):
         return self._deliver_read_first(iid, seq, observation)
 
 
+class SQLiteAttemptTransactions(AttemptTransactions):
+    """A transactional attempt's transaction, holding the write lock from a live claim.
+
+    The transaction holds the database's write lock from BEGIN IMMEDIATE to its end, so
+    nobody can renew this claim meanwhile, and nobody can take it over either. The claim
+    must be live when the lock is taken (else :class:`LeaseLost`); then the attempt
+    extends its own claim (its deadline permitting) before it records the outcome (the
+    callable yielded), and, when the body fails, after rolling the body back to a
+    savepoint, so that the failure is recorded as this attempt's own, not as a lapse.
+    """
+
+    @operation
+    @contextlib.contextmanager
+    def transactional_attempt(
+        self, claim: TaskClaim, ttl: float, timeout: float | None
+    ) -> Iterator[Callable[[], object]]:
+        failure: BaseException | None = None
+        with self.db.atomic():
+            if not self.tasks.claim_live(claim):
+                raise exc.LeaseLost(f"the claim on {claim.instance_id}/{claim.key} lapsed")
+            try:
+                with self.db.atomic():  # a savepoint: the body's writes
+                    yield functools.partial(self.tasks.extend_claim_under_lock, claim, ttl)
+            except BaseException as error:
+                failure = error
+                try:
+                    self.tasks.extend_claim_under_lock(claim, ttl)
+                except DatabaseError:
+                    logger.debug(
+                        "could not extend the claim of %s/%s", claim.instance_id, claim.key
+                    )
+        if failure is not None:
+            raise failure
+
+
 class SQLiteStore(Store):
     """The store on SQLite: its database and the parts that differ there."""
 
@@ -159,3 +207,4 @@ class SQLiteStore(Store):
     instances_class = SQLiteInstances
     releases_class = SQLiteReleases
     waits_class = SQLiteWaits
+    attempt_transactions_class = SQLiteAttemptTransactions

@@ -6,9 +6,10 @@ import argparse
 import json
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeAlias
 
 __all__ = [
+    "Subparsers",
     "add_common_options",
     "csv_list",
     "json_argument",
@@ -16,6 +17,9 @@ __all__ = [
     "positive_int",
     "prune_batch_size",
 ]
+
+# What ``add_subparsers()`` returns: each subcommand module adds its parsers to it.
+Subparsers: TypeAlias = "argparse._SubParsersAction[Any]"
 
 
 def json_argument(what: str) -> Callable[[str], Any]:

@@ -1,6 +1,7 @@
-"""The durable state of workflows: instances, history, tasks, timers, signals, locks.
+"""An instance and what belongs to it: its history, archived history, timers and signals.
 
-Schedules are in :mod:`selvedge_django.schedule_models`, re-exported here.
+Every row here hangs off one ``WorkflowInstance`` (a foreign key that cascades); its
+activity tasks are in :mod:`selvedge_django.models.tasks`.
 
 Times that decide ownership (lease and claim expiry, task due times) are Unix
 milliseconds on the database clock (``*_ms`` columns); workflow time (timer
@@ -13,26 +14,17 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import models
-from django.db.models import F, Q
+from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
-from .flow_models import READY_INDEXES, TASK_FLOW_INDEXES, QueueClaim
-from .schedule_models import Schedule, ScheduleOverlap, ScheduleQuerySet
+from .system import PriorityRank
 
 __all__ = [
-    "ActivityTask",
-    "ActivityTaskQuerySet",
-    "ActivityTaskStatus",
+    "LONG_HISTORY_SEQ",
     "ArchivedHistoryEvent",
     "HistoryEvent",
-    "QueueClaim",
-    "Schedule",
-    "ScheduleOverlap",
-    "ScheduleQuerySet",
     "SignalMessage",
-    "SystemLock",
     "TimerSubscription",
-    "WorkerHeartbeat",
     "WorkflowInstance",
     "WorkflowInstanceQuerySet",
     "WorkflowStatus",
@@ -187,8 +179,9 @@ class WorkflowInstance(models.Model):
         help_text="JSON text of the last ctx.set_progress() value (NULL: none set)",
     )
 
-    # W3C trace contexts (JSON: traceparent, tracestate; NULL: none) of the spans that started
-    # the run (its executions', attempts' and timers' spans are children) and asked to cancel it.
+    # W3C trace contexts (JSON: traceparent, tracestate; NULL: none) of the span that started
+    # the run (the spans of its executions, attempts, timers and signals belong to it) and of
+    # the span that requested the cancellation.
     trace_context = models.TextField(null=True, blank=True)
     cancel_trace_context = models.TextField(null=True, blank=True)
 
@@ -212,7 +205,23 @@ class WorkflowInstance(models.Model):
             ),
         ]
         indexes = [
-            *READY_INDEXES,
+            # The ready instances by age (sv_inst_ready_idx: the longest waiting, which the
+            # status report reads) and by rank, then creation (sv_inst_rank_idx: the order
+            # dispatch walks, sql.READY_RANK and created_seq).
+            models.Index(
+                fields=["ready_ms", "workflow_name", "code_version"],
+                name="sv_inst_ready_idx",
+                condition=Q(status="running", runnable=True, lease_owner=""),
+            ),
+            models.Index(
+                PriorityRank("ready_ms", "priority"),
+                "created_seq",
+                "ready_ms",
+                "workflow_name",
+                "code_version",
+                name="sv_inst_rank_idx",
+                condition=Q(status="running", runnable=True, lease_owner=""),
+            ),
             models.Index(
                 fields=["lease_expires_ms", "code_version"],
                 name="sv_inst_lease_idx",
@@ -342,107 +351,6 @@ class ArchivedHistoryEvent(models.Model):
         return f"{self.instance_id}:{self.key} (generation {self.generation})"
 
 
-class ActivityTaskStatus(models.TextChoices):
-    QUEUED = "queued", _("Queued")
-    RUNNING = "running", _("Running")
-    COMPLETED = "completed", _("Completed")
-    FAILED = "failed", _("Failed")
-    CANCELLED = "cancelled", _("Cancelled")
-
-
-class ActivityTaskQuerySet(models.QuerySet["ActivityTask"]):
-    def claimable(self, now_ms: Any) -> ActivityTaskQuerySet:
-        """What an activity worker may claim: queued and due, or running with a claim that
-        lapsed before ``now_ms`` and retries left (a lapse counts as a failure; the
-        leader's sweep fails a task whose lapse exhausts its attempts)."""
-        return self.filter(
-            Q(status=ActivityTaskStatus.QUEUED, not_before_ms__lte=now_ms)
-            | (
-                Q(status=ActivityTaskStatus.RUNNING, claim_expires_ms__lt=now_ms)
-                & (Q(max_attempts=0) | Q(failures__lt=F("max_attempts") - 1))
-            )
-        )
-
-    def unfinished(self) -> ActivityTaskQuerySet:
-        return self.filter(status__in=(ActivityTaskStatus.QUEUED, ActivityTaskStatus.RUNNING))
-
-
-class ActivityTask(models.Model):
-    """The durable input, policy and current claim of one activity."""
-
-    id = models.BigAutoField(primary_key=True)
-    instance = models.ForeignKey(
-        WorkflowInstance, on_delete=models.CASCADE, related_name="activity_tasks"
-    )
-    workflow_name = models.CharField(max_length=255)
-    key = models.CharField(max_length=255)
-    seq = models.BigIntegerField()
-    name = models.CharField(max_length=255)
-    input = models.TextField()
-    queue = models.CharField(max_length=255, default="", blank=True)
-    options = models.JSONField(default=dict)
-    max_attempts = models.IntegerField(default=5)
-    priority = models.SmallIntegerField(
-        default=0, db_default=0, help_text="claim order, -100 to 100, larger first"
-    )
-    concurrency_key = models.CharField(max_length=255, default="", db_default="", blank=True)
-    max_concurrency = models.IntegerField(null=True, blank=True)  # of concurrency_key, if any
-    status = models.CharField(
-        max_length=16, choices=ActivityTaskStatus.choices, default=ActivityTaskStatus.QUEUED
-    )
-    attempts = models.IntegerField(default=0, help_text="claims so far")
-    failures = models.IntegerField(default=0, help_text="attempts that used retry budget")
-    not_before_ms = models.BigIntegerField(default=0)  # due (and ready) from, database clock
-    last_error = models.TextField(null=True, blank=True)
-    claim_owner = models.CharField(max_length=255, default="", blank=True)
-    claim_epoch = models.BigIntegerField(default=0)
-    claim_expires_ms = models.BigIntegerField(null=True, blank=True)
-    claim_started_ms = models.BigIntegerField(null=True, blank=True)
-    schedule_to_start_ms = models.BigIntegerField(null=True, blank=True)
-    start_to_close_ms = models.BigIntegerField(null=True, blank=True)
-    heartbeat_timeout_ms = models.BigIntegerField(null=True, blank=True)
-    schedule_deadline_ms = models.BigIntegerField(null=True, blank=True)
-    attempt_deadline_ms = models.BigIntegerField(null=True, blank=True)
-    heartbeat_details = models.TextField(
-        null=True,
-        blank=True,
-        help_text="JSON text of the last heartbeat details a claim renewal stored (NULL: none)",
-    )
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
-
-    objects = ActivityTaskQuerySet.as_manager()
-
-    class Meta:
-        verbose_name = _("activity task")
-        ordering = ("instance", "seq")
-        constraints = [
-            models.UniqueConstraint(fields=["instance", "key"], name="sv_task_key_uniq"),
-        ]
-        indexes = [
-            *TASK_FLOW_INDEXES,
-            models.Index(
-                fields=["claim_expires_ms"],
-                name="sv_task_claim_idx",
-                condition=Q(status="running"),
-            ),
-            models.Index(
-                fields=["schedule_deadline_ms"],
-                name="sv_task_schedule_idx",
-                condition=Q(status="queued", schedule_deadline_ms__isnull=False),
-            ),
-            # Queue depths of the status report: each queue's queued tasks, oldest first.
-            models.Index(
-                fields=["queue", "not_before_ms"],
-                name="sv_task_queue_idx",
-                condition=Q(status="queued"),
-            ),
-        ]
-
-    def __str__(self) -> str:
-        return f"{self.instance_id}:{self.key} ({self.name})"
-
-
 class TimerSubscription(models.Model):
     """An armed durable timer: the poller fires it once ``fire_at_ms`` has passed on the
     database clock, and records ``expires_at`` (workflow time) as its value."""
@@ -492,7 +400,8 @@ class SignalMessage(models.Model):
         help_text="consumed by this generation, which a continue-as-new closed (NULL: the"
         " current history's, or pending)",
     )
-    trace_context = models.TextField(null=True, blank=True)  # the sender's span (W3C, JSON)
+    # W3C trace context (JSON: traceparent, tracestate) of the span that sent the signal.
+    trace_context = models.TextField(null=True, blank=True)
     idempotency_key = models.CharField(
         max_length=255,
         null=True,
@@ -516,6 +425,8 @@ class SignalMessage(models.Model):
                 name="sv_signal_pending_idx",
                 condition=Q(consumed_seq__isnull=True),
             ),
+            # The signals a delivery batch marks: without it each delivery walked every
+            # signal the instance ever received (O(n^2) for n signals handled one by one).
             models.Index(
                 fields=["instance"],
                 name="sv_signal_undelivered_idx",
@@ -525,48 +436,3 @@ class SignalMessage(models.Model):
 
     def __str__(self) -> str:
         return f"{self.instance_id}:{self.channel}#{self.id}"
-
-
-class SystemLock(models.Model):
-    """A named lock with a lease, for leader election and maintenance duties."""
-
-    name = models.CharField(primary_key=True, max_length=255)
-    owner = models.CharField(max_length=255, default="", blank=True)
-    epoch = models.BigIntegerField(default=0)
-    expires_ms = models.BigIntegerField(default=0)
-
-    class Meta:
-        verbose_name = _("system lock")
-
-    def __str__(self) -> str:
-        return self.name
-
-
-class WorkerHeartbeat(models.Model):
-    """A running worker: who it is and when it last said so (database clock, Unix ms).
-
-    Each worker writes its row when it starts and every ``LEADER_HEARTBEAT_INTERVAL``
-    after, with an expiry ``LEADER_LEASE_DURATION`` later; a graceful stop deletes
-    it. A row whose expiry passed is a worker that stopped without saying so (killed,
-    or cut off from the database); the leader deletes such rows after a day.
-    """
-
-    worker_id = models.CharField(primary_key=True, max_length=255)
-    hostname = models.CharField(max_length=255, default="", blank=True)
-    pid = models.IntegerField(default=0)
-    service_name = models.CharField(max_length=255, default="", blank=True)
-    code_version = models.CharField(max_length=255, null=True, blank=True)
-    queues = models.JSONField(
-        null=True, blank=True, help_text="the activity queues it serves (NULL: all)"
-    )
-    started_ms = models.BigIntegerField()
-    last_seen_ms = models.BigIntegerField()
-    expires_ms = models.BigIntegerField()
-
-    class Meta:
-        verbose_name = _("worker heartbeat")
-        ordering = ("worker_id",)
-        indexes = [models.Index(fields=["expires_ms"], name="sv_worker_expires_idx")]
-
-    def __str__(self) -> str:
-        return self.worker_id

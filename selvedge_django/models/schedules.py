@@ -1,7 +1,7 @@
-"""The durable state of schedules (the models module re-exports them).
+"""Schedules: a definition the operations layer writes, and the leader's bookkeeping.
 
-Defined apart from :mod:`selvedge_django.models` only to keep each module short;
-they belong to the ``selvedge_django`` app like every other model.
+The rules of slots are in :mod:`selvedge_django.schedules.slots`, the definitions'
+validation in :mod:`selvedge_django.schedules.definitions`.
 """
 
 from __future__ import annotations

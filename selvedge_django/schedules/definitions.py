@@ -3,7 +3,7 @@
 A schedule starts a workflow for each of its slots (a five-field cron expression
 in an IANA timezone, or a fixed interval); the run of a slot is the instance
 ``<schedule name>@<slot as ISO 8601 UTC>``, started by the elected leader on the
-database clock (see :mod:`selvedge_django.schedule_slots` for the rules and
+database clock (see :mod:`selvedge_django.schedules.slots` for the rules and
 :mod:`selvedge_django.storage.schedules` for the transactions).
 
 Every function validates its input before anything is written and raises
@@ -28,15 +28,15 @@ from typing import Any
 
 from django.conf import settings as django_settings
 
-from . import exceptions as exc
-from .conf import SelvedgeSettings, get_settings
-from .engine.codec import contains_nul
-from .engine.durations import to_seconds
-from .engine.identifiers import name_problem
-from .models import Schedule
-from .registry import WorkflowDefinition
-from .schedule_slots import OVERLAP_POLICIES, check_cron, check_timezone, jitter_offset_ms
-from .storage.schedules import ScheduleStore, due_ms, rule_of
+from .. import exceptions as exc
+from ..conf import SelvedgeSettings, get_settings
+from ..engine.codec import contains_nul
+from ..engine.durations import to_seconds
+from ..engine.identifiers import name_problem
+from ..models import Schedule
+from ..registry import WorkflowDefinition
+from ..storage.schedules import ScheduleStore, due_ms, rule_of
+from .slots import OVERLAP_POLICIES, check_cron, check_timezone, jitter_offset_ms
 
 __all__ = [
     "MAX_BACKFILL_SLOTS",
@@ -100,7 +100,7 @@ _client_lock = threading.Lock()
 def schedule_store() -> ScheduleStore:
     """The schedule store of the client API, rebuilt whenever the settings change."""
     global _client
-    from .storage import client_codec, store_for
+    from ..storage import client_codec, store_for
 
     settings = get_settings()
     with _client_lock:
@@ -264,7 +264,7 @@ def _workflow_name(workflow: object) -> str:
 
 
 def _input(value: Any) -> Any:
-    from .storage import client_codec
+    from ..storage import client_codec
 
     codec = client_codec(get_settings())
     try:
@@ -474,7 +474,3 @@ def sync_code_schedules(
 
 def _differs(row: Schedule, wanted: Mapping[str, Any]) -> bool:
     return any(not _same(key, getattr(row, key), value) for key, value in wanted.items())
-
-
-# The store's old private name (tests and benchmarks use it).
-_store = schedule_store

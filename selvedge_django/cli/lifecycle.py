@@ -1,5 +1,4 @@
-"""``runselvedge resume``, ``fork`` and ``terminate``: one instance, or many; and what
-``runselvedge start`` refuses to start by name.
+"""``runselvedge resume``, ``fork`` and ``terminate``: one instance, or many.
 
 Each takes an instance id, or a selection (``--status``, ``--workflow NAME``,
 ``--since 1h``) to act on every instance it finds, in bounded batches, each
@@ -8,25 +7,19 @@ line per action. A selection resumes only failed runs (terminated ones left
 alone) unless ``--include-closed`` is given, as the admin's bulk resume does.
 Repeating a bulk resume is harmless: what it resumed is no longer failed, so the
 second run finds nothing.
-
-``start`` refuses a name this process does not register unless
-``--allow-unregistered``, and a built-in workflow unless ``--allow-builtin``
-(``selvedge.prune`` deletes closed instances: whoever runs the command has a shell,
-so the flag guards against a slip); ``selvedge.task`` always (django.tasks enqueues
-its tasks).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from datetime import timedelta
+import argparse
 from typing import Any
 
-from django.core.management.base import CommandError
+from django.core.management.base import BaseCommand, CommandError
 
 from .. import exceptions as exc
+from .arguments import Subparsers, parse_duration
 
-__all__ = ["add_parsers", "check_start", "handle"]
+__all__ = ["add_parser", "handle"]
 
 # The status each operation selects by default.
 _DEFAULT_STATUS = {"resume": "failed", "fork": "failed", "terminate": "running"}
@@ -34,77 +27,56 @@ _DEFAULT_STATUS = {"resume": "failed", "fork": "failed", "terminate": "running"}
 _CLOSED_STATUSES = ("completed", "cancelled")
 
 
-def check_start(name: str, options: dict[str, Any]) -> None:
-    """Raise CommandError if ``runselvedge start`` may not start ``name`` with ``options``."""
-    from ..registry import get_workflow, is_builtin_workflow
-    from ..tasks.names import TASK_WORKFLOW
-
-    if name == TASK_WORKFLOW:
-        raise CommandError(
-            f"{name!r} is a built-in workflow that runs django.tasks tasks; "
-            "enqueue the task through django.tasks instead"
-        )
-    if is_builtin_workflow(name) and not options.get("allow_builtin"):
-        raise CommandError(
-            f"{name!r} is a built-in workflow (selvedge.prune deletes closed instances); "
-            "pass --allow-builtin to start it on purpose"
-        )
-    if get_workflow(name) is None and not options.get("allow_unregistered"):
-        raise CommandError(
-            f"workflow {name!r} is not registered in this process (a typo?); pass "
-            "--allow-unregistered to start it for workers of another service"
-        )
+_HELPS = {
+    "resume": "run closed instances again in place, archiving from the failure (or --from)",
+    "fork": "start new instances from a copy of others' history before the failure",
+    "terminate": "close running instances at once as failed, without running their code",
+}
 
 
-def add_parsers(sub: Any) -> None:
-    """Add ``resume``, ``fork`` and ``terminate`` to ``runselvedge``'s subparsers (which
-    then get Django's common options, as every subcommand does)."""
-    helps = {
-        "resume": "run closed instances again in place, archiving from the failure (or --from)",
-        "fork": "start new instances from a copy of others' history before the failure",
-        "terminate": "close running instances at once as failed, without running their code",
-    }
-    for name, text in helps.items():
-        parser = sub.add_parser(name, help=text)
+def add_parser(subparsers: Subparsers, name: str) -> argparse.ArgumentParser:
+    """Add ``resume``, ``fork`` or ``terminate`` (``name``) to ``runselvedge``'s subparsers."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(name, help=_HELPS[name])
+    parser.add_argument(
+        "instance_id",
+        nargs="?",
+        default=None,
+        help="the instance (or select several with --status, --workflow, --since)",
+    )
+    if name in ("resume", "fork"):
+        parser.add_argument("--from", dest="from_key", default=None, help="history key")
+    if name == "fork":
+        parser.add_argument("--id", dest="new_id", default=None, help="the new instance id")
+    if name in ("resume", "terminate"):
+        parser.add_argument("--reason", default="", help="recorded with the action")
+    if name == "resume":
         parser.add_argument(
-            "instance_id",
-            nargs="?",
-            default=None,
-            help="the instance (or select several with --status, --workflow, --since)",
+            "--include-closed",
+            action="store_true",
+            help="a selection resumes only failed runs (not terminated ones) unless this is"
+            " given: then also terminated, completed and cancelled runs (--status)",
         )
-        if name in ("resume", "fork"):
-            parser.add_argument("--from", dest="from_key", default=None, help="history key")
-        if name == "fork":
-            parser.add_argument("--id", dest="new_id", default=None, help="the new instance id")
-        if name in ("resume", "terminate"):
-            parser.add_argument("--reason", default="", help="recorded with the action")
-        if name == "resume":
-            parser.add_argument(
-                "--include-closed",
-                action="store_true",
-                help="a selection resumes only failed runs (not terminated ones) unless this is"
-                " given: then also terminated, completed and cancelled runs (--status)",
-            )
-        parser.add_argument(
-            "--status",
-            default=None,
-            help=f"act on every instance in this status (default {_DEFAULT_STATUS[name]}"
-            " with --workflow or --since)",
-        )
-        parser.add_argument("--workflow", default=None, help="only this workflow (exact name)")
-        parser.add_argument(
-            "--since", default=None, help="only those closed (running: started) within, e.g. 1h"
-        )
-        parser.add_argument(
-            "--dry-run", action="store_true", help="print what would be done, change nothing"
-        )
+    parser.add_argument(
+        "--status",
+        default=None,
+        help=f"act on every instance in this status (default {_DEFAULT_STATUS[name]}"
+        " with --workflow or --since)",
+    )
+    parser.add_argument("--workflow", default=None, help="only this workflow (exact name)")
+    parser.add_argument(
+        "--since", default=None, help="only those closed (running: started) within, e.g. 1h"
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print what would be done, change nothing"
+    )
+    return parser
 
 
-def handle(
-    command: Any, name: str, options: dict[str, Any], parse_duration: Callable[[str], timedelta]
-) -> None:
-    """Run ``name`` on the instance given, or on every selected one."""
+def handle(command: BaseCommand, options: dict[str, Any]) -> None:
+    """Run ``options["subcommand"]`` on the instance given, or on every selected one."""
     from ..operations import recovery as lifecycle
+
+    name = options["subcommand"]
 
     many = any(options[flag] is not None for flag in ("status", "workflow", "since"))
     if many == (options["instance_id"] is not None):
@@ -145,7 +117,7 @@ def handle(
 
 
 def _act(
-    command: Any,
+    command: BaseCommand,
     name: str,
     instance_id: str,
     options: dict[str, Any],

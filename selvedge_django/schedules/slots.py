@@ -30,7 +30,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
-from .exceptions import InvalidSchedule
+from ..exceptions import InvalidSchedule
 
 __all__ = [
     "OVERLAP_POLICIES",

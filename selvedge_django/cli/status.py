@@ -10,24 +10,26 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from django.core.management.base import CommandError
+from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
+
+from .arguments import Subparsers, parse_duration
 
 __all__ = ["add_parser", "format_report", "handle"]
 
 
-def add_parser(sub: Any, duration: Callable[[str], Any]) -> argparse.ArgumentParser:
-    """Add ``status`` to ``runselvedge``'s subparsers (``duration`` parses ``--stuck-after``)."""
-    parser: argparse.ArgumentParser = sub.add_parser(
-        "status", help="workers, leader, queue depths, backlogs and troubled instances"
+def add_parser(subparsers: Subparsers, name: str) -> argparse.ArgumentParser:
+    """Add ``status`` to ``runselvedge``'s subparsers."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        name, help="workers, leader, queue depths, backlogs and troubled instances"
     )
     parser.add_argument("--json", action="store_true", help="one JSON object")
     parser.add_argument(
         "--stuck-after",
-        type=duration,
+        type=parse_duration,
         default=None,
         help="how long an unowned runnable instance or an expired lease may wait before it"
         " counts as stuck (default 60s)",
@@ -35,7 +37,7 @@ def add_parser(sub: Any, duration: Callable[[str], Any]) -> argparse.ArgumentPar
     return parser
 
 
-def handle(command: Any, **options: Any) -> None:
+def handle(command: BaseCommand, options: dict[str, Any]) -> None:
     """Print the status report."""
     from ..operations.status import STUCK_AFTER, status_report
 

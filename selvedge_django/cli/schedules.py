@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from django.core.management.base import CommandError
+from django.core.management.base import BaseCommand, CommandError
+
+from .arguments import Subparsers, add_common_options
 
 __all__ = ["add_parser", "handle"]
 
@@ -34,16 +35,14 @@ def moment(text: str) -> datetime:
 SCHEDULE_NAME = "the schedule's name"
 
 
-def add_parser(
-    sub: Any, common: Callable[[argparse.ArgumentParser], None]
-) -> argparse.ArgumentParser:
+def add_parser(subparsers: Subparsers, name: str) -> argparse.ArgumentParser:
     """Add ``schedules`` and its actions to ``runselvedge``'s subparsers.
 
-    ``common`` adds Django's common options to each action's parser, so that they
-    work after an action's own arguments too.
+    Each action's parser gets Django's common options too, so that they work after
+    an action's own arguments as well.
     """
-    parser: argparse.ArgumentParser = sub.add_parser(
-        "schedules", help="list, describe, pause, unpause, trigger or backfill schedules"
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        name, help="list, describe, pause, unpause, trigger or backfill schedules"
     )
     actions = parser.add_subparsers(
         dest="schedule_action", required=True, help="what to do with schedules"
@@ -64,11 +63,11 @@ def add_parser(
     backfill.add_argument("start", type=moment, help="ISO 8601 with an offset")
     backfill.add_argument("end", type=moment, help="ISO 8601 with an offset")
     for action in actions.choices.values():
-        common(action)
+        add_common_options(action)
     return parser
 
 
-def handle(command: Any, **options: Any) -> None:
+def handle(command: BaseCommand, options: dict[str, Any]) -> None:
     """Run one ``schedules`` action for ``command`` (the BaseCommand, for its stdout)."""
     from .. import operations
 
