@@ -13,7 +13,7 @@ import inspect
 import threading
 from collections.abc import Callable, Coroutine
 from datetime import timedelta
-from typing import Any, Generic, Protocol, TypeVar, overload
+from typing import Any, Generic, Never, NoReturn, Protocol, TypeVar, overload
 
 from .engine import commands
 from .engine.context import WorkflowContext as _WorkflowContext
@@ -39,7 +39,6 @@ __all__ = [
     "workflow",
 ]
 
-F = TypeVar("F", bound=Callable[..., Any])
 # The names of the app's own workflows (selvedge.prune, selvedge.task): starting one by
 # name from the admin or ``runselvedge start`` needs more than starting a workflow.
 BUILTIN_PREFIX = "selvedge."
@@ -381,7 +380,7 @@ class _ActivityDecorator(Protocol):
 
 
 @overload
-def activity(fn: F, /) -> ActivityDefinition[Any, Any]: ...
+def activity(fn: Never, /) -> NoReturn: ...  # bare @activity: refused, a name is required
 
 
 @overload
@@ -401,7 +400,7 @@ def activity(
 
 
 def activity(
-    fn: Callable[[Any], Any] | None = None,
+    fn: object = None,
     /,
     *,
     name: str | None = None,
@@ -414,7 +413,7 @@ def activity(
     priority: int | None = None,
     concurrency_key: str | None = None,
     max_concurrency: int | None = None,
-) -> Any:
+) -> _ActivityDecorator:
     """Define an activity: ``@activity(name="charge", retry_policy=RetryPolicy(...))``.
 
     ``name`` is required and durable. The other arguments are the defaults that
@@ -457,7 +456,7 @@ def activity(
 
 
 def workflow(
-    fn: Callable[..., Any] | None = None, /, *, name: str | None = None
+    fn: None = None, /, *, name: str | None = None
 ) -> Callable[[Callable[[_WorkflowContext, In], Out]], WorkflowDefinition[In, Out]]:
     """Define a workflow: ``@workflow(name="order")`` on a function of ``(ctx, input)``."""
     if fn is not None or name is None:

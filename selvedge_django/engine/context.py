@@ -284,7 +284,7 @@ class WorkflowContext:
 
     # -- queries --------------------------------------------------------------------------
 
-    def set_query_handler(self, name: str, handler: Callable[[], Any] | None) -> None:
+    def set_query_handler(self, name: str, handler: Callable[[], object] | None) -> None:
         """Register (or with None remove) a zero-argument query handler."""
         execution = self._execution
         if execution.in_query:

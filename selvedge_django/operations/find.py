@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from asgiref.sync import sync_to_async
 
@@ -25,6 +25,7 @@ from .base import client_store, filter_text, known_id, validate_instance_id
 
 __all__ = [
     "ActivityTaskInfo",
+    "InstanceFilters",
     "InstancePage",
     "WorkflowDescription",
     "adescribe",
@@ -164,6 +165,17 @@ def _decode_token(token: str) -> tuple[datetime, str]:
         raise ValueError(f"invalid page_token {token!r}"[:300]) from error
 
 
+class InstanceFilters(TypedDict, total=False):
+    """The filters of :func:`find_instances`, as :func:`iter_instances` takes them."""
+
+    status: str | None
+    workflow_name: str | None
+    instance_id: str | None
+    started_after: datetime | None
+    started_before: datetime | None
+    input_filters: dict[str, Any] | None
+
+
 def find_instances(
     *,
     status: str | None = None,
@@ -230,7 +242,9 @@ def find_instances(
     return InstancePage([_describe(r) for r in rows], token, has_more)
 
 
-def iter_instances(*, limit: int, **filters: Any) -> Iterator[WorkflowDescription]:
+def iter_instances(
+    *, limit: int, **filters: Unpack[InstanceFilters]
+) -> Iterator[WorkflowDescription]:
     """Yield up to ``limit`` instances, newest first, one page of :func:`find_instances` at a time.
 
     ``filters`` are those of :func:`find_instances`; each page holds at most 1,000.

@@ -57,7 +57,7 @@ def _leases_version(settings: SelvedgeSettings, version: str | None) -> bool:
 
 @overload
 def start_workflow(
-    workflow_or_name: WorkflowDefinition[In, Any],
+    workflow_or_name: WorkflowDefinition[In, object],
     input: In,
     *,
     instance_id: str | None = None,
@@ -69,7 +69,7 @@ def start_workflow(
 
 @overload
 def start_workflow(
-    workflow_or_name: WorkflowDefinition[None, Any],
+    workflow_or_name: WorkflowDefinition[None, object],
     input: None = None,
     *,
     instance_id: str | None = None,
@@ -322,7 +322,7 @@ def signal(
 
 @overload
 def signal_with_start(
-    workflow_or_name: WorkflowDefinition[In, Any],
+    workflow_or_name: WorkflowDefinition[In, object],
     input: In,
     *,
     instance_id: str,
@@ -476,7 +476,7 @@ def terminate_workflow(instance_id: str, reason: str = "") -> None:
 
 @overload
 async def astart_workflow(
-    workflow_or_name: WorkflowDefinition[In, Any],
+    workflow_or_name: WorkflowDefinition[In, object],
     input: In,
     *,
     instance_id: str | None = None,
@@ -488,7 +488,7 @@ async def astart_workflow(
 
 @overload
 async def astart_workflow(
-    workflow_or_name: WorkflowDefinition[None, Any],
+    workflow_or_name: WorkflowDefinition[None, object],
     input: None = None,
     *,
     instance_id: str | None = None,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
 
 from django.utils import timezone
 
@@ -22,7 +22,7 @@ def prune(
     statuses: list[str] | None = None,
     workflow_name: str | None = None,
     batch_size: int = 500,
-    progress: Any = None,
+    progress: Callable[[int], object] | None = None,
 ) -> int:
     """Delete closed instances older than ``older_than`` with everything they own.
 

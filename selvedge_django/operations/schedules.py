@@ -9,7 +9,7 @@ starts fire their start hooks after commit.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from asgiref.sync import sync_to_async
 from django.db import transaction
@@ -40,6 +40,7 @@ from ..storage.schedules import rule_of
 
 __all__ = [
     "ScheduleDescription",
+    "ScheduleFields",
     "abackfill_schedule",
     "acreate_schedule",
     "adelete_schedule",
@@ -59,6 +60,22 @@ __all__ = [
     "unpause_schedule",
     "update_schedule",
 ]
+
+
+class ScheduleFields(TypedDict, total=False):
+    """The keyword arguments of :func:`create_schedule`; :func:`update_schedule` takes any."""
+
+    workflow: WorkflowDefinition[Any, Any] | str
+    cron: str | None
+    interval: float | timedelta | None
+    input: Any
+    timezone: str | None
+    overlap: str
+    catchup_window: float | timedelta
+    paused: bool
+    start_at: datetime | None
+    end_at: datetime | None
+    jitter: float | timedelta
 
 
 # -- writes -----------------------------------------------------------------------------
@@ -109,7 +126,7 @@ def create_schedule(
     return describe_row(create_row(schedule_store(), name, columns, source="api"))
 
 
-def update_schedule(name: str, **fields: Any) -> ScheduleDescription:
+def update_schedule(name: str, **fields: Unpack[ScheduleFields]) -> ScheduleDescription:
     """Change some of a schedule's fields (the keyword arguments of create_schedule).
 
     The whole definition is validated again. Giving ``cron`` drops the interval

@@ -17,7 +17,7 @@ import threading
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from django.db import OperationalError
 
@@ -26,6 +26,7 @@ __all__ = [
     "FAULT_EXIT_STATUS",
     "Fault",
     "FaultInjector",
+    "FaultSelectors",
     "InjectedFault",
     "Statement",
     "install_faults_from_env",
@@ -127,6 +128,16 @@ class Fault:
         }
 
 
+class FaultSelectors(TypedDict, total=False):
+    """The keyword arguments of :class:`FaultInjector`'s methods: :class:`Fault`'s selectors."""
+
+    operation: str | None
+    instance_id: str | None
+    step: int | None
+    times: int
+    min_rows: int | None
+
+
 class FaultInjector:
     """Make chosen database statements fail, or end the process around them.
 
@@ -171,25 +182,25 @@ class FaultInjector:
         pattern: str | None = None,
         nth: int = 1,
         exc: BaseException | type[BaseException] | None = None,
-        **selectors: Any,
+        **selectors: Unpack[FaultSelectors],
     ) -> Fault:
         """Raise ``exc`` instead of running the ``nth`` matching statement."""
         return self.add(Fault("fail", pattern, nth, error=exc, **selectors))
 
     def exit_at_statement(
-        self, pattern: str | None = None, nth: int = 1, **selectors: Any
+        self, pattern: str | None = None, nth: int = 1, **selectors: Unpack[FaultSelectors]
     ) -> Fault:
         """End the process (``os._exit``) just before the ``nth`` matching statement."""
         return self.add(Fault("exit", pattern, nth, **selectors))
 
     def exit_after_commit(
-        self, pattern: str | None = None, nth: int = 1, **selectors: Any
+        self, pattern: str | None = None, nth: int = 1, **selectors: Unpack[FaultSelectors]
     ) -> Fault:
         """End the process right after the ``nth`` matching statement's transaction commits."""
         return self.add(Fault("exit_after_commit", pattern, nth, **selectors))
 
     def fail_after_commit(
-        self, pattern: str | None = None, nth: int = 1, **selectors: Any
+        self, pattern: str | None = None, nth: int = 1, **selectors: Unpack[FaultSelectors]
     ) -> Fault:
         """Let the ``nth`` matching statement run and its transaction commit, then raise
         :class:`InjectedFault` (an ``OperationalError``) where the COMMIT returns.

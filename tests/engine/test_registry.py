@@ -117,7 +117,7 @@ def test_a_name_is_required() -> None:
 
     with pytest.raises(TypeError, match="name"):
 
-        @sv.activity  # type: ignore[arg-type]
+        @sv.activity  # type: ignore[call-overload]
         def bare_activity(x: Any) -> Any:
             return x
 

@@ -6,11 +6,23 @@ Every line marked ``# error: CODE`` must draw that error, and no other line any.
 from __future__ import annotations
 
 import selvedge_django as sv
+from selvedge_django.operations import iter_instances
+from selvedge_django.testing import FaultInjector
 
 
 @sv.activity(name="typing.wrong.greet")
 def greet(name: str) -> str:
     return f"Hello, {name}"
+
+
+@sv.activity  # error: call-overload
+def unnamed_activity(name: str) -> str:
+    return name
+
+
+@sv.workflow  # error: arg-type
+def unnamed_workflow(ctx: sv.WorkflowContext, name: str) -> str:
+    return name
 
 
 @sv.workflow(name="typing.wrong.child")
@@ -55,3 +67,10 @@ async def astart_with_a_handle() -> None:
     await parent.astart(42)  # error: arg-type
     text: str = await (await child.astart(1)).aresult()  # error: assignment
     print(text)
+
+
+def operate(faults: FaultInjector) -> None:
+    sv.update_schedule("nightly", crn="0 3 * * *")  # error: call-arg
+    sv.update_schedule("nightly", paused="no")  # error: arg-type
+    list(iter_instances(limit=10, state="failed"))  # error: call-arg
+    faults.fail_statement("UPDATE", operaton="complete_task")  # error: call-arg
