@@ -64,15 +64,6 @@ def test_statements_are_built_only_in_sql_py_and_the_dialect_packages() -> None:
     assert not found, "\n".join(found)
 
 
-@pytest.mark.parametrize("folder", ["storage", "worker", "testing"])
-def test_no_module_is_over_600_lines(folder: str) -> None:
-    sizes = {
-        str(path.relative_to(PACKAGE)): len(path.read_text(encoding="utf-8").splitlines())
-        for path in _modules(folder)
-    }
-    assert {name: n for name, n in sizes.items() if n > 600} == {}
-
-
 def test_every_public_store_method_is_a_marked_operation() -> None:
     """The fault injector names statements after marked operations: a new public method
     of a store class, of one of its parts or of its database that was not marked would
