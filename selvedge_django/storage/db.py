@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 from django.db import IntegrityError, connections, transaction
@@ -41,6 +41,10 @@ from .clock import DbNowMs, clock_offset_ms
 from .operation import operation
 from .sql import Sql
 from .wakeups import TOPIC_RUNNABLE, Bus, bus_for
+
+#: The values of a hand-written statement: by name (or, for the few statements whose
+#: IN lists have a length known only at run time, by position).
+Params = Mapping[str, Any] | Sequence[Any]
 
 __all__ = ["Database", "Sql"]
 
@@ -127,19 +131,18 @@ class Database:
     @operation
     def now_ms(self) -> int:
         """The database clock in Unix milliseconds (one read)."""
-        now = self.now_sql()
-        rows = self._fetch(sql.SELECT_NOW, now.params)
+        rows = self._fetch(sql.SELECT_NOW, {})
         return int(rows[0][0])
 
     @operation
     def now_sql(self, plus_seconds: float = 0.0) -> Sql:
         """The database clock in milliseconds (plus ``plus_seconds``) as a SQL value."""
+        now = sql.positional(self.NOW_MS)
         if plus_seconds:
             return Sql(
-                sql.compose(sql.PLUS_MS, value=self.NOW_MS),
-                [clock_offset_ms(), round(plus_seconds * 1000)],
+                sql.compose(sql.PLUS_MS, value=now), [clock_offset_ms(), round(plus_seconds * 1000)]
             )
-        return Sql(self.NOW_MS, [clock_offset_ms()])
+        return Sql(now, [clock_offset_ms()])
 
     @operation
     @contextlib.contextmanager
@@ -241,26 +244,39 @@ class Database:
             callback = self.on_closed
             transaction.on_commit(lambda: callback(instance_id), using=self.alias)
 
-    def _execute(self, statement: str, params: Sequence[Any]) -> int:
+    def _execute(self, statement: str, params: Params) -> int:
         """Run one hand-written statement; return the rows it touched.
 
         The hottest statements (fences, history rows, activity arrivals) skip the
         ORM's query building, which costs ten times the statement itself on a
         local database. ``{instance}``, ``{history}``, ``{task}``, ``{signal}``,
         ``{timer}`` and ``{schedule}`` name the tables, ``{now}`` is the database
-        clock (its parameter is the caller's).
+        clock. ``params`` binds the statement's ``%(name)s`` marks by name (the
+        clock's own is added here).
         """
+        statement, params = self._bound(statement, params)
         with self.connection.cursor() as cursor:
-            cursor.execute(self._tables(statement), params)
+            cursor.execute(statement, params)
             return int(cursor.rowcount)
 
-    def _fetch(self, statement: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+    def _fetch(self, statement: str, params: Params) -> list[tuple[Any, ...]]:
         """Run one hand-written statement that returns rows (named as in _execute)."""
+        statement, params = self._bound(statement, params)
         with self.connection.cursor() as cursor:
-            cursor.execute(self._tables(statement), params)
+            cursor.execute(statement, params)
             return list(cursor.fetchall())
 
-    def _tables(self, statement: str) -> str:
+    def _bound(self, statement: str, params: Params) -> tuple[str, Params]:
+        """The statement with its tables and clock filled, and the values it binds."""
+        if not isinstance(params, Mapping):
+            # The few statements still bound by position (dynamic IN lists).
+            return self._tables(statement, named=False), params
+        text = self._tables(statement)
+        if sql.CLOCK_OFFSET in text:
+            params = {**params, "clock_offset": clock_offset_ms()}
+        return text, params
+
+    def _tables(self, statement: str, *, named: bool = True) -> str:
         names = self._table_names
         if names is None:
             quote = self.connection.ops.quote_name
@@ -275,6 +291,8 @@ class Database:
                 "queue_claim": quote(QueueClaim._meta.db_table),
                 "now": self.NOW_MS,
             }
+        if not named:
+            return statement.format_map({**names, "now": sql.positional(self.NOW_MS)})
         return statement.format_map(names)
 
     def _insert(
@@ -430,13 +448,21 @@ class Database:
         Tells a fence check that also required no cancel request (``uncancelled``) and
         matched nothing apart from a lost lease.
         """
-        rows = self._fetch(
-            sql.CANCEL_REASON_UNDER_FENCE,
-            [fence.instance_id, fence.owner, fence.epoch, str(WorkflowStatus.RUNNING)],
-        )
+        rows = self._fetch(sql.CANCEL_REASON_UNDER_FENCE, self._fence_params(fence))
         if not rows or not rows[0][0]:
             return None
         return str(rows[0][1])
+
+    @staticmethod
+    def _fence_params(fence: Fence) -> dict[str, Any]:
+        """The values a fenced statement names: the instance, the lease (owner and epoch)
+        and the status it must still have."""
+        return {
+            "instance_id": fence.instance_id,
+            "owner": fence.owner,
+            "epoch": fence.epoch,
+            "running": str(WorkflowStatus.RUNNING),
+        }
 
     @staticmethod
     def _fenced_error(fence: Fence) -> exc.Fenced:
@@ -512,7 +538,7 @@ class Database:
         (``ready_ms`` in the future) keeps its backoff, whatever arrives meanwhile.
         SET expressions read the row as it was before the update.
         """
-        return Sql(self._tables(sql.WAKE_SET), [clock_offset_ms(), True])
+        return Sql(self._tables(sql.WAKE_SET, named=False), [clock_offset_ms(), True])
 
     @operation
     def wake_fields(self) -> dict[str, Any]:
@@ -575,7 +601,7 @@ class Database:
     #: "runnable is true" as the statements spell it.
     RUNNABLE_SQL: ClassVar[str] = "runnable"
 
-    def _status_rows(self, template: str, index: str, params: list[object]) -> list[Any]:
+    def _status_rows(self, template: str, index: str, params: Mapping[str, object]) -> list[Any]:
         """Run a status statement meant for ``index`` (the planner picks it here)."""
         return self._fetch(sql.compose(template, hint="", runnable=self.RUNNABLE_SQL), params)
 

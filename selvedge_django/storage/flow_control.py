@@ -65,7 +65,7 @@ class Limits:
             hint=self.db._index_hint("sv_task_rank_idx"),
         )
         clock = self.db.now_sql().params
-        return RawSQL(self.db._tables(text), [*clock, *served, *clock], BooleanField())
+        return RawSQL(self.db._tables(text, named=False), [*clock, *served, *clock], BooleanField())
 
     def _claim_probe(self, names: Sequence[str]) -> tuple[str, list[Any]]:
         """Whether a claim would find a candidate (:meth:`Database._worth_writing`'s probe)."""

@@ -82,14 +82,11 @@ class Instances:
     @operation
     def set_progress(self, fence: Fence, progress: str) -> None:
         """Store the instance's progress (JSON text) under the fence, in one statement."""
-        params = [
-            progress,
-            self.db._now_param(),
-            fence.instance_id,
-            fence.owner,
-            fence.epoch,
-            str(WorkflowStatus.RUNNING),
-        ]
+        params = {
+            "progress": progress,
+            "updated_at": self.db._now_param(),
+            **self.db._fence_params(fence),
+        }
         if self.db._execute(sql.SET_PROGRESS, params) != 1:
             raise self.db._fenced_error(fence)
 
@@ -247,18 +244,18 @@ class Instances:
         back is then unspecified).
         """
         if head is None:
-            rows = self.db._fetch(sql.SELECT_HEAD, [instance_id])
+            rows = self.db._fetch(sql.SELECT_HEAD, {"instance_id": instance_id})
             if not rows:
                 raise exc.WorkflowNotFound(instance_id)
             head = self._head(rows[0])
         history: list[HistoryRow] = []
         signals: list[SignalPosition] = []
-        params: list[Any]
         if max_events is None:
-            statement, params = sql.SNAPSHOT, [instance_id, instance_id]
+            rows = self.db._fetch(sql.SNAPSHOT, {"instance_id": instance_id})
         else:
-            statement, params = sql.SNAPSHOT_BOUNDED, [instance_id, max_events + 1, instance_id]
-        rows = self.db._fetch(statement, params)
+            rows = self.db._fetch(
+                sql.SNAPSHOT_BOUNDED, {"instance_id": instance_id, "limit": max_events + 1}
+            )
         for kind, row_id, key, seq, command, event_type, data, reserved, delivered in rows:
             if kind == 0:
                 history.append(HistoryRow(key, seq, command, event_type, data, reserved, delivered))
@@ -366,10 +363,7 @@ class Instances:
     def execution_errors(self, fence: Fence) -> int | None:
         """How many executions in a row ended on a storage error before the one ``fence``
         holds; None when that lease is no longer held (or the instance closed)."""
-        rows = self.db._fetch(
-            sql.SELECT_EXECUTION_ERRORS,
-            [fence.instance_id, fence.owner, fence.epoch, str(WorkflowStatus.RUNNING)],
-        )
+        rows = self.db._fetch(sql.SELECT_EXECUTION_ERRORS, self.db._fence_params(fence))
         return int(rows[0][0]) if rows else None
 
     @operation
@@ -385,18 +379,14 @@ class Instances:
         return (
             self.db._execute(
                 sql.DEFER_EXECUTION,
-                [
-                    True,
-                    *self.db.now_sql().params,
-                    round(delay * 1000),
-                    errors,
-                    message[:EXECUTION_ERROR_CHARS],
-                    self.db._now_param(),
-                    fence.instance_id,
-                    fence.owner,
-                    fence.epoch,
-                    str(WorkflowStatus.RUNNING),
-                ],
+                {
+                    "runnable": True,
+                    "delay_ms": round(delay * 1000),
+                    "errors": errors,
+                    "message": message[:EXECUTION_ERROR_CHARS],
+                    "updated_at": self.db._now_param(),
+                    **self.db._fence_params(fence),
+                },
             )
             == 1
         )
@@ -429,7 +419,7 @@ class Instances:
         :class:`InstanceClosed`.
         """
         with self.db.atomic():
-            rows = self.db._fetch(sql.SELECT_TERMINATE_HEAD, [instance_id])
+            rows = self.db._fetch(sql.SELECT_TERMINATE_HEAD, {"instance_id": instance_id})
             if not rows:
                 raise exc.WorkflowNotFound(instance_id)
             status, parent_id, parent_key, workflow_name = rows[0]
@@ -439,30 +429,26 @@ class Instances:
             parent = self.children._wake_waiting_parent(
                 instance_id, (str(parent_id), str(parent_key))
             )
-            now = self.db._now_param()
-            params: list[Any] = [
-                str(WorkflowStatus.FAILED),
-                error,
-                envelope_type(error),
-                False,
-                now,
-                now,
-                instance_id,
-                str(WorkflowStatus.RUNNING),
-            ]
+            params: dict[str, Any] = {
+                "failed": str(WorkflowStatus.FAILED),
+                "error": error,
+                "error_type": envelope_type(error),
+                "runnable": False,
+                "closed_at": self.db._now_param(),
+                "instance_id": instance_id,
+                "running": str(WorkflowStatus.RUNNING),
+            }
             guard = "" if fence is None else sql.TERMINATE_FENCED
             if fence is not None:
-                params += [fence.owner, fence.epoch]
+                params.update(owner=fence.owner, epoch=fence.epoch)
             if overdue:
-                now_ms = self.db.now_sql()
-                guard += sql.compose(sql.TERMINATE_OVERDUE, now=now_ms.sql)
-                params += now_ms.params
+                guard += sql.TERMINATE_OVERDUE
             statement = sql.compose(sql.TERMINATE_UPDATE, fenced=guard)
             if self.db._execute(statement, params) != 1:
                 if fence is not None:
                     raise self.db._fenced_error(fence)
                 # Closed by its execution while this transaction waited for the row.
-                closed = self.db._fetch(sql.SELECT_STATUS, [instance_id])
+                closed = self.db._fetch(sql.SELECT_STATUS, {"instance_id": instance_id})
                 if overdue and closed[0][0] == WorkflowStatus.RUNNING:
                     raise exc.InvalidWorkflowState(
                         instance_id, str(closed[0][0]), f"{instance_id!r} is not overdue"

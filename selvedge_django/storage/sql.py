@@ -2,19 +2,25 @@
 
 Placeholders: ``{instance}``, ``{history}``, ``{task}``, ``{signal}``, ``{timer}``
 and ``{schedule}`` name the tables and ``{now}`` is the database clock in Unix
-milliseconds (one ``%s``: the test clock offset), all filled by
-``Database._tables`` when the statement runs. Other placeholders are parts a
-method fills with :func:`compose` (an IN list, an optional condition). The
-statements only PostgreSQL or only SQLite runs live in
+milliseconds, all filled by ``Database._tables`` when the statement runs. Other
+placeholders are parts a method fills with :func:`compose` (an IN list, an optional
+condition). The statements only PostgreSQL or only SQLite runs live in
 :mod:`.postgresql` and :mod:`.sqlite`.
+
+Values are bound by name (``%(instance_id)s``), as a mapping the caller builds
+next to the call: no list whose order must match a statement in another file.
+One name is one value: a statement that needs a value twice names it twice, and
+parts combined into one statement agree on the names they share (:func:`bind`
+refuses two values under one name). ``{now}`` binds ``clock_offset`` (the test
+clock's offset), which ``Database._execute`` adds. A literal ``%`` is written ``%%``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["Sql", "compose", "in_list", "marks"]
+__all__ = ["Sql", "bind", "compose", "in_list", "marks", "positional"]
 
 
 class Sql:
@@ -25,6 +31,26 @@ class Sql:
     def __init__(self, sql: str, params: Sequence[Any] = ()) -> None:
         self.sql = sql
         self.params = list(params)
+
+
+def bind(*parts: Mapping[str, Any]) -> dict[str, Any]:
+    """The values of statement parts combined into one statement, by name.
+
+    A name two parts share must carry one value (an instance id the fence and the
+    history row both name); two different values under one name are a bug.
+    """
+    values: dict[str, Any] = {}
+    for part in parts:
+        for name, value in part.items():
+            if name in values and values[name] != value:
+                raise ValueError(f"statement parts bind {name!r} to two values")
+            values[name] = value
+    return values
+
+
+def positional(fragment: str) -> str:
+    """``fragment`` with the clock's named mark as ``%s``, for the ORM (RawSQL, Func)."""
+    return fragment.replace(CLOCK_OFFSET, "%s")
 
 
 def compose(template: str, **parts: str) -> str:
@@ -48,11 +74,15 @@ def in_list(column: str, count: int) -> str:
 
 # -- the clock -----------------------------------------------------------------------------
 
+# The clock's one parameter: the test clock's offset in ms (0 outside tests).
+CLOCK_OFFSET = "%(clock_offset)s"
 # The database clock in ms on PostgreSQL: statement_timestamp() is stable within a
 # statement, so comparisons with it can drive index scans (clock_timestamp() cannot).
-NOW_MS_POSTGRESQL = "(CAST(EXTRACT(EPOCH FROM statement_timestamp()) * 1000 AS BIGINT) + %s)"
+NOW_MS_POSTGRESQL = (
+    f"(CAST(EXTRACT(EPOCH FROM statement_timestamp()) * 1000 AS BIGINT) + {CLOCK_OFFSET})"
+)
 # The database clock in ms on SQLite.
-NOW_MS_SQLITE = "(CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) + %s)"
+NOW_MS_SQLITE = f"(CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) + {CLOCK_OFFSET})"
 # A clock value plus a number of milliseconds.
 PLUS_MS = "({value} + %s)"
 # Read the database clock.
@@ -86,13 +116,14 @@ FENCE_SET_RELEASE = (
 FENCE_UNCANCELLED = " AND cancel_requested = %s"
 # ctx.set_progress(): the instance's progress, fenced like FENCE_UPDATE.
 SET_PROGRESS = (
-    "UPDATE {instance} SET progress = %s, updated_at = %s WHERE instance_id = %s"
-    " AND lease_owner = %s AND lease_epoch = %s AND status = %s"
+    "UPDATE {instance} SET progress = %(progress)s, updated_at = %(updated_at)s"
+    " WHERE instance_id = %(instance_id)s AND lease_owner = %(owner)s"
+    " AND lease_epoch = %(epoch)s AND status = %(running)s"
 )
 # The cancel request of an instance a fence still holds (after an uncancelled fence failed).
 CANCEL_REASON_UNDER_FENCE = (
-    "SELECT cancel_requested, cancel_reason FROM {instance} WHERE instance_id = %s"
-    " AND lease_owner = %s AND lease_epoch = %s AND status = %s"
+    "SELECT cancel_requested, cancel_reason FROM {instance} WHERE instance_id = %(instance_id)s"
+    " AND lease_owner = %(owner)s AND lease_epoch = %(epoch)s AND status = %(running)s"
 )
 # The columns of a history row insert, then VALUES or a SELECT from a CTE.
 _HISTORY_INSERT = (
@@ -143,20 +174,20 @@ NEXT_SEQ_POSTGRESQL = "nextval('selvedge_django_instance_seq')"
 # next row gets (the largest plus one; SQLite finds the largest without a scan).
 NEXT_SEQ_SQLITE = "(SELECT COALESCE(MAX(rowid), 0) + 1 FROM {instance})"
 # The workflow of an instance (an id a start found taken).
-SELECT_WORKFLOW_NAME = "SELECT workflow_name FROM {instance} WHERE instance_id = %s"
+SELECT_WORKFLOW_NAME = "SELECT workflow_name FROM {instance} WHERE instance_id = %(instance_id)s"
 # An instance's result, for the client API.
-SELECT_RESULT = "SELECT status, output, error FROM {instance} WHERE instance_id = %s"
+SELECT_RESULT = "SELECT status, output, error FROM {instance} WHERE instance_id = %(instance_id)s"
 # A django.tasks record: the instance and its task by key (no task row yet: NULLs).
 SELECT_TASK_RECORD = (
     "SELECT i.workflow_name, i.status, i.input, i.output, i.error, i.started_at, i.closed_at,"
     " t.status, t.attempts, t.failures, t.last_error, t.claim_owner, t.claim_started_ms"
-    " FROM {instance} i LEFT JOIN {task} t ON t.instance_id = i.instance_id AND t.key = %s"
-    " WHERE i.instance_id = %s"
+    " FROM {instance} i LEFT JOIN {task} t ON t.instance_id = i.instance_id AND t.key = %(key)s"
+    " WHERE i.instance_id = %(instance_id)s"
 )
 # An instance's status.
-SELECT_STATUS = "SELECT status FROM {instance} WHERE instance_id = %s"
+SELECT_STATUS = "SELECT status FROM {instance} WHERE instance_id = %(instance_id)s"
 # What an execution reads of its instance (when it did not come with the lease).
-SELECT_HEAD = f"SELECT {HEAD_COLUMNS} FROM {{instance}} WHERE instance_id = %s"
+SELECT_HEAD = f"SELECT {HEAD_COLUMNS} FROM {{instance}} WHERE instance_id = %(instance_id)s"
 # Dispatch, first part: running, owned under an expired lease ({named}: the names).
 DISPATCH_EXPIRED = (
     "status = 'running' AND NOT (lease_owner = '') AND lease_expires_ms < {now}{named}"
@@ -192,20 +223,20 @@ RELEASE_LEASE = (
 )
 _SNAPSHOT_HISTORY = (
     "SELECT 0, id, key, seq, command, event_type, data, reservation, delivered_seq"
-    " FROM {history} WHERE instance_id = %s"
+    " FROM {history} WHERE instance_id = %(instance_id)s"
 )
 _SNAPSHOT_SIGNALS = (
     " UNION ALL SELECT 1, id, channel, delivered_seq, NULL, NULL, NULL, NULL,"
-    " consumed_seq FROM {signal} WHERE instance_id = %s AND delivered_seq IS NOT NULL"
+    " consumed_seq FROM {signal} WHERE instance_id = %(instance_id)s AND delivered_seq IS NOT NULL"
     " AND archived_generation IS NULL"
 )
 # An instance's whole history and its delivered signals, in one statement.
 SNAPSHOT = _SNAPSHOT_HISTORY + _SNAPSHOT_SIGNALS
 # SNAPSHOT reading at most a number of history rows.
-SNAPSHOT_BOUNDED = f"SELECT * FROM ({_SNAPSHOT_HISTORY} LIMIT %s) bounded{_SNAPSHOT_SIGNALS}"
+SNAPSHOT_BOUNDED = f"SELECT * FROM ({_SNAPSHOT_HISTORY} LIMIT %(limit)s) bounded{_SNAPSHOT_SIGNALS}"
 # An instance's cancel request.
 SELECT_CANCEL_STATE = (
-    "SELECT cancel_requested, cancel_reason FROM {instance} WHERE instance_id = %s"
+    "SELECT cancel_requested, cancel_reason FROM {instance} WHERE instance_id = %(instance_id)s"
 )
 # The close: status, outcome, lease cleared, under the fence (one conditional update).
 CLOSE_UPDATE = (
@@ -219,36 +250,41 @@ CLOSE_UPDATE = (
 CLOSE_UNLEASED = CLOSE_UPDATE + " AND cancel_requested = %s"
 # The storage errors in a row of an instance a lease still holds.
 SELECT_EXECUTION_ERRORS = (
-    "SELECT execution_errors FROM {instance} WHERE instance_id = %s"
-    " AND lease_owner = %s AND lease_epoch = %s AND status = %s"
+    "SELECT execution_errors FROM {instance} WHERE instance_id = %(instance_id)s"
+    " AND lease_owner = %(owner)s AND lease_epoch = %(epoch)s AND status = %(running)s"
 )
 # Release a lease after a storage error, holding the instance back (fenced).
 DEFER_EXECUTION = (
-    "UPDATE {instance} SET lease_owner = '', lease_expires_ms = NULL, runnable = %s,"
-    " ready_ms = {now} + %s, execution_errors = %s, execution_error = %s,"
-    " updated_at = %s WHERE instance_id = %s AND lease_owner = %s"
-    " AND lease_epoch = %s AND status = %s"
+    "UPDATE {instance} SET lease_owner = '', lease_expires_ms = NULL, runnable = %(runnable)s,"
+    " ready_ms = {now} + %(delay_ms)s, execution_errors = %(errors)s,"
+    " execution_error = %(message)s, updated_at = %(updated_at)s"
+    " WHERE instance_id = %(instance_id)s AND lease_owner = %(owner)s"
+    " AND lease_epoch = %(epoch)s AND status = %(running)s"
 )
 # What terminate reads first.
 SELECT_TERMINATE_HEAD = (
     "SELECT status, parent_instance_id, parent_key, workflow_name FROM {instance}"
-    " WHERE instance_id = %s"
+    " WHERE instance_id = %(instance_id)s"
 )
 # Terminate: failed, a new lease epoch, lease cleared ({fenced}: TERMINATE_FENCED or nothing).
 TERMINATE_UPDATE = (
-    "UPDATE {instance} SET status = %s, output = NULL, error = %s, error_type = %s,"
-    " lease_owner = '', lease_expires_ms = NULL, lease_epoch = lease_epoch + 1, runnable = %s,"
-    " closed_at = %s, updated_at = %s WHERE instance_id = %s AND status = %s{fenced}"
+    "UPDATE {instance} SET status = %(failed)s, output = NULL, error = %(error)s,"
+    " error_type = %(error_type)s, lease_owner = '', lease_expires_ms = NULL,"
+    " lease_epoch = lease_epoch + 1, runnable = %(runnable)s, closed_at = %(closed_at)s,"
+    " updated_at = %(closed_at)s WHERE instance_id = %(instance_id)s"
+    " AND status = %(running)s{fenced}"
 )
 # TERMINATE_UPDATE part: only while this execution holds the lease.
-TERMINATE_FENCED = " AND lease_owner = %s AND lease_epoch = %s"
+TERMINATE_FENCED = " AND lease_owner = %(owner)s AND lease_epoch = %(epoch)s"
 # TERMINATE_UPDATE part: only while the run is past its execution deadline.
 TERMINATE_OVERDUE = " AND execution_deadline_ms < {now}"
 
 # -- children ------------------------------------------------------------------------------
 
 # An instance's parent and the parent's command key.
-SELECT_PARENT = "SELECT parent_instance_id, parent_key FROM {instance} WHERE instance_id = %s"
+SELECT_PARENT = (
+    "SELECT parent_instance_id, parent_key FROM {instance} WHERE instance_id = %(instance_id)s"
+)
 # WAKE_RUNNING part: the parent's child command still waits for an outcome, in the history
 # that started the child (a continue-as-new since then opened another: its rows are not
 # this child's, even under the same key).
@@ -294,7 +330,9 @@ SIGNAL_KEY_CONFLICT = (
     " ON CONFLICT (instance_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"
 )
 # The signal an idempotency key already delivered to an instance.
-SIGNAL_BY_KEY = "SELECT id FROM {signal} WHERE instance_id = %s AND idempotency_key = %s"
+SIGNAL_BY_KEY = (
+    "SELECT id FROM {signal} WHERE instance_id = %(instance_id)s AND idempotency_key = %(key)s"
+)
 # The oldest unconsumed signal of a channel.
 NEXT_SIGNAL = (
     "SELECT id, channel, payload FROM {signal} WHERE instance_id = %s AND channel = %s"
@@ -517,29 +555,31 @@ STATUS_COLUMNS = (
     "instance_id, workflow_name, lease_owner, lease_expires_ms, ready_ms, lease_epoch,"
     " parked_seq, execution_errors, execution_error, generation"
 )
-# Runnable and ready by %s, the longest waiting first (sv_inst_ready_idx).
+# Runnable and ready by a time (ms), the longest waiting first (sv_inst_ready_idx).
 STATUS_READY = (
     f"SELECT {STATUS_COLUMNS} FROM {{instance}}{{hint}} WHERE status = 'running'"
-    " AND lease_owner = '' AND {runnable} AND ready_ms <= %s ORDER BY ready_ms LIMIT %s"
+    " AND lease_owner = '' AND {runnable} AND ready_ms <= %(by_ms)s ORDER BY ready_ms"
+    " LIMIT %(limit)s"
 )
-# How many are runnable and ready by %s, up to %s (sv_inst_ready_idx).
+# How many are runnable and ready by a time, up to a limit (sv_inst_ready_idx).
 STATUS_READY_COUNT = (
     "SELECT COUNT(*) FROM (SELECT 1 FROM {instance}{hint} WHERE status = 'running'"
-    " AND lease_owner = '' AND {runnable} AND ready_ms <= %s LIMIT %s) counted"
+    " AND lease_owner = '' AND {runnable} AND ready_ms <= %(by_ms)s LIMIT %(limit)s) counted"
 )
-# Leased, with a lease that expires before %s, the earliest first (sv_inst_lease_idx).
+# Leased, with a lease that expires before a time, the earliest first (sv_inst_lease_idx).
 STATUS_LEASED = (
     f"SELECT {STATUS_COLUMNS} FROM {{instance}}{{hint}} WHERE status = 'running'"
-    " AND NOT (lease_owner = '') AND lease_expires_ms < %s ORDER BY lease_expires_ms LIMIT %s"
+    " AND NOT (lease_owner = '') AND lease_expires_ms < %(before_ms)s"
+    " ORDER BY lease_expires_ms LIMIT %(limit)s"
 )
-# Running, suspended past command position %s, the longest first; {floor} is the
+# Running, suspended past a command position, the longest first; {floor} is the
 # condition of sv_inst_long_history_idx when the threshold allows it.
 STATUS_LONG_HISTORY = (
     f"SELECT {STATUS_COLUMNS} FROM {{instance}}{{hint}} WHERE status = 'running'{{floor}}"
-    " AND parked_seq > %s ORDER BY parked_seq DESC LIMIT %s"
+    " AND parked_seq > %(threshold)s ORDER BY parked_seq DESC LIMIT %(limit)s"
 )
 # Running and held back after storage errors, the most first (sv_inst_exec_errors_idx).
 STATUS_EXECUTION_ERRORS = (
     f"SELECT {STATUS_COLUMNS} FROM {{instance}}{{hint}} WHERE status = 'running'"
-    " AND execution_errors > 0 ORDER BY execution_errors DESC LIMIT %s"
+    " AND execution_errors > 0 ORDER BY execution_errors DESC LIMIT %(limit)s"
 )

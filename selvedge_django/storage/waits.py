@@ -184,7 +184,8 @@ class Waits:
         if max_pending is not None:
             # The partial index of pending signals answers the count; LIMIT bounds it.
             where = Sql(
-                self.db._tables(sql.PENDING_SIGNALS_BELOW), [instance_id, max_pending, max_pending]
+                self.db._tables(sql.PENDING_SIGNALS_BELOW, named=False),
+                [instance_id, max_pending, max_pending],
             )
         if idempotency_key is not None:
             row = {"channel": channel, "payload": payload, "trace_context": trace_context}
@@ -229,10 +230,10 @@ class Waits:
                 on_conflict=sql.SIGNAL_KEY_CONFLICT,
             )
             if signal_id is None:
-                status = self.db._fetch(sql.SELECT_STATUS, [instance_id])
+                status = self.db._fetch(sql.SELECT_STATUS, {"instance_id": instance_id})
                 if not status or status[0][0] != WorkflowStatus.RUNNING:
                     self._not_running(instance_id)
-                rows = self.db._fetch(sql.SIGNAL_BY_KEY, [instance_id, key])
+                rows = self.db._fetch(sql.SIGNAL_BY_KEY, {"instance_id": instance_id, "key": key})
                 if rows:
                     return int(rows[0][0])  # already delivered: nothing written, no wake
                 assert max_pending is not None
@@ -243,7 +244,7 @@ class Waits:
 
     def _not_running(self, instance_id: str) -> NoReturn:
         """Raise why a signal cannot land: no such instance, or it is closed."""
-        rows = self.db._fetch(sql.SELECT_STATUS, [instance_id])
+        rows = self.db._fetch(sql.SELECT_STATUS, {"instance_id": instance_id})
         if not rows:
             raise exc.WorkflowNotFound(instance_id)
         raise exc.InstanceClosed.for_status(instance_id, rows[0][0])

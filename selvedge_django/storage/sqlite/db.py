@@ -21,7 +21,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from django.core.checks import CheckMessage, Warning
@@ -172,7 +172,7 @@ class SQLiteDatabase(Database):
         first few in order."""
         return f" INDEXED BY {index}" if index else ""
 
-    def _status_rows(self, template: str, index: str, params: list[object]) -> list[Any]:
+    def _status_rows(self, template: str, index: str, params: Mapping[str, object]) -> list[Any]:
         """``INDEXED BY``: without statistics SQLite prefers the status index and sorts
         every running instance, where the status report's partial index is the one. An
         index whose condition the statement does not imply (made by hand, or by another
