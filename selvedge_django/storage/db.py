@@ -194,7 +194,7 @@ class Database:
         """Whether a poll should take its locks; True unless the dialect probes first."""
         return True
 
-    def _worth_writing(self, probe: str, params: Sequence[Any]) -> bool:
+    def _worth_writing(self, probe: str, params: Params) -> bool:
         """:meth:`worth_locking` for a hand-written probe (a statement returning a row)."""
         return True
 

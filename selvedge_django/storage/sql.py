@@ -60,16 +60,25 @@ def compose(template: str, **parts: str) -> str:
     return template
 
 
-def marks(count: int) -> str:
-    """``%s, %s, ...``: ``count`` parameter marks."""
-    return ", ".join(["%s"] * count)
+def marks(count: int, name: str | None = None) -> str:
+    """``count`` parameter marks: ``%(name_0)s, %(name_1)s, ...`` (:func:`numbered` binds
+    them), or ``%s, %s, ...`` without a name (a statement the ORM composes)."""
+    if name is None:
+        return ", ".join(["%s"] * count)
+    return ", ".join(f"%({name}_{i})s" for i in range(count))
 
 
-def in_list(column: str, count: int) -> str:
-    """`` AND column IN (%s, ...)`` for ``count`` values; empty (every row) for none."""
+def numbered(name: str, values: Sequence[Any]) -> dict[str, Any]:
+    """The values of :func:`marks` with ``name``: ``{name_0: values[0], ...}``."""
+    return {f"{name}_{i}": value for i, value in enumerate(values)}
+
+
+def in_list(column: str, count: int, name: str | None = None) -> str:
+    """`` AND column IN (...)`` for ``count`` values (:func:`marks`); empty (every row)
+    for none."""
     if not count:
         return ""
-    return f" AND {column} IN ({marks(count)})"
+    return f" AND {column} IN ({marks(count, name)})"
 
 
 # -- the clock -----------------------------------------------------------------------------
@@ -296,7 +305,7 @@ PARENT_WAITS = (
 
 # -- timers --------------------------------------------------------------------------------
 
-_TIMER_DUE = "t.fired = %s AND t.fire_at_ms <= {now}"
+_TIMER_DUE = "t.fired = %(fired)s AND t.fire_at_ms <= {now}"
 # Whether any timer is due (the probe before a write transaction, SQLite).
 TIMER_DUE_PROBE = f"SELECT 1 FROM {{timer}} t WHERE {_TIMER_DUE} LIMIT 1"
 # The due timers with their instance's status and command ({lock}: the dialect's locks).
@@ -305,16 +314,17 @@ DUE_TIMERS = (
     " h.command"
     " FROM {timer} t JOIN {instance} i ON i.instance_id = t.instance_id"
     " LEFT JOIN {history} h ON h.instance_id = t.instance_id AND h.key = t.key"
-    f" WHERE {_TIMER_DUE} ORDER BY t.fire_at_ms, t.id LIMIT %s{{lock}}"
+    f" WHERE {_TIMER_DUE} ORDER BY t.fire_at_ms, t.id LIMIT %(limit)s{{lock}}"
 )
 # Give a history row still waiting for its value that value (an arrival).
 FILL_HISTORY = (
-    "UPDATE {history} SET event_type = %s, data = %s, arrived_at = %s"
-    " WHERE instance_id = %s AND key = %s AND data IS NULL"
+    "UPDATE {history} SET event_type = %(event_type)s, data = %(data)s,"
+    " arrived_at = %(arrived_at)s WHERE instance_id = %(instance_id)s AND key = %(key)s"
+    " AND data IS NULL"
 )
 # Milliseconds until the next armed timer is due.
 NEXT_TIMER_DUE = (
-    "SELECT fire_at_ms - {now} FROM {timer} WHERE fired = %s ORDER BY fire_at_ms LIMIT 1"
+    "SELECT fire_at_ms - {now} FROM {timer} WHERE fired = %(fired)s ORDER BY fire_at_ms LIMIT 1"
 )
 
 # -- signals and deliveries ----------------------------------------------------------------
@@ -335,23 +345,23 @@ SIGNAL_BY_KEY = (
 )
 # The oldest unconsumed signal of a channel.
 NEXT_SIGNAL = (
-    "SELECT id, channel, payload FROM {signal} WHERE instance_id = %s AND channel = %s"
-    " AND consumed_seq IS NULL ORDER BY id LIMIT 1"
+    "SELECT id, channel, payload FROM {signal} WHERE instance_id = %(instance_id)s"
+    " AND channel = %(channel)s AND consumed_seq IS NULL ORDER BY id LIMIT 1"
 )
 # Consume one signal at a history position (unless consumed already).
 CONSUME_SIGNAL = (
-    "UPDATE {signal} SET consumed_seq = %s, consumed_key = %s"
-    " WHERE id = %s AND instance_id = %s AND consumed_seq IS NULL"
+    "UPDATE {signal} SET consumed_seq = %(seq)s, consumed_key = %(key)s"
+    " WHERE id = %(signal_id)s AND instance_id = %(instance_id)s AND consumed_seq IS NULL"
 )
 # Mark arrived history values delivered at a position ({keys}: all, or an IN list).
 DELIVER_HISTORY = (
-    "UPDATE {history} SET delivered_seq = %s WHERE instance_id = %s"
+    "UPDATE {history} SET delivered_seq = %(seq)s WHERE instance_id = %(instance_id)s"
     " AND delivered_seq IS NULL AND data IS NOT NULL AND seq IS NOT NULL"
     "{keys} RETURNING id, key"
 )
 # Mark signals delivered at a position ({ids}: all, or an IN list).
 DELIVER_SIGNALS = (
-    "UPDATE {signal} SET delivered_seq = %s WHERE instance_id = %s"
+    "UPDATE {signal} SET delivered_seq = %(seq)s WHERE instance_id = %(instance_id)s"
     " AND delivered_seq IS NULL{ids} RETURNING id, channel"
 )
 

@@ -21,7 +21,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from django.core.checks import CheckMessage, Warning
@@ -29,7 +29,7 @@ from django.db import DatabaseError, OperationalError, transaction
 
 from ...engine.events import Fence
 from .. import sql
-from ..db import Database
+from ..db import Database, Params
 from ..operation import operation
 from ..wakeups import TOPIC_RUNNABLE
 
@@ -249,7 +249,7 @@ class SQLiteDatabase(Database):
             return True
         return bool(queryset.exists())
 
-    def _worth_writing(self, probe: str, params: Sequence[Any]) -> bool:
+    def _worth_writing(self, probe: str, params: Params) -> bool:
         if self.connection.in_atomic_block:
             return True
         return bool(self._fetch(probe, params))
