@@ -396,15 +396,16 @@ INSERT_QUEUED_TASK = (
 # -- claims --------------------------------------------------------------------------------
 # Claim tasks no claim held before (one claim length): each row updated once.
 CLAIM_FRESH = (
-    "UPDATE {task} SET status = %s, attempts = attempts + 1, claim_owner = %s,"
+    "UPDATE {task} SET status = %(running)s, attempts = attempts + 1, claim_owner = %(owner)s,"
     " claim_epoch = claim_epoch + 1, claim_started_ms = {now}, schedule_deadline_ms = NULL,"
-    " claim_expires_ms = {now} + %s, attempt_deadline_ms = (CASE WHEN %s THEN {now} + %s END)"
+    " claim_expires_ms = {now} + %(ttl_ms)s,"
+    " attempt_deadline_ms = (CASE WHEN %(has_deadline)s THEN {now} + %(deadline_ms)s END)"
     " WHERE id IN ({ids})"
 )
 # What a claim reads back of the tasks it took.
 CLAIMED_BACK = (
     "SELECT id, claim_epoch, attempts, failures, claim_started_ms FROM {task}"
-    " WHERE id IN ({ids}) AND claim_owner = %s"
+    " WHERE id IN ({ids}) AND claim_owner = %(owner)s"
 )
 
 _CLAIM_COLUMNS = "id, queue, concurrency_key, max_concurrency"
@@ -432,8 +433,13 @@ CLAIM_PICK = (
 )
 # Whether a claim would find anything ({pick}: CLAIM_PICK for one row).
 CLAIM_PROBE = "SELECT 1 FROM ({pick}) p"
-# CLAIM_PICK's VALUES row of one activity name.
-CLAIM_NAME = "(%s)"
+
+
+def claim_names(count: int) -> str:
+    """CLAIM_PICK's VALUES rows of ``count`` activity names (``name_0``, ...)."""
+    return ", ".join(f"(%(name_{i})s)" for i in range(count))
+
+
 # CLAIM_PICK part: only these queues ({queues}: marks).
 CLAIM_QUEUES = " AND queue IN ({queues})"
 # CLAIM_PICK part: not these (rate-limited, full) queues ({queues}: marks).
@@ -470,13 +476,15 @@ RUNNING_BY_KEY = (
     " AND NOT (concurrency_key = '') AND claim_expires_ms >= {now}"
     " AND concurrency_key IN ({keys}) GROUP BY concurrency_key"
 )
-# A rate-limited queue's claims in its window (the last %s ms), the oldest, and now.
+# A rate-limited queue's claims in its window (the last period_ms), the oldest, and now.
 QUEUE_WINDOW = (
     "SELECT COUNT(*), MIN(claimed_ms), {now} FROM {queue_claim}"
-    " WHERE queue = %s AND claimed_ms > {now} - %s"
+    " WHERE queue = %(queue)s AND claimed_ms > {now} - %(period_ms)s"
 )
 # Forget a queue's claims that left its window.
-QUEUE_PRUNE = "DELETE FROM {queue_claim} WHERE queue = %s AND claimed_ms <= {now} - %s"
+QUEUE_PRUNE = (
+    "DELETE FROM {queue_claim} WHERE queue = %(queue)s AND claimed_ms <= {now} - %(period_ms)s"
+)
 # Record the claims of rate-limited queues just taken ({ids}: marks), at the claims' own
 # time: a claim counted later sees exactly the claims of the last period before it.
 QUEUE_RECORD = (
