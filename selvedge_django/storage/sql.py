@@ -534,10 +534,10 @@ def renew_details_set(count: int) -> str:
 
 # Whether the leader has anything to do: a slot due, or a held-back slot whose last run closed.
 SCHEDULES_DUE_PROBE = (
-    "SELECT 1 WHERE EXISTS (SELECT 1 FROM {schedule} WHERE paused = %s AND next_due_ms <= {now})"
-    " OR EXISTS (SELECT 1 FROM {schedule} s WHERE s.paused = %s"
+    "SELECT 1 WHERE EXISTS (SELECT 1 FROM {schedule} WHERE paused = %(paused)s"
+    " AND next_due_ms <= {now}) OR EXISTS (SELECT 1 FROM {schedule} s WHERE s.paused = %(paused)s"
     " AND s.buffered_slot_ms IS NOT NULL AND NOT EXISTS (SELECT 1 FROM {instance} i"
-    " WHERE i.instance_id = s.last_run_id AND i.status = %s))"
+    " WHERE i.instance_id = s.last_run_id AND i.status = %(running)s))"
 )
 # Start runs ({columns}, {rows}): rows whose id already exists are left alone.
 START_RUNS = "INSERT INTO {instance} ({columns}) VALUES {rows} ON CONFLICT (instance_id) DO NOTHING"
@@ -555,10 +555,13 @@ CANCEL_RUN = (
 )
 # The bookkeeping of one schedule after a plan or a start, under its version.
 RECORD_SCHEDULE = (
-    "UPDATE {schedule} SET next_slot_ms = %s, next_due_ms = %s, buffered_slot_ms = %s,"
-    " last_run_id = %s, last_run_ms = %s, recent_runs = %s, runs_started = runs_started + %s,"
-    " missed_runs = missed_runs + %s, overlap_skipped_runs = overlap_skipped_runs + %s,"
-    " last_error = %s, version = version + 1, updated_at = %s WHERE name = %s AND version = %s"
+    "UPDATE {schedule} SET next_slot_ms = %(next_slot_ms)s, next_due_ms = %(next_due_ms)s,"
+    " buffered_slot_ms = %(buffered_slot_ms)s, last_run_id = %(last_run_id)s,"
+    " last_run_ms = %(last_run_ms)s, recent_runs = %(recent_runs)s,"
+    " runs_started = runs_started + %(new_runs)s, missed_runs = missed_runs + %(missed)s,"
+    " overlap_skipped_runs = overlap_skipped_runs + %(overlap_skipped)s,"
+    " last_error = %(last_error)s, version = version + 1, updated_at = %(updated_at)s"
+    " WHERE name = %(name)s AND version = %(version)s"
 )
 # The dispatch condition of COMPATIBLE_VERSIONS ({versions}: marks; {unversioned}: the
 # NULL part or nothing). code_version is a column of both dispatch indexes.
