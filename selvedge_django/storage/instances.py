@@ -120,18 +120,16 @@ class Instances:
         versions = self.options.compatible_versions
         if limit <= 0 or (names is not None and not names) or versions == ():
             return []
-        clock = self.db.now_sql().params
-        named = "" if names is None else sql.in_list("workflow_name", len(names))
-        name_params = [] if names is None else list(names)
+        named = "" if names is None else sql.in_list("workflow_name", len(names), "workflow")
+        ttl_ms = round(ttl * 1000)
+        params = {"owner": owner, "limit": limit, "ttl_ms": ttl_ms, "runnable": False}
+        params.update(sql.numbered("workflow", names or ()))
         if versions is not None:
             version_sql, version_params = self.versions_sql(versions)
             named += version_sql
-            name_params += version_params
+            params.update(version_params)
         named += sql.DISPATCH_STICKY
-        name_params += [owner, *clock]
-        where = [*clock, *name_params]
-        ttl_ms = round(ttl * 1000)
-        rows = self._lease_rows(owner, limit, named, where, [owner, *clock, ttl_ms, False])
+        rows = self._lease_rows(named, params)
         return [(Fence(row[0], owner, row[1]), self._leased_head(row, ttl_ms)) for row in rows]
 
     def _leased_head(self, row: Sequence[Any], ttl_ms: int) -> InstanceHead:
@@ -139,26 +137,29 @@ class Instances:
         lag = None if taken_over else max(0, int(expires_ms) - ttl_ms - int(ready_ms))
         return replace(self._head(row[2:]), dispatch_lag_ms=lag, taken_over=bool(taken_over))
 
-    def _lease_rows(
-        self, owner: str, limit: int, named: str, where: list[Any], lease_params: list[Any]
-    ) -> list[tuple[Any, ...]]:
+    def _lease_rows(self, named: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         """Lease the candidates; return (id, epoch, *HEAD_COLUMNS, ready_ms,
         lease_expires_ms, whether the lease taken had expired) per leased row.
 
-        ``named`` is the workflow-name condition of both parts (``where`` their
-        parameters: the clock, then the names), ``lease_params`` those of the lease.
+        ``named`` is the workflow-name, version and sticky condition of both parts;
+        ``params`` binds it, the batch size (``limit``) and the lease (``owner``,
+        ``ttl_ms``, ``runnable``) by name.
         """
         raise NotImplementedError
 
     @staticmethod
-    def versions_sql(versions: Sequence[str | None]) -> tuple[str, list[Any]]:
+    def versions_sql(versions: Sequence[str | None]) -> tuple[str, dict[str, Any]]:
         """COMPATIBLE_VERSIONS as a dispatch condition (None: unversioned instances)."""
         named = [v for v in versions if v is not None]
         unversioned = len(named) < len(versions)
         if not named:
-            return sql.VERSIONS_NULL, []
+            return sql.VERSIONS_NULL, {}
         rest = " OR code_version IS NULL" if unversioned else ""
-        return sql.compose(sql.VERSIONS_IN, versions=sql.marks(len(named)), unversioned=rest), named
+        marks = sql.marks(len(named), "version")
+        return (
+            sql.compose(sql.VERSIONS_IN, versions=marks, unversioned=rest),
+            sql.numbered("version", named),
+        )
 
     def _head(self, row: Sequence[Any]) -> InstanceHead:
         name, input_value, status, cancel_requested, reason, parent, parent_key = row[:7]

@@ -203,7 +203,7 @@ DISPATCH_EXPIRED = (
 )
 # Both parts of a dispatch pass over an instance another worker keeps in its workflow
 # cache until its sticky window ends (the worker's own, and any other once it ended).
-DISPATCH_STICKY = " AND (sticky_owner = '' OR sticky_owner = %s OR sticky_until_ms <= {now})"
+DISPATCH_STICKY = " AND (sticky_owner = '' OR sticky_owner = %(owner)s OR sticky_until_ms <= {now})"
 # The dispatch order of ready instances, smallest first: the expression of the index
 # sv_inst_rank_idx (models.PriorityRank), so the planner walks that index; equal ranks
 # go in the order of creation (READY_ORDER, the index's next column).
@@ -215,8 +215,8 @@ TASK_RANK = "(not_before_ms - 60000 * priority)"
 DISPATCH_READY = "status = 'running' AND lease_owner = '' AND runnable AND ready_ms <= {now}{named}"
 # The SET of a dispatch: the lease to the owner, a new epoch, not runnable.
 LEASE_SET = (
-    "UPDATE {instance} SET lease_owner = %s, lease_epoch = lease_epoch + 1,"
-    " lease_expires_ms = {now} + %s, runnable = %s"
+    "UPDATE {instance} SET lease_owner = %(owner)s, lease_epoch = lease_epoch + 1,"
+    " lease_expires_ms = {now} + %(ttl_ms)s, runnable = %(runnable)s"
 )
 # Release a lease (input that arrived keeps it runnable); says whether it is runnable.
 # A suspended execution also records where it parked (NULL: keep the last one), and the
