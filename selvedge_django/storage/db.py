@@ -610,10 +610,10 @@ class Database:
         table: str,
         columns: str,
         where: str,
-        where_params: list[Any],
         set_sql: str,
-        set_params: list[Any],
+        params: dict[str, Any],
     ) -> list[tuple[Any, ...]]:
         """Renew the rows of ``table`` matching ``where``; return (*columns, renewed) per
-        matching row, renewed false for a row another transaction holds (PostgreSQL)."""
+        matching row, renewed false for a row another transaction holds (PostgreSQL).
+        ``params`` binds ``where`` and ``set_sql`` by name."""
         raise NotImplementedError

@@ -496,26 +496,35 @@ QUEUE_RECORD = (
 
 
 def any_of(term: str, count: int) -> str:
-    """``(term OR term ...)``: ``count`` copies of one parenthesised condition."""
-    return "(" + " OR ".join([term] * count) + ")"
+    """``(term OR term ...)``: ``count`` copies of one parenthesised condition, the
+    ``{i}`` of its names numbered 0, 1, ..."""
+    return "(" + " OR ".join(compose(term, i=str(i)) for i in range(count)) + ")"
 
 
-# One lease of a renewal batch.
-LEASE_MATCH = "(instance_id = %s AND lease_epoch = %s AND lease_owner = %s)"
+# One lease of a renewal batch (the i-th).
+LEASE_MATCH = (
+    "(instance_id = %(instance_{i})s AND lease_epoch = %(epoch_{i})s"
+    " AND lease_owner = %(owner_{i})s)"
+)
 # The leases of a batch still live ({match}: any_of(LEASE_MATCH)).
-LIVE_LEASES = "{match} AND lease_expires_ms >= {now} AND status = %s"
+LIVE_LEASES = "{match} AND lease_expires_ms >= {now} AND status = %(running)s"
 # A renewed lease's expiry.
-RENEW_LEASE_SET = "lease_expires_ms = {now} + %s"
-# One claim of a renewal batch.
-CLAIM_MATCH = "(id = %s AND claim_epoch = %s AND claim_owner = %s)"
+RENEW_LEASE_SET = "lease_expires_ms = {now} + %(ttl_ms)s"
+# One claim of a renewal batch (the i-th).
+CLAIM_MATCH = "(id = %(task_{i})s AND claim_epoch = %(epoch_{i})s AND claim_owner = %(owner_{i})s)"
 # The claims of a batch still live ({match}: any_of(CLAIM_MATCH)).
-LIVE_CLAIMS = "{match} AND claim_expires_ms >= {now} AND status = %s"
+LIVE_CLAIMS = "{match} AND claim_expires_ms >= {now} AND status = %(running)s"
 
 
 def renew_claim_set(count: int) -> str:
-    """A renewed claim's expiry: now plus its TTL (a CASE over ``count`` task ids), never
-    past the attempt's deadline (NULL < x is not true: no deadline, the full TTL)."""
-    ttl = "CASE id" + " WHEN %s THEN CAST(%s AS BIGINT)" * count + " END"
+    """A renewed claim's expiry: now plus its TTL (a CASE over ``count`` task ids, those
+    CLAIM_MATCH names), never past the attempt's deadline (NULL < x is not true: no
+    deadline, the full TTL)."""
+    ttl = (
+        "CASE id"
+        + "".join(f" WHEN %(task_{i})s THEN CAST(%(ttl_ms_{i})s AS BIGINT)" for i in range(count))
+        + " END"
+    )
     expires = f"({{now}} + {ttl})"
     return (
         f"claim_expires_ms = CASE WHEN attempt_deadline_ms < {expires}"
@@ -525,8 +534,8 @@ def renew_claim_set(count: int) -> str:
 
 def renew_details_set(count: int) -> str:
     """The heartbeat details a renewal stores: a CASE over ``count`` task ids with new
-    details, the other rows of the batch keep theirs."""
-    cases = " WHEN %s THEN %s" * count
+    details (``detailed_{j}``, ``details_{j}``), the other rows of the batch keep theirs."""
+    cases = "".join(f" WHEN %(detailed_{j})s THEN %(details_{j})s" for j in range(count))
     return f", heartbeat_details = CASE id{cases} ELSE heartbeat_details END"
 
 

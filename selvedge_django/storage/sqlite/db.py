@@ -297,21 +297,21 @@ class SQLiteDatabase(Database):
         table: str,
         columns: str,
         where: str,
-        where_params: list[Any],
         set_sql: str,
-        set_params: list[Any],
+        params: dict[str, Any],
     ) -> list[tuple[Any, ...]]:
         # One write transaction (the database's write lock) for the whole batch.
         key = columns.split(",")[0].strip()
         with self.atomic():
             rows = self._fetch(
-                sql.compose(RENEW_SELECT, columns=columns, where=where, table=table), where_params
+                sql.compose(RENEW_SELECT, columns=columns, where=where, table=table), params
             )
             if rows:
-                statement = sql.compose(
-                    RENEW_UPDATE, set=set_sql, key=key, ids=sql.marks(len(rows)), table=table
+                ids = sql.marks(len(rows), "renewed")
+                statement = sql.compose(RENEW_UPDATE, set=set_sql, key=key, ids=ids, table=table)
+                self._execute(
+                    statement, {**params, **sql.numbered("renewed", [r[0] for r in rows])}
                 )
-                self._execute(statement, [*set_params, *(row[0] for row in rows)])
         return [(*row, 1) for row in rows]
 
     # -- set-up and checks ------------------------------------------------------------------
