@@ -39,12 +39,8 @@ from ..models import (
 from . import sql
 from .clock import DbNowMs, clock_offset_ms
 from .operation import operation
-from .sql import Sql
+from .sql import Params, Sql
 from .wakeups import TOPIC_RUNNABLE, Bus, bus_for
-
-#: The values of a hand-written statement: by name (or, for the few statements whose
-#: IN lists have a length known only at run time, by position).
-Params = Mapping[str, Any] | Sequence[Any]
 
 __all__ = ["Database", "Sql"]
 
@@ -251,25 +247,21 @@ class Database:
         ORM's query building, which costs ten times the statement itself on a
         local database. ``{instance}``, ``{history}``, ``{task}``, ``{signal}``,
         ``{timer}`` and ``{schedule}`` name the tables, ``{now}`` is the database
-        clock. ``params`` binds the statement's ``%(name)s`` marks by name (the
-        clock's own is added here).
+        clock (:meth:`_bound` binds its ``clock_offset``); ``params`` bind by name.
         """
-        statement, params = self._bound(statement, params)
         with self.connection.cursor() as cursor:
-            cursor.execute(statement, params)
+            cursor.execute(*self._bound(statement, params))
             return int(cursor.rowcount)
 
     def _fetch(self, statement: str, params: Params) -> list[tuple[Any, ...]]:
         """Run one hand-written statement that returns rows (named as in _execute)."""
-        statement, params = self._bound(statement, params)
         with self.connection.cursor() as cursor:
-            cursor.execute(statement, params)
+            cursor.execute(*self._bound(statement, params))
             return list(cursor.fetchall())
 
     def _bound(self, statement: str, params: Params) -> tuple[str, Params]:
         """The statement with its tables and clock filled, and the values it binds."""
-        if not isinstance(params, Mapping):
-            # The few statements still bound by position (dynamic IN lists).
+        if not isinstance(params, Mapping):  # a statement still bound by position
             return self._tables(statement, named=False), params
         text = self._tables(statement)
         if sql.CLOCK_OFFSET in text:
@@ -455,14 +447,9 @@ class Database:
 
     @staticmethod
     def _fence_params(fence: Fence) -> dict[str, Any]:
-        """The values a fenced statement names: the instance, the lease (owner and epoch)
-        and the status it must still have."""
-        return {
-            "instance_id": fence.instance_id,
-            "owner": fence.owner,
-            "epoch": fence.epoch,
-            "running": str(WorkflowStatus.RUNNING),
-        }
+        """What a fenced statement names: the instance, the lease, the status it must have."""
+        lease = {"instance_id": fence.instance_id, "owner": fence.owner, "epoch": fence.epoch}
+        return {**lease, "running": str(WorkflowStatus.RUNNING)}
 
     @staticmethod
     def _fenced_error(fence: Fence) -> exc.Fenced:

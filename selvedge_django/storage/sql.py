@@ -20,7 +20,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["Sql", "bind", "compose", "in_list", "marks", "positional"]
+__all__ = ["Params", "Sql", "bind", "compose", "in_list", "marks", "numbered", "positional"]
+
+#: The values of a hand-written statement: by name (or, for the statements not yet
+#: converted and those the ORM composes, by position).
+Params = Mapping[str, Any] | Sequence[Any]
 
 
 class Sql:

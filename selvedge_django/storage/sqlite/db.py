@@ -29,8 +29,9 @@ from django.db import DatabaseError, OperationalError, transaction
 
 from ...engine.events import Fence
 from .. import sql
-from ..db import Database, Params
+from ..db import Database
 from ..operation import operation
+from ..sql import Params
 from ..wakeups import TOPIC_RUNNABLE
 
 __all__ = ["SQLiteDatabase", "busy_timeout"]

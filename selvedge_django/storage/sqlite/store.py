@@ -103,11 +103,12 @@ class SQLiteInstances(Instances):
             ids = [row[0] for row in picked]
             if not ids:
                 return []
-            marks = sql.marks(len(ids), "leased")
-            leased = {**params, **sql.numbered("leased", ids)}
-            self.db._execute(sql.compose(DISPATCH_LEASE, ids=marks), leased)
+            marks, leased = sql.marks(len(ids), "leased"), sql.numbered("leased", ids)
+            lease = {key: params[key] for key in ("owner", "ttl_ms", "runnable")}
+            self.db._execute(sql.compose(DISPATCH_LEASE, ids=marks), {**lease, **leased})
             taken_over = {row[0] for row in picked if row[1] == 0}
-            rows = self.db._fetch(sql.compose(DISPATCH_READ_BACK, ids=marks), leased)
+            read_back = sql.compose(DISPATCH_READ_BACK, ids=marks)
+            rows = self.db._fetch(read_back, {"owner": params["owner"], **leased})
             return [(*row, row[0] in taken_over) for row in rows]
 
 
