@@ -200,9 +200,12 @@ class PostgresDatabase(Database):
         table: str,
         columns: str,
         where: str,
+        where_params: list[Any],
         set_sql: str,
-        params: dict[str, Any],
+        set_params: list[Any],
     ) -> list[tuple[Any, ...]]:
         key = columns.split(",")[0].strip()
         statement = sql.compose(RENEW_BATCH, where=where, set=set_sql, columns=columns, key=key)
-        return self._fetch(sql.compose(statement, table=table), params)
+        return self._fetch(
+            sql.compose(statement, table=table), [*where_params, *set_params, *where_params]
+        )
