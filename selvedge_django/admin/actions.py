@@ -29,7 +29,6 @@ from django.http import (
     HttpRequest,
     HttpResponseBase,
     HttpResponseNotAllowed,
-    HttpResponseRedirect,
     StreamingHttpResponse,
 )
 from django.utils.http import content_disposition_header
@@ -48,9 +47,9 @@ from .base import (
     has_permission,
     may_view_payloads,
 )
-from .display import ID_CHARS, VALUE_CHARS, admin_reads, safe_filename, truncate
+from .display import ID_CHARS, admin_reads, safe_filename, truncate
 from .forms import CancelForm, SignalForm, TerminateForm
-from .pages import action_object, bulk_action, download, render_action_page
+from .pages import action_object, bulk_action, download, instance_action_view
 
 # Most instances one export handles at once.
 MAX_EXPORT = 100
@@ -91,32 +90,20 @@ def cancel_view(
     model_admin: ReadOnlyAdmin, request: HttpRequest, object_id: str
 ) -> HttpResponseBase:
     """Ask for a reason (GET), then request cancellation (POST)."""
-    if request.method not in ("GET", "POST"):
-        return HttpResponseNotAllowed(["GET", "POST"])
-    obj = action_object(model_admin, request, object_id, PERM_CANCEL)
-    form = CancelForm(request.POST if request.method == "POST" else None)
-    if form.is_bound and form.is_valid():
-        try:
-            perform_cancel(model_admin, request, obj, form.cleaned_data)
-        except exc.SelvedgeError as error:
-            form.add_error(None, truncate(str(error), VALUE_CHARS))
-        else:
-            model_admin.message_user(
-                request,
-                gettext("Cancellation requested for %(id)s.")
-                % {"id": truncate(obj.instance_id, ID_CHARS)},
-                messages.SUCCESS,
-            )
-            return HttpResponseRedirect(model_admin.instance_url(obj.instance_id))
-    return render_action_page(
+    return instance_action_view(
         model_admin,
         request,
-        form,
+        object_id,
+        permission=PERM_CANCEL,
+        form_class=CancelForm,
+        perform=perform_cancel,
+        done=lambda obj, data, shown: (
+            gettext("Cancellation requested for %(id)s.")
+            % {"id": truncate(obj.instance_id, ID_CHARS)}
+        ),
         title=gettext("Cancel workflow instance"),
         intro=gettext("Request cancellation of this instance; it stops at its next wait."),
         submit=gettext("Request cancellation"),
-        objects=[obj],
-        object_url=model_admin.instance_url(obj.instance_id),
     )
 
 
@@ -124,31 +111,19 @@ def terminate_view(
     model_admin: ReadOnlyAdmin, request: HttpRequest, object_id: str
 ) -> HttpResponseBase:
     """Ask for a reason (GET), then terminate the instance (POST)."""
-    if request.method not in ("GET", "POST"):
-        return HttpResponseNotAllowed(["GET", "POST"])
-    obj = action_object(model_admin, request, object_id, PERM_TERMINATE)
-    form = TerminateForm(request.POST if request.method == "POST" else None)
-    if form.is_bound and form.is_valid():
-        try:
-            perform_terminate(model_admin, request, obj, form.cleaned_data)
-        except exc.SelvedgeError as error:
-            form.add_error(None, truncate(str(error), VALUE_CHARS))
-        else:
-            model_admin.message_user(
-                request,
-                gettext("Terminated %(id)s.") % {"id": truncate(obj.instance_id, ID_CHARS)},
-                messages.SUCCESS,
-            )
-            return HttpResponseRedirect(model_admin.instance_url(obj.instance_id))
-    return render_action_page(
+    return instance_action_view(
         model_admin,
         request,
-        form,
+        object_id,
+        permission=PERM_TERMINATE,
+        form_class=TerminateForm,
+        perform=perform_terminate,
+        done=lambda obj, data, shown: (
+            gettext("Terminated %(id)s.") % {"id": truncate(obj.instance_id, ID_CHARS)}
+        ),
         title=gettext("Terminate workflow instance"),
         intro=str(TERMINATE_INTRO),
         submit=gettext("Terminate"),
-        objects=[obj],
-        object_url=model_admin.instance_url(obj.instance_id),
     )
 
 
@@ -156,35 +131,23 @@ def signal_view(
     model_admin: ReadOnlyAdmin, request: HttpRequest, object_id: str
 ) -> HttpResponseBase:
     """Ask for a channel and JSON payload (GET), then send the signal (POST)."""
-    if request.method not in ("GET", "POST"):
-        return HttpResponseNotAllowed(["GET", "POST"])
-    obj = action_object(model_admin, request, object_id, PERM_SIGNAL)
-    form = SignalForm(request.POST if request.method == "POST" else None)
-    if form.is_bound and form.is_valid():
-        try:
-            perform_signal(model_admin, request, obj, form.cleaned_data)
-        except exc.SelvedgeError as error:
-            form.add_error(None, truncate(str(error), VALUE_CHARS))
-        else:
-            model_admin.message_user(
-                request,
-                gettext("Signal sent to %(id)s on channel %(channel)r.")
-                % {
-                    "id": truncate(obj.instance_id, ID_CHARS),
-                    "channel": truncate(form.cleaned_data["channel"], ID_CHARS),
-                },
-                messages.SUCCESS,
-            )
-            return HttpResponseRedirect(model_admin.instance_url(obj.instance_id))
-    return render_action_page(
+    return instance_action_view(
         model_admin,
         request,
-        form,
+        object_id,
+        permission=PERM_SIGNAL,
+        form_class=SignalForm,
+        perform=perform_signal,
+        done=lambda obj, data, shown: (
+            gettext("Signal sent to %(id)s on channel %(channel)r.")
+            % {
+                "id": truncate(obj.instance_id, ID_CHARS),
+                "channel": truncate(data["channel"], ID_CHARS),
+            }
+        ),
         title=gettext("Send a signal"),
         intro=gettext("Append a signal to this instance's inbox and wake it."),
         submit=gettext("Send signal"),
-        objects=[obj],
-        object_url=model_admin.instance_url(obj.instance_id),
     )
 
 

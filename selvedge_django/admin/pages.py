@@ -20,7 +20,14 @@ from django.contrib.admin import helpers
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBase,
+    HttpResponseNotAllowed,
+    HttpResponseRedirect,
+)
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.http import content_disposition_header
@@ -30,7 +37,7 @@ from .. import exceptions as exc
 from ..models import WorkflowInstance, WorkflowStatus
 from ..operations.recovery import TERMINATED_TYPE
 from .base import APP, ReadOnlyAdmin, has_permission
-from .display import CELL_CHARS, ID_CHARS, truncate
+from .display import CELL_CHARS, ID_CHARS, VALUE_CHARS, truncate
 
 __all__ = [
     "ACTION_TEMPLATE",
@@ -41,6 +48,7 @@ __all__ = [
     "action_object",
     "bulk_action",
     "download",
+    "instance_action_view",
     "render_action_page",
     "status_label",
 ]
@@ -52,6 +60,11 @@ ACTION_TEMPLATE = f"{TEMPLATE_DIR}/action.html"
 
 # An action applied to one instance: (model admin, request, instance, form data).
 Perform = Callable[[ReadOnlyAdmin, HttpRequest, WorkflowInstance, dict[str, Any]], None]
+# An action of one instance's page: like Perform, returning the id of the instance to
+# show next (a fork's new instance), or None for the same one.
+PerformOne = Callable[[ReadOnlyAdmin, HttpRequest, WorkflowInstance, dict[str, Any]], "str | None"]
+# The success message of such an action: (instance, form data, the id shown next).
+Done = Callable[[WorkflowInstance, dict[str, Any], str], str]
 
 
 @dataclass(frozen=True)
@@ -194,6 +207,51 @@ def bulk_action(
         objects=targets,
         hidden=hidden,
         extra=extra,
+    )
+
+
+def instance_action_view(
+    model_admin: ReadOnlyAdmin,
+    request: HttpRequest,
+    object_id: str,
+    *,
+    permission: str,
+    form_class: type[forms.Form],
+    perform: PerformOne,
+    done: Done,
+    title: str,
+    intro: str,
+    submit: str,
+) -> HttpResponseBase:
+    """One instance's action page: the form (GET), then the action (POST).
+
+    The user needs view access and ``permission`` (403), the instance must exist
+    (404). A valid form runs ``perform``; a :class:`~selvedge_django.SelvedgeError`
+    it raises (the instance closed meanwhile, a key that is not in the history)
+    shows on the form again, anything else propagates. On success the user gets
+    ``done``'s message and lands on the instance ``perform`` names (or this one).
+    """
+    if request.method not in ("GET", "POST"):
+        return HttpResponseNotAllowed(["GET", "POST"])
+    obj = action_object(model_admin, request, object_id, permission)
+    form = form_class(request.POST if request.method == "POST" else None)
+    if form.is_bound and form.is_valid():
+        try:
+            shown = perform(model_admin, request, obj, form.cleaned_data) or obj.instance_id
+        except exc.SelvedgeError as error:
+            form.add_error(None, truncate(str(error), VALUE_CHARS))
+        else:
+            model_admin.message_user(request, done(obj, form.cleaned_data, shown), messages.SUCCESS)
+            return HttpResponseRedirect(model_admin.instance_url(shown))
+    return render_action_page(
+        model_admin,
+        request,
+        form,
+        title=title,
+        intro=intro,
+        submit=submit,
+        objects=[obj],
+        object_url=model_admin.instance_url(obj.instance_id),
     )
 
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib import admin, messages
+from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponseBase, HttpResponseNotAllowed, HttpResponseRedirect
+from django.http import HttpRequest, HttpResponseBase
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
@@ -26,9 +26,9 @@ from ..models import WorkflowInstance, WorkflowStatus
 from ..operations import recovery as lifecycle
 from ..operations.recovery import TERMINATED_TYPE
 from .base import PERM_FORK, PERM_RESUME, ReadOnlyAdmin, has_permission
-from .display import ID_CHARS, VALUE_CHARS, truncate
+from .display import ID_CHARS, truncate
 from .forms import BulkResumeForm, ForkForm, ResumeForm
-from .pages import BulkPlan, action_object, bulk_action, render_action_page
+from .pages import BulkPlan, bulk_action, instance_action_view
 
 RESUME_INTRO = _(
     "Run these closed instances again, in place, with the code deployed now: the history from"
@@ -64,65 +64,39 @@ def resume_view(
     model_admin: ReadOnlyAdmin, request: HttpRequest, object_id: str
 ) -> HttpResponseBase:
     """Ask for the reason and key (GET), then resume the instance (POST)."""
-    if request.method not in ("GET", "POST"):
-        return HttpResponseNotAllowed(["GET", "POST"])
-    obj = action_object(model_admin, request, object_id, PERM_RESUME)
-    form = ResumeForm(request.POST if request.method == "POST" else None)
-    if form.is_bound and form.is_valid():
-        try:
-            perform_resume(model_admin, request, obj, form.cleaned_data)
-        except exc.SelvedgeError as error:
-            form.add_error(None, truncate(str(error), VALUE_CHARS))
-        else:
-            model_admin.message_user(
-                request,
-                gettext("Resumed %(id)s.") % {"id": truncate(obj.instance_id, ID_CHARS)},
-                messages.SUCCESS,
-            )
-            return HttpResponseRedirect(model_admin.instance_url(obj.instance_id))
-    return render_action_page(
+    return instance_action_view(
         model_admin,
         request,
-        form,
+        object_id,
+        permission=PERM_RESUME,
+        form_class=ResumeForm,
+        perform=perform_resume,
+        done=lambda obj, data, shown: (
+            gettext("Resumed %(id)s.") % {"id": truncate(obj.instance_id, ID_CHARS)}
+        ),
         title=gettext("Resume workflow instance"),
         intro=str(RESUME_INTRO),
         submit=gettext("Resume"),
-        objects=[obj],
-        object_url=model_admin.instance_url(obj.instance_id),
     )
 
 
 def fork_view(model_admin: ReadOnlyAdmin, request: HttpRequest, object_id: str) -> HttpResponseBase:
-    """Ask for the key and new id (GET), then fork the instance (POST)."""
-    if request.method not in ("GET", "POST"):
-        return HttpResponseNotAllowed(["GET", "POST"])
-    obj = action_object(model_admin, request, object_id, PERM_FORK)
-    form = ForkForm(request.POST if request.method == "POST" else None)
-    if form.is_bound and form.is_valid():
-        try:
-            new_id = _fork(model_admin, request, obj, form.cleaned_data)
-        except exc.SelvedgeError as error:
-            form.add_error(None, truncate(str(error), VALUE_CHARS))
-        else:
-            model_admin.message_user(
-                request,
-                gettext("Forked %(id)s as %(new)s.")
-                % {
-                    "id": truncate(obj.instance_id, ID_CHARS),
-                    "new": truncate(new_id, ID_CHARS),
-                },
-                messages.SUCCESS,
-            )
-            return HttpResponseRedirect(model_admin.instance_url(new_id))
-    return render_action_page(
+    """Ask for the key and new id (GET), then fork the instance (POST); the user
+    lands on the new instance."""
+    return instance_action_view(
         model_admin,
         request,
-        form,
+        object_id,
+        permission=PERM_FORK,
+        form_class=ForkForm,
+        perform=_fork,
+        done=lambda obj, data, shown: (
+            gettext("Forked %(id)s as %(new)s.")
+            % {"id": truncate(obj.instance_id, ID_CHARS), "new": truncate(shown, ID_CHARS)}
+        ),
         title=gettext("Fork workflow instance"),
         intro=str(FORK_INTRO),
         submit=gettext("Fork"),
-        objects=[obj],
-        object_url=model_admin.instance_url(obj.instance_id),
     )
 
 
