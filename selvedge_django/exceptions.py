@@ -316,6 +316,20 @@ class QueryNotFound(SelvedgeError, LookupError):
         super().__init__(f"no query handler named {name!r}")
 
 
+class HistoryKeyNotFound(SelvedgeError, LookupError):
+    """The history of the instance records no command at this key or position."""
+
+    def __init__(
+        self, instance_id: str = "", at: str | int = "", message: str | None = None
+    ) -> None:
+        self.instance_id = instance_id
+        self.at = at
+        super().__init__(
+            message
+            or f"the history of workflow instance {instance_id!r} records no command at {at!r}"
+        )
+
+
 class QueryCommandError(SelvedgeError):
     """Query handlers may not issue workflow commands."""
 
@@ -395,6 +409,33 @@ class RetryExhaustedError(SelvedgeError):
 
 class WorkflowPanicError(SelvedgeError):
     """An activity raised a BaseException that is not an Exception."""
+
+
+class CompensationError(SelvedgeError):
+    """A saga's compensation failed for good after the saga's block had failed.
+
+    ``error`` is what the block raised (the reason the compensations ran);
+    ``compensation_errors`` holds each compensation's final failure, in the order
+    the compensations ran, and ``compensation_error`` is the first of them.
+    """
+
+    def __init__(
+        self,
+        error: BaseException | None = None,
+        compensation_errors: list[BaseException] | tuple[BaseException, ...] = (),
+    ) -> None:
+        self.error = error
+        self.compensation_errors = list(compensation_errors)
+        first = self.compensation_errors[0] if self.compensation_errors else None
+        count = len(self.compensation_errors)
+        more = f" (and {count - 1} more)" if count > 1 else ""
+        super().__init__(f"compensation failed: {first}{more}; after: {error}")
+        self.__cause__ = first
+
+    @property
+    def compensation_error(self) -> BaseException | None:
+        """The first compensation that failed for good."""
+        return self.compensation_errors[0] if self.compensation_errors else None
 
 
 class ReceiveTimeout(SelvedgeError, TimeoutError):

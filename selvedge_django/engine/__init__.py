@@ -19,6 +19,7 @@ it, and that nothing here imports Django):
 - ``handles``, ``inbox``, ``commands``: futures, timers and child handles; signal
   commands; every other command.
 - ``patches``: ``patched()`` and ``deprecate_patch()``, code changes beside old histories.
+- ``saga``: ``ctx.saga()``, compensations run on a detached context when a block fails.
 - ``context``: ``WorkflowContext``, the facade workflow code sees.
 - ``replay``: the read-only runtime of queries and replay checks.
 - ``activity``, ``coroutines``: the activity attempt context and async activities.
@@ -40,6 +41,7 @@ ORDER = (
     "inbox",
     "commands",
     "patches",
+    "saga",
     "context",
     "replay",
     "activity",

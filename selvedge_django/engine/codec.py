@@ -212,6 +212,7 @@ _ENGINE_ERRORS: dict[str, type[BaseException]] = {
         exc.HistoryLimitExceeded,
         exc.ExecutionStorageError,
         exc.WorkflowTerminated,
+        exc.CompensationError,
     )
 }
 
@@ -297,6 +298,16 @@ def error_to_envelope(
             }
         elif isinstance(error, exc.WorkflowTerminated):
             fields = {"instance_id": error.instance_id, "reason": error.reason}
+        elif isinstance(error, exc.CompensationError):
+            fields = {
+                "error": None
+                if error.error is None
+                else error_to_envelope(error.error, codec=codec, with_traceback=False),
+                "compensation_errors": [
+                    error_to_envelope(e, codec=codec, with_traceback=False)
+                    for e in error.compensation_errors
+                ],
+            }
         env["fields"] = fields
     return env
 
@@ -387,6 +398,17 @@ def _rebuild(env: dict[str, Any]) -> BaseException:
         elif cls is exc.WorkflowTerminated:
             error = exc.WorkflowTerminated(
                 str(fields.get("instance_id", "")), str(fields.get("reason", ""))
+            )
+        elif cls is exc.CompensationError:
+            cause = fields.get("error")
+            failures = fields.get("compensation_errors") or []
+            if (cause is not None and not isinstance(cause, dict)) or not isinstance(
+                failures, list
+            ):
+                raise TypeError("a compensation error's fields have the wrong shape")
+            error = exc.CompensationError(
+                None if cause is None else error_from_envelope(cause),
+                [error_from_envelope(failure) for failure in failures],
             )
         elif cls is exc.HistoryLimitExceeded:
             error = exc.HistoryLimitExceeded(

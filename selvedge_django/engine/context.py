@@ -22,6 +22,7 @@ from .events import HistoryRow
 from .execution import Execution
 from .handles import ChildHandle, Timer
 from .identifiers import valid_channel
+from .saga import Saga
 from .scope import Scope
 
 __all__ = ["ChildWorkflow", "WorkflowContext"]
@@ -219,6 +220,24 @@ class WorkflowContext:
     def detached(self) -> WorkflowContext:
         """Return a context whose scope ignores the workflow's cancellation (for cleanup)."""
         return WorkflowContext(self._execution, Scope(parent=None, detached=True))
+
+    def saga(self, *, parallel: bool = False, continue_on_error: bool = False) -> Saga:
+        """Return a saga: ``with ctx.saga() as saga:`` then ``saga.add_compensation(...)``.
+
+        When the block raises (an error or a cancellation), the compensations added
+        so far run as durable activities on a detached context, last added first
+        (all at once with ``parallel=True``), each with its own retries; then the
+        block's error propagates. A compensation that fails for good raises
+        :class:`CompensationError` (carrying both errors) instead; with
+        ``continue_on_error=True`` the remaining compensations still run first. A
+        block that completes runs none. See :mod:`selvedge_django.engine.saga`.
+        """
+        return Saga(
+            self._execution,
+            self.detached,
+            parallel=parallel,
+            continue_on_error=continue_on_error,
+        )
 
     # -- continue-as-new ------------------------------------------------------------------
 
