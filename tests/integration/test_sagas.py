@@ -214,3 +214,22 @@ def test_compensation_error_survives_storage(continue_on_error: bool) -> None:
     assert [getattr(e, "type", None) for e in rebuilt.compensation_errors] == (
         ["UndoRefused", "RuntimeError"] if continue_on_error else ["UndoRefused"]
     )
+
+
+def test_a_cancel_request_during_the_compensations_does_not_stop_them(
+    worker: Any, tmp_path: Path
+) -> None:
+    marker = tmp_path / "hold"
+    marker.touch()
+    data = {"steps": ["a", "b"], "fail": True, "undo": {"b": {"hold_while": str(marker)}}}
+    instance_id = sv.start_workflow("saga.run", data, instance_id="saga-cancel-late")
+    wait_until(lambda: "undo:b:1" in ledger())
+    sv.cancel_workflow(instance_id, reason="too late to stop the undoing")
+    wait_until(lambda: sv.describe(instance_id).cancel_requested)
+    marker.unlink()
+    result = sv.wait_workflow(instance_id, timeout=30)
+
+    # The compensations ran on a detached context: the request reached none of them,
+    # and the block's own error closes the run.
+    assert result.status == "failed" and result.error.type == "OrderFailed"
+    assert ledger() == ["do:a", "do:b", "undo:b:1", "undone:b", "undo:a:1", "undone:a"]
