@@ -12,6 +12,7 @@ and hands the options to :func:`execute`.
   (``list``, ``tasks``, ``query``, ``describe``, ``result``, ``export-history``)
 - ``lifecycle``: ``resume``, ``fork``, ``terminate``, on one instance or a selection
 - ``versions``: ``replay-check`` and ``versions``, for a deploy of new workflow code
+- ``debug``: a read-only replay that stops in the debugger before a chosen command
 - ``prune``, ``schedules``, ``status``
 - ``arguments``: the argument types and Django's common options, shared by all
 """
@@ -26,7 +27,7 @@ from typing import Any, Protocol
 from django.core.management.base import BaseCommand, CommandError
 
 from .. import exceptions as exc
-from . import instances, lifecycle, prune, schedules, status, versions, worker
+from . import debug, instances, lifecycle, prune, schedules, status, versions, worker
 from .arguments import Subparsers, add_common_options
 
 __all__ = ["SUBCOMMANDS", "Group", "add_parsers", "configure_logging", "execute"]
@@ -59,6 +60,7 @@ SUBCOMMANDS: dict[str, Group] = {
     "signal": instances,
     "replay-check": versions,
     "versions": versions,
+    "debug": debug,
     "prune": prune,
     "schedules": schedules,
     "status": status,

@@ -12,6 +12,7 @@ __all__ = [
     "Subparsers",
     "add_common_options",
     "csv_list",
+    "history_position",
     "json_argument",
     "parse_duration",
     "positive_int",
@@ -102,3 +103,9 @@ def parse_duration(text: str) -> timedelta:
     if seconds < 0 or seconds != seconds or seconds == float("inf"):
         raise argparse.ArgumentTypeError(f"invalid duration {text!r}")
     return timedelta(seconds=seconds)
+
+
+def history_position(text: str) -> str | int:
+    """A step of a history (``--at``, ``--stop-at``): digits are a command position
+    (``seq``), anything else a history key."""
+    return int(text) if text.isdigit() else text

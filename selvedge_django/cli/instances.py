@@ -22,7 +22,13 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from .. import exceptions as exc
-from .arguments import Subparsers, json_argument, parse_duration, positive_int
+from .arguments import (
+    Subparsers,
+    history_position,
+    json_argument,
+    parse_duration,
+    positive_int,
+)
 
 __all__ = ["add_parser", "check_start", "handle"]
 
@@ -231,6 +237,13 @@ def _add_query(subparsers: Subparsers) -> argparse.ArgumentParser:
     )
     query.add_argument("instance_id", help=INSTANCE_ID)
     query.add_argument("name", help="the query handler's name")
+    query.add_argument(
+        "--at",
+        type=history_position,
+        default=None,
+        metavar="KEY",
+        help="answer as of this step: a history key or a command position (a number)",
+    )
     return query
 
 
@@ -239,7 +252,7 @@ def _query(command: BaseCommand, options: dict[str, Any]) -> None:
 
     from .. import operations
 
-    answer = operations.query(options["instance_id"], options["name"])
+    answer = operations.query(options["instance_id"], options["name"], at=options["at"])
     command.stdout.write(json.dumps(answer, indent=2, cls=DjangoJSONEncoder))
 
 

@@ -22,6 +22,7 @@ it, and that nothing here imports Django):
 - ``saga``: ``ctx.saga()``, compensations run on a detached context when a block fails.
 - ``context``: ``WorkflowContext``, the facade workflow code sees.
 - ``replay``: the read-only runtime of queries and replay checks.
+- ``debug``: a read-only replay that stops in the debugger before a chosen command.
 - ``activity``, ``coroutines``: the activity attempt context and async activities.
 """
 
@@ -44,6 +45,7 @@ ORDER = (
     "saga",
     "context",
     "replay",
+    "debug",
     "activity",
     "coroutines",
 )

@@ -153,6 +153,9 @@ class Execution:
         # to report it, checked at every command boundary.
         self.deadline: float | None = None
         self.on_deadline: Callable[[], BaseException] | None = None
+        # A replay under a debugger: called with (seq, key, command) as each command
+        # takes its position, before it is checked against history.
+        self.before_command: Callable[[int, str, str], None] | None = None
         self.root_scope = Scope(parent=None, detached=False)
 
     # -- state ------------------------------------------------------------------------
@@ -296,6 +299,8 @@ class Execution:
             self._check_limits()
         if key is None:
             key = f"#{seq}:{label}"[:255]
+        if self.before_command is not None:
+            self.before_command(seq, key, command)
         at_seq = self.by_seq.get(seq)
         parked = self.snapshot.parked_key  # the unrecorded wait the last execution parked at
         if at_seq is None and seq == self.snapshot.parked_seq and parked not in ("", key):

@@ -8,6 +8,7 @@ activity, takes no lease and fires no hook.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -29,6 +30,8 @@ __all__ = [
     "ReplayRuntime",
     "answer_query",
     "check_replay",
+    "history_at",
+    "position_of",
     "query_handler_names",
     "replay",
     "snapshot_of",
@@ -106,6 +109,66 @@ def snapshot_of(history: RecordedHistory) -> ExecutionSnapshot:
             for s in history.signals
             if s.delivered_seq
         ],
+    )
+
+
+def position_of(history: RecordedHistory, at: str | int) -> int | None:
+    """Return the command position that ``at`` names in ``history``.
+
+    ``at`` is a history key or a command position (``seq``). The close record's key
+    (``$close``) names the whole history: None. Anything else the history does not
+    record as a command raises :class:`HistoryKeyNotFound` (a ``LookupError``).
+    """
+    instance_id = history.instance.instance_id
+    if isinstance(at, bool) or not isinstance(at, int | str):
+        raise TypeError(f"a history position is a key (str) or a seq (int), not {at!r}")
+    for event in history.events:
+        if isinstance(at, int) and event.seq == at and at > 0:
+            return at
+        if isinstance(at, str) and event.key == at:
+            if event.seq:
+                return event.seq
+            if event.command == "close":
+                return None
+    last = max((event.seq for event in history.events if event.seq), default=0)
+    raise exc.HistoryKeyNotFound(
+        instance_id,
+        at,
+        f"the history of workflow instance {instance_id!r} records no command at {at!r} "
+        f"(its commands are at positions 1 to {last}; keys as export_history shows them)",
+    )
+
+
+def history_at(history: RecordedHistory, seq: int) -> RecordedHistory:
+    """Return ``history`` as it stood once the command at position ``seq`` was recorded.
+
+    Commands after ``seq`` are left out, and so are deliveries and signal
+    consumptions made after it, so a replay of the result stops at the command
+    after ``seq`` (its frontier) with the delivered view of that moment. The
+    instance reads as running: no close, nothing parked.
+    """
+
+    def upto(position: int) -> int:
+        return position if 0 < position <= seq else 0
+
+    return RecordedHistory(
+        instance=dataclasses.replace(
+            history.instance, status="running", output=ABSENT, parked_seq=0, parked_key=""
+        ),
+        events=[
+            dataclasses.replace(event, delivered_seq=upto(event.delivered_seq))
+            for event in history.events
+            if 0 < event.seq <= seq
+        ],
+        signals=[
+            dataclasses.replace(
+                signal,
+                delivered_seq=upto(signal.delivered_seq),
+                consumed_seq=upto(signal.consumed_seq),
+            )
+            for signal in history.signals
+        ],
+        format=history.format,
     )
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 from .. import exceptions as exc
 from .execution import Execution
@@ -111,7 +111,7 @@ class Saga:
         exc_type: type[BaseException] | None,
         error: BaseException | None,
         traceback: TracebackType | None,
-    ) -> bool:
+    ) -> Literal[False]:
         self._open = False
         compensations, self._compensations = self._compensations, []
         if error is None or not compensations or not self._compensates(error):

@@ -43,6 +43,8 @@ from ..engine.replay import (
     ReplayRuntime,
     answer_query,
     check_replay,
+    history_at,
+    position_of,
 )
 from ..engine.replay import query_handler_names as list_query_handlers
 from ..models import WorkflowInstance
@@ -54,6 +56,7 @@ __all__ = [
     "REDACTED",
     "aexport_history",
     "aquery",
+    "current_generation",
     "export_history",
     "history_rows",
     "query",
@@ -62,6 +65,8 @@ __all__ = [
     "replay_check",
     "replay_history",
     "replay_instance",
+    "replay_runtime",
+    "workflow_function",
 ]
 
 
@@ -307,12 +312,26 @@ def _replay_candidates(recent: timedelta, limit: int) -> list[str]:
     return ids
 
 
-def query(instance_id: str, name: str, *, timeout: float | timedelta | None = None) -> Any:
+def query(
+    instance_id: str,
+    name: str,
+    *,
+    timeout: float | timedelta | None = None,
+    at: str | int | None = None,
+) -> Any:
     """Answer a query from one snapshot replay: no lease, no writes, no hooks.
 
     Replay stops before the first unrecorded command or blocking wait (or at the
     close) and the handler registered under ``name`` at that point runs there.
     The answer passes through JSON.
+
+    ``at`` (a history key such as ``"#5:shop.charge_payment"``, or a command
+    position, its ``seq``) answers as of that step instead: the replay uses the
+    history as it stood once that command was recorded (later commands, and
+    deliveries and signals consumed after it, left out), so it stops before the
+    next command and the handler answers with what the code held then. A key or
+    position the history does not record raises :class:`HistoryKeyNotFound`;
+    the close record's key (``$close``) means the whole history.
 
     ``timeout`` (seconds or a ``timedelta``, counted from the call) is checked at
     every command boundary of the replay, as the seeds check a caller's
@@ -327,7 +346,7 @@ def query(instance_id: str, name: str, *, timeout: float | timedelta | None = No
     deadline = None if seconds is None else time.monotonic() + seconds
     if not isinstance(name, str) or not 1 <= len(name.encode("utf-8")) <= 255:
         raise exc.QueryNotFound(str(name))
-    history = _current_generation(instance_id)
+    history = _history_at(instance_id, at)
     return answer_query(
         history,
         _workflow_function(history),
@@ -338,19 +357,38 @@ def query(instance_id: str, name: str, *, timeout: float | timedelta | None = No
     )
 
 
-def query_handler_names(instance_id: str, *, timeout: float | timedelta | None = None) -> list[str]:
+def _history_at(instance_id: str, at: str | int | None) -> RecordedHistory:
+    """The current generation of an instance, cut after the command ``at`` names."""
+    history = _current_generation(instance_id)
+    if at is None:
+        return history
+    seq = position_of(history, at)
+    return history if seq is None else history_at(history, seq)
+
+
+def query_handler_names(
+    instance_id: str,
+    *,
+    timeout: float | timedelta | None = None,
+    at: str | int | None = None,
+) -> list[str]:
     """Return the query handlers an instance has registered where its replay stops.
 
-    One snapshot replay, as :func:`query` does (same ``timeout`` rule), without
-    running a handler: the names :func:`query` answers now, sorted.
+    One snapshot replay, as :func:`query` does (same ``timeout`` and ``at``
+    rules), without running a handler: the names :func:`query` answers there, sorted.
     """
     seconds = optional_seconds(timeout, "query timeout")
     deadline = None if seconds is None else time.monotonic() + seconds
-    history = _current_generation(instance_id)
+    history = _history_at(instance_id, at)
     return list_query_handlers(
         history, _workflow_function(history), _replay_runtime(), deadline=deadline, seconds=seconds
     )
 
+
+# What the debugger (operations/debugging.py) replays with, as queries do.
+current_generation = _current_generation
+replay_runtime = _replay_runtime
+workflow_function = _workflow_function
 
 aquery = sync_to_async(query)
 aexport_history = sync_to_async(export_history)
