@@ -13,7 +13,10 @@
   registered, through ``operations.query`` bounded by :data:`QUERY_TIMEOUT`
   (the replay and the handler's run: a handler that never returns is
   interrupted), and shows the answer or the typed error. An answer is computed from the
-  recorded values, so it needs ``view_payloads`` besides view access.
+  recorded values, so it needs ``view_payloads`` besides view access. With a step
+  ("At step", a history key or position; the history table's "State here" link on
+  each row fills it in) it answers as of that step (``query(..., at=)``), and offers
+  the handlers registered there.
 - "Replay check" (an instance's page): replays the instance's history against
   the code deployed now (``operations.replay_instance``) and shows whether it
   matched, or the divergence. It reads the whole history as an export does and
@@ -48,7 +51,7 @@ from .base import (
     may_start_builtin,
 )
 from .display import ID_CHARS, VALUE_CHARS, truncate
-from .forms import QueryForm, StartWorkflowForm
+from .forms import QueryForm, StartWorkflowForm, history_step
 from .pages import action_object, render_action_page
 
 __all__ = [
@@ -72,7 +75,8 @@ START_INTRO = _(
 )
 QUERY_INTRO = _(
     "Ask one of this instance's query handlers: its history is replayed, read-only, and the"
-    " handler answers where the replay stops. Nothing is written."
+    " handler answers where the replay stops (now, or right after the step you give)."
+    " Nothing is written."
 )
 
 
@@ -164,12 +168,19 @@ def query_view(
     if request.method not in ("GET", "POST"):
         return HttpResponseNotAllowed(["GET", "POST"])
     obj = action_object(model_admin, request, object_id, PERM_QUERY)
-    form = QueryForm(request.POST if request.method == "POST" else request.GET or None)
+    at = history_step(str(request.GET.get("at", "")).strip()[:255])
+    if request.method == "POST":
+        form = QueryForm(request.POST)
+    elif "name" in request.GET:
+        form = QueryForm(request.GET)
+    else:  # a "State here" link: the step filled in, the handler still to choose
+        form = QueryForm(initial={"at": "" if at is None else at})
     result: dict[str, str] | None = None
     if request.method == "POST" and form.is_valid():
         name = form.cleaned_data["name"]
+        at = form.cleaned_data["at"]
         try:
-            answer = operations.query(obj.instance_id, name, timeout=QUERY_TIMEOUT)
+            answer = operations.query(obj.instance_id, name, timeout=QUERY_TIMEOUT, at=at)
         except (exc.SelvedgeError, TimeoutError) as error:
             result = {"title": gettext("Error"), "text": error_text(error), "kind": "error"}
             outcome = f"failed: {type(error).__name__}"
@@ -178,9 +189,10 @@ def query_view(
             result = {"title": gettext("Answer"), "text": truncate(text, VALUE_CHARS)}
             result["kind"] = "answer"
             outcome = "answered"
-        model_admin.log_change(request, obj, f"Ran query {name!r}: {outcome}.")
+        step = "" if at is None else f" at {at!r}"
+        model_admin.log_change(request, obj, f"Ran query {name!r}{step}: {outcome}.")
     try:
-        names = operations.query_handler_names(obj.instance_id, timeout=QUERY_TIMEOUT)
+        names = operations.query_handler_names(obj.instance_id, timeout=QUERY_TIMEOUT, at=at)
     except (exc.SelvedgeError, TimeoutError):
         names = []  # the form still asks by name; the answer shows the error
     return render_action_page(

@@ -199,11 +199,33 @@ class QueryForm(forms.Form):
         widget=forms.TextInput(attrs={"size": 40, "list": "selvedge-query-names"}),
     )
 
+    at = forms.CharField(
+        max_length=255,
+        required=False,
+        strip=True,
+        label=_("At step"),
+        help_text=_(
+            "Answer as of this step: a history key (as the history table shows it) or a"
+            " command position. Empty: now."
+        ),
+        widget=forms.TextInput(attrs={"size": 40}),
+    )
+
     def clean_name(self) -> str:
         name: str = self.cleaned_data["name"]
         if not 1 <= len(name.encode("utf-8")) <= 255:
             raise forms.ValidationError(_("A query name contains 1 to 255 UTF-8 bytes."))
         return name
+
+    def clean_at(self) -> str | int | None:
+        return history_step(self.cleaned_data.get("at") or "")
+
+
+def history_step(text: str) -> str | int | None:
+    """A step of a history as typed: digits are a command position, other text a key."""
+    if not text:
+        return None
+    return int(text) if text.isdigit() else text
 
 
 # -- schedules ------------------------------------------------------------------

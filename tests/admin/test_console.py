@@ -243,6 +243,40 @@ def test_run_query_lists_the_handlers_and_shows_the_answer_or_the_typed_error(
     assert sv.get_workflow_result(iid).output == 5
 
 
+def test_state_here_on_each_history_row_answers_as_of_that_step(
+    tdb: None, staff: Callable[..., Client]
+) -> None:
+    iid = sv.start_workflow(tally, {"start": 1}, instance_id="tally-steps")
+    for n in (4, 10):
+        sv.signal(iid, "n", n)
+    assert drive(iid, status="running") == "running"
+    query_url = url("query", iid)
+
+    # Only for users who may see values: the answers are computed from them.
+    assert "State here" not in html(staff(VIEW).get(url("change", iid)))
+    reader = staff(VIEW, PAYLOADS)
+    page = html(reader.get(url("change", iid)))
+    assert page.count("State here") == 2  # one per recorded command: the two receives
+    assert f'href="{query_url}?at=1"' in page and f'href="{query_url}?at=2"' in page
+
+    # The link fills in the step and offers the handlers registered there.
+    page = html(reader.get(f"{query_url}?at=1"))
+    assert 'name="at" value="1"' in page and '<option value="total">' in page
+    before = WorkflowInstance.objects.values().get(instance_id=iid)
+    page = html(reader.post(f"{query_url}?at=1", {"name": "total", "at": "1"}))
+    assert "<code>5</code>" in page  # 1, then 4 received at step 1
+    page = html(reader.post(query_url, {"name": "total", "at": "#2:receive:n"}))
+    assert "<code>15</code>" in page
+    page = html(reader.post(query_url, {"name": "total", "at": "#9:receive:n"}))
+    assert "HistoryKeyNotFound" in page and "records no command at" in page
+    assert [entry.change_message for entry in logs(iid)] == [
+        "Ran query 'total' at 1: answered.",
+        "Ran query 'total' at '#2:receive:n': answered.",
+        "Ran query 'total' at '#9:receive:n': failed: HistoryKeyNotFound.",
+    ]
+    assert WorkflowInstance.objects.values().get(instance_id=iid) == before
+
+
 def test_run_query_is_bounded_by_the_query_timeout(
     tdb: None, staff: Callable[..., Client], monkeypatch: pytest.MonkeyPatch
 ) -> None:
