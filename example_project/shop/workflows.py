@@ -175,21 +175,35 @@ def reject_order(request: dict[str, Any]) -> None:
     order.save(update_fields=["status", "status_detail", "updated_at"])
 
 
-@sv.activity(name="shop.cancel_order", transactional=True)
-def cancel_order(request: dict[str, Any]) -> None:
-    """Undo what the order did so far: refund charges, restock unshipped items.
+# The compensations of the order's saga. Each may run again after a crash (activities
+# run at least once), so each checks the state it undoes: running twice undoes once.
+@sv.activity(name="shop.refund_payment", transactional=True)
+def refund_payment(request: dict[str, Any]) -> int:
+    """Refund the order's charged payments; return how many were refunded."""
+    return Payment.objects.filter(
+        order_id=request["order_id"], status=Payment.Status.CHARGED
+    ).update(status=Payment.Status.REFUNDED)
+
+
+@sv.activity(name="shop.release_order", transactional=True)
+def release_order(request: dict[str, Any]) -> None:
+    """Put the order's items back in stock unless they shipped, and mark it cancelled.
 
     It runs in one transaction, as ``mark_shipped`` does: whichever commits first
-    decides whether the items are back in stock or on their way.
+    decides whether the items are back in stock or on their way. The order's status
+    detail is the cancellation's reason when one was requested.
     """
+    info = sv.activity_info()
+    assert info is not None
     order = Order.objects.get(pk=request["order_id"])
-    Payment.objects.filter(order=order, status=Payment.Status.CHARGED).update(
-        status=Payment.Status.REFUNDED
-    )
     if order.status in (Order.Status.RESERVED, Order.Status.PAID):
         Product.objects.filter(pk=order.product_id).update(stock=F("stock") + order.quantity)
+    elif order.status in (Order.Status.CANCELLED, Order.Status.REJECTED):
+        return  # released already (an attempt that ran before a crash), or rejected
+    described = sv.describe(info.instance_id)
+    reason = described.cancel_reason if described.cancel_requested else "undone after a failure"
     order.status = Order.Status.CANCELLED
-    order.status_detail = str(request.get("reason") or "cancelled")[:255]
+    order.status_detail = (reason or "cancelled")[:255]
     order.save(update_fields=["status", "status_detail", "updated_at"])
 
 
@@ -244,75 +258,87 @@ def order_workflow(ctx: sv.WorkflowContext, request: dict[str, Any]) -> dict[str
         )
         return {"order_id": order_id, "status": "rejected", "reason": reason}
 
+    # A saga: when the block fails or the order is cancelled, the compensations added
+    # so far run as durable activities, last added first, even after a cancellation or
+    # a worker crash; a block that completes (or returns a rejection) runs none. Each
+    # compensation is added before its step, since a step may have happened even when
+    # its outcome is lost.
+    held: BaseException | None = None  # a refused charge, held for an operator
     try:
-        step("reserving stock")
-        try:
-            reservation = reserve_stock.execute(ctx, order_id)
-        except sv.ApplicationError as error:
-            return reject(str(error), release_stock=False)
+        with ctx.saga() as saga:
+            saga.add_compensation(release_order, {"order_id": order_id})
+            step("reserving stock")
+            try:
+                reservation = reserve_stock.execute(ctx, order_id)
+            except sv.ApplicationError as error:
+                return reject(str(error), release_stock=False)
 
-        # A signal from the shop's "approve payment" button, with a durable timer.
-        step("awaiting payment approval")
-        timeout = request.get("approval_timeout", DEFAULT_APPROVAL_TIMEOUT)
-        try:
-            approval = ctx.receive_with_timeout(APPROVAL_CHANNEL, timeout)
-        except sv.ReceiveTimeout:
-            return reject(f"payment not approved within {timeout:g} s", release_stock=True)
-        approved_by = str((approval or {}).get("approved_by", "")) or "someone"
-        report(approved_by=approved_by)
+            # A signal from the shop's "approve payment" button, with a durable timer.
+            step("awaiting payment approval")
+            timeout = request.get("approval_timeout", DEFAULT_APPROVAL_TIMEOUT)
+            try:
+                approval = ctx.receive_with_timeout(APPROVAL_CHANNEL, timeout)
+            except sv.ReceiveTimeout:
+                return reject(f"payment not approved within {timeout:g} s", release_stock=True)
+            approved_by = str((approval or {}).get("approved_by", "")) or "someone"
+            report(approved_by=approved_by)
 
-        # Added while orders were running, so behind a patch: an order recorded before
-        # the change (already charged, or charging) replays without the screen; every
-        # order that reaches this point from now on records the patch's marker and
-        # runs it. Once no order on the old path is left, deprecate_patch() replaces
-        # the `if` (see docs/changing-workflows.md).
-        if ctx.patched("fraud-screen"):
-            step("screening payment")
-            screen = screen_payment.execute(
-                ctx, {"order_id": order_id, "card": request.get("card", "ok")}
-            )
-            if screen["risk"] == "high":
-                return reject("payment refused by the fraud screen", release_stock=True)
+            # Added while orders were running, so behind a patch: an order recorded
+            # before the change (already charged, or charging) replays without the
+            # screen; every order that reaches this point from now on records the
+            # patch's marker and runs it. Once no order on the old path is left,
+            # deprecate_patch() replaces the `if` (see docs/changing-workflows.md).
+            if ctx.patched("fraud-screen"):
+                step("screening payment")
+                screen = screen_payment.execute(
+                    ctx, {"order_id": order_id, "card": request.get("card", "ok")}
+                )
+                if screen["risk"] == "high":
+                    return reject("payment refused by the fraud screen", release_stock=True)
 
-        step("charging payment")
-        try:
-            payment = charge_payment.execute(
-                ctx,
-                {
-                    "order_id": order_id,
-                    "amount": reservation["amount"],
-                    "card": request.get("card", "ok"),
-                },
-            )
-        except (sv.ApplicationError, sv.RetryExhaustedError) as error:
-            if request.get("on_decline") == "fail":
-                # Held for an operator: the run fails here with the stock still
-                # reserved; once the cause is fixed, resuming it charges again.
-                raise
-            return reject(str(error), release_stock=True)
+            step("charging payment")
+            saga.add_compensation(refund_payment, {"order_id": order_id})
+            try:
+                payment = charge_payment.execute(
+                    ctx,
+                    {
+                        "order_id": order_id,
+                        "amount": reservation["amount"],
+                        "card": request.get("card", "ok"),
+                    },
+                )
+            except (sv.ApplicationError, sv.RetryExhaustedError) as error:
+                if request.get("on_decline") != "fail":
+                    return reject(str(error), release_stock=True)
+                # Held for an operator: the block ends without an error, so nothing is
+                # undone, and the run fails below with the stock still reserved; once
+                # the cause is fixed, resuming it charges again.
+                held = error
+            if held is None:
+                step("shipping")
+                shipment = ctx.start_child(
+                    shipping_workflow,
+                    {
+                        "order_id": order_id,
+                        "packing_seconds": request.get("packing_seconds", DEFAULT_PACKING_SECONDS),
+                    },
+                    child_id=f"{ctx.instance_id}-shipping",
+                )
+                report(shipping_instance_id=shipment.id)
+                shipped = shipment.get(ctx)
+                report(tracking_number=shipped["tracking_number"])
 
-        step("shipping")
-        shipment = ctx.start_child(
-            shipping_workflow,
-            {
-                "order_id": order_id,
-                "packing_seconds": request.get("packing_seconds", DEFAULT_PACKING_SECONDS),
-            },
-            child_id=f"{ctx.instance_id}-shipping",
-        )
-        report(shipping_instance_id=shipment.id)
-        shipped = shipment.get(ctx)
-        report(tracking_number=shipped["tracking_number"])
-
-        step("sending confirmation")
-        email_id = send_confirmation.execute(
-            ctx,
-            {
-                "order_id": order_id,
-                "payment_reference": payment["reference"],
-                "tracking_number": shipped["tracking_number"],
-            },
-        )
+                step("sending confirmation")
+                email_id = send_confirmation.execute(
+                    ctx,
+                    {
+                        "order_id": order_id,
+                        "payment_reference": payment["reference"],
+                        "tracking_number": shipped["tracking_number"],
+                    },
+                )
+        if held is not None:
+            raise held
         step("completed")
         return {
             "order_id": order_id,
@@ -325,10 +351,10 @@ def order_workflow(ctx: sv.WorkflowContext, request: dict[str, Any]) -> dict[str
             "confirmed_at": ctx.now().isoformat(),
         }
     except sv.WorkflowCancelled as cancelled:
-        # The cancellation request reached a wait. Clean up on a detached context
-        # (it ignores the request), then let the instance close as cancelled; a
-        # running shipping child is asked to cancel too.
+        # The cancellation request reached a wait; the saga has refunded and released
+        # the order by now (on a detached context, which ignores the request). Let
+        # the instance close as cancelled; a running shipping child is asked to
+        # cancel too.
         progress["cancel_reason"] = cancelled.reason
         step("cancelled")
-        cancel_order.execute(ctx.detached(), {"order_id": order_id, "reason": cancelled.reason})
         raise

@@ -74,7 +74,8 @@ def run_script(tmp_path: Path, *args: str) -> str:
     env.update(
         DJANGO_SETTINGS_MODULE="config.settings",
         DEBUG="1",
-        PYTHONPATH=str(ROOT / "example_project"),
+        # The checkout's package first: not whichever one the virtualenv installed.
+        PYTHONPATH=os.pathsep.join([str(ROOT / "example_project"), str(ROOT)]),
         DATABASE_URL=f"sqlite:///{tmp_path / 'shop.sqlite3'}",
     )
     done = subprocess.run(

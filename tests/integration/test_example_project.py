@@ -34,7 +34,8 @@ def run_example(tmp_path: Path, script: str, **env: str) -> subprocess.Completed
     }
     full_env.update(
         DJANGO_SETTINGS_MODULE="config.settings",
-        PYTHONPATH=str(ROOT / "example_project"),
+        # The checkout's package first: not whichever one the virtualenv installed.
+        PYTHONPATH=os.pathsep.join([str(ROOT / "example_project"), str(ROOT)]),
         DATABASE_URL=f"sqlite:///{tmp_path / 'shop.sqlite3'}",
         **env,
     )
@@ -186,3 +187,76 @@ def test_the_order_page_reads_the_stored_progress_without_a_replay(tmp_path: Pat
     out: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     # The step the workflow stored with ctx.set_progress(), shown without a query.
     assert out == {"current": True, "done": True, "stored": "awaiting payment approval"}
+
+
+SAGA_SCRIPT = """
+import json
+import django
+django.setup()
+from django.core.management import call_command
+call_command("migrate", verbosity=0)
+import selvedge_django as sv
+from selvedge_django.testing import run_until_idle
+from selvedge_django.worker import Worker
+from shop.models import Order, Payment, Product
+from shop.workflows import APPROVAL_CHANNEL
+
+worker = Worker()
+out = {}
+mug = Product.objects.get(sku="mug")
+stock = mug.stock
+
+def place(instance_id, **request):
+    order = Order.objects.create(product=mug, quantity=2, customer_email="a@example.com")
+    sv.start_workflow("shop.order", {"order_id": order.pk, **request}, instance_id=instance_id)
+    run_until_idle(worker)
+    return order
+
+# Cancelled while it waits for approval: its stock comes back.
+waiting = place("order-waiting", card="ok")
+out["waiting_reserved"] = Order.objects.get(pk=waiting.pk).status
+sv.cancel_workflow("order-waiting", reason="changed my mind")
+run_until_idle(worker)
+waiting.refresh_from_db()
+out["waiting"] = [sv.describe("order-waiting").status, waiting.status, waiting.status_detail]
+
+# Cancelled once charged, while its parcel is packed: refunded, then its stock comes back.
+packing = place("order-packing", card="ok", packing_seconds=3600)
+sv.signal("order-packing", APPROVAL_CHANNEL, {"approved_by": "clerk"})
+run_until_idle(worker)
+out["packing_paid"] = Order.objects.get(pk=packing.pk).status
+sv.cancel_workflow("order-packing", reason="too slow")
+run_until_idle(worker)
+packing.refresh_from_db()
+out["packing"] = [sv.describe("order-packing").status, packing.status, packing.status_detail]
+out["payments"] = list(Payment.objects.values_list("status", flat=True))
+out["compensations"] = [
+    t.name for t in sv.list_activity_tasks("order-packing") if t.name in ("shop.refund_payment", "shop.release_order")
+]
+
+# A declined card held for an operator: nothing is undone, the stock stays reserved.
+held = place("order-held", card="declined", on_decline="fail")
+sv.signal("order-held", APPROVAL_CHANNEL, {"approved_by": "clerk"})
+run_until_idle(worker)
+held.refresh_from_db()
+out["held"] = [sv.describe("order-held").status, held.status]
+
+mug.refresh_from_db()
+out["stock_taken"] = stock - mug.stock
+print(json.dumps(out))
+"""
+
+
+def test_the_order_saga_refunds_and_restocks_a_cancelled_order(tmp_path: Path) -> None:
+    done = run_example(tmp_path, SAGA_SCRIPT, DEBUG="1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    out: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["waiting_reserved"] == "reserved"
+    assert out["waiting"] == ["cancelled", "cancelled", "changed my mind"]
+    assert out["packing_paid"] == "paid"
+    assert out["packing"] == ["cancelled", "cancelled", "too slow"]
+    assert out["payments"] == ["refunded"]
+    # Last added, first run: the refund, then the release of the stock.
+    assert out["compensations"] == ["shop.refund_payment", "shop.release_order"]
+    assert out["held"] == ["failed", "reserved"]
+    assert out["stock_taken"] == 2  # only the held order's items are still out of stock
