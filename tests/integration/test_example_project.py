@@ -230,8 +230,9 @@ run_until_idle(worker)
 packing.refresh_from_db()
 out["packing"] = [sv.describe("order-packing").status, packing.status, packing.status_detail]
 out["payments"] = list(Payment.objects.values_list("status", flat=True))
+undoing = ("shop.refund_payment", "shop.release_order")
 out["compensations"] = [
-    t.name for t in sv.list_activity_tasks("order-packing") if t.name in ("shop.refund_payment", "shop.release_order")
+    t.name for t in sv.list_activity_tasks("order-packing") if t.name in undoing
 ]
 
 # A declined card held for an operator: nothing is undone, the stock stays reserved.
