@@ -184,11 +184,21 @@ class HandleClient(Protocol):
     async def acancel_workflow(self, instance_id: str, reason: str = "") -> None: ...
 
     def query(
-        self, instance_id: str, name: str, *, timeout: float | timedelta | None = None
+        self,
+        instance_id: str,
+        name: str,
+        *,
+        timeout: float | timedelta | None = None,
+        at: str | int | None = None,
     ) -> Any: ...
 
     async def aquery(
-        self, instance_id: str, name: str, *, timeout: float | timedelta | None = None
+        self,
+        instance_id: str,
+        name: str,
+        *,
+        timeout: float | timedelta | None = None,
+        at: str | int | None = None,
     ) -> Any: ...
 
 
@@ -275,13 +285,26 @@ class WorkflowHandle(Generic[R]):
         """Async twin of :meth:`cancel`."""
         await client().acancel_workflow(self.id, reason)
 
-    def query(self, name: str, *, timeout: float | timedelta | None = None) -> Any:
-        """Answer the query handler ``name`` from one snapshot replay (``query``)."""
-        return client().query(self.id, name, timeout=timeout)
+    def query(
+        self,
+        name: str,
+        *,
+        timeout: float | timedelta | None = None,
+        at: str | int | None = None,
+    ) -> Any:
+        """Answer the query handler ``name`` from one snapshot replay (``query``); with
+        ``at`` (a history key or position) as of that step."""
+        return client().query(self.id, name, timeout=timeout, at=at)
 
-    async def aquery(self, name: str, *, timeout: float | timedelta | None = None) -> Any:
+    async def aquery(
+        self,
+        name: str,
+        *,
+        timeout: float | timedelta | None = None,
+        at: str | int | None = None,
+    ) -> Any:
         """Async twin of :meth:`query`."""
-        return await client().aquery(self.id, name, timeout=timeout)
+        return await client().aquery(self.id, name, timeout=timeout, at=at)
 
 
 def _outcome(result: WorkflowResult) -> Any:

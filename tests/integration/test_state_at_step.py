@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.apps import apps
 from django.core.management import call_command
 from django.db import connection
@@ -57,6 +58,8 @@ def test_query_at_answers_as_of_each_step_and_writes_nothing(finished: str) -> N
     assert sv.query(finished, "done", at=3) == ["a", "b", "c"]
     assert sv.query(finished, "done", at="#4:receive:go") == ["a", "b", "c"]
     assert sv.query(finished, "done", at="$close") == sv.query(finished, "done")
+    assert sv.get_handle(finished).query("done", at=2) == ["a", "b"]
+    assert async_to_sync(sv.aquery)(finished, "done", at=1) == ["a"]
 
     assert every_table() == before
 

@@ -61,6 +61,7 @@ INPUTS: dict[str, Any] = {
     "cancel.detached_scope": None,
     "cancel.in_finally": None,
     "cancel.unawaited": {"entry": "u"},
+    "saga.run": {"steps": ["a", "b"], "wait": True, "fail": True},
     "can.count": {"total": 0, "batch": 2},
     "can.echo": "e",
     "can.waiter": "w",
