@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from django.conf import settings
@@ -19,6 +20,7 @@ from django.db import transaction
 
 import selvedge_django as sv
 from selvedge_django.models import ArchivedHistoryEvent, HistoryEvent, WorkflowInstance
+from selvedge_django.testing import replay_debug
 
 from ...models import AcceptedCard, EmailOutbox, Order, Payment, Product
 from ...workflows import APPROVAL_CHANNEL, order_workflow
@@ -207,6 +209,41 @@ class Command(BaseCommand):
                 "running? (python example_project/manage.py runselvedge worker)"
             ) from None
 
+    def look_at_the_failure(self, instance_id: str) -> None:
+        """Replay the failed run up to its charge, as ``runselvedge debug`` does in pdb.
+
+        Here the breakpoint hook reads the workflow's own frame instead of stopping, so
+        the demo runs unattended; in a terminal, pdb stops there.
+        """
+        failed = next(
+            row.key
+            for row in HistoryEvent.objects.filter(instance_id=instance_id).order_by("seq")
+            if row.key.endswith(":shop.charge_payment")
+        )
+        self.section("   Look at it: the failed run replayed up to the charge (writes nothing)")
+        seen: dict[str, Any] = {}
+
+        def hook(*args: Any, **kwargs: Any) -> None:
+            frame = sys._getframe(1)  # where replay_debug stopped; the workflow is above
+            for _ in range(frame.f_locals["frames_up"]):
+                frame = frame.f_back  # type: ignore[assignment]
+            seen.update(step=frame.f_locals["progress"]["step"])
+            seen.update(card=frame.f_locals["request"].get("card"))
+
+        previous, sys.breakpointhook = sys.breakpointhook, hook
+        try:
+            replay = replay_debug(instance_id, stop_at=failed)
+        finally:
+            sys.breakpointhook = previous
+        self.stdout.write(
+            f"stopped before {failed}: step {seen.get('step')!r}, card {seen.get('card')!r};"
+            f" the replay then ended {replay.outcome}: {replay.error}"
+        )
+        self.stdout.write(
+            f"  in pdb: python example_project/manage.py runselvedge debug {instance_id}"
+            f" --stop-at '{failed}'"
+        )
+
     def fix_and_resume(
         self, order: Order, result: sv.WorkflowResult, options: dict[str, Any]
     ) -> sv.WorkflowResult:
@@ -219,6 +256,7 @@ class Command(BaseCommand):
         self.stdout.write(f"error:  {type(result.error).__name__}: {result.error}")
         order.refresh_from_db()
         self.stdout.write(f"order #{order.pk}: {order.status} (the stock stays reserved)")
+        self.look_at_the_failure(instance_id)
 
         self.section("2. Fix the cause: the payment provider accepts the card now")
         AcceptedCard.objects.get_or_create(
