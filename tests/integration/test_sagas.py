@@ -8,6 +8,8 @@ that each compensation is an activity recorded like any other.
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,8 @@ import pytest
 
 import selvedge_django as sv
 from selvedge_django.models import ActivityTask, HistoryEvent
+from selvedge_django.testing import replay_debug
+from tests.breakpoint_recorder import recorder
 from tests.conftest import wait_until
 from tests.testapp.models import Ledger
 
@@ -233,3 +237,51 @@ def test_a_cancel_request_during_the_compensations_does_not_stop_them(
     # and the block's own error closes the run.
     assert result.status == "failed" and result.error.type == "OrderFailed"
     assert ledger() == ["do:a", "do:b", "undo:b:1", "undone:b", "undo:a:1", "undone:a"]
+
+
+# -- a golden history: what today's code records for a saga must keep replaying ---------------
+
+GOLDEN = Path(__file__).resolve().parents[1] / "histories" / "saga_compensated.json"
+GOLDEN_INPUT = {"steps": ["a", "b", "c"], "fail": True, "undo": {"b": {"fail_until": 2}}}
+
+
+def blank_tracebacks(value: Any) -> Any:
+    """The document without tracebacks: they name the files of the machine that recorded it."""
+    if isinstance(value, dict):
+        return {k: "" if k == "traceback" else blank_tracebacks(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [blank_tracebacks(item) for item in value]
+    return value
+
+
+@pytest.mark.skipif(os.environ.get("SELVEDGE_WRITE_GOLDEN") != "1", reason="records goldens")
+def test_record_the_golden_saga_history(worker: Any) -> None:
+    result = run(GOLDEN_INPUT, "golden-saga")
+    assert result.status == "failed"
+    doc = blank_tracebacks(json.loads(sv.export_history("golden-saga").to_json()))
+    GOLDEN.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def test_the_golden_saga_history_replays_and_debugs_without_a_database(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # No database fixture: pytest-django refuses any database access in this test.
+    history = sv.parse_history(GOLDEN.read_bytes())
+    assert [e.key for e in history.events if e.key.endswith("saga.undo")] == [
+        "#4:saga.undo",
+        "#5:saga.undo",
+        "#6:saga.undo",
+    ]
+    sv.replay_history(history)
+
+    calls: list[dict[str, Any]] = []
+    monkeypatch.setattr(sys, "breakpointhook", recorder(calls))
+    debug = replay_debug(GOLDEN, stop_at="#5:saga.undo")
+
+    # The compensation is issued by the saga as the block unwinds: the first frame of the
+    # workflow's own code up the stack is its `with` statement, the error on its way out.
+    assert [(c["key"], c["function"], c["locals"]["done"]) for c in calls] == [
+        ("#5:saga.undo", "saga_run", ["a", "b", "c"])
+    ]
+    assert debug.stopped and debug.outcome == "failed"
+    assert isinstance(debug.error, sv.ApplicationError) and debug.error.type == "OrderFailed"
