@@ -16,6 +16,7 @@ workflow's frame) runs the command with its recorded value.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ from .replay import ReplayRuntime, position_of, snapshot_of
 
 __all__ = ["DebugReplay", "debug_replay", "stop_before_command"]
 
-_PACKAGE = str(Path(__file__).resolve().parent.parent)
+_PACKAGE = str(Path(__file__).resolve().parent.parent) + os.sep
 
 
 @dataclass

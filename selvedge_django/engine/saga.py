@@ -26,13 +26,26 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, TypeVar, overload
 
 from .. import exceptions as exc
 from .execution import Execution
 from .options import ActivityOptions
 
-__all__ = ["Saga"]
+__all__ = ["CompensationActivity", "Saga"]
+
+InT = TypeVar("InT")
+InT_contra = TypeVar("InT_contra", contravariant=True)
+
+
+class CompensationActivity(Protocol[InT_contra]):
+    """What ``add_compensation`` takes: a registered activity of one ``InT`` input."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def fn(self) -> Callable[[InT_contra], Any]: ...
 
 
 @dataclass(frozen=True)
@@ -67,6 +80,24 @@ class Saga:
     def compensations(self) -> int:
         """How many compensations were added so far."""
         return len(self._compensations)
+
+    @overload
+    def add_compensation(
+        self,
+        activity: CompensationActivity[None],
+        input: None = None,
+        *,
+        options: ActivityOptions | None = None,
+    ) -> None: ...
+
+    @overload
+    def add_compensation(
+        self,
+        activity: CompensationActivity[InT],
+        input: InT,
+        *,
+        options: ActivityOptions | None = None,
+    ) -> None: ...
 
     def add_compensation(
         self, activity: Any, input: Any = None, *, options: ActivityOptions | None = None

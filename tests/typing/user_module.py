@@ -69,6 +69,10 @@ def parent(ctx: sv.WorkflowContext, name: str) -> list[str]:
     assert_type(ctx.start_child("typing.child", 3), sv.ChildHandle[Any])
     assert_type(greet("direct"), str)
     assert_type(ping(), bool)
+    with ctx.saga(parallel=True) as saga:
+        saga.add_compensation(greet, "undo")
+        saga.add_compensation(count, ["a"], options=sv.ActivityOptions(queue="undo"))
+        saga.add_compensation(ping)
     return [greet.execute(ctx, name)]
 
 

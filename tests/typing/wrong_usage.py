@@ -39,6 +39,9 @@ def parent(ctx: sv.WorkflowContext, name: str) -> str:
     ctx.start_child(child, "not an int")  # error: misc
     total: str = ctx.start_child(child, 1).get(ctx)  # error: assignment
     greet(42)  # error: arg-type
+    with ctx.saga() as saga:
+        saga.add_compensation(greet, 42)  # error: misc
+        saga.add_compensation(greet)  # error: arg-type
     return f"{number} {later} {total}"
 
 
