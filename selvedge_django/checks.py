@@ -55,6 +55,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                     id="selvedge.E006",
                 )
             )
+    if isinstance(raw, dict):
+        messages += _payload_codec_problems(raw)
     if messages:
         return messages
     try:
@@ -92,6 +94,54 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         messages += _transactional_on_single_writer(resolved.database)
         messages += _lease_within_busy_timeout(resolved)
     return messages
+
+
+def _payload_codec_problems(raw: dict[str, Any]) -> list[CheckMessage]:
+    """selvedge.E008 (a payload codec without keys) and selvedge.E009 (keys that are not
+    keys of the codec, such as a Fernet key mistyped)."""
+    codec = raw.get("PAYLOAD_CODEC")
+    keys = raw.get("PAYLOAD_KEYS")
+    if codec is None:
+        if keys:
+            return [
+                Warning(
+                    "SELVEDGE['PAYLOAD_KEYS'] is set but SELVEDGE['PAYLOAD_CODEC'] is not: new "
+                    "values are stored as plain JSON (the keys only decrypt values stored "
+                    "while a codec was on).",
+                    hint="Set PAYLOAD_CODEC = 'selvedge_django.codecs.FernetCodec' to encrypt; "
+                    "silence with SILENCED_SYSTEM_CHECKS = ['selvedge.W010'] while turning "
+                    "it off.",
+                    id="selvedge.W010",
+                )
+            ]
+        return []
+    if not isinstance(codec, str | type):
+        return []  # an instance: built with its keys already
+    if keys is None or (not callable(keys) and not keys):
+        return [
+            Error(
+                f"SELVEDGE['PAYLOAD_CODEC'] is {codec!r} but SELVEDGE['PAYLOAD_KEYS'] is empty: "
+                "nothing could be encrypted or decrypted.",
+                hint="Set PAYLOAD_KEYS to a list of keys (the first encrypts, all decrypt), "
+                "e.g. [FernetCodec.generate_key()] kept in your secrets, or a callable "
+                "returning it.",
+                id="selvedge.E008",
+            )
+        ]
+    from .codecs import resolve_payload_codec
+
+    try:
+        resolve_payload_codec(codec, keys)
+    except ImproperlyConfigured as error:
+        return [
+            Error(
+                f"Invalid SELVEDGE['PAYLOAD_KEYS']: {error}",
+                hint="Each key must be a key of the codec: for FernetCodec, 32 bytes in "
+                "URL-safe base64 (44 characters), as FernetCodec.generate_key() makes.",
+                id="selvedge.E009",
+            )
+        ]
+    return []
 
 
 def _lease_within_busy_timeout(resolved: SelvedgeSettings) -> list[CheckMessage]:

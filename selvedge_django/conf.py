@@ -21,6 +21,7 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
+from .codecs import resolve_payloads
 from .engine.durations import to_seconds
 
 __all__ = [
@@ -72,6 +73,8 @@ DEFAULTS: dict[str, Any] = {
     "HOOKS": None,
     "METRICS": False,
     "PAYLOAD_CONVERTER": None,
+    "PAYLOAD_CODEC": None,
+    "PAYLOAD_KEYS": None,
     "MODULES": (),
     "MAX_PAYLOAD_BYTES": 2 * 1024 * 1024,
     "HISTORY_WARNING_THRESHOLD": 10_000,
@@ -201,6 +204,11 @@ class SelvedgeSettings:
     metrics: Any = False
     # PAYLOAD_CONVERTER, resolved: None (JSON) or a converter instance.
     payload_converter: Any = None
+    # PAYLOAD_CODEC built with PAYLOAD_KEYS (as written, for to_raw()), and what opens
+    # stored envelopes (the codec; without it, a reader of the keys): codecs.py.
+    payload_codec: Any = None
+    payload_keys: Any = None
+    payload_reader: Any = None
     modules: tuple[str, ...] = ()
     max_payload_bytes: int = 2 * 1024 * 1024
     history_warning_threshold: int = 10_000
@@ -269,6 +277,8 @@ class SelvedgeSettings:
             "HOOKS": self.hooks,
             "METRICS": self.metrics,
             "PAYLOAD_CONVERTER": self.payload_converter,
+            "PAYLOAD_CODEC": self.payload_codec,
+            "PAYLOAD_KEYS": self.payload_keys,
             "MODULES": self.modules,
             "MAX_PAYLOAD_BYTES": self.max_payload_bytes,
             "HISTORY_WARNING_THRESHOLD": self.history_warning_threshold,
@@ -478,20 +488,7 @@ def resolve_settings(raw_in: Mapping[str, Any] | None) -> SelvedgeSettings:
         raise ImproperlyConfigured(
             "SELVEDGE['METRICS'] must be True, False or an OpenTelemetry MeterProvider"
         )
-    converter = raw["PAYLOAD_CONVERTER"]
-    if isinstance(converter, str):
-        converter = _import(converter, "PAYLOAD_CONVERTER")
-    if isinstance(converter, type):
-        converter = converter()
-    if converter is not None and not (
-        callable(getattr(converter, "from_json", None))
-        and isinstance(getattr(converter, "encoder", None), type)
-    ):
-        raise ImproperlyConfigured(
-            "SELVEDGE['PAYLOAD_CONVERTER'] must name a payload converter (an object with an"
-            " ``encoder`` class and a ``from_json(value, annotation)`` method), such as"
-            " 'selvedge_django.converters.TypedConverter'"
-        )
+    converter, payload_codec, payload_reader = resolve_payloads(raw)
     listen = raw["LISTEN_NOTIFY"]
     if listen is not None and not isinstance(listen, bool):
         raise ImproperlyConfigured("SELVEDGE['LISTEN_NOTIFY'] must be None, True or False")
@@ -561,6 +558,9 @@ def resolve_settings(raw_in: Mapping[str, Any] | None) -> SelvedgeSettings:
         hooks=hooks,
         metrics=metrics,
         payload_converter=converter,
+        payload_codec=payload_codec,
+        payload_keys=raw["PAYLOAD_KEYS"],
+        payload_reader=payload_reader,
         modules=tuple(modules),
         max_payload_bytes=ints["MAX_PAYLOAD_BYTES"],
         history_warning_threshold=ints["HISTORY_WARNING_THRESHOLD"],

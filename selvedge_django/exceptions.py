@@ -148,6 +148,23 @@ class PayloadConversionError(SelvedgeError, TypeError):
     """A stored value does not fit the annotation it is read back as (PAYLOAD_CONVERTER)."""
 
 
+class PayloadDecodeError(SelvedgeError):
+    """A stored value is encrypted under a key (or codec) this process does not have.
+
+    ``key_id`` names the key the value was encoded with, ``codec_id`` the codec
+    (``SELVEDGE["PAYLOAD_CODEC"]``); neither is secret.
+    """
+
+    def __init__(self, key_id: str = "", codec_id: str = "", message: str | None = None) -> None:
+        self.key_id = key_id
+        self.codec_id = codec_id
+        super().__init__(
+            message
+            or f"cannot decode a stored value encoded by codec {codec_id!r} with key {key_id!r}:"
+            " the key is not in SELVEDGE['PAYLOAD_KEYS'] (or the value is corrupt)"
+        )
+
+
 class InboxFull(SelvedgeError):
     """The instance already holds MAX_PENDING_SIGNALS unconsumed signals."""
 

@@ -120,6 +120,11 @@ class WorkflowHooks:
     def on_timer_fired(self, event: HookEvent) -> None:
         """A timer fired."""
 
+    def on_payload_undecodable(self, event: HookEvent) -> None:
+        """This worker cannot decode a stored value of the instance (``event.error``, a
+        :class:`~selvedge_django.exceptions.PayloadDecodeError` naming the key id) and
+        left it, unchanged, for a worker that has the key."""
+
     def trace_context(self, operation: str, event: HookEvent) -> Mapping[str, str] | None:
         """Return the trace context to store with a start, signal, cancel request,
         fork or schedule run (asked for a resume too, and not stored).

@@ -17,7 +17,10 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext
 
+from .. import exceptions as exc
 from ..conf import get_settings
+from ..engine.codec import Codec
+from ..storage import client_codec
 from ..storage.admin_reads import AdminReads
 
 # How much of a stored value is shown: a cell of a table, a value on the detail page.
@@ -34,6 +37,64 @@ TRACE_CHARS = 8000
 _UNSAFE_FILENAME = re.compile(r"[^A-Za-z0-9._-]+")
 # The start of a stored error envelope: {"type": "...", "message": "...", ...}.
 _ENVELOPE_FIELD = re.compile(r'"(type|message)"\s*:\s*("(?:[^"\\]|\\.)*")')
+
+
+# With a PAYLOAD_CODEC, how much of a stored value is read for a table cell: an
+# envelope is opened whole or not at all (about 1.8 times the value's JSON).
+ENCRYPTED_CUT = 16_384
+_ENVELOPE_PREFIX = '{"$codec":'
+
+
+def codec() -> Codec:
+    """The codec of stored values, as configured (PAYLOAD_CONVERTER, PAYLOAD_CODEC)."""
+    return client_codec(get_settings())
+
+
+def payload_cut(cut: int) -> int:
+    """How many characters of a stored value to read for a cell of ``cut``."""
+    return max(cut, ENCRYPTED_CUT) if cut and get_settings().payload_reader else cut
+
+
+def clear_text(text: str | None) -> str | None:
+    """Stored JSON text as people read it: a payload codec's envelope opened.
+
+    A value this server cannot decrypt (its key is not in PAYLOAD_KEYS), or one cut
+    before its end, is shown as a note naming that.
+    """
+    if text is None or not text.startswith(_ENVELOPE_PREFIX):
+        return text
+    try:
+        value = codec().decode(text)
+    except exc.PayloadDecodeError as error:
+        return gettext("(encrypted with key %(key)s, which this server does not have)") % {
+            "key": error.key_id
+        }
+    except ValueError:
+        return gettext("(encrypted value, too long to show here)")
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def clear_value(value: Any) -> Any:
+    """A stored JSON column's value as people read it (see :func:`clear_text`)."""
+    try:
+        return codec().open(value)
+    except exc.PayloadDecodeError as error:
+        return gettext("(encrypted with key %(key)s, which this server does not have)") % {
+            "key": error.key_id
+        }
+
+
+def clear_error(text: str | None) -> str | None:
+    """A stored error envelope with its sealed part opened, as JSON text."""
+    if not text or '"sealed":' not in text:
+        return text
+    try:
+        env = json.loads(text)
+        return json.dumps(codec().open_error(env), ensure_ascii=False)
+    except exc.PayloadDecodeError:
+        return text
+    except ValueError:
+        return text
 
 
 def truncate(text: str, limit: int) -> str:
@@ -54,6 +115,7 @@ def error_summary(text: str | None, limit: int = CELL_CHARS) -> str:
     """Return ``type: message`` of a stored error envelope, truncated."""
     if not text:
         return ""
+    text = clear_error(text) or text
     try:
         env = json.loads(text)
     except ValueError:
@@ -159,6 +221,7 @@ def error_html(text: str | None, limit: int = VALUE_CHARS) -> SafeString:
     """
     if not text:
         return SafeString("")
+    text = clear_error(text) or text
     try:
         env = json.loads(text)
     except ValueError:

@@ -54,6 +54,8 @@ from .display import (
     ID_CHARS,
     VALUE_CHARS,
     admin_reads,
+    clear_text,
+    clear_value,
     error_head_summary,
     error_html,
     error_summary,
@@ -138,7 +140,7 @@ def progress_value(obj: WorkflowInstance) -> str | None:
     """The last ctx.set_progress() value, as stored (no replay)."""
     if obj.progress is None:
         return None
-    return format_html("<code>{}</code>", truncate(obj.progress, VALUE_CHARS))
+    return format_html("<code>{}</code>", truncate(clear_text(obj.progress) or "", VALUE_CHARS))
 
 
 @admin.display(description=_("progress"))
@@ -148,14 +150,14 @@ def hidden_progress(obj: WorkflowInstance) -> str | None:
 
 @admin.display(description=_("input"))
 def input_value(obj: WorkflowInstance) -> str:
-    return format_html("<code>{}</code>", json_preview(obj.input))
+    return format_html("<code>{}</code>", json_preview(clear_value(obj.input)))
 
 
 @admin.display(description=_("output"))
 def output_value(obj: WorkflowInstance) -> str | None:
     if obj.output is None:
         return None
-    return format_html("<code>{}</code>", truncate(obj.output, VALUE_CHARS))
+    return format_html("<code>{}</code>", truncate(clear_text(obj.output) or "", VALUE_CHARS))
 
 
 @admin.display(description=_("error"))

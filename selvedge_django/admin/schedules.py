@@ -52,6 +52,7 @@ from .display import (
     ID_CHARS,
     VALUE_CHARS,
     admin_reads,
+    clear_value,
     database_alias,
     format_time,
     json_preview,
@@ -364,7 +365,7 @@ def detail_context(
         "next_run_at": format_time(described.next_run_at),
         "next_slot_at": format_time(described.next_slot_at),
         "last_run_at": format_time(described.last_run_at),
-        "input": json_preview(obj.input) if may_view_payloads(request) else None,
+        "input": json_preview(clear_value(obj.input)) if may_view_payloads(request) else None,
         "recent": [
             {
                 "url": model_admin.instance_url(run_id),

@@ -16,9 +16,11 @@ from .display import (
     CELL_CHARS,
     EMPTY,
     ID_CHARS,
+    clear_text,
     error_summary,
     format_duration,
     format_time,
+    payload_cut,
     status_badge,
     truncate,
 )
@@ -40,7 +42,7 @@ def instance_sections(
     ``view_payloads`` permission) no recorded value or payload is read at all,
     only its size.
     """
-    cut = CELL_CHARS + 1 if values else 0
+    cut = payload_cut(CELL_CHARS + 1 if values else 0)
     history_count = reads.history_count(iid)
     history = [
         {
@@ -48,7 +50,7 @@ def instance_sections(
             "key": truncate(key, ID_CHARS),
             "command": command,
             "event_type": event_type,
-            "data": None if data is None else truncate(data, CELL_CHARS),
+            "data": None if data is None else truncate(clear_text(data) or "", CELL_CHARS),
             "reservation": None if reservation is None else truncate(reservation, CELL_CHARS),
             "delivered_seq": delivered,
             "size": size,
@@ -78,7 +80,7 @@ def instance_sections(
             # without view_payloads, like every value).
             "heartbeat_details": None
             if task.details_head is None
-            else truncate(task.details_head, CELL_CHARS),
+            else truncate(clear_text(task.details_head) or "", CELL_CHARS),
             "heartbeat_details_size": task.details_size,
         }
         for task in reads.task_rows(iid, cut=cut, limit=SECTION_ROWS)
@@ -98,7 +100,7 @@ def instance_sections(
             "consumed_seq": consumed,
             "consumed_key": truncate(consumed_key, ID_CHARS),
             "idempotency_key": truncate(key or "", ID_CHARS),
-            "payload": truncate(head or "", CELL_CHARS),
+            "payload": truncate(clear_text(head) or "", CELL_CHARS),
             "size": size,
         }
         for sid, channel, sent_at, delivered, consumed, consumed_key, key, head, size in (

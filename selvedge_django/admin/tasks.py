@@ -21,6 +21,7 @@ from .base import ReadOnlyAdmin, may_view_payloads
 from .display import (
     ID_CHARS,
     VALUE_CHARS,
+    clear_text,
     error_html,
     error_summary,
     format_time,
@@ -60,7 +61,7 @@ def options_value(obj: ActivityTask) -> str:
 
 @admin.display(description=_("input"))
 def input_value(obj: ActivityTask) -> str:
-    return format_html("<code>{}</code>", truncate(obj.input, VALUE_CHARS))
+    return format_html("<code>{}</code>", truncate(clear_text(obj.input) or "", VALUE_CHARS))
 
 
 @admin.display(description=_("last error"))
@@ -78,7 +79,9 @@ def details_value(obj: ActivityTask) -> str | None:
     """The details the next attempt receives as activity_info().heartbeat_details."""
     if obj.heartbeat_details is None:
         return None
-    return format_html("<code>{}</code>", truncate(obj.heartbeat_details, VALUE_CHARS))
+    return format_html(
+        "<code>{}</code>", truncate(clear_text(obj.heartbeat_details) or "", VALUE_CHARS)
+    )
 
 
 @admin.display(description=_("heartbeat details"))

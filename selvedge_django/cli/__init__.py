@@ -14,6 +14,7 @@ and hands the options to :func:`execute`.
 - ``versions``: ``replay-check`` and ``versions``, for a deploy of new workflow code
 - ``debug``: a read-only replay that stops in the debugger before a chosen command
 - ``prune``, ``schedules``, ``status``
+- ``keys``: ``rotate-keys``, stored values re-encrypted under the first payload key
 - ``arguments``: the argument types and Django's common options, shared by all
 """
 
@@ -27,7 +28,7 @@ from typing import Any, Protocol
 from django.core.management.base import BaseCommand, CommandError
 
 from .. import exceptions as exc
-from . import debug, instances, lifecycle, prune, schedules, status, versions, worker
+from . import debug, instances, keys, lifecycle, prune, schedules, status, versions, worker
 from .arguments import Subparsers, add_common_options
 
 __all__ = ["SUBCOMMANDS", "Group", "add_parsers", "configure_logging", "execute"]
@@ -62,6 +63,7 @@ SUBCOMMANDS: dict[str, Group] = {
     "versions": versions,
     "debug": debug,
     "prune": prune,
+    "rotate-keys": keys,
     "schedules": schedules,
     "status": status,
 }

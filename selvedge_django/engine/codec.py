@@ -3,6 +3,15 @@
 Values are stored as compact JSON text. An absent value is SQL NULL, never the
 text ``null``, so a recorded JSON null stays distinct from "no value yet".
 
+With a payload codec (``SELVEDGE["PAYLOAD_CODEC"]``), every user value passes
+:meth:`Codec.encode` (JSON text, then the codec's bytes, then a JSON envelope
+``{"$codec": <codec id>, "key": <key id>, "data": <base64>}``) and comes back
+through :meth:`Codec.decode` / :meth:`Codec.open`, which read both envelopes and
+plain JSON: each stored value says how it was encoded. This is the one seam every
+stored user value passes through. An error envelope keeps its ``kind``, ``type``
+and ``fields`` clear and seals its ``message``, ``details`` and ``traceback``
+under ``sealed``.
+
 Errors are stored as envelopes (a JSON object with ``kind``, ``type``,
 ``message``, ``details``, ``non_retryable``, ``traceback`` and per-kind
 ``fields``) and rebuilt into exceptions. A class named in stored data is never
@@ -12,6 +21,8 @@ an :class:`~selvedge_django.exceptions.ApplicationError`.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import re
 import traceback as tb
@@ -21,11 +32,14 @@ from typing import Any
 from .. import exceptions as exc
 
 __all__ = [
+    "ENVELOPE_CODEC",
     "MAX_NESTING_DEPTH",
     "Codec",
+    "envelope_key",
     "envelope_type",
     "error_from_envelope",
     "error_to_envelope",
+    "is_envelope",
     "nested_deeper_than",
     "qualified_name",
 ]
@@ -69,6 +83,30 @@ def nested_deeper_than(text: str, limit: int = MAX_NESTING_DEPTH) -> bool:
 MAX_PROGRESS_BYTES = 64 * 1024
 
 
+# The key that marks a stored value as a payload codec's envelope.
+ENVELOPE_CODEC = "$codec"
+_ENVELOPE_KEYS = frozenset((ENVELOPE_CODEC, "key", "data"))
+_ENVELOPE_PREFIX = '{"$codec":'
+
+
+def is_envelope(value: Any) -> bool:
+    """Whether a decoded JSON value is a payload codec's envelope."""
+    return isinstance(value, dict) and len(value) == 3 and value.keys() == _ENVELOPE_KEYS
+
+
+def envelope_key(text: str | None) -> tuple[str, str] | None:
+    """The (codec id, key id) of stored JSON text that is an envelope, else None."""
+    if not text or not text.startswith(_ENVELOPE_PREFIX):
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    if not is_envelope(value):
+        return None
+    return str(value[ENVELOPE_CODEC]), str(value["key"])
+
+
 def encode_progress(codec: Codec, value: Any, what: str) -> str:
     """Encode heartbeat details or a progress value: JSON, at most MAX_PROGRESS_BYTES.
 
@@ -76,13 +114,13 @@ def encode_progress(codec: Codec, value: Any, what: str) -> str:
     that is not JSON, :class:`PayloadTooDeep`), and :class:`PayloadTooLarge` past
     the bound.
     """
-    text = codec.encode(value, what)
+    text = codec.encode_plain(value, what)
     size = len(text.encode("utf-8"))
     if size > MAX_PROGRESS_BYTES:
         raise exc.PayloadTooLarge(
             f"{what} is {size} bytes encoded; the limit is {MAX_PROGRESS_BYTES}"
         )
-    return text
+    return codec.seal(text)
 
 
 class Codec:
@@ -91,6 +129,9 @@ class Codec:
     ``converter`` (the ``PAYLOAD_CONVERTER``; None: plain JSON) rebuilds decoded
     values by the annotations of the functions that receive them
     (:meth:`argument`, :meth:`result`); stored JSON is the same either way.
+    ``payload`` (the ``PAYLOAD_CODEC``; None: values stored as plain JSON) turns
+    the JSON into the bytes of an envelope (:meth:`seal`): the converter gives
+    JSON, the codec bytes, the envelope JSON again.
     """
 
     def __init__(
@@ -98,10 +139,111 @@ class Codec:
         encoder_cls: type[json.JSONEncoder] = json.JSONEncoder,
         max_bytes: int | None = None,
         converter: Any = None,
+        payload: Any = None,
+        reader: Any = None,
     ) -> None:
         self.encoder_cls = encoder_cls
         self.max_bytes = max_bytes
         self.converter = converter
+        self.payload = payload
+        # What opens envelopes: the payload codec, or (a codec turned off with its keys
+        # still configured) a codec that only reads what was stored before.
+        self.reader = reader if reader is not None else payload
+
+    # -- the payload codec ------------------------------------------------------------
+
+    def seal(self, text: str) -> str:
+        """Return stored JSON text for the JSON ``text``: an envelope with a payload codec."""
+        codec = self.payload
+        if codec is None:
+            return text
+        data = base64.b64encode(codec.encode(text.encode("utf-8"))).decode("ascii")
+        return json.dumps(
+            {ENVELOPE_CODEC: codec.codec_id, "key": codec.key_id, "data": data},
+            separators=(",", ":"),
+        )
+
+    def open_text(self, envelope: dict[str, Any]) -> str:
+        """The JSON text inside ``envelope``; :class:`PayloadDecodeError` when this
+        process has not its codec or key (or the value is corrupt)."""
+        codec_id, key_id = str(envelope[ENVELOPE_CODEC]), str(envelope["key"])
+        codec = self.reader
+        if codec is None or codec_id != codec.codec_id:
+            raise exc.PayloadDecodeError(
+                key_id,
+                codec_id,
+                f"cannot decode a stored value encoded by codec {codec_id!r} (key {key_id!r}):"
+                " SELVEDGE['PAYLOAD_CODEC'] is "
+                + ("not set" if codec is None else repr(codec.codec_id)),
+            )
+        key_ids = getattr(codec, "key_ids", None)
+        if key_ids is not None and key_id not in key_ids:
+            raise exc.PayloadDecodeError(key_id, codec_id)
+        try:
+            return str(codec.decode(base64.b64decode(str(envelope["data"]))).decode("utf-8"))
+        except (binascii.Error, UnicodeDecodeError, ValueError, KeyError, TypeError):
+            raise exc.PayloadDecodeError(key_id, codec_id) from None
+        except Exception as error:  # a codec's own error type (cryptography's InvalidToken)
+            raise exc.PayloadDecodeError(key_id, codec_id) from error
+
+    def open(self, value: Any) -> Any:
+        """A decoded stored value as code sees it: an envelope opened, anything else as is."""
+        if is_envelope(value):
+            return json.loads(self.open_text(value))
+        return value
+
+    def reseal(self, text: str | None) -> str | None:
+        """Stored text under the current codec and key, or None when it already is.
+
+        Plain JSON is sealed (once a codec is configured), an envelope of another key
+        is opened and sealed again; a value this process cannot open raises
+        :class:`PayloadDecodeError`. Used by ``runselvedge rotate-keys``.
+        """
+        if text is None or self.payload is None:
+            return None
+        found = envelope_key(text)
+        if found == (self.payload.codec_id, self.payload.key_id):
+            return None
+        if found is None:
+            return self.seal(text)
+        return self.seal(self.open_text(json.loads(text)))
+
+    def reseal_value(self, value: Any) -> Any:
+        """:meth:`reseal` for a value already decoded from JSON (a JSON column):
+        the new envelope as a dict, or None when nothing changes."""
+        if value is None or self.payload is None:
+            return None
+        if is_envelope(value):
+            if (value[ENVELOPE_CODEC], value["key"]) == (
+                self.payload.codec_id,
+                self.payload.key_id,
+            ):
+                return None
+            return json.loads(self.seal(self.open_text(value)))
+        return json.loads(self.seal(json.dumps(value, separators=(",", ":"), ensure_ascii=False)))
+
+    def open_error(self, env: Any) -> Any:
+        """An error envelope with its sealed part opened (nested ones too)."""
+        if not isinstance(env, dict):
+            return env
+        sealed = env.get("sealed")
+        if isinstance(sealed, dict) and is_envelope(sealed):
+            env = {k: v for k, v in env.items() if k != "sealed"}
+            env.update(json.loads(self.open_text(sealed)))
+        fields = env.get("fields")
+        if isinstance(fields, dict):
+            for name in ("last_error", "previous_error"):
+                if isinstance(fields.get(name), dict):
+                    env["fields"] = fields = {**fields, name: self.open_error(fields[name])}
+        return env
+
+    def seal_error(self, env: dict[str, Any]) -> dict[str, Any]:
+        """Seal an error envelope's user text (message, details, traceback)."""
+        if self.payload is None:
+            return env
+        private = {name: env.get(name) for name in ("message", "details", "traceback")}
+        sealed = json.loads(self.seal(json.dumps(private, separators=(",", ":"))))
+        return {**env, "message": "", "details": None, "traceback": "", "sealed": sealed}
 
     def argument(self, fn: Any, position: int, value: Any) -> Any:
         """A decoded value as parameter ``position`` of ``fn`` receives it."""
@@ -116,10 +258,17 @@ class Codec:
         return self.converter.result(fn, value)
 
     def encode(self, value: Any, what: str = "value") -> str:
+        """Return the stored JSON text of ``value`` (an envelope with a payload codec).
+
+        Every stored user value passes here; it raises what :meth:`encode_plain` raises.
+        """
+        return self.seal(self.encode_plain(value, what))
+
+    def encode_plain(self, value: Any, what: str = "value") -> str:
         """Return compact JSON text, or raise TypeError/ValueError/PayloadTooLarge/PayloadTooDeep.
 
-        Every stored value passes here, so this is where the nesting cap
-        (:data:`MAX_NESTING_DEPTH`) and the size cap (``max_bytes``) hold.
+        This is where the nesting cap (:data:`MAX_NESTING_DEPTH`) and the size cap
+        (``max_bytes``, on the JSON before any payload codec) hold.
         """
         try:
             text = json.dumps(
@@ -145,11 +294,12 @@ class Codec:
             )
         return text
 
-    @staticmethod
-    def decode(text: str | None) -> Any:
-        """Decode stored JSON text; None (absent) decodes to None."""
+    def decode(self, text: str | None) -> Any:
+        """Decode stored JSON text (plain or an envelope); None (absent) decodes to None."""
         if text is None:
             return None
+        if text.startswith(_ENVELOPE_PREFIX):
+            return self.open(json.loads(text))
         return json.loads(text)
 
 
@@ -232,7 +382,7 @@ def _safe_details(details: Any, codec: Codec | None) -> Any:
     if details is None:
         return None
     try:
-        text = (codec or Codec()).encode(details, "error details")
+        text = (codec or Codec()).encode_plain(details, "error details")
     except (exc.PayloadTooLarge, exc.PayloadTooDeep) as error:
         return str(error)
     except (TypeError, ValueError):
@@ -263,7 +413,7 @@ def error_to_envelope(
         env["details"] = _safe_details(error.details, codec)
         env["non_retryable"] = error.non_retryable
         env["fields"] = {"application_error": True}
-        return env
+        return env if codec is None else codec.seal_error(env)
     name = type(error).__name__
     if _ENGINE_ERRORS.get(name) is type(error):
         env["kind"] = "engine"
@@ -309,7 +459,7 @@ def error_to_envelope(
                 ],
             }
         env["fields"] = fields
-    return env
+    return env if codec is None else codec.seal_error(env)
 
 
 def envelope_type(text: str | None, limit: int = 255) -> str:
@@ -326,13 +476,16 @@ def envelope_type(text: str | None, limit: int = 255) -> str:
     return str(env.get("type") or "")[:limit]
 
 
-def error_from_envelope(env: dict[str, Any]) -> BaseException:
+def error_from_envelope(env: dict[str, Any], codec: Codec | None = None) -> BaseException:
     """Rebuild an exception from an envelope written by :func:`error_to_envelope`.
 
     An envelope that this engine cannot have written (wrong types, a field of the
     wrong shape) raises :class:`ReplayDecodeError`: stored data is corrupt, and
-    that must not surface as an ``AttributeError`` inside workflow code.
+    that must not surface as an ``AttributeError`` inside workflow code. A sealed
+    envelope is opened with ``codec`` (:class:`PayloadDecodeError` when it cannot).
     """
+    if codec is not None:
+        env = codec.open_error(env)
     if not isinstance(env, dict):
         return exc.ApplicationError(str(env), type="UnknownError")
     try:

@@ -303,7 +303,7 @@ def wait_condition(execution: Execution, scope: Scope, predicate: Any) -> None:
     if recorded is not None and recorded.has_value:
         if recorded.event_type == EV_AWAIT_COMPLETED:
             return
-        decode_outcome(recorded)
+        decode_outcome(recorded, execution)
         return
     if execution.readonly:
         raise execution.suspend("condition not met in recorded history")
@@ -408,7 +408,7 @@ def start_child(
                 actual=instance,
             )
         if recorded.event_type == EV_CHILD_START_FAILED:
-            raise decode_outcome(recorded, raise_it=False)
+            raise decode_outcome(recorded, execution, raise_it=False)
         return handle
     if execution.readonly:
         raise execution.suspend(f"child {key!r} is not recorded")
@@ -445,7 +445,7 @@ def start_child(
     )
     execution.check_stored(key, stored, CMD_CHILD)
     if stored.event_type == EV_CHILD_START_FAILED:
-        raise decode_outcome(stored, raise_it=False)
+        raise decode_outcome(stored, execution, raise_it=False)
     execution.runtime.fire("on_workflow_started", instance_id=instance, workflow_name=name)
     return handle
 

@@ -175,6 +175,24 @@ class Execution:
             self.fatal_abandons = abandon
         return self.fatal
 
+    def decode_stored(self, text: str | None) -> Any:
+        """Decode a stored value; one this process cannot decrypt stops the execution.
+
+        A :class:`PayloadDecodeError` is sticky and abandons the execution: nothing
+        is written, and the worker leaves the instance for one that has the key.
+        """
+        try:
+            return self.runtime.codec.decode(text)
+        except exc.PayloadDecodeError as error:
+            raise self.fail(error, abandon=True) from None
+
+    def open_stored_error(self, env: Any) -> Any:
+        """A stored error envelope opened (see :meth:`decode_stored`)."""
+        try:
+            return self.runtime.codec.open_error(env)
+        except exc.PayloadDecodeError as error:
+            raise self.fail(error, abandon=True) from None
+
     def nondeterminism(self, message: str, **fields: str) -> BaseException:
         return self.fail(exc.NondeterminismError(message, instance_id=self.instance_id, **fields))
 
@@ -544,7 +562,12 @@ class Execution:
         _local.execution = self
         try:
             try:
-                output = fn(context, self.runtime.codec.argument(fn, 1, self.snapshot.input))
+                stored_input = self.runtime.codec.open(self.snapshot.input)
+            except exc.PayloadDecodeError as error:
+                self.fail(error, abandon=True)
+                return ExecutionOutcome("abandoned", error=error)
+            try:
+                output = fn(context, self.runtime.codec.argument(fn, 1, stored_input))
             except BaseException as error:
                 if self.suspension is not None or isinstance(error, Suspend):
                     return self._after_suspension()

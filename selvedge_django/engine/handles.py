@@ -39,13 +39,17 @@ __all__ = ["ChildHandle", "Future", "Timer", "decode_outcome"]
 OutT_co = TypeVar("OutT_co", covariant=True)
 
 
-def decode_outcome(row: HistoryRow, *, raise_it: bool = True) -> Any:
+def decode_outcome(row: HistoryRow, execution: Any = None, *, raise_it: bool = True) -> Any:
     """Return a stored success value, or raise (or return) the stored error.
 
-    A recorded value that is not JSON raises :class:`ReplayDecodeError`.
+    A recorded value that is not JSON raises :class:`ReplayDecodeError`; one that
+    ``execution`` cannot decrypt stops it (:meth:`Execution.decode_stored`).
     """
     try:
-        value = json.loads(row.data) if row.data is not None else None
+        if execution is not None:
+            value = execution.decode_stored(row.data)
+        else:
+            value = json.loads(row.data) if row.data is not None else None
     except (ValueError, RecursionError) as bad:
         raise exc.ReplayDecodeError(
             f"recorded value of {row.key!r} is not JSON: {bad}"[:500]
@@ -53,6 +57,8 @@ def decode_outcome(row: HistoryRow, *, raise_it: bool = True) -> Any:
     if row.event_type in (EV_ACTIVITY_COMPLETED, EV_CHILD_COMPLETED):
         return value
     if isinstance(value, dict):
+        if execution is not None:
+            value = execution.open_stored_error(value)
         error = error_from_envelope(value)
     else:
         error = exc.Cancelled() if "Cancel" in row.event_type else exc.ApplicationError(str(value))
@@ -146,7 +152,9 @@ class Future(_Handle, Generic[OutT_co]):
                     activity_name=self._activity_name,
                 )
         assert self._resolved is not None
-        return self._execution.runtime.codec.result(self._result_fn, decode_outcome(self._resolved))
+        return self._execution.runtime.codec.result(
+            self._result_fn, decode_outcome(self._resolved, self._execution)
+        )
 
     def _lookup(self) -> HistoryRow | None:
         execution = self._execution
@@ -229,7 +237,7 @@ class Timer(_Handle):
             value = decode_time(row.data or "null")
             execution.advance_floor(value)
             return value
-        raised = decode_outcome(row, raise_it=False)
+        raised = decode_outcome(row, execution, raise_it=False)
         raise raised
 
     def _cancel_on_wait(self, batch: bool = False) -> HistoryRow | None:
@@ -281,7 +289,9 @@ class ChildHandle(_Handle, Generic[OutT_co]):
                 row = self._stored() or self._cancel_on_wait()
             self._resolve(row)
         assert self._resolved is not None
-        return execution.runtime.codec.result(self._result_fn, decode_outcome(self._resolved))
+        return execution.runtime.codec.result(
+            self._result_fn, decode_outcome(self._resolved, execution)
+        )
 
     def _record_cancelled(self, error: BaseException) -> HistoryRow:
         execution = self._execution

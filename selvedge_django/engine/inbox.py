@@ -42,10 +42,10 @@ def _check_channel(channel: object) -> str:
 
 def _signal_outcome(execution: Execution, row: HistoryRow) -> Any:
     if row.event_type == EV_SIGNAL_RECEIVED:
-        return json.loads(row.data) if row.data is not None else None
+        return execution.decode_stored(row.data)
     if row.event_type == EV_SIGNAL_TIMEOUT:
         raise exc.ReceiveTimeout(f"no signal before the timeout ({row.key})")
-    return decode_outcome(row)
+    return decode_outcome(row, execution)
 
 
 def receive(execution: Execution, scope: Scope, channel: str) -> Any:
@@ -78,7 +78,7 @@ def receive(execution: Execution, scope: Scope, channel: str) -> Any:
                 cancelled = exc.WorkflowCancelled(execution.instance_id, outcome.cancel_reason)
             elif outcome.message is not None:
                 _signal_received(execution, key)
-                return json.loads(outcome.message.payload)
+                return execution.decode_stored(outcome.message.payload)
         if cancelled is not None:
             execution.observe(
                 Observation(
@@ -100,7 +100,7 @@ def receive(execution: Execution, scope: Scope, channel: str) -> Any:
         )
     )
     _signal_received(execution, key)
-    return json.loads(message.payload)
+    return execution.decode_stored(message.payload)
 
 
 def _receive_next(
@@ -241,4 +241,4 @@ def receive_async(execution: Execution, channel: str) -> tuple[Any, bool]:
         )
     )
     _signal_received(execution, key)
-    return (json.loads(payload) if payload is not None else None), True
+    return execution.decode_stored(payload), True

@@ -276,7 +276,7 @@ def check_replay(
             # that cannot be encoded becomes the same failure it became live).
             encoded = execution.close_request(outcome).output
             if encoded is not None:
-                outcome.output = json.loads(encoded)
+                outcome.output = execution.runtime.codec.decode(encoded)
         replayed_status = outcome.kind
         if outcome.kind == "completed":
             if recorded_status == "completed" and _json_equal(inst.output, outcome.output):
@@ -383,6 +383,6 @@ def answer_query(
     if guard is not None and guard.fired:
         raise expired()  # the handler swallowed the interruption and answered late
     try:
-        return json.loads(runtime.codec.encode(answer, f"answer to query {name!r}"))
+        return json.loads(runtime.codec.encode_plain(answer, f"answer to query {name!r}"))
     except (TypeError, ValueError) as error:
         raise exc.QueryFailed(name, error) from error

@@ -69,6 +69,12 @@ class WorkerHeartbeat(models.Model):
     started_ms = models.BigIntegerField()
     last_seen_ms = models.BigIntegerField()
     expires_ms = models.BigIntegerField()
+    undecodable = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="instances it cannot decode and leaves for a worker with the key"
+        " (instance_id, key_id; the latest 50)",
+    )
 
     class Meta:
         verbose_name = _("worker heartbeat")

@@ -72,6 +72,7 @@ from .instances import (
     start_workflow,
     terminate_workflow,
 )
+from .keys import rotate_keys
 from .prune import (
     MAX_PRUNE_BATCH,
     prune,
@@ -188,6 +189,7 @@ __all__ = [
     "replay_history",
     "replay_instance",
     "resume_workflow",
+    "rotate_keys",
     "running_versions",
     "select_instances",
     "signal",

@@ -111,7 +111,7 @@ def _describe(inst: WorkflowInstance) -> WorkflowDescription:
             else timedelta(milliseconds=inst.execution_timeout_ms)
         ),
         execution_deadline=_from_ms(inst.execution_deadline_ms),
-        progress=None if inst.progress is None else json.loads(inst.progress),
+        progress=client_store().codec.decode(inst.progress),
         priority=inst.priority,
     )
 
@@ -140,10 +140,10 @@ def list_activity_tasks(instance_id: str) -> list[ActivityTaskInfo]:
             options=ActivityOptions.from_json(t.options or {}),
             attempts=t.attempts,
             failures=t.failures,
-            last_error=error_from_envelope(json.loads(t.last_error)) if t.last_error else None,
-            heartbeat_details=(
-                None if t.heartbeat_details is None else json.loads(t.heartbeat_details)
+            last_error=(
+                error_from_envelope(json.loads(t.last_error), store.codec) if t.last_error else None
             ),
+            heartbeat_details=store.codec.decode(t.heartbeat_details),
         )
         for t in store.operator_reads.activity_tasks(instance_id)
     ]
@@ -205,6 +205,11 @@ def find_instances(
         instance_id = filter_text(instance_id, "instance_id")
     conditions: list[tuple[list[str], Any]] = []
     if input_filters:
+        if store.codec.payload is not None:
+            raise ValueError(
+                "find_instances(input_filters=...) cannot match workflow inputs encrypted by"
+                " SELVEDGE['PAYLOAD_CODEC']; give the instances attributes to find them by"
+            )
         if not isinstance(input_filters, dict):
             raise ValueError("input_filters must be a dict of dotted paths to values")
         for path, value in input_filters.items():
@@ -220,7 +225,7 @@ def find_instances(
                     f"{MAX_FILTER_PATH_CHARS} characters"[:400]
                 )
             try:
-                encoded = store.codec.encode(value, "input filter value")
+                encoded = store.codec.encode_plain(value, "input filter value")
             except (TypeError, ValueError) as error:
                 raise ValueError(f"input filter value for {path!r} is not JSON") from error
             if contains_nul(encoded):

@@ -36,7 +36,6 @@ from ..engine.portable import (
     RecordedInstance,
     RecordedSignal,
     parse_history,
-    recorded_value,
 )
 from ..engine.replay import (
     ReplayResult,
@@ -171,7 +170,20 @@ def _export(instance_id: str, *, redact: bool, archived: bool) -> RecordedHistor
     known_id(instance_id)
     settings = get_settings()
     store = client_store()
-    value = (lambda text: ABSENT if text is None else redacted(text)) if redact else recorded_value
+    codec = store.codec
+
+    def clear(text: str | None) -> Any:
+        # What code reads: a payload codec's envelopes opened, error envelopes too.
+        return ABSENT if text is None else codec.open_error(codec.decode(text))
+
+    def clear_redacted(text: str | None) -> Any:
+        if text is None:
+            return ABSENT
+        if codec.reader is not None:
+            text = json.dumps(clear(text), separators=(",", ":"), ensure_ascii=False)
+        return redacted(text)
+
+    value = clear_redacted if redact else clear
     with store.read_snapshot():
         inst, rows, signals = history_rows(
             store,
@@ -189,9 +201,9 @@ def _export(instance_id: str, *, redact: bool, archived: bool) -> RecordedHistor
         output = value(inst.output)
     elif inst.error is not None:
         output = value(inst.error)
-    input_value: Any = inst.input
+    input_value: Any = codec.open(inst.input)
     if redact:
-        input_value = redacted(json.dumps(inst.input, separators=(",", ":"), ensure_ascii=False))
+        input_value = redacted(json.dumps(input_value, separators=(",", ":"), ensure_ascii=False))
     reason = inst.cancel_reason
     if redact and reason:
         reason = _redacted_text(reason)

@@ -39,10 +39,11 @@ def _result(
 ) -> WorkflowResult:
     output = None
     error: BaseException | None = None
+    codec = client_store().codec
     if status == WorkflowStatus.COMPLETED and output_text is not None:
-        output = _typed_output(instance_id, json.loads(output_text))
+        output = _typed_output(instance_id, codec.decode(output_text))
     elif error_text:
-        error = error_from_envelope(json.loads(error_text))
+        error = error_from_envelope(json.loads(error_text), codec)
     return WorkflowResult(instance_id, status, output, error)
 
 

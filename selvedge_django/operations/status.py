@@ -162,6 +162,8 @@ def _workers(reads: StatusReads, now: int, leader: str | None) -> dict[str, Any]
             "leader": row["worker_id"] == leader,
             "executions": int(executions.get(row["worker_id"], 0)),
             "activities": int(activities.get(row["worker_id"], 0)),
+            # Instances it cannot decode (no key): left, unchanged, for another worker.
+            "undecodable": list(row["undecodable"] or []),
         }
         for row in sorted(alive, key=lambda row: row["worker_id"])
     ]
@@ -293,6 +295,13 @@ def _hot_loops(store: Store, now: int) -> list[dict[str, Any]]:
 
 def _warnings(report: dict[str, Any]) -> list[str]:
     warnings: list[str] = []
+    for worker in report.get("workers", []):
+        if worker.get("undecodable"):
+            warnings.append(
+                f"worker {worker['worker_id']} cannot decode {len(worker['undecodable'])}"
+                " instance(s) (a key missing from its PAYLOAD_KEYS): it leaves them for"
+                " workers that have the key"
+            )
     if not report["workers"]:
         warnings.append("no worker is alive")
     elif report["leader"] is None:

@@ -52,10 +52,21 @@ def _envelope(text: str | None) -> dict[str, Any] | None:
 
 def task_record(instance_id: str, key: str) -> TaskRecord:
     """Read an instance and its activity task ``key``; raise WorkflowNotFound if absent."""
-    row = client_store().get_task_record_row(known_id(instance_id), key)
-    row["error"] = _envelope(row["error"])
-    row["last_error"] = _envelope(row["last_error"])
+    store = client_store()
+    row = store.get_task_record_row(known_id(instance_id), key)
+    row["error"] = store.codec.open_error(_envelope(row["error"]))
+    row["last_error"] = store.codec.open_error(_envelope(row["last_error"]))
+    row["input"] = store.codec.open(row["input"])
+    if row.get("output") is not None:  # the task's result, as stored text
+        row["output"] = _clear_text(store, row["output"])
     return TaskRecord(instance_id=instance_id, **row)
+
+
+def _clear_text(store: Any, text: str) -> str:
+    """Stored JSON text as plain JSON (a payload codec's envelope opened)."""
+    if store.codec.reader is None:
+        return text
+    return json.dumps(store.codec.decode(text), separators=(",", ":"), ensure_ascii=False)
 
 
 def database_now_ms() -> int:

@@ -194,7 +194,7 @@ def describe_row(row: Schedule) -> ScheduleDescription:
         next_run_at=None if row.paused else _at(row.next_due_ms),
         last_run_at=_at(row.last_run_ms),
         recent_instance_ids=[str(i) for i in json.loads(row.recent_runs or "[]")],
-        input=row.input,
+        input=_clear_input(row.input),
         catchup_window=timedelta(milliseconds=row.catchup_window_ms),
         jitter=timedelta(milliseconds=row.jitter_ms),
         start_at=row.start_at,
@@ -276,6 +276,13 @@ def _input(value: Any) -> Any:
     if contains_nul(text):
         raise InvalidSchedule("schedule input contains a NUL character (\\u0000)")
     return json.loads(text)
+
+
+def _clear_input(stored: Any) -> Any:
+    """A stored schedule input as code sees it (a payload codec's envelope opened)."""
+    from ..storage import client_codec
+
+    return client_codec(get_settings()).open(stored)
 
 
 def _default_timezone() -> str:
@@ -368,6 +375,12 @@ def slot_state(name: str, columns: Mapping[str, Any], now_ms: int) -> dict[str, 
 def _same(key: str, a: Any, b: Any) -> bool:
     """Whether two values of a definition column are the same (JSON compared as JSON)."""
     if key == "input":
+        # Compared as code sees them: a payload codec seals the same value differently
+        # each time, and a value not yet sealed (or under an older key) is the same value.
+        try:
+            a, b = _clear_input(a), _clear_input(b)
+        except exc.PayloadDecodeError:
+            return False
         return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
     return bool(a == b)
 

@@ -39,13 +39,14 @@ if TYPE_CHECKING:
 
 def client_codec(settings: SelvedgeSettings) -> Codec:
     """The codec of stored values: Django's JSON encoder (or the ``PAYLOAD_CONVERTER``'s),
-    capped at ``MAX_PAYLOAD_BYTES``."""
+    capped at ``MAX_PAYLOAD_BYTES``, then the ``PAYLOAD_CODEC`` (if any)."""
     from django.core.serializers.json import DjangoJSONEncoder
 
     converter = settings.payload_converter
+    payload, reader = settings.payload_codec, settings.payload_reader
     if converter is None:
-        return Codec(DjangoJSONEncoder, settings.max_payload_bytes)
-    return Codec(converter.encoder, settings.max_payload_bytes, converter)
+        return Codec(DjangoJSONEncoder, settings.max_payload_bytes, payload=payload, reader=reader)
+    return Codec(converter.encoder, settings.max_payload_bytes, converter, payload, reader)
 
 
 __all__ = [

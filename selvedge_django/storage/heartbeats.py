@@ -23,7 +23,7 @@ __all__ = ["Heartbeats", "WorkerInfo"]
 class WorkerInfo:
     """What a worker's row says about it besides its id and times."""
 
-    __slots__ = ("code_version", "hostname", "pid", "queues", "service_name")
+    __slots__ = ("code_version", "hostname", "pid", "queues", "service_name", "undecodable")
 
     def __init__(
         self,
@@ -38,6 +38,8 @@ class WorkerInfo:
         self.service_name = service_name[:255]
         self.code_version = code_version
         self.queues = None if queues is None else list(queues)
+        # The instances the worker cannot decode (worker.undecodable), set at each beat.
+        self.undecodable: list[dict[str, str]] | None = None
 
 
 class Heartbeats:
@@ -56,6 +58,7 @@ class Heartbeats:
             "service_name": info.service_name,
             "code_version": info.code_version,
             "queues": info.queues,
+            "undecodable": info.undecodable or None,
         }
         with self.db.atomic():
             if rows.filter(worker_id=worker_id).update(

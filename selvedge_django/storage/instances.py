@@ -104,7 +104,12 @@ class Instances:
 
     @operation
     def lease_batch(
-        self, owner: str, ttl: float, limit: int, names: Sequence[str] | None
+        self,
+        owner: str,
+        ttl: float,
+        limit: int,
+        names: Sequence[str] | None,
+        passed_over: Sequence[str] = (),
     ) -> list[tuple[Fence, InstanceHead]]:
         """Lease up to ``limit`` dispatchable instances and read their rows.
 
@@ -118,7 +123,8 @@ class Instances:
         ``sv_inst_rank_idx``), whose conditions the statement repeats as literals.
         The instance columns an execution needs come back with the lease, so loading
         its snapshot then reads only the history. How concurrent dispatchers keep
-        apart is the dialect's (:meth:`_lease_rows`).
+        apart is the dialect's (:meth:`_lease_rows`). ``passed_over`` names instances
+        this owner does not take (their values are encrypted under a key it lacks).
         """
         versions = self.options.compatible_versions
         if limit <= 0 or (names is not None and not names) or versions == ():
@@ -130,6 +136,9 @@ class Instances:
             version_sql, version_params = self.versions_sql(versions)
             named += version_sql
             name_params += version_params
+        if passed_over:
+            named += sql.not_in_list("instance_id", len(passed_over))
+            name_params += list(passed_over)
         named += sql.DISPATCH_STICKY
         name_params += [owner, *clock]
         where = [*clock, *name_params]

@@ -46,6 +46,13 @@ def in_list(column: str, count: int) -> str:
     return f" AND {column} IN ({marks(count)})"
 
 
+def not_in_list(column: str, count: int) -> str:
+    """`` AND column NOT IN (%s, ...)`` for ``count`` values; empty (every row) for none."""
+    if not count:
+        return ""
+    return f" AND {column} NOT IN ({marks(count)})"
+
+
 # -- the clock -----------------------------------------------------------------------------
 
 # The database clock in ms on PostgreSQL: statement_timestamp() is stable within a

@@ -63,6 +63,7 @@ WORKER_COLUMNS = (
     "service_name",
     "code_version",
     "queues",
+    "undecodable",
     "started_ms",
     "last_seen_ms",
     "expires_ms",

@@ -59,6 +59,7 @@ from .reads import Reads
 from .releases import Releases
 from .renewals import Renewals
 from .resume import Recovery
+from .rotation import KeyRotation
 from .sole_activity import SoleActivity
 from .starts import Starts
 from .status_reads import EVERY_LEASE_MS, InstanceState, StatusReads
@@ -110,6 +111,8 @@ class Store:
         self.heartbeats = Heartbeats(db)
         self.reads = Reads(db)
         self.status = StatusReads(db)
+        # runselvedge rotate-keys: stored envelopes re-encrypted under the first key.
+        self.rotation = KeyRotation(db, codec)
         # The operations layer's reads: instances, histories, pages and batches.
         self.operator_reads = OperatorReads(alias)
         self.attempt_transactions = self.attempt_transactions_class(db, tasks=self.tasks)

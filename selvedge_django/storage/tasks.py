@@ -449,11 +449,12 @@ class Tasks:
         return True
 
     @operation
-    def release_task(self, claim: TaskClaim, *, details: str | None = None) -> bool:
-        """Give a live claim back (shutdown): no failure counted, claimable again at once.
-
-        A lapsed claim is refused: its lapse was already a failure. ``details`` as
-        for :meth:`retry_task`.
+    def release_task(
+        self, claim: TaskClaim, *, details: str | None = None, delay_ms: int = 0
+    ) -> bool:
+        """Give a live claim back (shutdown): no failure counted, claimable again at once
+        (or after ``delay_ms``). A lapsed claim is refused: its lapse was already a
+        failure. ``details`` as for :meth:`retry_task`.
         """
         with self.db.atomic():
             released = self._claim_filter(claim, live=True).update(
@@ -461,7 +462,7 @@ class Tasks:
                 status=ActivityTaskStatus.QUEUED,
                 claim_owner="",
                 claim_expires_ms=None,
-                not_before_ms=0,
+                not_before_ms=self.db.now_expr(delay_ms / 1000) if delay_ms else 0,
                 schedule_deadline_ms=Case(
                     When(
                         schedule_to_start_ms__isnull=False,

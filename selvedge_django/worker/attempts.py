@@ -11,7 +11,6 @@ stop (hung).
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import threading
 import time
@@ -42,6 +41,9 @@ logger = logging.getLogger("selvedge_django.worker")
 # An attempt whose thread still runs this many seconds after it had to stop (its
 # start-to-close deadline passed, its claim was lost, a heartbeat was missed) is hung.
 HUNG_AFTER = 1.0
+# Seconds a task whose input this worker cannot decode waits before it is claimable
+# again (by any worker), so that a worker without the key does not claim it in a loop.
+UNDECODABLE_DELAY = 5.0
 
 # Why an attempt was stopped, when the result it still returned is recorded all the same:
 # a graceful shutdown (the claim is still held and renewed) and a claim the renewer
@@ -98,6 +100,8 @@ class Attempts:
         self.stopping = stopping
         self.fire = fire
         self._lock = threading.Lock()
+        # (instance id, key) of the tasks whose input could not be decoded (logged once).
+        self._undecodable: set[tuple[str, str]] = set()
         self._attempts: dict[TaskClaim, tuple[ClaimedTask, AttemptState]] = {}
         # The lease of the execution running each inline attempt.
         self._inline: dict[TaskClaim, Fence] = {}
@@ -209,6 +213,36 @@ class Attempts:
                 )
         return released
 
+    def _leave_undecodable(self, task: ClaimedTask, error: exc.PayloadDecodeError) -> None:
+        """Give back a claim whose input this worker cannot decode (a key it lacks).
+
+        No attempt is charged and nothing of the task changes but its claim; it is
+        claimable again after UNDECODABLE_DELAY (by any worker: a worker with the
+        key runs it then), so this worker does not claim it again in a loop.
+        """
+        claim = task.claim
+        first = (claim.instance_id, claim.key) not in self._undecodable
+        if first:
+            if len(self._undecodable) >= 10_000:
+                self._undecodable.clear()
+            self._undecodable.add((claim.instance_id, claim.key))
+            logger.warning(
+                "cannot decode the input of activity %s of %s (codec %r, key %r): the task is"
+                " left for a worker that has the key",
+                claim.key,
+                claim.instance_id,
+                error.codec_id,
+                error.key_id,
+                extra={"instance_id": claim.instance_id, "key_id": error.key_id},
+            )
+        self.outcomes.record(
+            claim,
+            "release",
+            functools.partial(
+                self.store.tasks.release_task, claim, delay_ms=round(UNDECODABLE_DELAY * 1000)
+            ),
+        )
+
     def run_claimed(
         self,
         task: ClaimedTask,
@@ -229,6 +263,12 @@ class Attempts:
         if definition is None:
             self.store.tasks.release_task(claim)
             return None
+        try:
+            details = self.codec.decode(task.heartbeat_details)
+            stored_input = self.codec.decode(task.input)
+        except exc.PayloadDecodeError as error:
+            self._leave_undecodable(task, error)
+            return None
         info = ActivityInfo(
             instance_id=claim.instance_id,
             workflow_name=task.workflow_name,
@@ -236,7 +276,7 @@ class Attempts:
             activity_name=task.name,
             attempt=task.attempt,
             options=ActivityOptions.from_json(task.options),
-            heartbeat_details=self.codec.decode(task.heartbeat_details),
+            heartbeat_details=details,
         )
         started = time.monotonic()
         # The deadline runs from the claim, as in the database: not from this thread's
@@ -268,7 +308,7 @@ class Attempts:
         closed: list[bool] = []  # the completion also closed the instance
         try:
             try:
-                value = self.codec.argument(definition.fn, 0, json.loads(task.input))
+                value = self.codec.argument(definition.fn, 0, stored_input)
                 with attempt_scope(state):
                     if definition.transactional:
                         output = self._run_transactional(

@@ -41,7 +41,11 @@ class Dispatcher(Loop):
             return 0
         started = time.monotonic()
         leased = self.runtime.store.instances.lease_batch(
-            self.runtime.worker_id, settings.lease.ttl, free, registered_workflow_names()
+            self.runtime.worker_id,
+            settings.lease.ttl,
+            free,
+            registered_workflow_names(),
+            passed_over=self.runtime.undecodable.passed_over(),
         )
         self.saturated = len(leased) >= free
         cache = self.runtime.cache

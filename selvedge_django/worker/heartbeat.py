@@ -51,6 +51,7 @@ class Heartbeat(Loop):
 
     def run_once(self) -> int:
         runtime = self.runtime
+        self.info.undecodable = runtime.undecodable.report()
         runtime.store.heartbeats.beat_worker(
             runtime.worker_id, self.info, runtime.settings.leader_lease_duration
         )

@@ -39,6 +39,7 @@ from ..storage.errors import backoff_delay, describe, is_data_error
 from . import handoff
 from .attempts import HUNG_AFTER, Attempts, HungAttempt
 from .cache import WorkflowCache
+from .undecodable import Undecodable
 
 __all__ = ["HUNG_AFTER", "HungAttempt", "WorkerRuntime", "client_codec"]  # client_codec: storage's
 
@@ -68,6 +69,8 @@ class WorkerRuntime:
         self.stopping = threading.Event()
         self._lock = threading.Lock()
         self._beliefs: dict[Fence, float] = {}
+        # Instances whose stored values this worker cannot decode (no key for them).
+        self.undecodable = Undecodable(self.worker_id)
         # The activity attempts of this worker, inline and in the background.
         self.attempts = Attempts(
             settings=settings,
@@ -419,6 +422,9 @@ class WorkerRuntime:
             error = outcome.error
             if isinstance(error, exc.Fenced):
                 return
+            if isinstance(error, exc.PayloadDecodeError):
+                self._leave_undecodable(execution, error)
+                return
             if error is None or isinstance(error, exc.LeaseLost | exc.HistoryKeyConflict):
                 logger.warning("execution of %s abandoned: %r", fence.instance_id, error)
                 self.release_quietly(fence, runnable=True)
@@ -431,6 +437,7 @@ class WorkerRuntime:
         if outcome.kind == "continued":
             self._continue_as_new(fence, outcome)
             return
+        self.undecodable.decoded(fence.instance_id)
         request = execution.close_request(outcome)
         if not self.lease_valid(fence):
             logger.warning("lease on %s lost before close; not closing", fence.instance_id)
@@ -446,6 +453,24 @@ class WorkerRuntime:
                 outcome.error,
                 extra={"instance_id": fence.instance_id},
             )
+
+    def _leave_undecodable(self, execution: Execution, error: exc.PayloadDecodeError) -> None:
+        """Leave an instance this worker cannot decode, unchanged, for one that can.
+
+        Nothing was written (the decode failure stopped the execution before any
+        write); the lease is released with the instance runnable, and this worker
+        passes it over for a while (:mod:`.undecodable`).
+        """
+        fence = execution.fence
+        assert fence is not None
+        self.undecodable.met(fence.instance_id, error)
+        self.release_quietly(fence, runnable=True)
+        self.fire(
+            "on_payload_undecodable",
+            instance_id=fence.instance_id,
+            workflow_name=execution.snapshot.workflow_name,
+            error=error,
+        )
 
     def _continue_as_new(self, fence: Fence, outcome: ExecutionOutcome) -> None:
         """Commit a continue-as-new: the generation ends, the next is runnable."""

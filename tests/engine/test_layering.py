@@ -75,6 +75,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "hooks",
             "metrics",
             "converters",
+            "codecs",  # payload codecs (PAYLOAD_CODEC): encryption at rest
             "schedules.slots",  # pure rules of slots, which the store plans with
         ),
     ),

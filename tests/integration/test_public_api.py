@@ -41,6 +41,7 @@ EXPECTED_ALL = [
     "NondeterminismError",
     "NotActivityContext",
     "PayloadConversionError",
+    "PayloadDecodeError",
     "PayloadTooDeep",
     "PayloadTooLarge",
     "PreparedStatementError",
