@@ -26,6 +26,7 @@ from django.utils.module_loading import import_string
 __all__ = [
     "FernetCodec",
     "PayloadCodec",
+    "codec_setting",
     "fernet_key_id",
     "generate_key",
     "resolve_codecs",
@@ -176,6 +177,12 @@ def resolve_payload_codec(codec: Any, keys: Any) -> Any:
             " 'selvedge_django.codecs.FernetCodec'"
         )
     return codec
+
+
+def codec_setting(codec: Any, keys: Any) -> Any:
+    """``PAYLOAD_CODEC`` as a setting again: the class of a codec built from ``keys``
+    (so that other keys build another), else the codec itself."""
+    return type(codec) if codec is not None and keys is not None else codec
 
 
 def resolve_codecs(codec: Any, keys: Any) -> tuple[Any, Any]:

@@ -21,7 +21,7 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
-from .codecs import resolve_payloads
+from .codecs import codec_setting, resolve_payloads
 from .engine.durations import to_seconds
 
 __all__ = [
@@ -277,7 +277,7 @@ class SelvedgeSettings:
             "HOOKS": self.hooks,
             "METRICS": self.metrics,
             "PAYLOAD_CONVERTER": self.payload_converter,
-            "PAYLOAD_CODEC": self.payload_codec,
+            "PAYLOAD_CODEC": codec_setting(self.payload_codec, self.payload_keys),
             "PAYLOAD_KEYS": self.payload_keys,
             "MODULES": self.modules,
             "MAX_PAYLOAD_BYTES": self.max_payload_bytes,
