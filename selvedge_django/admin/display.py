@@ -42,7 +42,6 @@ _ENVELOPE_FIELD = re.compile(r'"(type|message)"\s*:\s*("(?:[^"\\]|\\.)*")')
 # With a PAYLOAD_CODEC, how much of a stored value is read for a table cell: an
 # envelope is opened whole or not at all (about 1.8 times the value's JSON).
 ENCRYPTED_CUT = 16_384
-_ENVELOPE_PREFIX = '{"$codec":'
 
 
 def codec() -> Codec:
@@ -56,15 +55,17 @@ def payload_cut(cut: int) -> int:
 
 
 def clear_text(text: str | None) -> str | None:
-    """Stored JSON text as people read it: a payload codec's envelope opened.
+    """Stored JSON text as people read it: a payload codec's envelopes opened (a value's,
+    an error envelope's sealed part).
 
     A value this server cannot decrypt (its key is not in PAYLOAD_KEYS), or one cut
     before its end, is shown as a note naming that.
     """
-    if text is None or not text.startswith(_ENVELOPE_PREFIX):
+    if text is None or '"$codec"' not in text:
         return text
     try:
-        value = codec().decode(text)
+        stored = codec()
+        value = stored.open_error(stored.decode(text))
     except exc.PayloadDecodeError as error:
         return gettext("(encrypted with key %(key)s, which this server does not have)") % {
             "key": error.key_id
@@ -111,18 +112,24 @@ def json_preview(value: Any, limit: int = VALUE_CHARS) -> str:
     return truncate(text, limit)
 
 
-def error_summary(text: str | None, limit: int = CELL_CHARS) -> str:
-    """Return ``type: message`` of a stored error envelope, truncated."""
+def error_summary(text: str | None, limit: int = CELL_CHARS, *, values: bool = True) -> str:
+    """Return ``type: message`` of a stored error envelope, truncated (without
+    ``values``, for a user without ``view_payloads``, a message a payload codec
+    encrypted is not decrypted: the type only)."""
     if not text:
         return ""
-    text = clear_error(text) or text
+    if values:
+        text = clear_error(text) or text
     try:
         env = json.loads(text)
     except ValueError:
         return truncate(text, limit)
     if not isinstance(env, dict):
         return truncate(text, limit)
-    return truncate(f"{env.get('type') or 'Error'}: {env.get('message') or ''}", limit)
+    message = env.get("message") or ""
+    return truncate(
+        f"{env.get('type') or 'Error'}: {message}" if message else env.get("type") or "Error", limit
+    )
 
 
 def error_head_summary(head: str | None, limit: int = CELL_CHARS) -> str:

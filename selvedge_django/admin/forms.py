@@ -20,7 +20,7 @@ from .. import exceptions as exc
 from ..models import Schedule, ScheduleOverlap
 from ..registry import is_builtin_workflow, registered_workflow_names
 from ..schedules import check_name, definition
-from .display import CELL_CHARS, VALUE_CHARS, admin_reads, truncate
+from .display import CELL_CHARS, VALUE_CHARS, admin_reads, codec, truncate
 
 
 class CancelForm(forms.Form):
@@ -298,13 +298,17 @@ class ScheduleForm(forms.ModelForm):
         row = self.instance
         if row is not None and not row._state.adding:
             self.fields["name"].disabled = True
+            try:  # shown as code sees it; one this server cannot decrypt is not offered
+                stored_input = codec().open(row.input)
+            except exc.PayloadDecodeError:
+                stored_input, show_input = None, False
             self.initial.update(
                 name=row.name,
                 workflow=row.workflow_name,
                 cron=row.cron,
                 interval=_seconds(row.interval_ms),
                 timezone=row.timezone,
-                input=row.input,
+                input=stored_input,
                 overlap=row.overlap,
                 catchup_window=_seconds(row.catchup_window_ms),
                 jitter=_seconds(row.jitter_ms),

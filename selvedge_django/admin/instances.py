@@ -431,9 +431,8 @@ def detail_context(
     running = obj.status == WorkflowStatus.RUNNING
     threshold = get_settings().history_warning_threshold
 
-    sections = instance_sections(
-        reads, iid, model_admin.instance_url, values=may_view_payloads(request)
-    )
+    values = may_view_payloads(request)
+    sections = instance_sections(reads, iid, model_admin.instance_url, values=values)
     quoted = quote(iid)
     site = model_admin.admin_site.name
 
@@ -443,7 +442,9 @@ def detail_context(
     child_urls = {child["parent_key"]: child["url"] for child in sections["children"]}
     return {
         **sections,
-        "timeline": build_timeline(reads, obj, sections["history_count"], child_urls),
+        "timeline": build_timeline(
+            reads, obj, sections["history_count"], child_urls, values=values
+        ),
         "unregistered": running and get_workflow(obj.workflow_name) is None,
         "empty_mark": format_html('<span class="selvedge-empty">{}</span>', EMPTY),
         "history_warning": sections["history_count"] > threshold,

@@ -75,7 +75,7 @@ def instance_sections(
             "attempts": task.attempts,
             "failures": task.failures,
             "max_attempts": task.max_attempts,
-            "last_error": error_summary(task.last_error),
+            "last_error": error_summary(task.last_error, values=values),
             # The heartbeat details the next attempt receives (cut in SQL; hidden
             # without view_payloads, like every value).
             "heartbeat_details": None

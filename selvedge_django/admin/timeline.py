@@ -149,10 +149,12 @@ def build_timeline(
     instance: WorkflowInstance,
     history_count: int,
     child_urls: dict[str, str],
+    values: bool = True,
 ) -> Timeline | None:
     """Read the first :data:`TIMELINE_BARS` steps and lay them out; None without steps.
 
-    ``child_urls`` maps a child step's key to the child's admin page. Reads are
+    ``child_urls`` maps a child step's key to the child's admin page; without
+    ``values`` (no ``view_payloads``) an error shows its type only. Reads are
     bounded: that many history rows (timestamps only, no values), and the activity
     tasks of the activity steps among them.
     """
@@ -217,7 +219,8 @@ def build_timeline(
                 )
                 if task["last_error"]:
                     details.append(
-                        gettext("last error: %(e)s") % {"e": error_summary(task["last_error"])}
+                        gettext("last error: %(e)s")
+                        % {"e": error_summary(task["last_error"], values=values)}
                     )
                 bar.segments += _activity_segments(task, begin, arrived, now, x, left, right)
                 if task["attempts"] > 1:

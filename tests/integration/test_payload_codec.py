@@ -150,9 +150,11 @@ def test_a_worker_without_the_key_leaves_the_run_and_one_with_it_completes_it(
         wait_until(lambda: "keyless-1" in keyless.runtime.undecodable.passed_over())
         # Untouched: still running, no history, the same input; the lease released.
         after = wait_until(
-            lambda: WorkflowInstance.objects.filter(instance_id="keyless-1", lease_owner="")
-            .exclude(lease_epoch=before.lease_epoch)
-            .first()
+            lambda: (
+                WorkflowInstance.objects.filter(instance_id="keyless-1", lease_owner="")
+                .exclude(lease_epoch=before.lease_epoch)
+                .first()
+            )
         )
         assert after.status == "running" and after.runnable
         assert after.input == before.input and after.lease_epoch == before.lease_epoch + 1
@@ -161,8 +163,7 @@ def test_a_worker_without_the_key_leaves_the_run_and_one_with_it_completes_it(
         wait_until(
             lambda: any(
                 w["worker_id"] == "keyless"
-                and {"instance_id": "keyless-1", "key_id": fernet_key_id(KEY_A)}
-                in w["undecodable"]
+                and {"instance_id": "keyless-1", "key_id": fernet_key_id(KEY_A)} in w["undecodable"]
                 for w in status_report()["workers"]
             )
         )
@@ -305,4 +306,3 @@ def test_undecodable_values_never_fail_a_run_in_worker_threads(encrypted: None) 
         keyless.stop(timeout=10)
     assert [r.status for r in results] == ["completed"] * len(ids)
     assert [r.output["payload"] for r in results] == [SECRET] * len(ids)
-
