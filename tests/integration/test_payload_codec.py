@@ -10,6 +10,7 @@ every instance readable and replayable.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 from collections.abc import Iterator
@@ -306,3 +307,23 @@ def test_undecodable_values_never_fail_a_run_in_worker_threads(encrypted: None) 
         keyless.stop(timeout=10)
     assert [r.status for r in results] == ["completed"] * len(ids)
     assert [r.output["payload"] for r in results] == [SECRET] * len(ids)
+
+
+def test_django_tasks_arguments_results_and_errors_are_encrypted(
+    encrypted: None, task_calls: Any
+) -> None:
+    if (
+        importlib.util.find_spec("django.tasks") is None
+        and importlib.util.find_spec("django_tasks") is None
+    ):
+        pytest.skip("neither django.tasks nor the django-tasks backport")
+    from tests.testapp import tasks
+
+    sent = tasks.send_email.enqueue(SECRET, subject=SECRET)
+    failed = tasks.once.enqueue(SECRET)
+    run_until_idle(Worker())
+    sent.refresh()
+    failed.refresh()
+    assert sent.return_value == {"to": SECRET, "subject": SECRET}
+    assert failed.errors and SECRET in failed.errors[-1].traceback
+    assert clear_text_hits(SECRET) == []
