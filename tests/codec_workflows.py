@@ -60,3 +60,12 @@ def wait(ctx: sv.WorkflowContext, data: dict[str, Any]) -> dict[str, Any]:
     """Wait for a signal, then return the input and the payload."""
     payload = ctx.receive("go")
     return {"input": data, "payload": payload}
+
+
+@sv.workflow(name="codec.queried")
+def queried(ctx: sv.WorkflowContext, data: dict[str, Any]) -> Any:
+    """Answer the query "seen" with the input and the signal received so far."""
+    seen: dict[str, Any] = {"input": data, "payload": None}
+    ctx.set_query_handler("seen", lambda: seen)
+    seen["payload"] = ctx.receive("go")
+    return ctx.receive("done")

@@ -160,6 +160,14 @@ def format_report(report: dict[str, Any]) -> str:
         if report[key]:
             lines.append(title)
             lines += _table(headers, [[row[f] for f in fields] for row in report[key]])
+    undecodable = [
+        (w["worker_id"], entry["instance_id"], entry["key_id"])
+        for w in report["workers"]
+        for entry in w.get("undecodable") or []
+    ]
+    if undecodable:
+        lines.append("left by workers without the key (PAYLOAD_KEYS):")
+        lines += _table(("worker", "instance_id", "key_id"), undecodable)
     lines.append("")
     if report["warnings"]:
         lines += [f"WARNING: {text}" for text in report["warnings"]]

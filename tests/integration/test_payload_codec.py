@@ -126,6 +126,19 @@ def test_the_secret_is_nowhere_in_clear_text_and_reads_back_clear(encrypted: Non
     assert SECRET not in sv.export_history("carry-1", redact=True).to_json()
 
 
+def test_queries_replay_through_the_codec(encrypted: None) -> None:
+    sv.start_workflow(codec_workflows.queried, {"secret": SECRET}, instance_id="query-1")
+    sv.signal("query-1", "go", SECRET)
+    run_until_idle(Worker())
+    assert sv.query("query-1", "seen") == {"input": {"secret": SECRET}, "payload": SECRET}
+    with (
+        selvedge(PAYLOAD_CODEC=FERNET, PAYLOAD_KEYS=[KEY_B]),
+        pytest.raises(sv.PayloadDecodeError) as raised,
+    ):
+        sv.query("query-1", "seen")
+    assert raised.value.key_id == fernet_key_id(KEY_A)
+
+
 def test_every_stored_value_says_how_it_was_encoded(encrypted: None) -> None:
     sv.start_workflow(codec_workflows.wait, {"secret": SECRET}, instance_id="env-1")
     stored = WorkflowInstance.objects.get(instance_id="env-1").input
