@@ -401,6 +401,8 @@ class WorkerRuntime:
     def _finish(self, execution: Execution, outcome: ExecutionOutcome) -> None:
         fence = execution.fence
         assert fence is not None
+        if not isinstance(outcome.error, exc.PayloadDecodeError):
+            self.undecodable.decoded(fence.instance_id)  # it ran here: the key is here now
         if outcome.kind == "suspended":
             if not execution.released:
                 self.store.release_lease(fence, parked=(execution.seq, execution.last_key))
@@ -437,7 +439,6 @@ class WorkerRuntime:
         if outcome.kind == "continued":
             self._continue_as_new(fence, outcome)
             return
-        self.undecodable.decoded(fence.instance_id)
         request = execution.close_request(outcome)
         if not self.lease_valid(fence):
             logger.warning("lease on %s lost before close; not closing", fence.instance_id)

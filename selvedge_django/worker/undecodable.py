@@ -18,7 +18,7 @@ from typing import Any
 
 from .. import exceptions as exc
 
-__all__ = ["FIRST_DELAY", "MAX_DELAY", "MAX_REPORTED", "Undecodable"]
+__all__ = ["FIRST_DELAY", "MAX_DELAY", "MAX_PASSED_OVER", "MAX_REPORTED", "Undecodable"]
 
 logger = logging.getLogger("selvedge_django.worker")
 
@@ -29,6 +29,8 @@ MAX_DELAY = 900.0
 # listed in the heartbeat row.
 MAX_REMEMBERED = 10_000
 MAX_REPORTED = 50
+# At most this many are named in a dispatch statement (NOT IN): the latest met.
+MAX_PASSED_OVER = 500
 
 
 class Undecodable:
@@ -69,14 +71,13 @@ class Undecodable:
                 self._entries.pop(instance_id, None)
 
     def passed_over(self) -> list[str]:
-        """The instances this worker does not lease now (at most MAX_WORKFLOWS... bounded)."""
+        """The instances this worker does not lease now (the latest MAX_PASSED_OVER met)."""
         if not self._entries:
             return []
         now = time.monotonic()
         with self._lock:
-            return [iid for iid, (until, _, _) in self._entries.items() if until > now][
-                -MAX_REPORTED:
-            ]
+            waiting = [iid for iid, (until, _, _) in self._entries.items() if until > now]
+        return waiting[-MAX_PASSED_OVER:]
 
     def report(self) -> list[dict[str, Any]]:
         """What the heartbeat row lists: the latest instances met, with their key ids."""
