@@ -31,6 +31,7 @@ from ..models import (
     WorkflowInstance,
 )
 from .db import Database
+from .operation import operation
 
 __all__ = ["COLUMNS", "KeyRotation", "RotationCounts"]
 
@@ -92,6 +93,7 @@ class KeyRotation:
         self.db = db
         self.codec = codec
 
+    @operation
     def run(
         self, batch: int, progress: Callable[[RotationCounts], None] | None = None
     ) -> RotationCounts:
