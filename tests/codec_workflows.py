@@ -45,7 +45,8 @@ def carry(ctx: sv.WorkflowContext, data: dict[str, Any]) -> dict[str, Any]:
     ctx.set_progress({"step": "echo", "about": secret})
     echoed = echo.execute(ctx, {"secret": secret})
     signalled = ctx.receive("go")
-    started = ctx.start_child(child, secret, child_id=f"{ctx.instance_id}-child")
+    # The child's id comes from the input, so that a fork replays the same start.
+    started = ctx.start_child(child, secret, child_id=f"{data['id']}-child")
     child_said = started.get(ctx)
     try:
         refuse.execute(ctx, secret)

@@ -125,7 +125,7 @@ def instance_sections(
             "seq": seq,
             "key": truncate(key, ID_CHARS),
             "event_type": event_type,
-            "data": None if data is None else truncate(data, CELL_CHARS),
+            "data": None if data is None else truncate(clear_text(data) or "", CELL_CHARS),
             "size": size,
             "archived_at": format_time(archived_at),
         }

@@ -75,6 +75,15 @@ def _reseal_tree(codec: Codec, value: Any, counts: RotationCounts) -> tuple[Any,
             out[key], one = _reseal_tree(codec, item, counts)
             changed = changed or one
         return out, changed
+    if isinstance(value, str) and value.startswith("{") and f'"{ENVELOPE_CODEC}"' in value:
+        # JSON kept as text inside a value (an archived task's last error): decoded, its
+        # quotes are plain again.
+        try:
+            inner = json.loads(value)
+        except ValueError:
+            return value, False
+        inner, changed = _reseal_tree(codec, inner, counts)
+        return (json.dumps(inner), True) if changed else (value, False)
     if isinstance(value, list):
         changed = False
         items = []
@@ -120,7 +129,8 @@ class KeyRotation:
         assert pk is not None
         marked = models.Q()
         for column in text_columns:
-            marked |= models.Q(**{f"{column}__contains": f'"{ENVELOPE_CODEC}"'})
+            # Not quoted: an envelope inside JSON kept as text has its quotes escaped.
+            marked |= models.Q(**{f"{column}__contains": ENVELOPE_CODEC})
         guard = GUARDS.get(model)
         columns = (*text_columns, *json_columns, *((guard,) if guard else ()))
         last: Any = None
@@ -157,7 +167,7 @@ class KeyRotation:
             if old is None:
                 continue
             if column in text_columns:
-                if f'"{ENVELOPE_CODEC}"' not in old:
+                if ENVELOPE_CODEC not in old:
                     continue
                 try:
                     parsed = json.loads(old)

@@ -70,7 +70,8 @@ def page(client: Client, path: str) -> str:
 
 
 def carried(instance_id: str) -> str:
-    sv.start_workflow(codec_workflows.carry, {"secret": SECRET}, instance_id=instance_id)
+    data = {"secret": SECRET, "id": instance_id}
+    sv.start_workflow(codec_workflows.carry, data, instance_id=instance_id)
     run_until_idle(Worker())
     sv.signal(instance_id, "go", {"approved_by": SECRET})
     run_until_idle(Worker())

@@ -85,7 +85,8 @@ def clear_text_hits(marker: str) -> list[tuple[str, str]]:
 
 
 def run_carry(instance_id: str) -> None:
-    sv.start_workflow(codec_workflows.carry, {"secret": SECRET}, instance_id=instance_id)
+    data = {"secret": SECRET, "id": instance_id}
+    sv.start_workflow(codec_workflows.carry, data, instance_id=instance_id)
     run_until_idle(Worker())
     sv.signal(instance_id, "go", {"approved_by": SECRET})
     run_until_idle(Worker())
@@ -94,6 +95,16 @@ def run_carry(instance_id: str) -> None:
 def test_the_secret_is_nowhere_in_clear_text_and_reads_back_clear(encrypted: None) -> None:
     sv.create_schedule("codec-nightly", codec_workflows.wait, cron="0 3 * * *", input=SECRET)
     run_carry("carry-1")
+    # A fork copies the history; a resume from the refused step archives its rows and
+    # a summary of its task (with the task's error).
+    fork = sv.fork_workflow("carry-1")
+    refuse_key = next(t.key for t in sv.list_activity_tasks("carry-1") if t.name == "codec.refuse")
+    sv.resume_workflow("carry-1", from_key=refuse_key)
+    run_until_idle(Worker())
+    forked = sv.get_workflow_result(fork)
+    assert forked.status == "completed", (forked.status, forked.error)
+    assert forked.output["refused"] == f"refused {SECRET}"
+    assert sv.export_history("carry-1").archived
     result = sv.get_workflow_result("carry-1")
     assert result.status == "completed", result.error
     assert result.output == {
@@ -201,7 +212,7 @@ def test_a_worker_without_the_key_leaves_the_run_and_one_with_it_completes_it(
 def test_an_activity_worker_without_the_key_gives_the_task_back_uncharged(
     encrypted: None,
 ) -> None:
-    sv.start_workflow(codec_workflows.carry, {"secret": SECRET}, instance_id="act-1")
+    sv.start_workflow(codec_workflows.carry, {"secret": SECRET, "id": "act-1"}, instance_id="act-1")
     # The workflow's first execution reserves the activity; nothing runs it yet.
     worker = Worker(activity_queues=[])
     worker.resumptions.inline = True
@@ -219,6 +230,10 @@ def test_rotation_is_bounded_resumable_and_leaves_every_value_readable(tdb: None
     with selvedge(PAYLOAD_CODEC=FERNET, PAYLOAD_KEYS=[KEY_A]):
         for n in range(3):
             run_carry(f"rot-{n}")
+        # Archived rows, and the summary of an archived task with its error inside.
+        tasks = sv.list_activity_tasks("rot-0")
+        sv.resume_workflow("rot-0", from_key=next(t.key for t in tasks if t.name == "codec.refuse"))
+        run_until_idle(Worker())
     old_id = fernet_key_id(KEY_A)
     with selvedge(PAYLOAD_CODEC=FERNET, PAYLOAD_KEYS=[KEY_B, KEY_A]):
         batches: list[int] = []
