@@ -116,6 +116,13 @@ if os.environ.get("SELVEDGE_TEST_POLL_INTERVAL"):
     for _key in ("WORKFLOW_RESUMPTION_INTERVAL", "ACTIVITY_POLL_INTERVAL", "TIMER_CHECK_INTERVAL"):
         SELVEDGE[_key] = _poll
     SELVEDGE["MAX_POLL_INTERVAL"] = _poll
+# Worker and command subprocesses of tests/processes/test_payload_codec_processes.py:
+# SELVEDGE_TEST_PAYLOAD_KEYS=key1,key2 encrypts with FernetCodec under those keys, and
+# registers the workflows of those tests.
+if os.environ.get("SELVEDGE_TEST_PAYLOAD_KEYS"):
+    SELVEDGE["PAYLOAD_CODEC"] = "selvedge_django.codecs.FernetCodec"
+    SELVEDGE["PAYLOAD_KEYS"] = os.environ["SELVEDGE_TEST_PAYLOAD_KEYS"].split(",")
+    SELVEDGE["MODULES"] = ["tests.codec_workflows"]
 # The suite both ways: SELVEDGE_TEST_WORKFLOW_CACHE=N gives every worker (threads and
 # processes) a workflow cache of N entries; the default runs without one.
 if os.environ.get("SELVEDGE_TEST_WORKFLOW_CACHE"):
