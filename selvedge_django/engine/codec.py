@@ -231,11 +231,17 @@ class Codec:
             env = {k: v for k, v in env.items() if k != "sealed"}
             env.update(json.loads(self.open_text(sealed)))
         fields = env.get("fields")
-        if isinstance(fields, dict):
-            for name in ("last_error", "previous_error"):
-                if isinstance(fields.get(name), dict):
-                    env["fields"] = fields = {**fields, name: self.open_error(fields[name])}
+        if isinstance(fields, dict) and any(isinstance(v, dict | list) for v in fields.values()):
+            # Nested errors: last_error, previous_error, a CompensationError's errors.
+            env = {**env, "fields": {name: self._open_nested(v) for name, v in fields.items()}}
         return env
+
+    def _open_nested(self, value: Any) -> Any:
+        if isinstance(value, dict):
+            return self.open_error(value)
+        if isinstance(value, list):
+            return [self.open_error(item) if isinstance(item, dict) else item for item in value]
+        return value
 
     def seal_error(self, env: dict[str, Any]) -> dict[str, Any]:
         """Seal an error envelope's user text (message, details, traceback)."""

@@ -82,3 +82,16 @@ def test_fernet_codec_refuses_no_keys_and_keys_that_are_not_fernet_keys() -> Non
     with pytest.raises(ValueError, match=r"PAYLOAD_KEYS'\]\[1\]"):
         FernetCodec([OLD, "too-short"])
     assert FernetCodec(lambda: [NEW, OLD]).key_ids == (fernet_key_id(NEW), fernet_key_id(OLD))
+
+
+def test_a_compensation_error_opens_its_nested_errors() -> None:
+    failed = exc.ApplicationError("refund to NL91ABNA0417164300 failed", type="Refund")
+    cause = exc.ApplicationError("card 4242 declined", type="Declined")
+    error = exc.CompensationError(cause, [failed])
+    text = json.dumps(error_to_envelope(error, codec=codec(OLD)))
+    assert "4242" not in text and "NL91" not in text
+    rebuilt = error_from_envelope(json.loads(text), codec(OLD))
+    assert isinstance(rebuilt, exc.CompensationError)
+    assert isinstance(rebuilt.error, exc.ApplicationError)
+    assert rebuilt.error.message == "card 4242 declined"
+    assert [e.message for e in rebuilt.compensation_errors] == [failed.message]
