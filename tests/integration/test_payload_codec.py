@@ -14,6 +14,7 @@ import importlib.util
 import json
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -355,3 +356,16 @@ def test_django_tasks_arguments_results_and_errors_are_encrypted(
     assert sent.return_value == {"to": SECRET, "subject": SECRET}
     assert failed.errors and SECRET in failed.errors[-1].traceback
     assert clear_text_hits(SECRET) == []
+
+
+@pytest.mark.parametrize(
+    "name", ["order_completed.json", "order_running.json", "order_failed.json"]
+)
+def test_checked_in_plain_histories_replay_unchanged_with_a_codec(
+    encrypted: None, name: str
+) -> None:
+    from tests import ops_workflows
+
+    assert ops_workflows.order.name == "ops.golden.order"
+    histories = Path(__file__).resolve().parents[1] / "histories"
+    sv.replay_history(sv.parse_history((histories / name).read_text()))
