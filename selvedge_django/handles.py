@@ -15,7 +15,7 @@ imports no models: the package imports it at import time.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
@@ -97,6 +97,8 @@ class WorkflowDescription:
     progress: Any = None
     # The dispatch priority it was started with (-100 to 100, larger first).
     priority: int = 0
+    # Its search attributes by name (start_workflow(attributes=), ctx.set_attributes).
+    attributes: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -123,6 +125,10 @@ class WorkflowDescription:
             ),
             "progress": self.progress,
             "priority": self.priority,
+            "attributes": {
+                name: value.isoformat() if isinstance(value, datetime) else value
+                for name, value in self.attributes.items()
+            },
         }
 
 

@@ -5,6 +5,7 @@ it, and that nothing here imports Django):
 
 - ``codec``, ``durations``, ``identifiers``: payload encoding and error envelopes,
   durations, the one validator per identifier (instance id, workflow name, channel).
+- ``attributes``: search attributes' names, values and filters.
 - ``interrupt``: a deadline that interrupts running Python code (a query's handler).
 - ``events``: the history vocabulary (commands, event types, rows, fences) and the
   one error-envelope helper, ``error_data``.
@@ -30,6 +31,7 @@ ORDER = (
     "codec",
     "durations",
     "identifiers",
+    "attributes",
     "interrupt",
     "events",
     "options",

@@ -12,16 +12,19 @@ from datetime import datetime, timedelta
 from typing import Any, NoReturn
 
 from .. import exceptions as exc
+from .attributes import check_attributes, encode_attributes
 from .codec import contains_nul, decode_time
 from .durations import MAX_DURATION_SECONDS, execution_timeout_ms, to_seconds
 from .events import (
     CMD_ACTIVITY,
+    CMD_ATTRIBUTES,
     CMD_AWAIT,
     CMD_CANCEL_SCOPE,
     CMD_CHILD,
     CMD_NOW,
     CMD_SLEEP,
     EV_ACTIVITY_CANCELLED,
+    EV_ATTRIBUTES_SET,
     EV_AWAIT_CANCELLED,
     EV_AWAIT_COMPLETED,
     EV_CHILD_CANCELLED,
@@ -50,6 +53,7 @@ __all__ = [
     "issue_activity",
     "new_timer",
     "now",
+    "set_attributes",
     "start_child",
     "wait_condition",
 ]
@@ -448,6 +452,37 @@ def start_child(
         raise decode_outcome(stored, execution, raise_it=False)
     execution.runtime.fire("on_workflow_started", instance_id=instance, workflow_name=name)
     return handle
+
+
+# -- search attributes -------------------------------------------------------------------
+
+
+def set_attributes(execution: Execution, attributes: object) -> None:
+    """Record (live) or pass over (replay) one change of the instance's search attributes.
+
+    A bad name or value raises ``ValueError`` before a command position is taken, so
+    workflow code may catch it and its history stays aligned. Live, the command row
+    and the attribute rows commit in one fenced transaction; in replay the recorded
+    row is enough and nothing is written (the rows it changed are already there).
+    The recorded values are not compared with the code's: a later deployment may
+    set other values, which the next live call writes.
+    """
+    execution.check_command("set_attributes()")
+    checked = check_attributes(attributes)
+    seq, key = execution.next_position(None, CMD_ATTRIBUTES, "attributes")
+    if key in execution.history:
+        return
+    if execution.readonly:
+        raise execution.suspend(f"set_attributes {key!r} is not recorded")
+    fence = execution.fence
+    assert fence is not None
+    store = execution.runtime.store
+    # Delivered at its own position, as a patch marker: no arrival for a later wait.
+    row = HistoryRow(
+        key, seq, CMD_ATTRIBUTES, EV_ATTRIBUTES_SET, encode_attributes(checked), None, seq
+    )
+    stored = execution.guarded(lambda: store.set_attributes(fence, row, checked))
+    execution.check_stored(key, stored, CMD_ATTRIBUTES)
 
 
 # -- continue-as-new ---------------------------------------------------------------------

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, Literal, NoReturn, Protocol, TypeVar, overload
 
 from .. import exceptions as exc
 from . import commands, inbox, patches
+from .attributes import AttributeValue
 from .codec import encode_progress
 from .durations import Duration
 from .events import HistoryRow
@@ -300,6 +301,20 @@ class WorkflowContext:
         fence = execution.fence
         assert fence is not None
         execution.guarded(lambda: execution.runtime.store.set_progress(fence, text))
+
+    # -- search attributes ----------------------------------------------------------------
+
+    def set_attributes(self, attributes: Mapping[str, AttributeValue | None]) -> None:
+        """Set search attributes of this instance; a ``None`` value removes the name.
+
+        A command: recorded once, in one transaction with the attribute rows that
+        ``find_instances(attributes=...)`` searches, and passed over in replay (nothing
+        written again); a later value of a name wins. Names are 1 to 64 characters of
+        ``[a-z0-9_]``; values a ``str`` (at most 255 characters), ``int``, ``float``,
+        ``bool`` or aware ``datetime``. A bad name or value raises ``ValueError``
+        before anything is recorded, and the workflow may catch it.
+        """
+        commands.set_attributes(self._execution, attributes)
 
     # -- queries --------------------------------------------------------------------------
 

@@ -14,10 +14,12 @@ requests and answers passed through both.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
+from .attributes import AttributeValue
 from .codec import Codec
 from .events import Arrivals, Fence, HistoryRow, SignalPosition
 
@@ -343,6 +345,13 @@ class EngineStore(Protocol):
 
     def set_progress(self, fence: Fence, progress: str) -> None:
         """Store the instance's progress (JSON text), fenced, in one statement."""
+        ...
+
+    def set_attributes(
+        self, fence: Fence, row: HistoryRow, attributes: Mapping[str, AttributeValue | None]
+    ) -> HistoryRow:
+        """Record a ``set_attributes`` command and change the attribute rows, fenced, in
+        one transaction (``None`` removes a name)."""
         ...
 
 

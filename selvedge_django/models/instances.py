@@ -25,6 +25,7 @@ __all__ = [
     "HistoryEvent",
     "SignalMessage",
     "TimerSubscription",
+    "WorkflowAttribute",
     "WorkflowInstance",
     "WorkflowInstanceQuerySet",
     "WorkflowStatus",
@@ -436,3 +437,51 @@ class SignalMessage(models.Model):
 
     def __str__(self) -> str:
         return f"{self.instance_id}:{self.channel}#{self.id}"
+
+
+class WorkflowAttribute(models.Model):
+    """One search attribute of an instance: a name and a typed value.
+
+    ``kind`` says which column holds the value: ``s`` a string and ``b`` a bool
+    (``true``/``false``) in ``text_value``; ``i`` an int (also exactly, as text, in
+    ``text_value``) and ``f`` a float in ``number_value``; ``t`` an aware datetime in
+    ``time_value``. Each lookup of ``find_instances(attributes=...)`` walks one index
+    keyed by the name and the value: strings and bools by (name, kind, text), numbers
+    by (name, number), times by (name, time).
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    instance = models.ForeignKey(
+        WorkflowInstance,
+        on_delete=models.CASCADE,
+        related_name="attributes",
+        db_index=False,  # the unique (instance, name) index leads with it
+    )
+    name = models.CharField(max_length=64)
+    kind = models.CharField(max_length=1)
+    text_value = models.CharField(max_length=255, null=True, blank=True)
+    number_value = models.FloatField(null=True, blank=True)
+    time_value = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = _("search attribute")
+        ordering = ("instance", "name")
+        constraints = [
+            models.UniqueConstraint(fields=["instance", "name"], name="sv_attr_name_uniq"),
+        ]
+        indexes = [
+            models.Index(fields=["name", "kind", "text_value"], name="sv_attr_text_idx"),
+            models.Index(
+                fields=["name", "number_value"],
+                name="sv_attr_number_idx",
+                condition=Q(number_value__isnull=False),
+            ),
+            models.Index(
+                fields=["name", "time_value"],
+                name="sv_attr_time_idx",
+                condition=Q(time_value__isnull=False),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.instance_id}:{self.name}"

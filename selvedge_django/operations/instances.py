@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any, TypeVar, overload
 
@@ -21,6 +21,7 @@ from .. import exceptions as exc
 from .. import hooks as hooks_module
 from .. import signals
 from ..conf import SelvedgeSettings, get_settings
+from ..engine.attributes import AttributeValue, check_attributes
 from ..engine.codec import contains_nul
 from ..engine.commands import activity_task
 from ..engine.durations import Duration, execution_timeout_ms
@@ -64,6 +65,7 @@ def start_workflow(
     execution_timeout: Duration | None = None,
     if_exists: IfExists = "fail",
     priority: int = 0,
+    attributes: Mapping[str, AttributeValue | None] | None = None,
 ) -> str: ...
 
 
@@ -76,6 +78,7 @@ def start_workflow(
     execution_timeout: Duration | None = None,
     if_exists: IfExists = "fail",
     priority: int = 0,
+    attributes: Mapping[str, AttributeValue | None] | None = None,
 ) -> str: ...
 
 
@@ -88,6 +91,7 @@ def start_workflow(
     execution_timeout: Duration | None = None,
     if_exists: IfExists = "fail",
     priority: int = 0,
+    attributes: Mapping[str, AttributeValue | None] | None = None,
 ) -> str: ...
 
 
@@ -99,6 +103,7 @@ def start_workflow(
     execution_timeout: Duration | None = None,
     if_exists: IfExists = "fail",
     priority: int = 0,
+    attributes: Mapping[str, AttributeValue | None] | None = None,
 ) -> str:
     """Create a workflow instance and return its id.
 
@@ -122,6 +127,12 @@ def start_workflow(
     ``priority`` (a whole number from -100 to 100, default 0) orders dispatch:
     larger first, then the oldest; each minute an instance waits counts as one
     more point, so a lower priority is delayed, never starved (docs/flow-control.md).
+
+    ``attributes`` are the instance's first search attributes (docs/attributes.md):
+    names of 1 to 64 characters of ``[a-z0-9_]``, values ``str`` (at most 255
+    characters), ``int``, ``float``, ``bool`` or aware ``datetime`` (``None`` values are
+    left out). A bad name or value raises ``ValueError`` with nothing written; they are
+    inserted in the start's transaction and found by ``find_instances(attributes=...)``.
     """
     return start_at(
         workflow_or_name,
@@ -130,6 +141,7 @@ def start_workflow(
         execution_timeout=execution_timeout,
         if_exists=if_exists,
         priority=priority,
+        attributes=attributes,
     )
 
 
@@ -142,6 +154,7 @@ def start_at(
     if_exists: IfExists = "fail",
     priority: int = 0,
     started_at: datetime | None = None,
+    attributes: Mapping[str, AttributeValue | None] | None = None,
 ) -> str:
     """:func:`start_workflow`, recording ``started_at`` (default: now) as the start
     time, so that a caller can report the start exactly as it is stored."""
@@ -149,6 +162,7 @@ def start_at(
         workflow_or_name, input, instance_id, execution_timeout, if_exists
     )
     priority = _start_priority(priority)
+    checked = {k: v for k, v in check_attributes(attributes or {}).items() if v is not None}
     store = client_store()
     settings = get_settings()
     # A worker running in this process takes the instance straight from the start.
@@ -173,6 +187,7 @@ def start_at(
         trace_context=trace,
         priority=priority,
         started_at=started_at,
+        attributes=checked,
     )
     if not result.created:
         return instance_id  # if_exists="return": the instance of that id, left as it is
@@ -483,6 +498,7 @@ async def astart_workflow(
     execution_timeout: Duration | None = None,
     if_exists: IfExists = "fail",
     priority: int = 0,
+    attributes: Mapping[str, AttributeValue | None] | None = None,
 ) -> str: ...
 
 
@@ -495,6 +511,7 @@ async def astart_workflow(
     execution_timeout: Duration | None = None,
     if_exists: IfExists = "fail",
     priority: int = 0,
+    attributes: Mapping[str, AttributeValue | None] | None = None,
 ) -> str: ...
 
 
@@ -507,6 +524,7 @@ async def astart_workflow(
     execution_timeout: Duration | None = None,
     if_exists: IfExists = "fail",
     priority: int = 0,
+    attributes: Mapping[str, AttributeValue | None] | None = None,
 ) -> str: ...
 
 
@@ -518,6 +536,7 @@ async def astart_workflow(
     execution_timeout: Duration | None = None,
     if_exists: IfExists = "fail",
     priority: int = 0,
+    attributes: Mapping[str, AttributeValue | None] | None = None,
 ) -> str:
     """Async twin of :func:`start_workflow`, with its overloads (by definition or by name)."""
     # The implementation's signature: no single overload takes the union.
@@ -529,6 +548,7 @@ async def astart_workflow(
         execution_timeout=execution_timeout,
         if_exists=if_exists,
         priority=priority,
+        attributes=attributes,
     )
 
 

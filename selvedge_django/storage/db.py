@@ -33,6 +33,7 @@ from ..models import (
     Schedule,
     SignalMessage,
     TimerSubscription,
+    WorkflowAttribute,
     WorkflowInstance,
     WorkflowStatus,
 )
@@ -272,6 +273,7 @@ class Database:
                 "timer": quote(TimerSubscription._meta.db_table),
                 "schedule": quote(Schedule._meta.db_table),
                 "archive": quote(ArchivedHistoryEvent._meta.db_table),
+                "attribute": quote(WorkflowAttribute._meta.db_table),
                 "queue_claim": quote(QueueClaim._meta.db_table),
                 "now": self.NOW_MS,
             }

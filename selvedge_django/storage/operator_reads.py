@@ -18,6 +18,7 @@ from typing import Any
 
 from django.db.models import Count, Q
 
+from ..engine.attributes import AttributeCondition
 from ..models import (
     ActivityTask,
     ArchivedHistoryEvent,
@@ -26,6 +27,7 @@ from ..models import (
     WorkflowInstance,
     WorkflowStatus,
 )
+from .attributes import attribute_filter
 from .operation import operation
 from .resume import TERMINATED_TYPE
 
@@ -114,6 +116,7 @@ class OperatorReads:
         started_after: datetime | None,
         started_before: datetime | None,
         input_filters: Sequence[tuple[list[str], Any]],
+        attributes: Sequence[AttributeCondition] = (),
         before: tuple[datetime, str] | None,
         limit: int,
     ) -> list[WorkflowInstance]:
@@ -121,8 +124,9 @@ class OperatorReads:
 
         ``workflow_name`` and ``instance_id`` match partly, case-insensitively;
         ``input_filters`` are (path segments, JSON value) pairs the input must hold
-        (see :mod:`selvedge_django.storage.sqlite.input_filters`); ``before`` is the (started_at,
-        instance_id) of the last instance of the previous page.
+        (see :mod:`selvedge_django.storage.sqlite.input_filters`); ``attributes`` are
+        search attribute conditions (:func:`.attributes.attribute_filter`); ``before``
+        is the (started_at, instance_id) of the last instance of the previous page.
         """
         qs = WorkflowInstance.objects.using(self.alias).all()
         if status is not None:
@@ -142,6 +146,8 @@ class OperatorReads:
             qs = qs.filter(
                 *(input_value_equals(qs.query, path, value) for path, value in input_filters)
             )
+        if attributes:
+            qs = qs.filter(attribute_filter(self.alias, attributes))
         if before is not None:
             started, last_id = before
             qs = qs.filter(

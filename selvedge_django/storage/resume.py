@@ -32,6 +32,7 @@ from ..engine.events import (
 )
 from ..engine.identifiers import check_instance_id
 from ..models import WorkflowInstance, WorkflowStatus
+from .attributes import Attributes
 from .children import Children
 from .db import Database
 from .operation import operation
@@ -235,15 +236,24 @@ def _closed_unfinished(event_type: str, data: str | None) -> bool:
 class Recovery:
     """Resume: archive the history from a key on and run the instance again; fork; and
     continue-as-new (``store.recovery``). New instances are ``starts``'; what a
-    cut-off run left running among its children, ``children``'."""
+    cut-off run left running among its children, ``children``'. Search attributes
+    (``attributes``) stay with the instance through a resume and a continue-as-new, and
+    a fork copies them."""
 
     def __init__(
-        self, db: Database, options: StoreOptions, *, starts: Starts, children: Children
+        self,
+        db: Database,
+        options: StoreOptions,
+        *,
+        starts: Starts,
+        children: Children,
+        attributes: Attributes,
     ) -> None:
         self.db = db
         self.options = options
         self.starts = starts
         self.children = children
+        self.attributes = attributes
 
     @operation
     def continue_as_new(self, fence: Fence, input_text: str) -> int:
@@ -385,8 +395,8 @@ class Recovery:
         The cut is as for :meth:`resume` (a completed source: every row but the
         close; a running one: every row up to the first still waiting for a value).
         The new instance has the source's workflow and input, its priority, its
-        execution timeout (counted from the fork), no parent, and ``forked_from`` set; it is
-        runnable. The source's signals are copied in
+        execution timeout (counted from the fork), its search attributes, no parent, and
+        ``forked_from`` set; it is runnable. The source's signals are copied in
         their order, pending again from the cut on. The source is read, never
         written. The default id is ``<instance_id>/fork-<n>``. ``trace(new id,
         workflow name)``, when given, returns the trace context the new instance
@@ -423,6 +433,7 @@ class Recovery:
                 trace_context=None if trace is None else trace(new_instance_id, str(workflow_name)),
             )
             self.db._execute(MARK_FORK, [instance_id, new_instance_id])
+            self.attributes.copy(instance_id, new_instance_id)
             self.db._execute(
                 COPY_ROWS, [new_instance_id, self.db._now_param(), instance_id, cut_id, CLOSE_KEY]
             )

@@ -9,6 +9,7 @@ the write.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -16,10 +17,12 @@ from typing import Any
 from django.utils import timezone
 
 from .. import exceptions as exc
+from ..engine.attributes import AttributeValue
 from ..engine.events import Fence, HistoryRow
 from ..engine.ports import TaskSpec
 from ..models import ActivityTask, ActivityTaskStatus, WorkflowInstance, WorkflowStatus
 from . import sql
+from .attributes import Attributes
 from .db import Database
 from .operation import operation
 from .options import StoreOptions
@@ -49,9 +52,10 @@ class StartResult:
 class Starts:
     """Insert instances (``store.starts``): ``sv.start_workflow``, forks, signal-with-start."""
 
-    def __init__(self, db: Database, options: StoreOptions) -> None:
+    def __init__(self, db: Database, options: StoreOptions, *, attributes: Attributes) -> None:
         self.db = db
         self.options = options
+        self.attributes = attributes
 
     @operation
     def create_instance(
@@ -72,6 +76,7 @@ class Starts:
         trace_context: str | None = None,
         priority: int = 0,
         first_task: tuple[HistoryRow, TaskSpec] | None = None,
+        attributes: Mapping[str, AttributeValue | None] | None = None,
     ) -> StartResult:
         """Insert a runnable instance; a taken id raises WorkflowAlreadyStarted.
 
@@ -97,6 +102,9 @@ class Starts:
         activity, and its task) the start records that command itself, in the same
         transaction: the instance is inserted not runnable, the row and the queued task
         with it, and activity workers are woken after commit (:mod:`.sole_activity`).
+
+        ``attributes`` (checked by the caller) are the instance's first search
+        attributes, inserted in the same transaction as the instance.
         """
         now = self.db._now_param(started_at or timezone.now())
         stored_input = input_field().get_db_prep_save(input_value, self.db.connection)
@@ -105,7 +113,7 @@ class Starts:
         clock = self.db.now_sql().params
         ttl = self.options.lease_ttl if lease_ttl is None else lease_ttl
         leased = lease_owner is not None
-        if first_task is not None and leased:
+        if first_task is not None and (leased or attributes):
             raise ValueError("a start that records its first activity is not leased")
         params = [
             instance_id,
@@ -136,6 +144,8 @@ class Starts:
         ]
         if first_task is not None:
             inserted = self._insert_with_task(instance_id, params, *first_task)
+        elif attributes:
+            inserted = self._insert_with_attributes(instance_id, params, leased, attributes)
         else:
             inserted = self._insert_instance(params, leased)
         if not inserted:
@@ -168,6 +178,23 @@ class Starts:
             if inserted and not leased:
                 self.db.after_commit(TOPIC_RUNNABLE)
         return inserted
+
+    def _insert_with_attributes(
+        self,
+        instance_id: str,
+        params: list[Any],
+        leased: bool,
+        attributes: Mapping[str, AttributeValue | None],
+    ) -> bool:
+        """Insert the instance and its attribute rows in one transaction (False: the id
+        was taken, nothing written); a runnable start wakes the dispatchers after commit."""
+        with self.db.atomic():
+            if self.db._execute(self._insert_instance_sql(), params) != 1:
+                return False
+            self.attributes._write(instance_id, attributes)
+            if not leased:
+                self.db.after_commit(TOPIC_RUNNABLE)
+        return True
 
     def _insert_with_task(
         self, instance_id: str, params: list[Any], row: HistoryRow, task: TaskSpec

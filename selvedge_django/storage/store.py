@@ -5,7 +5,8 @@ fences, wake-ups, clock: one subclass per database) and the parts on it, each
 given its collaborators: ``store.instances`` (leases, snapshots, commands, the
 close), ``.starts``, ``.children``, ``.cancels``, ``.releases``, ``.waits``
 (timers, signals, observations), ``.tasks`` (activity tasks) with ``.limits``
-(flow control), ``.inline`` (inline results) and ``.sole_activity``,
+(flow control), ``.inline`` (inline results) and ``.sole_activity``, ``.attributes``
+(search attributes),
 ``.recovery`` (resume, fork, continue-as-new), the leader's sweeps
 (``.task_timeouts``, ``.execution_timeouts``), ``.renewals``, ``.locks``,
 ``.heartbeats``, ``.reads`` and ``.status``. What the engine calls
@@ -26,9 +27,11 @@ PostgreSQL, NOTIFY, always after commit.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, ClassVar
 
+from ..engine.attributes import AttributeValue
 from ..engine.codec import Codec
 from ..engine.events import Arrivals, Fence, HistoryRow
 from ..engine.ports import (
@@ -43,6 +46,7 @@ from ..engine.ports import (
 )
 from ..models import WorkflowInstance
 from .attempt_transactions import AttemptTransactions
+from .attributes import Attributes
 from .cancels import Cancels
 from .children import Children
 from .db import Database
@@ -98,12 +102,15 @@ class Store:
         self.tasks = self.tasks_class(db, options, limits=self.limits, inline=self.inline)
         self.sole_activity = self.sole_activity_class(db, tasks=self.tasks)
         self.children = Children(db, options)
-        self.starts = self.starts_class(db, options)
+        self.attributes = Attributes(db)
+        self.starts = self.starts_class(db, options, attributes=self.attributes)
         self.cancels = Cancels(db)
         self.releases = self.releases_class(db)
         self.instances = self.instances_class(db, options, children=self.children, tasks=self.tasks)
         self.waits = self.waits_class(db, children=self.children)
-        self.recovery = Recovery(db, options, starts=self.starts, children=self.children)
+        self.recovery = Recovery(
+            db, options, starts=self.starts, children=self.children, attributes=self.attributes
+        )
         self.task_timeouts = TaskTimeouts(db)
         self.execution_timeouts = ExecutionTimeouts(db, instances=self.instances)
         self.renewals = Renewals(db)
@@ -261,6 +268,13 @@ class Store:
     def set_progress(self, fence: Fence, progress: str) -> None:
         """See :meth:`~.instances.Instances.set_progress`."""
         return self.instances.set_progress(fence, progress)
+
+    @operation
+    def set_attributes(
+        self, fence: Fence, row: HistoryRow, attributes: Mapping[str, AttributeValue | None]
+    ) -> HistoryRow:
+        """See :meth:`~.attributes.Attributes.set_attributes`."""
+        return self.attributes.set_attributes(fence, row, attributes)
 
     # -- reads the operations layer calls on the store (until they move to store.reads) --
 
