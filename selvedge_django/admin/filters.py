@@ -9,13 +9,15 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
-from django.contrib.admin.views.main import ChangeList
+from django.contrib.admin.options import IncorrectLookupParameters
+from django.contrib.admin.views.main import PAGE_VAR, ChangeList
 from django.db.models import QuerySet
 from django.db.models.functions import Substr
 from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
 
 from ..conf import get_settings
+from ..engine.attributes import AttributeCondition, check_name, parse_filters, value_from_text
 from ..registry import registered_workflow_names
 from .display import ID_CHARS, admin_reads, truncate
 
@@ -115,6 +117,91 @@ class ErrorTypeFilter(admin.SimpleListFilter):
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         value = self.value()
         return queryset.filter(status="failed", error_type=value) if value else queryset
+
+
+# How many of the most recently started instances the attribute filter box takes its
+# name suggestions from, and how many names it suggests.
+ATTRIBUTE_NAME_SAMPLE = 1000
+MAX_ATTRIBUTE_NAMES = 50
+
+
+def attribute_conditions(values: list[str]) -> list[AttributeCondition]:
+    """The conditions of ``?attr=name:value`` parameters (all must hold); ValueError for
+    one that is not ``name:value`` with a valid name.
+
+    A value matches an attribute holding the text, or the number, bool or aware ISO
+    datetime it spells, as ``runselvedge ... --attr name=value`` does.
+    """
+    conditions: list[AttributeCondition] = []
+    for text in values:
+        name, colon, value = text.partition(":")
+        if not colon:
+            raise ValueError(f"an attribute filter is name:value, not {text!r}"[:300])
+        conditions += parse_filters({f"{check_name(name)}__in": value_from_text(value)})
+    return conditions
+
+
+class AttributeFilter(admin.ListFilter):
+    """Filter by search attributes: ``?attr=tenant:acme``, repeatable (all must match).
+
+    Rendered as a text box (suggesting the attribute names of recently started
+    instances, a bounded read) with the applied filters listed, each with a link
+    that removes it. Each filter is answered from the attribute index of its value's
+    type; bulk actions on the filtered changelist act on what it shows.
+    """
+
+    title = _("search attributes")
+    parameter_name = "attr"
+    template = "admin/selvedge_django/workflowinstance/attribute_filter.html"
+
+    def __init__(
+        self, request: HttpRequest, params: dict[str, Any], model: Any, model_admin: Any
+    ) -> None:
+        super().__init__(request, params, model, model_admin)
+        value = params.pop(self.parameter_name, [])
+        self.values: list[str] = [v for v in (value if isinstance(value, list) else [value]) if v]
+        self.used_parameters = {self.parameter_name: self.values} if self.values else {}
+        try:
+            self.conditions = attribute_conditions(self.values)
+        except ValueError as error:
+            raise IncorrectLookupParameters(str(error)) from error
+        # The other parameters of the page, which the box's form carries along.
+        self.hidden_params = [
+            (key, item)
+            for key, items in request.GET.lists()
+            if key not in (PAGE_VAR, "e")
+            for item in items
+        ]
+
+    def has_output(self) -> bool:
+        return True
+
+    def expected_parameters(self) -> list[str | None]:
+        return [self.parameter_name]
+
+    def common_names(self) -> list[str]:
+        return admin_reads().common_attribute_names(
+            sample=ATTRIBUTE_NAME_SAMPLE, limit=MAX_ATTRIBUTE_NAMES
+        )
+
+    def choices(self, changelist: ChangeList) -> Any:
+        yield {
+            "selected": not self.values,
+            "query_string": changelist.get_query_string(remove=[self.parameter_name]),
+            "display": _("All"),
+        }
+        for i, value in enumerate(self.values):
+            rest = [v for j, v in enumerate(self.values) if j != i]
+            yield {
+                "selected": True,
+                "query_string": changelist.get_query_string({self.parameter_name: rest or None}),
+                "display": truncate(value, ID_CHARS),
+            }
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if not self.conditions:
+            return queryset
+        return queryset.filter(admin_reads().attribute_condition(self.conditions))
 
 
 class InstanceChangeList(ChangeList):

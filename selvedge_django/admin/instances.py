@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import update_wrapper
 from typing import Any, ClassVar
 
@@ -26,7 +26,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
@@ -67,7 +67,13 @@ from .display import (
     status_badge,
     truncate,
 )
-from .filters import CodeVersionFilter, ErrorTypeFilter, InstanceChangeList, WorkflowNameFilter
+from .filters import (
+    AttributeFilter,
+    CodeVersionFilter,
+    ErrorTypeFilter,
+    InstanceChangeList,
+    WorkflowNameFilter,
+)
 from .pages import TEMPLATE_DIR
 from .sections import instance_sections
 from .timeline import build_timeline
@@ -133,6 +139,29 @@ def error_column(obj: WorkflowInstance) -> str | None:
 @admin.display(description=_("cancel reason"))
 def reason(obj: WorkflowInstance) -> str | None:
     return truncate(obj.cancel_reason, VALUE_CHARS) or None
+
+
+@admin.display(description=_("search attributes"))
+def attributes_value(obj: WorkflowInstance) -> str | None:
+    """The instance's search attributes, ``name: value`` a line (not payloads: shown to
+    every viewer, never encrypted)."""
+    found = admin_reads().attributes(obj.instance_id)
+    if not found:
+        return None
+    return format_html_join(
+        "",
+        "<div><code>{}</code>: <code>{}</code></div>",
+        (
+            (
+                name,
+                truncate(
+                    value.isoformat() if isinstance(value, datetime) else json.dumps(value),
+                    VALUE_CHARS,
+                ),
+            )
+            for name, value in found
+        ),
+    )
 
 
 @admin.display(description=_("progress"))
@@ -248,6 +277,7 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
         CodeVersionFilter,
         ErrorTypeFilter,
         ("started_at", admin.DateFieldListFilter),
+        AttributeFilter,
     )
     search_fields = ("instance_id",)
     search_help_text = _("An exact instance id, or part of one (ignoring case).")
@@ -286,6 +316,7 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
                     "generation",
                     "resumed_count",
                     "forked_from",
+                    attributes_value,
                 )
             },
         ),

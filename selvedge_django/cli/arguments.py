@@ -10,7 +10,9 @@ from typing import Any, TypeAlias
 
 __all__ = [
     "Subparsers",
+    "add_attr_option",
     "add_common_options",
+    "attribute_filters",
     "csv_list",
     "history_position",
     "json_argument",
@@ -61,6 +63,53 @@ def prune_batch_size(text: str) -> int:
     if not 1 <= value <= MAX_PRUNE_BATCH:
         raise argparse.ArgumentTypeError(f"--batch-size must be from 1 to {MAX_PRUNE_BATCH}")
     return value
+
+
+def _attr_pair(text: str) -> tuple[str, str]:
+    """An argparse type: ``name=value`` of a search attribute filter."""
+    from ..engine.attributes import check_name
+
+    name, equals, value = text.partition("=")
+    if not equals:
+        raise argparse.ArgumentTypeError(f"--attr takes name=value, not {text!r}"[:300])
+    try:
+        return check_name(name), value
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def add_attr_option(parser: argparse.ArgumentParser) -> None:
+    """Add ``--attr name=value`` (repeatable, combined by AND) to a selecting subcommand."""
+    parser.add_argument(
+        "--attr",
+        dest="attr",
+        type=_attr_pair,
+        action="append",
+        default=None,
+        metavar="NAME=VALUE",
+        help="only instances whose search attribute NAME holds VALUE (text, or the number,"
+        " true/false or ISO datetime it spells); repeat for several names (all must match)",
+    )
+
+
+def attribute_filters(pairs: list[tuple[str, str]] | None) -> dict[str, Any] | None:
+    """``--attr`` pairs as ``find_instances(attributes=...)`` takes them (None: none).
+
+    Each value matches an attribute holding the text or what it spells
+    (:func:`~selvedge_django.engine.attributes.value_from_text`); a name given twice
+    raises ValueError.
+    """
+    from ..engine.attributes import value_from_text
+
+    if not pairs:
+        return None
+    filters: dict[str, Any] = {}
+    for name, text in pairs:
+        key = f"{name}__in"
+        if key in filters:
+            raise ValueError(f"--attr names {name!r} twice")
+        filters[key] = value_from_text(text)
+    return filters
 
 
 def csv_list(value: str) -> list[str]:

@@ -24,6 +24,8 @@ from django.core.management.base import BaseCommand, CommandError
 from .. import exceptions as exc
 from .arguments import (
     Subparsers,
+    add_attr_option,
+    attribute_filters,
     history_position,
     json_argument,
     parse_duration,
@@ -198,6 +200,7 @@ def _add_list(subparsers: Subparsers) -> argparse.ArgumentParser:
     listing.add_argument(
         "--limit", type=positive_int("--limit"), default=50, help="at most this many (50)"
     )
+    add_attr_option(listing)
     return listing
 
 
@@ -207,13 +210,17 @@ def _list(command: BaseCommand, options: dict[str, Any]) -> None:
     from .. import operations
 
     since = options["since"]
-    for description in operations.iter_instances(
-        status=options["status"],
-        workflow_name=options["workflow"],
-        started_after=None if since is None else timezone.now() - since,
-        limit=options["limit"],
-    ):
-        command.stdout.write(json.dumps(description.to_json()))
+    try:
+        for description in operations.iter_instances(
+            status=options["status"],
+            workflow_name=options["workflow"],
+            started_after=None if since is None else timezone.now() - since,
+            attributes=attribute_filters(options.get("attr")),
+            limit=options["limit"],
+        ):
+            command.stdout.write(json.dumps(description.to_json()))
+    except ValueError as error:
+        raise CommandError(str(error)) from error
 
 
 def _add_tasks(subparsers: Subparsers) -> argparse.ArgumentParser:

@@ -1,7 +1,7 @@
 """``runselvedge resume``, ``fork`` and ``terminate``: one instance, or many.
 
 Each takes an instance id, or a selection (``--status``, ``--workflow NAME``,
-``--since 1h``) to act on every instance it finds, in bounded batches, each
+``--since 1h``, ``--attr tenant=acme``) to act on every instance it finds, in bounded batches, each
 instance in its own transaction; ``--dry-run`` prints what would be done. One
 line per action. A selection resumes only failed runs (terminated ones left
 alone) unless ``--include-closed`` is given, as the admin's bulk resume does.
@@ -17,7 +17,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from .. import exceptions as exc
-from .arguments import Subparsers, parse_duration
+from .arguments import Subparsers, add_attr_option, attribute_filters, parse_duration
 
 __all__ = ["add_parser", "handle"]
 
@@ -41,7 +41,7 @@ def add_parser(subparsers: Subparsers, name: str) -> argparse.ArgumentParser:
         "instance_id",
         nargs="?",
         default=None,
-        help="the instance (or select several with --status, --workflow, --since)",
+        help="the instance (or select several with --status, --workflow, --since, --attr)",
     )
     if name in ("resume", "fork"):
         parser.add_argument("--from", dest="from_key", default=None, help="history key")
@@ -66,6 +66,7 @@ def add_parser(subparsers: Subparsers, name: str) -> argparse.ArgumentParser:
     parser.add_argument(
         "--since", default=None, help="only those closed (running: started) within, e.g. 1h"
     )
+    add_attr_option(parser)
     parser.add_argument(
         "--dry-run", action="store_true", help="print what would be done, change nothing"
     )
@@ -78,9 +79,9 @@ def handle(command: BaseCommand, options: dict[str, Any]) -> None:
 
     name = options["subcommand"]
 
-    many = any(options[flag] is not None for flag in ("status", "workflow", "since"))
+    many = any(options.get(flag) is not None for flag in ("status", "workflow", "since", "attr"))
     if many == (options["instance_id"] is not None):
-        raise CommandError("give an instance id, or --status/--workflow/--since (not both)")
+        raise CommandError("give an instance id, or --status/--workflow/--since/--attr (not both)")
     if many and (options.get("from_key") or options.get("new_id")):
         raise CommandError("--from and --id apply to one instance")
     include_closed = bool(options.get("include_closed"))
@@ -104,6 +105,7 @@ def handle(command: BaseCommand, options: dict[str, Any]) -> None:
             workflow_name=options["workflow"],
             since=since,
             exclude_terminated=only_failed,
+            attributes=attribute_filters(options.get("attr")),
         )
         for batch in batches:
             for instance_id in batch:

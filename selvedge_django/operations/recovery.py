@@ -8,8 +8,9 @@ the caller's ``transaction.atomic()`` and wakes workers only after commit.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from datetime import timedelta
+from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.db import transaction
@@ -17,6 +18,7 @@ from django.utils import timezone
 
 from .. import hooks as hooks_module
 from ..conf import get_settings
+from ..engine.attributes import parse_filters
 from ..models import WorkflowStatus
 from ..storage.resume import TERMINATED_TYPE, ResumeOutcome
 from .base import client_store, known_id, reason_text, validate_instance_id
@@ -148,12 +150,15 @@ def select_instances(
     since: timedelta | None = None,
     batch: int = MAX_SELECTION_BATCH,
     exclude_terminated: bool = False,
+    attributes: Mapping[str, Any] | None = None,
 ) -> Iterator[list[str]]:
     """The ids of the instances a bulk operation acts on, in batches of at most ``batch``.
 
     ``status`` is required; ``workflow_name`` is an exact name; ``since`` keeps
     the instances that closed (a running one: started) within that duration;
-    ``exclude_terminated`` leaves out failed runs closed by a terminate. Ids
+    ``exclude_terminated`` leaves out failed runs closed by a terminate;
+    ``attributes`` are search attribute filters as :func:`find_instances` takes them
+    (every bulk operation selects with them: resume, fork, terminate). Ids
     come in order, each batch read after the previous one was handed over (keyset
     pagination on the id), so acting on a batch before asking for the next is
     safe and each read is bounded.
@@ -162,6 +167,7 @@ def select_instances(
         raise ValueError(f"unknown status {status!r}: one of {', '.join(WorkflowStatus.values)}")
     if not 1 <= batch <= MAX_SELECTION_BATCH:
         raise ValueError(f"batch must be between 1 and {MAX_SELECTION_BATCH}")
+    conditions = parse_filters(attributes)
     reads = client_store().operator_reads
     cutoff = None if since is None else timezone.now() - since
     after = ""
@@ -171,6 +177,7 @@ def select_instances(
             workflow_name=workflow_name,
             exclude_terminated=exclude_terminated,
             since=cutoff,
+            attributes=conditions,
             after=after,
             limit=batch,
         )

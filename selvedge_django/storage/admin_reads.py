@@ -25,6 +25,7 @@ from django.db.models import (
 )
 from django.db.models.functions import Cast, Coalesce, Length, Substr
 
+from ..engine.attributes import AttributeCondition, AttributeValue
 from ..models import (
     ActivityTask,
     ArchivedHistoryEvent,
@@ -32,9 +33,11 @@ from ..models import (
     Schedule,
     SignalMessage,
     TimerSubscription,
+    WorkflowAttribute,
     WorkflowInstance,
     WorkflowStatus,
 )
+from .attributes import attribute_filter, value_of
 
 __all__ = ["AdminReads"]
 
@@ -57,6 +60,41 @@ class AdminReads:
 
     def __init__(self, alias: str) -> None:
         self.alias = alias
+
+    # -- search attributes ----------------------------------------------------------------
+
+    def attribute_condition(self, conditions: list[AttributeCondition]) -> Q:
+        """The changelist's condition for search attribute filters (each on its index)."""
+        return attribute_filter(self.alias, conditions)
+
+    def attributes(self, instance_id: str) -> list[tuple[str, AttributeValue]]:
+        """An instance's search attributes, by name (at most 64 per call set them, so a
+        bounded number in practice; capped at 1,000 rows)."""
+        rows = (
+            WorkflowAttribute.objects.using(self.alias)
+            .filter(instance_id=instance_id)
+            .order_by("name")
+            .values_list("name", "kind", "text_value", "number_value", "time_value")[:1000]
+        )
+        return [
+            (name, value_of(kind, text, number, when)) for name, kind, text, number, when in rows
+        ]
+
+    def common_attribute_names(self, *, sample: int, limit: int) -> list[str]:
+        """The attribute names of the ``sample`` most recently started instances, at most
+        ``limit``, in order: the filter box's suggestions (a bounded read)."""
+        recent = (
+            WorkflowInstance.objects.using(self.alias)
+            .order_by("-started_at", "-instance_id")
+            .values("instance_id")[:sample]
+        )
+        return list(
+            WorkflowAttribute.objects.using(self.alias)
+            .filter(instance_id__in=recent)
+            .order_by("name")
+            .values_list("name", flat=True)
+            .distinct()[:limit]
+        )
 
     # -- an instance's page ---------------------------------------------------------------
 

@@ -163,6 +163,7 @@ class OperatorReads:
         workflow_name: str | None,
         exclude_terminated: bool,
         since: datetime | None,
+        attributes: Sequence[AttributeCondition] = (),
         after: str,
         limit: int,
     ) -> list[str]:
@@ -170,7 +171,8 @@ class OperatorReads:
 
         ``workflow_name`` is an exact name; ``exclude_terminated`` leaves out failed
         runs closed by a terminate; ``since`` keeps the instances that closed (a
-        running one: started) from then on.
+        running one: started) from then on; ``attributes`` are search attribute
+        conditions, all of which must hold.
         """
         qs = WorkflowInstance.objects.using(self.alias).filter(status=status)
         if workflow_name:
@@ -180,6 +182,8 @@ class OperatorReads:
         if since is not None:
             field = "started_at" if status == WorkflowStatus.RUNNING else "closed_at"
             qs = qs.filter(**{f"{field}__gte": since})
+        if attributes:
+            qs = qs.filter(attribute_filter(self.alias, attributes))
         return list(
             qs.filter(instance_id__gt=after)
             .order_by("instance_id")
