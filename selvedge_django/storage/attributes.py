@@ -119,13 +119,18 @@ def _condition_q(condition: AttributeCondition) -> Q:
 def attribute_filter(alias: str, conditions: Sequence[AttributeCondition]) -> Q:
     """The condition on instances that every one of ``conditions`` holds (AND).
 
-    Each condition is ``instance_id IN (attribute rows of that name and value)``,
-    which the database answers from the attribute index of the value's type.
+    The conditions on one name are one ``instance_id IN (attribute rows of that name
+    and value)`` (an instance has one row per name, so ``amount >= 5 AND amount < 9``
+    is one range on the index, not two), answered from the attribute index of the
+    value's type.
     """
+    by_name: dict[str, Q] = {}
+    for condition in conditions:
+        by_name[condition.name] = by_name.get(condition.name, Q()) & _condition_q(condition)
     combined = Q()
     rows = WorkflowAttribute.objects.using(alias)
-    for condition in conditions:
-        matching = rows.filter(Q(name=condition.name) & _condition_q(condition))
+    for name, value_q in by_name.items():
+        matching = rows.filter(Q(name=name) & value_q)
         combined &= Q(instance_id__in=matching.values("instance_id"))
     return combined
 
