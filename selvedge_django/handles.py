@@ -15,11 +15,13 @@ imports no models: the package imports it at import time.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from . import exceptions as exc
+from .engine.attributes import AttributeValue
 from .engine.codec import error_to_envelope
 from .engine.durations import Duration
 
@@ -144,6 +146,7 @@ class HandleClient(Protocol):
         execution_timeout: Duration | None = None,
         if_exists: IfExists = "fail",
         priority: int = 0,
+        attributes: Mapping[str, AttributeValue | None] | None = None,
     ) -> str: ...
 
     async def astart_workflow(
@@ -155,6 +158,7 @@ class HandleClient(Protocol):
         execution_timeout: Duration | None = None,
         if_exists: IfExists = "fail",
         priority: int = 0,
+        attributes: Mapping[str, AttributeValue | None] | None = None,
     ) -> str: ...
 
     def wait_workflow(self, instance_id: str, timeout: float | None = None) -> WorkflowResult: ...

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import inspect
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from datetime import timedelta
 from typing import Any, Generic, Never, NoReturn, Protocol, TypeVar, overload
 
 from .engine import commands
+from .engine.attributes import AttributeValue
 from .engine.context import WorkflowContext as _WorkflowContext
 from .engine.coroutines import call_activity, is_async_callable
 from .engine.durations import Duration
@@ -227,6 +228,7 @@ class WorkflowDefinition(Generic[InT, OutT]):
         execution_timeout: Duration | None = None,
         if_exists: IfExists = "fail",
         priority: int = 0,
+        attributes: Mapping[str, AttributeValue | None] | None = None,
     ) -> WorkflowHandle[Out]: ...
 
     @overload
@@ -238,6 +240,7 @@ class WorkflowDefinition(Generic[InT, OutT]):
         execution_timeout: Duration | None = None,
         if_exists: IfExists = "fail",
         priority: int = 0,
+        attributes: Mapping[str, AttributeValue | None] | None = None,
     ) -> WorkflowHandle[OutT]: ...
 
     def start(
@@ -248,6 +251,7 @@ class WorkflowDefinition(Generic[InT, OutT]):
         execution_timeout: Duration | None = None,
         if_exists: IfExists = "fail",
         priority: int = 0,
+        attributes: Mapping[str, AttributeValue | None] | None = None,
     ) -> WorkflowHandle[Any]:
         """Start an instance of this workflow and return its handle.
 
@@ -262,6 +266,7 @@ class WorkflowDefinition(Generic[InT, OutT]):
             execution_timeout=execution_timeout,
             if_exists=if_exists,
             priority=priority,
+            attributes=attributes,
         )
         return WorkflowHandle(instance_id)
 
@@ -274,6 +279,7 @@ class WorkflowDefinition(Generic[InT, OutT]):
         execution_timeout: Duration | None = None,
         if_exists: IfExists = "fail",
         priority: int = 0,
+        attributes: Mapping[str, AttributeValue | None] | None = None,
     ) -> WorkflowHandle[Out]: ...
 
     @overload
@@ -285,6 +291,7 @@ class WorkflowDefinition(Generic[InT, OutT]):
         execution_timeout: Duration | None = None,
         if_exists: IfExists = "fail",
         priority: int = 0,
+        attributes: Mapping[str, AttributeValue | None] | None = None,
     ) -> WorkflowHandle[OutT]: ...
 
     async def astart(
@@ -295,6 +302,7 @@ class WorkflowDefinition(Generic[InT, OutT]):
         execution_timeout: Duration | None = None,
         if_exists: IfExists = "fail",
         priority: int = 0,
+        attributes: Mapping[str, AttributeValue | None] | None = None,
     ) -> WorkflowHandle[Any]:
         """Async twin of :meth:`start` (``astart_workflow``), for async views."""
         instance_id = await client().astart_workflow(
@@ -304,6 +312,7 @@ class WorkflowDefinition(Generic[InT, OutT]):
             execution_timeout=execution_timeout,
             if_exists=if_exists,
             priority=priority,
+            attributes=attributes,
         )
         return WorkflowHandle(instance_id)
 

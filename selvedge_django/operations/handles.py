@@ -7,9 +7,11 @@ signal, cancel and query (the app calls it when Django is ready).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, TypeVar, overload
 
 from .. import handles
+from ..engine.attributes import AttributeValue
 from ..engine.durations import Duration
 from ..handles import IfExists, WorkflowHandle
 from ..registry import WorkflowDefinition
@@ -69,6 +71,7 @@ class _Client:
         execution_timeout: Duration | None = None,
         if_exists: IfExists = "fail",
         priority: int = 0,
+        attributes: Mapping[str, AttributeValue | None] | None = None,
     ) -> str:
         return start_workflow(
             workflow_or_name,
@@ -77,6 +80,7 @@ class _Client:
             execution_timeout=execution_timeout,
             if_exists=if_exists,
             priority=priority,
+            attributes=attributes,
         )
 
     async def astart_workflow(
@@ -88,6 +92,7 @@ class _Client:
         execution_timeout: Duration | None = None,
         if_exists: IfExists = "fail",
         priority: int = 0,
+        attributes: Mapping[str, AttributeValue | None] | None = None,
     ) -> str:
         return await astart_workflow(
             workflow_or_name,
@@ -96,6 +101,7 @@ class _Client:
             execution_timeout=execution_timeout,
             if_exists=if_exists,
             priority=priority,
+            attributes=attributes,
         )
 
     wait_workflow = staticmethod(wait_workflow)

@@ -395,3 +395,27 @@ def test_continue_as_new_keeps_attributes(tdb: None) -> None:
     run_until_idle(Worker())
     assert sv.get_workflow_result(iid).output == 1
     assert sv.describe(iid).attributes == {"tenant": "acme", "generation_one": True, "later": 1}
+
+
+@sv.workflow(name="test.attr.queried")
+def queried(ctx: sv.WorkflowContext, data: Any) -> None:
+    ctx.set_attributes({"stage": "waiting"})
+    ctx.set_query_handler("stage", lambda: "waiting")
+    ctx.receive("never")
+
+
+def test_a_handle_starts_with_attributes_and_a_query_replay_writes_none(tdb: None) -> None:
+    handle = queried.start(None, attributes={"tenant": "acme"})
+    run_until_idle(Worker())
+    writes: list[str] = []
+
+    def spy(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if not sql.lstrip().upper().startswith(("SELECT", "SAVEPOINT", "RELEASE", "BEGIN")):
+            writes.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(spy):
+        assert sv.query(handle.id, "stage") == "waiting"
+    assert not [w for w in writes if "workflowattribute" in w or "historyevent" in w]
+    assert handle.describe().attributes == {"tenant": "acme", "stage": "waiting"}
+    assert len(attribute_commands(handle.id)) == 1
