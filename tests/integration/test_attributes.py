@@ -208,10 +208,13 @@ def test_set_attributes_under_the_workflow_cache(tdb: None, make_worker: Any) ->
     # A cached execution continues past its receive without replaying: the second
     # command is issued live by the kept execution and recorded once as well.
     worker = make_worker(workflow_cache={"MAX_ENTRIES": 10}, workflow_resumption_interval=0.05)
+    # A worker of this process: the start is leased to it at once, with its attributes.
     iid = sv.start_workflow(
-        tagger, {"first": {"tenant": "acme"}, "second": {"tenant": "globex", "n": 2}}
+        tagger,
+        {"first": {"tenant": "acme"}, "second": {"tenant": "globex", "n": 2}},
+        attributes={"order": 5},
     )
-    wait_until(lambda: sv.describe(iid).attributes == {"tenant": "acme"})
+    wait_until(lambda: sv.describe(iid).attributes == {"tenant": "acme", "order": 5})
     sv.signal(iid, "go", None)
     assert sv.wait_workflow(iid, timeout=20).status == "completed"
     attributes = sv.describe(iid).attributes
@@ -419,3 +422,23 @@ def test_a_handle_starts_with_attributes_and_a_query_replay_writes_none(tdb: Non
     assert not [w for w in writes if "workflowattribute" in w or "historyevent" in w]
     assert handle.describe().attributes == {"tenant": "acme", "stage": "waiting"}
     assert len(attribute_commands(handle.id)) == 1
+
+
+def test_a_set_attributes_under_a_lost_lease_writes_nothing(tdb: None) -> None:
+    from selvedge_django.engine.codec import Codec
+    from selvedge_django.engine.events import EV_ATTRIBUTES_SET, Fence, HistoryRow
+    from selvedge_django.storage import store_for
+
+    store = store_for("default", Codec())
+    iid = sv.start_workflow(plain, 1, attributes={"tenant": "acme"})
+    (fence,) = store.instances.acquire_batch("w1", 30.0, 10, None)
+    assert fence.instance_id == iid
+    row = HistoryRow("#1:attributes", 1, "attributes", EV_ATTRIBUTES_SET, '{"tenant":"x"}', None, 1)
+    stale = Fence(iid, fence.owner, fence.epoch - 1)
+    with pytest.raises(sv.Fenced):
+        store.set_attributes(stale, row, {"tenant": "globex", "n": 1})
+    assert sv.describe(iid).attributes == {"tenant": "acme"}
+    assert attribute_commands(iid) == []
+    store.set_attributes(fence, row, {"tenant": "globex", "n": 1})
+    assert sv.describe(iid).attributes == {"tenant": "globex", "n": 1}
+    assert attribute_commands(iid) == [{"tenant": "x"}]
