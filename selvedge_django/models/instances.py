@@ -447,7 +447,8 @@ class WorkflowAttribute(models.Model):
     ``text_value``) and ``f`` a float in ``number_value``; ``t`` an aware datetime in
     ``time_value``. Each lookup of ``find_instances(attributes=...)`` walks one index
     keyed by the name and the value: strings and bools by (name, kind, text), numbers
-    by (name, number), times by (name, time).
+    by (name, number), times by (name, time). Each index ends with the instance id, so
+    the ids a lookup matches come from the index alone (no read of the table's rows).
     """
 
     id = models.BigAutoField(primary_key=True)
@@ -470,14 +471,16 @@ class WorkflowAttribute(models.Model):
             models.UniqueConstraint(fields=["instance", "name"], name="sv_attr_name_uniq"),
         ]
         indexes = [
-            models.Index(fields=["name", "kind", "text_value"], name="sv_attr_text_idx"),
             models.Index(
-                fields=["name", "number_value"],
+                fields=["name", "kind", "text_value", "instance"], name="sv_attr_text_idx"
+            ),
+            models.Index(
+                fields=["name", "number_value", "instance"],
                 name="sv_attr_number_idx",
                 condition=Q(number_value__isnull=False),
             ),
             models.Index(
-                fields=["name", "time_value"],
+                fields=["name", "time_value", "instance"],
                 name="sv_attr_time_idx",
                 condition=Q(time_value__isnull=False),
             ),
