@@ -133,3 +133,17 @@ def test_a_bulk_terminate_acts_on_the_attribute_filtered_selection(
         "globex-eu": "running",
         "plain": "running",
     }
+
+
+def test_the_page_of_a_run_that_set_attributes_shows_the_command(admin_client: Client) -> None:
+    from selvedge_django.testing import run_until_idle
+    from selvedge_django.worker import Worker
+    from tests.integration.test_attributes import bad
+
+    iid = sv.start_workflow(bad, "name")
+    run_until_idle(Worker())
+    page = admin_client.get(f"{CHANGELIST}{iid}/change/").content.decode()
+    # The history lists the command, the timeline draws it, the attributes are shown.
+    assert "AttributesSet" in page
+    assert 'class="selvedge-timeline"' in page
+    assert "<code>outcome</code>: <code>&quot;caught&quot;</code>" in page
