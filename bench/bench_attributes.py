@@ -230,6 +230,8 @@ def run_one(db: str, n: int, start_count: int) -> None:
     os.environ.setdefault("SELVEDGE_BENCH_PG_NAME", f"selvedge_bench_attributes_{os.getpid()}")
     with bench_database(db) as info:
         print(f"== {db}: {info['version']}, {n:,} instances ==")
+        # A shared machine: what else ran shows in the load average (CPUs: os.cpu_count()).
+        print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
         seconds = fill(db, n)
         print(f"filled in {seconds:.1f} s ({n:,} instances, {3 * n + n // 10:,} attribute rows)")
         print()
@@ -263,6 +265,7 @@ def run_one(db: str, n: int, start_count: int) -> None:
             f"no attributes {plain:.3f} ms, five attributes {tagged:.3f} ms per start, "
             f"ratio {tagged / plain:.3f} [target <1.20: {verdict}]"
         )
+        print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
         print(flush=True)
 
 
