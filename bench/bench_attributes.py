@@ -22,6 +22,11 @@ datetime). Then, after VACUUM ANALYZE (SQLite: ANALYZE):
    (so drift on a shared machine hits both alike), on the filled database: the
    median time per start of each and their ratio (target: under 1.20).
 
+With ``--compare-json`` (PostgreSQL) the same attributes are also copied into
+one ``jsonb`` document per instance with a GIN index (``jsonb_path_ops``), the
+alternative to the side table, and the same filters are timed and explained
+there, with both tables' sizes.
+
 Nothing is asserted; the figures are printed.
 """
 
@@ -226,7 +231,67 @@ def starts(rounds: int, per_round: int) -> tuple[float, float]:
     return statistics.median(plain), statistics.median(tagged)
 
 
-def run_one(db: str, n: int, start_count: int) -> None:
+# The alternative that was measured against the side table (--compare-json, PostgreSQL):
+# the same attributes as one jsonb document per instance, with a GIN index.
+JSON_TABLE = [
+    "CREATE TABLE bench_attr_json (instance_id varchar(255) PRIMARY KEY,"
+    " started_at timestamptz NOT NULL, attrs jsonb NOT NULL)",
+    """
+    INSERT INTO bench_attr_json
+    SELECT a.instance_id, i.started_at, jsonb_object_agg(a.name, CASE a.kind
+        WHEN 's' THEN to_jsonb(a.text_value) WHEN 't' THEN to_jsonb(a.time_value)
+        ELSE to_jsonb(a.number_value) END)
+    FROM selvedge_django_workflowattribute a
+    JOIN selvedge_django_workflowinstance i ON i.instance_id = a.instance_id
+    GROUP BY a.instance_id, i.started_at
+    """,
+    "CREATE INDEX bench_attr_json_gin ON bench_attr_json USING gin (attrs jsonb_path_ops)",
+    "CREATE INDEX bench_attr_json_started ON bench_attr_json (started_at DESC, instance_id DESC)",
+    "VACUUM ANALYZE bench_attr_json",
+]
+JSON_QUERIES = [
+    ("customer = c123", 'attrs @> \'{"customer": "c123"}\''),
+    ("customer and tenant", 'attrs @> \'{"customer": "c123", "tenant": "t23"}\''),
+    (
+        "amount 500 <= x < 502",
+        "(attrs->>'amount')::float8 >= 500 AND (attrs->>'amount')::float8 < 502",
+    ),
+]
+JSON_PAGE = (
+    "SELECT instance_id FROM bench_attr_json WHERE {condition}"
+    " ORDER BY started_at DESC, instance_id DESC LIMIT 51"
+)
+SIZES = (
+    "SELECT pg_total_relation_size('selvedge_django_workflowattribute'),"
+    " pg_total_relation_size('bench_attr_json')"
+)
+
+
+def compare_json() -> None:
+    """Time the jsonb + GIN alternative on the same data; print plans and sizes."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        began = time.perf_counter()
+        for statement in JSON_TABLE:
+            cursor.execute(statement)
+        print(f"jsonb alternative built in {time.perf_counter() - began:.1f} s")
+        for label, condition in JSON_QUERIES:
+            statement = JSON_PAGE.format(condition=condition)
+            alone = statement_ms(statement)
+            cursor.execute("EXPLAIN (COSTS OFF) " + statement)
+            plan = "\n".join("    " + str(row[0]) for row in cursor.fetchall())
+            print(f"  jsonb {label}: its query alone median {alone:.2f} ms")
+            print(plan)
+        cursor.execute(SIZES)
+        side, document = cursor.fetchone()
+        print(
+            f"  sizes with indexes: side table {side / 2**20:.0f} MiB,"
+            f" jsonb table {document / 2**20:.0f} MiB"
+        )
+
+
+def run_one(db: str, n: int, start_count: int, json: bool = False) -> None:
     os.environ.setdefault("SELVEDGE_BENCH_PG_NAME", f"selvedge_bench_attributes_{os.getpid()}")
     with bench_database(db) as info:
         print(f"== {db}: {info['version']}, {n:,} instances ==")
@@ -257,6 +322,9 @@ def run_one(db: str, n: int, start_count: int) -> None:
             print(plan)
             print(f"    whole-table scans: {', '.join(scans) if scans else 'none'}")
         print()
+        if json and db == "postgres":
+            compare_json()
+            print()
         rounds = 10
         plain, tagged = starts(rounds, max(1, start_count // rounds))
         verdict = "met" if tagged / plain < 1.2 else "MISSED"
@@ -276,11 +344,20 @@ def main(argv: list[str] | None = None) -> int:
         "--instances", type=int, default=None, help="default 1,000,000 (PostgreSQL), 200,000"
     )
     parser.add_argument("--starts", type=int, default=2000, help="starts of each kind (2000)")
+    parser.add_argument(
+        "--compare-json",
+        action="store_true",
+        help="PostgreSQL: also time the same filters on a jsonb column with a GIN index",
+    )
     args = parser.parse_args(argv)
     if args.db != "all":
-        run_one(args.db, args.instances or DEFAULT_INSTANCES[args.db], args.starts)
+        run_one(
+            args.db, args.instances or DEFAULT_INSTANCES[args.db], args.starts, args.compare_json
+        )
         return 0
     options = ["--starts", str(args.starts)]
+    if args.compare_json:
+        options.append("--compare-json")
     if args.instances:
         options += ["--instances", str(args.instances)]
     return each_database(__file__, options)
