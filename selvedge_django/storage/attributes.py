@@ -39,6 +39,8 @@ SELECT_ATTRIBUTES = (
     "SELECT instance_id, name, kind, text_value, number_value, time_value FROM {attribute}"
     " WHERE instance_id IN ({ids}) ORDER BY instance_id, name"
 )
+# One row of UPSERT_ATTRIBUTES.
+ATTRIBUTE_ROW = "(%s, %s, %s, %s, %s, %s)"
 # Remove named attributes of one instance ({names}: an IN list).
 DELETE_ATTRIBUTES = "DELETE FROM {attribute} WHERE instance_id = %s AND name IN ({names})"
 # Copy every attribute of one instance (the last %s) to another (the first).
@@ -156,24 +158,30 @@ class Attributes:
                 sql.compose(DELETE_ATTRIBUTES, names=sql.marks(len(removed))),
                 [instance_id, *removed],
             )
+        rows, params = self._rows(instance_id, attributes)
+        if rows:
+            self.db._execute(sql.compose(UPSERT_ATTRIBUTES, rows=", ".join(rows)), params)
+
+    def _rows(
+        self,
+        instance_id: str | None,
+        attributes: Mapping[str, AttributeValue | None],
+        row: str = ATTRIBUTE_ROW,
+    ) -> tuple[list[str], list[Any]]:
+        """The VALUES rows (``row`` each) and their parameters of the attributes that are
+        not None: (instance_id, name, kind, text, number, time), or without the instance
+        id when ``instance_id`` is None (a statement that takes it from elsewhere)."""
+        rows: list[str] = []
         params: list[Any] = []
-        rows = 0
         for name, value in attributes.items():
             if value is None:
                 continue
             kind, text, number, when = columns_of(value)
-            params += [
-                instance_id,
-                name,
-                kind,
-                text,
-                number,
-                None if when is None else self.db._now_param(when),
-            ]
-            rows += 1
-        if rows:
-            values = ", ".join([f"({sql.marks(6)})"] * rows)
-            self.db._execute(sql.compose(UPSERT_ATTRIBUTES, rows=values), params)
+            if instance_id is not None:
+                params.append(instance_id)
+            params += [name, kind, text, number, None if when is None else self.db._now_param(when)]
+            rows.append(row)
+        return rows, params
 
     @operation
     def set_attributes(

@@ -32,6 +32,7 @@ __all__ = [
     "SET_IDLE_TIMEOUT",
     "SHOW_AUTOVACUUM",
     "SNAPSHOT_ISOLATION",
+    "START_WITH_ATTRIBUTES",
     "START_WITH_TASK",
 ]
 
@@ -142,6 +143,22 @@ CLOSE = (
 START_WITH_TASK = (
     "WITH i AS ({start} RETURNING instance_id), h AS ({row} RETURNING id),"
     " t AS ({queued} RETURNING id) SELECT (SELECT count(*) FROM i), {notify}"
+)
+
+# A start with its search attributes as one statement: the instance (i), its attribute
+# rows from i ({rows}: START_ATTRIBUTE_ROW each, so nothing is inserted when the id was
+# taken), then whether the instance was inserted, and the NOTIFYs.
+START_WITH_ATTRIBUTES = (
+    "WITH i AS ({start} RETURNING instance_id), a AS (INSERT INTO {attribute}"
+    " (instance_id, name, kind, text_value, number_value, time_value)"
+    " SELECT i.instance_id, v.name, v.kind, v.text_value, v.number_value, v.time_value"
+    " FROM i, (VALUES {rows}) AS v (name, kind, text_value, number_value, time_value)"
+    " RETURNING id) SELECT (SELECT count(*) FROM i), {notify}"
+)
+# One attribute row of START_WITH_ATTRIBUTES, typed (a VALUES column of NULLs must still
+# have its column's type).
+START_ATTRIBUTE_ROW = (
+    "(%s, %s, %s, CAST(%s AS double precision), CAST(%s AS timestamp with time zone))"
 )
 
 # complete_closing in one statement: the instance row locked first (i), the

@@ -18,10 +18,12 @@ Only what differs from the portable parts of :class:`~selvedge_django.storage.st
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from django.db import IntegrityError
 
+from ...engine.attributes import AttributeValue
 from ...engine.events import CLOSE_KEY, Fence, HistoryRow
 from ...engine.ports import CloseRequest, TaskSpec
 from ...models import WorkflowStatus
@@ -31,17 +33,24 @@ from ..instances import Instances
 from ..operation import operation
 from ..starts import Starts
 from ..store import Store
-from ..wakeups import TOPIC_TASK, closed_topic
+from ..wakeups import TOPIC_RUNNABLE, TOPIC_TASK, closed_topic
 from .db import PostgresDatabase
 from .inbox import PostgresWaits
-from .sql import CLOSE, CLOSE_WITH_INLINE, LEASE_BATCH, START_WITH_TASK
+from .sql import (
+    CLOSE,
+    CLOSE_WITH_INLINE,
+    LEASE_BATCH,
+    START_ATTRIBUTE_ROW,
+    START_WITH_ATTRIBUTES,
+    START_WITH_TASK,
+)
 from .tasks import PostgresSoleActivity, PostgresTasks
 
 __all__ = ["PostgresInstances", "PostgresStarts", "PostgresStore"]
 
 
 class PostgresStarts(Starts):
-    """Starts on PostgreSQL: a start with its first task as one statement."""
+    """Starts on PostgreSQL: a start with its first task, or its attributes, as one statement."""
 
     db: PostgresDatabase
 
@@ -50,6 +59,33 @@ class PostgresStarts(Starts):
             # Nobody to wake: one statement.
             return self.db._execute(self._insert_instance_sql(), params) == 1
         return super()._insert_instance(params, leased)
+
+    def _insert_with_attributes(
+        self,
+        instance_id: str,
+        params: list[Any],
+        leased: bool,
+        attributes: Mapping[str, AttributeValue | None],
+    ) -> bool:
+        """The start and its attribute rows as one statement (one round trip, no BEGIN
+        and COMMIT); inside a caller's transaction, the portable two statements."""
+        rows, row_params = self.attributes._rows(None, attributes, START_ATTRIBUTE_ROW)
+        if not self.db.one_statement or not rows:
+            return super()._insert_with_attributes(instance_id, params, leased, attributes)
+        topics = [] if leased else [TOPIC_RUNNABLE]
+        notify, notify_params = self.db._notify_from("i", topics)
+        statement = sql.compose(
+            START_WITH_ATTRIBUTES,
+            start=self._insert_instance_sql(),
+            rows=", ".join(rows),
+            notify=notify,
+        )
+        fetched = self.db._fetch(statement, [*params, *row_params, *notify_params])
+        if not fetched[0][0]:
+            return False
+        if topics:
+            self.db._publish_now(*topics)
+        return True
 
     def _insert_with_task(
         self, instance_id: str, params: list[Any], row: HistoryRow, task: TaskSpec
