@@ -442,3 +442,28 @@ def test_a_set_attributes_under_a_lost_lease_writes_nothing(tdb: None) -> None:
     store.set_attributes(fence, row, {"tenant": "globex", "n": 1})
     assert sv.describe(iid).attributes == {"tenant": "globex", "n": 1}
     assert attribute_commands(iid) == [{"tenant": "x"}]
+
+
+def test_attributes_stay_clear_text_and_searchable_under_a_payload_codec(tdb: None) -> None:
+    from django.conf import settings
+    from django.test import override_settings
+
+    from selvedge_django.codecs import FernetCodec
+
+    codec = {"PAYLOAD_CODEC": "selvedge_django.codecs.FernetCodec"}
+    codec["PAYLOAD_KEYS"] = [FernetCodec.generate_key()]  # type: ignore[assignment]
+    with override_settings(SELVEDGE={**settings.SELVEDGE, **codec}):
+        iid = sv.start_workflow(
+            tagger,
+            {"first": {"stage": "new"}, "second": {"stage": "done"}},
+            attributes={"tenant": "acme-secretive"},
+        )
+        run_until_idle(Worker())
+        sv.signal(iid, "go", None)
+        run_until_idle(Worker())
+        assert sv.get_workflow_result(iid).output == {"done": True}
+        assert found(attributes={"tenant": "acme-secretive", "stage": "done"}) == [iid]
+        # The input is sealed; the attribute rows and the command's row are not (docs say so).
+        assert "$codec" in json.dumps(WorkflowInstance.objects.get(instance_id=iid).input)
+        assert rows(iid)["tenant"] == ("s", "acme-secretive", None)
+        assert attribute_commands(iid)[0] == {"stage": "new"}
