@@ -14,7 +14,13 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from . import hooks
-from .engine.activity import ActivityInfo, activity_cancelled, activity_info, heartbeat
+from .engine.activity import (
+    ActivityInfo,
+    activity_cancelled,
+    activity_info,
+    heartbeat,
+    write_stream,
+)
 from .engine.context import WorkflowContext
 from .engine.handles import ChildHandle, Future, Timer
 from .engine.options import ActivityOptions, RetryPolicy
@@ -57,6 +63,8 @@ from .exceptions import (
     ScheduleNotFound,
     ScopeCancelled,
     SelvedgeError,
+    StreamClosed,
+    StreamLimitExceeded,
     UnsupportedHistoryFormat,
     WorkflowAlreadyCancelled,
     WorkflowAlreadyCompleted,
@@ -79,6 +87,7 @@ if TYPE_CHECKING:
         RecordedHistory,
         RecordedInstance,
         RecordedSignal,
+        RecordedStreamEntry,
         parse_history,
     )
     from .engine.replay import ReplayResult
@@ -87,6 +96,7 @@ if TYPE_CHECKING:
         ActivityTaskInfo,
         InstancePage,
         ScheduleDescription,
+        StreamEntry,
         WorkflowDescription,
         WorkflowResult,
         abackfill_schedule,
@@ -103,6 +113,7 @@ if TYPE_CHECKING:
         alist_schedules,
         apause_schedule,
         aquery,
+        aread_stream,
         aresume_workflow,
         asignal,
         asignal_with_start,
@@ -127,6 +138,7 @@ if TYPE_CHECKING:
         list_schedules,
         pause_schedule,
         query,
+        read_stream,
         replay_history,
         replay_instance,
         resume_workflow,
@@ -184,6 +196,7 @@ __all__ = [
     "RecordedHistory",
     "RecordedInstance",
     "RecordedSignal",
+    "RecordedStreamEntry",
     "ReplayDecodeError",
     "ReplayError",
     "ReplayOutcomeError",
@@ -195,6 +208,9 @@ __all__ = [
     "ScheduleNotFound",
     "ScopeCancelled",
     "SelvedgeError",
+    "StreamClosed",
+    "StreamEntry",
+    "StreamLimitExceeded",
     "Timer",
     "UnsupportedHistoryFormat",
     "WorkflowAlreadyCancelled",
@@ -231,6 +247,7 @@ __all__ = [
     "alist_schedules",
     "apause_schedule",
     "aquery",
+    "aread_stream",
     "aresume_workflow",
     "asignal",
     "asignal_with_start",
@@ -258,6 +275,7 @@ __all__ = [
     "parse_history",
     "pause_schedule",
     "query",
+    "read_stream",
     "replay_history",
     "replay_instance",
     "resume_workflow",
@@ -270,6 +288,7 @@ __all__ = [
     "update_schedule",
     "wait_workflow",
     "workflow",
+    "write_stream",
 ]
 
 _LAZY = {
@@ -277,6 +296,7 @@ _LAZY = {
     "RecordedHistory": "selvedge_django.engine.portable",
     "RecordedInstance": "selvedge_django.engine.portable",
     "RecordedSignal": "selvedge_django.engine.portable",
+    "RecordedStreamEntry": "selvedge_django.engine.portable",
     "ReplayResult": "selvedge_django.engine.replay",
     "export_history": "selvedge_django.operations",
     "parse_history": "selvedge_django.engine.portable",
@@ -334,6 +354,9 @@ _LAZY = {
     "trigger_schedule": "selvedge_django.operations",
     "unpause_schedule": "selvedge_django.operations",
     "update_schedule": "selvedge_django.operations",
+    "StreamEntry": "selvedge_django.operations",
+    "read_stream": "selvedge_django.operations",
+    "aread_stream": "selvedge_django.operations",
 }
 
 

@@ -81,6 +81,7 @@ DEFAULTS: dict[str, Any] = {
     "MAX_HISTORY_EVENTS": 100_000,
     "MAX_HISTORY_BYTES": 64 * 1024 * 1024,
     "MAX_PENDING_SIGNALS": 10_000,
+    "MAX_STREAM_ENTRIES": 100_000,
     "SQLITE_SYNCHRONOUS": "FULL",
     "EXECUTION_ERROR_BACKOFF": 1.0,
     "MAX_EXECUTION_ERROR_BACKOFF": 300.0,
@@ -121,6 +122,7 @@ _POSITIVE_INTS = (
     "MAX_HISTORY_EVENTS",
     "MAX_HISTORY_BYTES",
     "MAX_PENDING_SIGNALS",
+    "MAX_STREAM_ENTRIES",
 )
 # Batches whose ids end up in one IN list of a statement: at most this many.
 _BATCH_CEILING = 5000
@@ -215,6 +217,8 @@ class SelvedgeSettings:
     max_history_events: int = 100_000
     max_history_bytes: int = 64 * 1024 * 1024
     max_pending_signals: int = 10_000
+    # The most stream entries one instance holds (ctx.write_stream, sv.write_stream).
+    max_stream_entries: int = 100_000
     sqlite_synchronous: str = "FULL"
     # An execution that ends on a storage error holds its instance back this long, twice
     # as long after each consecutive one up to the maximum; the last error allowed fails it.
@@ -285,6 +289,7 @@ class SelvedgeSettings:
             "MAX_HISTORY_EVENTS": self.max_history_events,
             "MAX_HISTORY_BYTES": self.max_history_bytes,
             "MAX_PENDING_SIGNALS": self.max_pending_signals,
+            "MAX_STREAM_ENTRIES": self.max_stream_entries,
             "SQLITE_SYNCHRONOUS": self.sqlite_synchronous,
             "EXECUTION_ERROR_BACKOFF": self.execution_error_backoff,
             "MAX_EXECUTION_ERROR_BACKOFF": self.max_execution_error_backoff,
@@ -567,6 +572,7 @@ def resolve_settings(raw_in: Mapping[str, Any] | None) -> SelvedgeSettings:
         max_history_events=ints["MAX_HISTORY_EVENTS"],
         max_history_bytes=ints["MAX_HISTORY_BYTES"],
         max_pending_signals=ints["MAX_PENDING_SIGNALS"],
+        max_stream_entries=ints["MAX_STREAM_ENTRIES"],
         sqlite_synchronous=synchronous,
         execution_error_backoff=durations["EXECUTION_ERROR_BACKOFF"],
         max_execution_error_backoff=durations["MAX_EXECUTION_ERROR_BACKOFF"],

@@ -371,6 +371,31 @@ class NotActivityContext(SelvedgeError):
     """Not inside an activity attempt."""
 
 
+class StreamClosed(SelvedgeError):
+    """The stream is closed: ``ctx.close_stream()`` ended it, or its instance closed."""
+
+    def __init__(self, instance_id: str = "", key: str = "", message: str | None = None) -> None:
+        self.instance_id = instance_id
+        self.key = key
+        if message is None and key:
+            message = f"stream {key!r} of {instance_id!r} is closed"
+        super().__init__(message)
+
+
+class StreamLimitExceeded(SelvedgeError):
+    """The instance holds MAX_STREAM_ENTRIES stream entries; nothing more is written."""
+
+    def __init__(self, instance_id: str = "", limit: int = 0, message: str | None = None) -> None:
+        self.instance_id = instance_id
+        self.limit = limit
+        if message is None and instance_id:
+            message = (
+                f"instance {instance_id!r} holds {limit} stream entries, the limit"
+                " (MAX_STREAM_ENTRIES)"
+            )
+        super().__init__(message)
+
+
 # -- workflow outcomes ------------------------------------------------------------------
 
 

@@ -21,6 +21,7 @@ it, and that nothing here imports Django):
   commands; every other command.
 - ``patches``: ``patched()`` and ``deprecate_patch()``, code changes beside old histories.
 - ``saga``: ``ctx.saga()``, compensations run on a detached context when a block fails.
+- ``streams``: ``write_stream()`` and ``close_stream()``, stream commands.
 - ``context``: ``WorkflowContext``, the facade workflow code sees.
 - ``replay``: the read-only runtime of queries and replay checks.
 - ``debug``: a read-only replay that stops in the debugger before a chosen command.
@@ -45,6 +46,7 @@ ORDER = (
     "commands",
     "patches",
     "saga",
+    "streams",
     "context",
     "replay",
     "debug",

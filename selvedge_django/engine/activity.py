@@ -12,13 +12,14 @@ from __future__ import annotations
 import contextvars
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..exceptions import ActivityCancelled, NotActivityContext
 from .codec import Codec, encode_progress
+from .identifiers import check_stream_key
 from .options import ActivityOptions
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "activity_info",
     "attempt_scope",
     "heartbeat",
+    "write_stream",
 ]
 
 
@@ -65,6 +67,9 @@ class AttemptState:
     started: float = field(default_factory=time.monotonic)
     cancel_reason: str = ""
     cancelled_at: float | None = None  # monotonic time of cancel()
+    # Appends (stream key, JSON text) for this attempt, fenced by its claim, and returns
+    # the entry's seq (the worker's store; None: this attempt cannot write streams).
+    stream_writer: Callable[[str, str], int] | None = None
     _cancelled: threading.Event = field(default_factory=threading.Event)
 
     def cancel(self, reason: str) -> None:
@@ -133,6 +138,31 @@ def heartbeat(details: Any = None) -> None:
     if details is not None:
         state.details = encode_progress(state.codec or Codec(), details, "heartbeat details")
     state.progress += 1
+
+
+def write_stream(key: str, value: Any) -> int:
+    """Append ``value`` (JSON) to the instance's stream ``key`` now; return its ``seq``.
+
+    Live, in its own short transaction: readers see the entry while the attempt
+    still runs. Each entry carries this attempt's number, so the entries of a
+    retried attempt follow the old ones and readers can tell them apart. The write
+    commits only while the attempt holds its claim (:class:`ActivityCancelled`
+    otherwise, like :func:`heartbeat`). ``key`` is 1 to 255 characters
+    (``ValueError``); a value that is not JSON raises TypeError or ValueError, one
+    over ``MAX_PAYLOAD_BYTES`` :class:`PayloadTooLarge`; a closed stream (or
+    instance) raises :class:`StreamClosed` and an instance holding
+    ``MAX_STREAM_ENTRIES`` entries :class:`StreamLimitExceeded`; each writes
+    nothing. Outside an activity attempt: :class:`NotActivityContext`. Inside a
+    ``transactional=True`` activity the entries commit with its outcome instead.
+    """
+    state = _current.get()
+    if state is None or state.stream_writer is None:
+        raise NotActivityContext("write_stream() called outside an activity attempt")
+    key = check_stream_key(key)
+    text = (state.codec or Codec()).encode(value, f"value of stream {key!r}")
+    if state.cancelled:
+        raise ActivityCancelled(f"activity attempt stopped: {state.cancel_reason}")
+    return state.stream_writer(key, text)
 
 
 def activity_cancelled() -> bool:

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal, NoReturn, Protocol, TypeVar, overload
 
 from .. import exceptions as exc
-from . import commands, inbox, patches
+from . import commands, inbox, patches, streams
 from .attributes import AttributeValue
 from .codec import encode_progress
 from .durations import Duration
@@ -315,6 +315,32 @@ class WorkflowContext:
         before anything is recorded, and the workflow may catch it.
         """
         commands.set_attributes(self._execution, attributes)
+
+    # -- streams --------------------------------------------------------------------------
+
+    def write_stream(self, key: str, value: Any) -> int:
+        """Append ``value`` (JSON) to this instance's stream ``key``; return its ``seq``.
+
+        A command: the entry and its history row commit together, once; a replay
+        (after a crash, on another worker, from the workflow cache) finds the row
+        and writes nothing new. Readers (:func:`~selvedge_django.read_stream`) see
+        the entry as soon as it commits. ``key`` is 1 to 255 characters
+        (``ValueError`` otherwise); a value that is not JSON raises TypeError or
+        ValueError, one over ``MAX_PAYLOAD_BYTES`` :class:`PayloadTooLarge`, before
+        anything is recorded. A closed stream raises :class:`StreamClosed`, an
+        instance holding ``MAX_STREAM_ENTRIES`` entries :class:`StreamLimitExceeded`:
+        nothing is written, and a replay raises the same error again.
+        """
+        return streams.write_stream(self._execution, key, value)
+
+    def close_stream(self, key: str) -> None:
+        """End this instance's stream ``key`` (a command, recorded once).
+
+        Readers finish once they have read its last entry; later writes, from the
+        workflow or its activities, raise :class:`StreamClosed`. Every stream of an
+        instance also counts as closed once the instance is closed.
+        """
+        streams.close_stream(self._execution, key)
 
     # -- queries --------------------------------------------------------------------------
 

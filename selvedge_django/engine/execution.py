@@ -131,6 +131,8 @@ class Execution:
         )
         self.seq = 0
         self.used_keys: set[str] = set()
+        # The streams this run closed (engine.streams): a later write is refused locally.
+        self.closed_streams: set[str] = set()
         self.observed: set[str] = set()
         self.thread_id: int | None = None
         self.fatal: BaseException | None = None

@@ -14,6 +14,7 @@ from .. import exceptions as exc
 
 __all__ = [
     "check_instance_id",
+    "check_stream_key",
     "check_workflow_name",
     "instance_id_problem",
     "name_problem",
@@ -44,6 +45,14 @@ def name_problem(value: object, what: str = "workflow name") -> str | None:
     if problem is None and not str(value).strip():
         return f"{what} must not be blank"
     return problem
+
+
+def check_stream_key(value: object) -> str:
+    """Return ``value`` if it can be a stream key (the instance id's rule); else ValueError."""
+    problem = _text_problem(value, "stream key")
+    if problem is not None:
+        raise ValueError(problem)
+    return str(value)
 
 
 def check_instance_id(value: object, what: str = "instance id") -> str:

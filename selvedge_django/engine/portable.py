@@ -22,6 +22,7 @@ __all__ = [
     "RecordedHistory",
     "RecordedInstance",
     "RecordedSignal",
+    "RecordedStreamEntry",
     "parse_history",
     "recorded_text",
     "recorded_value",
@@ -169,6 +170,20 @@ class RecordedArchivedEvent(RecordedEvent):
 
 
 @dataclass
+class RecordedStreamEntry:
+    """One stream entry: its stream's key, seq, value and the activity attempt that
+    wrote it (None: the workflow). Listed in ``streams[]``; never replayed."""
+
+    key: str
+    seq: int
+    value: Any
+    attempt: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "seq": self.seq, "value": self.value, "attempt": self.attempt}
+
+
+@dataclass
 class RecordedHistory:
     """A portable snapshot of everything needed to replay one instance.
 
@@ -183,6 +198,9 @@ class RecordedHistory:
     signals: list[RecordedSignal] = field(default_factory=list)
     format: str = FORMAT
     archived: list[RecordedArchivedEvent] = field(default_factory=list)
+    # The instance's stream entries, by key then seq; an export without any has no
+    # ``streams`` field.
+    streams: list[RecordedStreamEntry] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         out = {
@@ -193,6 +211,8 @@ class RecordedHistory:
         }
         if self.archived:
             out["archived"] = [event.to_dict() for event in self.archived]
+        if self.streams:
+            out["streams"] = [entry.to_dict() for entry in self.streams]
         return out
 
     def to_json(self, indent: int | None = None) -> str:
@@ -212,7 +232,7 @@ class RecordedHistory:
 
 # -- parse ------------------------------------------------------------------------------
 
-_TOP = {"format", "instance", "events", "signals", "archived"}
+_TOP = {"format", "instance", "events", "signals", "archived", "streams"}
 _INSTANCE = {
     "instance_id": str,
     "workflow_name": str,
@@ -345,6 +365,7 @@ def parse_history(data: str | bytes | bytearray) -> RecordedHistory:
     events_raw = _list(doc, "events")
     signals_raw = _list(doc, "signals")
     archived = _parse_archived(_list(doc, "archived"))
+    streams = _parse_streams(_list(doc, "streams"))
     events: list[RecordedEvent] = []
     keys: set[str] = set()
     for index, raw in enumerate(events_raw):
@@ -392,7 +413,29 @@ def parse_history(data: str | bytes | bytearray) -> RecordedHistory:
         events=events,
         signals=signals,
         archived=archived,
+        streams=streams,
     )
+
+
+_STREAM = {"key": str, "seq": int, "value": object, "attempt": object}
+
+
+def _parse_streams(items: list[Any]) -> list[RecordedStreamEntry]:
+    """Strictly decode the ``streams`` section: each (key, seq) once, attempt int or null."""
+    out: list[RecordedStreamEntry] = []
+    seen: set[tuple[str, int]] = set()
+    for index, raw in enumerate(items):
+        where = f"streams[{index}]"
+        entry = _check_object(raw, where, _STREAM, {"key", "seq", "value"}, {})
+        attempt = entry.get("attempt")
+        if attempt is not None and (isinstance(attempt, bool) or not isinstance(attempt, int)):
+            raise _fail(f"field {where}.attempt must be int or null")
+        identity = (entry["key"], entry["seq"])
+        if identity in seen:
+            raise _fail(f"{where} repeats seq {identity[1]} of stream {identity[0]!r}")
+        seen.add(identity)
+        out.append(RecordedStreamEntry(entry["key"], entry["seq"], entry["value"], attempt))
+    return out
 
 
 _ARCHIVED = {**_EVENT, "generation": int, "archived_at": str}

@@ -354,6 +354,18 @@ class EngineStore(Protocol):
         one transaction (``None`` removes a name)."""
         ...
 
+    def write_stream(self, fence: Fence, row: HistoryRow, key: str, value: str) -> HistoryRow:
+        """Append ``value`` (JSON text) to stream ``key`` with the command's row, fenced.
+
+        The stored row holds the entry's seq, or the refusal (a closed stream, an
+        instance at its entry limit) that the command raises live and in replay.
+        """
+        ...
+
+    def close_stream(self, fence: Fence, row: HistoryRow, key: str) -> HistoryRow:
+        """Close stream ``key`` with the command's row, fenced."""
+        ...
+
 
 class Runtime(Protocol):
     """What an execution needs from the process that runs it."""

@@ -3,6 +3,7 @@
 * :mod:`~selvedge_django.models.instances`: an instance and what belongs to it
   (history, archived history, timers, signals).
 * :mod:`~selvedge_django.models.tasks`: activity tasks.
+* :mod:`~selvedge_django.models.streams`: an instance's streams and their entries.
 * :mod:`~selvedge_django.models.schedules`: schedules.
 * :mod:`~selvedge_django.models.system`: the leader lock, workers' heartbeats and flow
   control (the priority rank, the claims of rate-limited queues).
@@ -24,6 +25,7 @@ from .instances import (
     WorkflowStatus,
 )
 from .schedules import Schedule, ScheduleOverlap, ScheduleQuerySet
+from .streams import WorkflowStream, WorkflowStreamEntry
 from .system import AGING_MS_PER_POINT, PriorityRank, QueueClaim, SystemLock, WorkerHeartbeat
 from .tasks import ActivityTask, ActivityTaskQuerySet, ActivityTaskStatus
 
@@ -48,4 +50,6 @@ __all__ = [
     "WorkflowInstance",
     "WorkflowInstanceQuerySet",
     "WorkflowStatus",
+    "WorkflowStream",
+    "WorkflowStreamEntry",
 ]

@@ -10,6 +10,7 @@ status by hand. One module per job:
 - ``find``: describe one instance, list its activity tasks, find instances;
 - ``history``: export a portable history, replay checks, queries;
 - ``recovery``: resume a closed instance in place, fork one into a new instance;
+- ``streams``: read an instance's stream entries as they come (sync and async);
 - ``prune``: delete old closed instances in bounded batches;
 - ``versions``: running instances per code version and per patch;
 - ``schedules``: create, change, pause, trigger, backfill, describe schedules;
@@ -117,6 +118,11 @@ from .status import (
     check_health,
     status_report,
 )
+from .streams import (
+    StreamEntry,
+    aread_stream,
+    read_stream,
+)
 from .versions import (
     WorkflowVersions,
     running_versions,
@@ -136,6 +142,7 @@ __all__ = [
     "RecordedInstance",
     "RecordedSignal",
     "ScheduleDescription",
+    "StreamEntry",
     "WorkflowDescription",
     "WorkflowResult",
     "WorkflowVersions",
@@ -153,6 +160,7 @@ __all__ = [
     "alist_schedules",
     "apause_schedule",
     "aquery",
+    "aread_stream",
     "aresume_workflow",
     "asignal",
     "asignal_with_start",
@@ -184,6 +192,7 @@ __all__ = [
     "prune",
     "query",
     "query_handler_names",
+    "read_stream",
     "redacted",
     "replay_check",
     "replay_history",

@@ -35,6 +35,7 @@ from ..engine.portable import (
     RecordedHistory,
     RecordedInstance,
     RecordedSignal,
+    RecordedStreamEntry,
     parse_history,
 )
 from ..engine.replay import (
@@ -149,8 +150,9 @@ def export_history(instance_id: str, *, redact: bool = False) -> RecordedHistory
     """Read one consistent snapshot of an instance as a portable history.
 
     Every recorded value is in it, consumed signal payloads included (in
-    ``events[].data``). With ``redact=True`` each value (input, output or error,
-    every event's ``data`` and ``reservation``) is replaced by
+    ``events[].data``), and the instance's stream entries (``streams[]``). With
+    ``redact=True`` each value (input, output or error, every event's ``data`` and
+    ``reservation``, every stream entry's ``value``) is replaced by
     ``{"$redacted": {"bytes": N, "hmac_sha256": "..."}}`` and a cancel reason by
     a note of the same; ids, names, keys, channels and positions stay. A redacted
     export is for sharing and inspection: it cannot be replayed.
@@ -196,6 +198,10 @@ def _export(instance_id: str, *, redact: bool, archived: bool) -> RecordedHistor
             if archived
             else []
         )
+        # A replay reads no stream: entries are outputs, never replayed.
+        stream_rows = (
+            store.streams.entries(instance_id, settings.max_stream_entries) if archived else []
+        )
     output: Any = ABSENT
     if inst.status == "completed" and inst.output is not None:
         output = value(inst.output)
@@ -239,6 +245,10 @@ def _export(instance_id: str, *, redact: bool, archived: bool) -> RecordedHistor
             for sid, channel, delivered, consumed in signals
         ],
         archived=old_rows,
+        streams=[
+            RecordedStreamEntry(entry.key, entry.seq, value(entry.value), entry.attempt)
+            for entry in stream_rows
+        ],
     )
 
 

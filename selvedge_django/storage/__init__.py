@@ -104,6 +104,7 @@ def store_for(alias: str, codec: Codec, settings: SelvedgeSettings | None = None
         options.code_version = settings.code_version
         options.compatible_versions = settings.compatible_versions
         options.queue_rate_limits = dict(settings.queue_rate_limits)
+        options.max_stream_entries = settings.max_stream_entries
     return store
 
 

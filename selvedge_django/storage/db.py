@@ -36,6 +36,8 @@ from ..models import (
     WorkflowAttribute,
     WorkflowInstance,
     WorkflowStatus,
+    WorkflowStream,
+    WorkflowStreamEntry,
 )
 from . import sql
 from .clock import DbNowMs, clock_offset_ms
@@ -65,6 +67,8 @@ class Database:
     DUE_TIMERS_LOCK: ClassVar[str] = ""
     #: The row locks of a claim's candidates (PostgreSQL: FOR UPDATE SKIP LOCKED).
     CLAIM_LOCK: ClassVar[str] = ""
+    #: A shared lock on the rows a read checks (PostgreSQL: FOR SHARE), held to commit.
+    SHARE_LOCK: ClassVar[str] = ""
     #: The next creation number of an instance (sql.NEXT_SEQ_POSTGRESQL, NEXT_SEQ_SQLITE):
     #: dispatch takes equal ranks in the order of these numbers.
     NEXT_SEQ: ClassVar[str] = ""
@@ -275,6 +279,8 @@ class Database:
                 "archive": quote(ArchivedHistoryEvent._meta.db_table),
                 "attribute": quote(WorkflowAttribute._meta.db_table),
                 "queue_claim": quote(QueueClaim._meta.db_table),
+                "stream": quote(WorkflowStream._meta.db_table),
+                "stream_entry": quote(WorkflowStreamEntry._meta.db_table),
                 "now": self.NOW_MS,
             }
         return statement.format_map(names)

@@ -31,3 +31,5 @@ class StoreOptions:
     queue_rate_limits: dict[str, tuple[int, int]] = field(default_factory=dict)
     #: Rate-limited queues known to be full, until when (local ms; a hint).
     queues_full_until: dict[str, float] = field(default_factory=dict)
+    #: MAX_STREAM_ENTRIES: the most stream entries one instance holds.
+    max_stream_entries: int = 100_000

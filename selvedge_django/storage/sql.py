@@ -550,3 +550,36 @@ STATUS_EXECUTION_ERRORS = (
     f"SELECT {STATUS_COLUMNS} FROM {{instance}}{{hint}} WHERE status = 'running'"
     " AND execution_errors > 0 ORDER BY execution_errors DESC LIMIT %s"
 )
+
+# -- streams (storage/streams.py) ---------------------------------------------------------
+
+# How many entries an instance's streams hold, and whether stream %s is closed.
+STREAM_STATE = (
+    "SELECT COALESCE(SUM(last_seq), 0), COALESCE(MAX(CASE WHEN key = %s AND closed THEN 1"
+    " ELSE 0 END), 0) FROM {stream} WHERE instance_id = %s"
+)
+# Take a stream's next seq (creating the stream at 1) unless it is closed: the row lock
+# this takes orders the stream's writers, so its entries commit in seq order.
+STREAM_NEXT_SEQ = (
+    "INSERT INTO {stream} (instance_id, key, last_seq, closed, updated_at)"
+    " VALUES (%s, %s, 1, %s, %s) ON CONFLICT (instance_id, key) DO UPDATE"
+    " SET last_seq = {stream}.last_seq + 1, updated_at = excluded.updated_at"
+    " WHERE NOT {stream}.closed RETURNING last_seq"
+)
+# Close a stream (creating it closed when nothing was written to it).
+STREAM_CLOSE = (
+    "INSERT INTO {stream} (instance_id, key, last_seq, closed, updated_at)"
+    " VALUES (%s, %s, 0, %s, %s) ON CONFLICT (instance_id, key) DO UPDATE"
+    " SET closed = excluded.closed, updated_at = excluded.updated_at"
+)
+# One entry of a stream.
+STREAM_ENTRY_INSERT = (
+    "INSERT INTO {stream_entry} (instance_id, key, seq, value, attempt, activity_id,"
+    " written_at) VALUES (%s, %s, %s, %s, %s, %s, %s)"
+)
+# An activity attempt's write: the attempt still holds its claim on a running instance
+# ({lock}: the dialect's shared row lock, which a close cancelling the task waits for).
+STREAM_CLAIM_HELD = (
+    "SELECT 1 FROM {task} WHERE id = %s AND claim_owner = %s AND claim_epoch = %s"
+    " AND status = %s{lock}"
+)

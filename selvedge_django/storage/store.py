@@ -9,7 +9,7 @@ close), ``.starts``, ``.children``, ``.cancels``, ``.releases``, ``.waits``
 (search attributes),
 ``.recovery`` (resume, fork, continue-as-new), the leader's sweeps
 (``.task_timeouts``, ``.execution_timeouts``), ``.renewals``, ``.locks``,
-``.heartbeats``, ``.reads`` and ``.status``. What the engine calls
+``.heartbeats``, ``.reads``, ``.status`` and ``.streams`` (stream entries). What the engine calls
 (:class:`~selvedge_django.engine.ports.EngineStore`) is served by one-line
 delegations here; everything else is called on its part.
 
@@ -67,6 +67,7 @@ from .rotation import KeyRotation
 from .sole_activity import SoleActivity
 from .starts import Starts
 from .status_reads import EVERY_LEASE_MS, InstanceState, StatusReads
+from .streams import Streams
 from .task_timeouts import TaskTimeouts
 from .tasks import Tasks
 from .waits import Waits
@@ -120,6 +121,7 @@ class Store:
         self.status = StatusReads(db)
         # runselvedge rotate-keys: stored envelopes re-encrypted under the first key.
         self.rotation = KeyRotation(db, codec)
+        self.streams = Streams(db, options)
         # The operations layer's reads: instances, histories, pages and batches.
         self.operator_reads = OperatorReads(alias)
         self.attempt_transactions = self.attempt_transactions_class(db, tasks=self.tasks)
@@ -275,6 +277,16 @@ class Store:
     ) -> HistoryRow:
         """See :meth:`~.attributes.Attributes.set_attributes`."""
         return self.attributes.set_attributes(fence, row, attributes)
+
+    @operation
+    def write_stream(self, fence: Fence, row: HistoryRow, key: str, value: str) -> HistoryRow:
+        """See :meth:`~.streams.Streams.write_command`."""
+        return self.streams.write_command(fence, row, key, value)
+
+    @operation
+    def close_stream(self, fence: Fence, row: HistoryRow, key: str) -> HistoryRow:
+        """See :meth:`~.streams.Streams.close_command`."""
+        return self.streams.close_command(fence, row, key)
 
     # -- reads the operations layer calls on the store (until they move to store.reads) --
 

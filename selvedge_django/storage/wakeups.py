@@ -4,7 +4,8 @@ Every wake-up is a hint sent after commit and may be lost: pollers alone are
 enough for correctness. Loops wait on a :class:`Waker`; the bus sets the wakers
 subscribed to a topic. Topics: ``runnable`` (an instance can be dispatched),
 ``task`` (an activity task can be claimed), ``timer`` (a timer was armed) and
-``closed:<instance id>`` (for ``wait_workflow``). Other processes hear them
+``closed:<instance id>`` (for ``wait_workflow``) and ``stream:<instance id>`` (a
+stream entry was written, or a stream closed, for ``read_stream``). Other processes hear them
 through NOTIFY on :data:`NOTIFY_CHANNEL` (sent by the PostgreSQL store, relayed
 to the bus by :mod:`selvedge_django.storage.postgresql.listener`).
 """
@@ -29,6 +30,7 @@ __all__ = [
     "notify_origin",
     "notify_payload",
     "notify_topic",
+    "stream_topic",
 ]
 
 NOTIFY_CHANNEL = "selvedge_wake"
@@ -52,6 +54,11 @@ TOPIC_TIMER = "timer"
 def closed_topic(instance_id: str) -> str:
     """The topic an instance's close is published on (``wait_workflow`` waits on it)."""
     return f"closed:{instance_id}"
+
+
+def stream_topic(instance_id: str) -> str:
+    """The topic a write to (or the close of) any of an instance's streams is published on."""
+    return f"stream:{instance_id}"
 
 
 _origin: tuple[int, str] | None = None

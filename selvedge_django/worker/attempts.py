@@ -288,6 +288,9 @@ class Attempts:
             if task.start_to_close_timeout is not None
             else None,
             codec=self.codec,
+            stream_writer=functools.partial(
+                self.store.streams.write_live, claim, attempt=task.attempt
+            ),
         )
         with self._lock:
             self._attempts[claim] = (task, state)

@@ -54,6 +54,7 @@ EXPECTED_ALL = [
     "RecordedHistory",
     "RecordedInstance",
     "RecordedSignal",
+    "RecordedStreamEntry",
     "ReplayDecodeError",
     "ReplayError",
     "ReplayOutcomeError",
@@ -65,6 +66,9 @@ EXPECTED_ALL = [
     "ScheduleNotFound",
     "ScopeCancelled",
     "SelvedgeError",
+    "StreamClosed",
+    "StreamEntry",
+    "StreamLimitExceeded",
     "Timer",
     "UnsupportedHistoryFormat",
     "WorkflowAlreadyCancelled",
@@ -101,6 +105,7 @@ EXPECTED_ALL = [
     "alist_schedules",
     "apause_schedule",
     "aquery",
+    "aread_stream",
     "aresume_workflow",
     "asignal",
     "asignal_with_start",
@@ -128,6 +133,7 @@ EXPECTED_ALL = [
     "parse_history",
     "pause_schedule",
     "query",
+    "read_stream",
     "replay_history",
     "replay_instance",
     "resume_workflow",
@@ -140,6 +146,7 @@ EXPECTED_ALL = [
     "update_schedule",
     "wait_workflow",
     "workflow",
+    "write_stream",
 ]
 
 
@@ -240,11 +247,11 @@ def test_the_models_and_schedules_packages_re_export_their_modules_names() -> No
     paths of every public name, whichever module of the package defines it."""
     import selvedge_django.flow_models
     from selvedge_django import models, operations, schedules
-    from selvedge_django.models import instances, system, tasks
+    from selvedge_django.models import instances, streams, system, tasks
     from selvedge_django.models import schedules as schedule_models
     from selvedge_django.schedules import definitions, slots
 
-    modules = (instances, tasks, schedule_models, system)
+    modules = (instances, tasks, schedule_models, streams, system)
     assert sorted(models.__all__) == sorted(name for m in modules for name in m.__all__)
     for module in modules:
         for name in module.__all__:

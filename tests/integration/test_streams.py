@@ -1,0 +1,358 @@
+"""Streams (SPEC section 17): workflow writes are commands, activity writes are live.
+
+Real databases and real worker threads: a reader in the test's thread reads an
+activity's entries while the attempt still runs; replays on another worker, from
+the workflow cache and in replay checks write nothing new; a retried activity's
+entries carry each attempt; bounds, closing, timeouts and unknown ids behave as the
+contract says; export, prune and the Server-Sent Events response include them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.db import connection, connections
+from django.test import RequestFactory, override_settings
+
+import selvedge_django as sv
+from selvedge_django.models import ActivityTask, HistoryEvent, WorkflowStream, WorkflowStreamEntry
+from selvedge_django.operations import REDACTED, prune
+from selvedge_django.streams import event_stream_response
+from selvedge_django.testing import run_until_idle
+from selvedge_django.worker import Worker
+
+# Released by a test to let the activity below write its second entry.
+release = threading.Event()
+
+
+@sv.workflow(name="test.streams.steps")
+def steps(ctx: sv.WorkflowContext, n: int) -> list[int]:
+    """Write ``n`` entries, wait for a signal, write one more and close the stream."""
+    seqs = [ctx.write_stream("steps", {"step": i}) for i in range(n)]
+    ctx.receive("go")
+    seqs.append(ctx.write_stream("steps", {"step": "after the signal"}))
+    ctx.close_stream("steps")
+    return seqs
+
+
+@sv.activity(name="test.streams.tokens", start_to_close_timeout=30)
+def tokens(words: list[str]) -> int:
+    """Write each word live; after the first, wait until the test releases it."""
+    for i, word in enumerate(words):
+        sv.write_stream("tokens", word)
+        if i == 0:
+            assert release.wait(30)
+    return len(words)
+
+
+@sv.workflow(name="test.streams.answer")
+def answer(ctx: sv.WorkflowContext, words: list[str]) -> int:
+    count = tokens.execute(ctx, words)
+    ctx.close_stream("tokens")
+    return count
+
+
+@sv.activity(
+    name="test.streams.flaky",
+    retry_policy=sv.RetryPolicy(max_attempts=3, initial_interval=0.01, max_interval=0.01),
+)
+def flaky(rows: int) -> str:
+    """Write ``rows`` entries per attempt; the first attempt then fails."""
+    info = sv.activity_info()
+    assert info is not None
+    for row in range(rows):
+        sv.write_stream("rows", {"row": row, "attempt": info.attempt})
+    if info.attempt == 1:
+        raise RuntimeError("the first attempt fails after its writes")
+    return "done"
+
+
+@sv.workflow(name="test.streams.retried")
+def retried(ctx: sv.WorkflowContext, rows: int) -> str:
+    return flaky.execute(ctx, rows)
+
+
+@sv.activity(name="test.streams.once")
+def once(value: str) -> int:
+    return sv.write_stream("once", value)
+
+
+@sv.workflow(name="test.streams.once")
+def run_once(ctx: sv.WorkflowContext, value: str) -> int:
+    return once.execute(ctx, value)
+
+
+@sv.workflow(name="test.streams.closed")
+def closed(ctx: sv.WorkflowContext, _: Any) -> str:
+    ctx.write_stream("log", "one")
+    ctx.close_stream("log")
+    try:
+        ctx.write_stream("log", "two")
+    except sv.StreamClosed as error:
+        return f"refused: {error.key}"
+    return "written"
+
+
+@sv.workflow(name="test.streams.many")
+def many(ctx: sv.WorkflowContext, n: int) -> list[Any]:
+    """Write ``n`` entries, reporting each refusal instead of failing."""
+    outcomes: list[Any] = []
+    for i in range(n):
+        try:
+            outcomes.append(ctx.write_stream("many", i))
+        except sv.StreamLimitExceeded:
+            outcomes.append("full")
+    ctx.now()  # a command after the refusals: replays must keep their positions
+    return outcomes
+
+
+@sv.workflow(name="test.streams.big")
+def big(ctx: sv.WorkflowContext, size: int) -> str:
+    try:
+        ctx.write_stream("big", "x" * size)
+    except sv.PayloadTooLarge:
+        return "too large"
+    return "written"
+
+
+def entries(iid: str, key: str) -> list[tuple[int, Any, int | None]]:
+    return [(e.seq, e.value, e.attempt) for e in sv.read_stream(iid, key, timeout=0)]
+
+
+def stored(iid: str, key: str) -> list[tuple[int, str, int | None]]:
+    return list(
+        WorkflowStreamEntry.objects.filter(instance_id=iid, key=key)
+        .order_by("seq")
+        .values_list("seq", "value", "attempt")
+    )
+
+
+# -- workflow writes are commands ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("cache", [0, 100])
+def test_workflow_writes_are_recorded_once_whoever_replays(tdb: None, cache: int) -> None:
+    iid = sv.start_workflow(steps, 3)
+    run_until_idle(Worker(worker_id="first", workflow_cache={"MAX_ENTRIES": cache}))
+    assert [s[0] for s in stored(iid, "steps")] == [1, 2, 3]
+    sv.signal(iid, "go")
+    # Another worker replays the three writes from history, then writes the fourth.
+    run_until_idle(Worker(worker_id="second", workflow_cache={"MAX_ENTRIES": cache}))
+    assert sv.get_workflow_result(iid).output == [1, 2, 3, 4]
+    assert entries(iid, "steps") == [
+        (1, {"step": 0}, None),
+        (2, {"step": 1}, None),
+        (3, {"step": 2}, None),
+        (4, {"step": "after the signal"}, None),
+    ]
+    sv.replay_instance(iid)  # a replay check writes nothing either
+    assert len(stored(iid, "steps")) == 4
+    commands = HistoryEvent.objects.filter(instance_id=iid, command__startswith="stream")
+    assert sorted(commands.values_list("event_type", flat=True)) == [
+        "StreamClosed",
+        *["StreamWritten"] * 4,
+    ]
+
+
+def test_a_cached_execution_writes_each_entry_once(tdb: None) -> None:
+    iid = sv.start_workflow(steps, 2)
+    worker = Worker(workflow_cache={"MAX_ENTRIES": 100})
+    run_until_idle(worker)
+    sv.signal(iid, "go")
+    run_until_idle(worker)  # resumed from the cache: no replay of the first writes
+    assert [s[0] for s in stored(iid, "steps")] == [1, 2, 3]
+    assert sv.get_workflow_result(iid).status == "completed"
+
+
+def test_a_write_after_close_raises_stream_closed_live_and_in_replay(tdb: None) -> None:
+    iid = sv.start_workflow(closed)
+    run_until_idle(Worker())
+    assert sv.get_workflow_result(iid).output == "refused: log"
+    assert entries(iid, "log") == [(1, "one", None)]
+    sv.replay_instance(iid)
+
+
+# -- activity writes are live, tagged with the attempt --------------------------------------
+
+
+def test_a_reader_sees_an_activity_entry_while_the_attempt_runs(tdb: None) -> None:
+    release.clear()
+    iid = sv.start_workflow(answer, ["Hello", "world"])
+    with Worker():
+        reader = sv.read_stream(iid, "tokens", timeout=20)
+        first = next(reader)
+        # The attempt is still waiting on the event: its entry is already readable.
+        assert (first.seq, first.value, first.attempt) == (1, "Hello", 1)
+        assert first.activity_id is not None
+        assert sv.list_activity_tasks(iid)[0].status == "running"
+        release.set()
+        rest = list(reader)  # woken by the second write, ended by the close
+        assert [(e.seq, e.value) for e in rest] == [(2, "world")]
+        assert sv.wait_workflow(iid, timeout=20).output == 2
+
+
+def test_a_retried_activity_keeps_every_attempt_s_entries_tagged(tdb: None) -> None:
+    iid = sv.start_workflow(retried, 2)
+    with Worker():
+        assert sv.wait_workflow(iid, timeout=30).output == "done"
+    got = entries(iid, "rows")  # the instance closed: the read ends
+    assert got == [
+        (1, {"row": 0, "attempt": 1}, 1),
+        (2, {"row": 1, "attempt": 1}, 1),
+        (3, {"row": 0, "attempt": 2}, 2),
+        (4, {"row": 1, "attempt": 2}, 2),
+    ]
+
+
+def test_write_stream_outside_an_activity_raises(tdb: None) -> None:
+    with pytest.raises(sv.NotActivityContext):
+        sv.write_stream("k", 1)
+
+
+def test_an_activity_write_is_refused_once_the_instance_closed(tdb: None) -> None:
+    from selvedge_django.engine.ports import TaskClaim
+    from selvedge_django.operations import client_store
+
+    iid = sv.start_workflow(run_once, "early")
+    run_until_idle(Worker())
+    assert sv.get_workflow_result(iid).output == 1
+    task = ActivityTask.objects.get(instance_id=iid)
+    claim = TaskClaim(task.id, iid, task.key, task.claim_owner, task.claim_epoch)
+    with pytest.raises(sv.StreamClosed):
+        client_store().streams.write_live(claim, "once", '"late"', 1)
+    assert stored(iid, "once") == [(1, '"early"', 1)]
+
+
+# -- readers ------------------------------------------------------------------------------
+
+
+def test_after_timeout_and_unknown_ids(tdb: None) -> None:
+    iid = sv.start_workflow(steps, 3)
+    run_until_idle(Worker())
+    reader = sv.read_stream(iid, "steps", after=1, timeout=0.2)
+    assert [next(reader).seq, next(reader).seq] == [2, 3]
+    reader = sv.read_stream(iid, "steps", after=3, timeout=0.2)
+    with pytest.raises(TimeoutError):
+        next(reader)
+    with pytest.raises(sv.WorkflowNotFound):
+        next(sv.read_stream("nobody", "steps"))
+    with pytest.raises(ValueError):
+        next(sv.read_stream(iid, ""))
+    with pytest.raises(ValueError):
+        next(sv.read_stream(iid, "steps", after=-1))
+    # A stream nobody wrote to, of a running instance: nothing yet, then the timeout.
+    with pytest.raises(TimeoutError):
+        next(sv.read_stream(iid, "other", timeout=0.1))
+
+
+def test_a_waiting_reader_wakes_on_a_write_from_another_thread(tdb: None) -> None:
+    iid = sv.start_workflow(steps, 1)
+    run_until_idle(Worker())
+    got: list[Any] = []
+    started = threading.Event()
+
+    def read() -> None:
+        try:
+            reader = sv.read_stream(iid, "steps", after=1, timeout=20)
+            started.set()
+            got.extend(e.value for e in reader)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=read)
+    thread.start()
+    assert started.wait(10)
+    sv.signal(iid, "go")
+    run_until_idle(Worker())
+    thread.join(20)
+    assert got == [{"step": "after the signal"}]
+
+
+def test_the_async_reader(tdb: None) -> None:
+    iid = sv.start_workflow(steps, 2)
+    run_until_idle(Worker())
+    sv.signal(iid, "go")
+    run_until_idle(Worker())
+
+    async def read() -> list[int]:
+        return [e.seq async for e in sv.aread_stream(iid, "steps", after=1, timeout=5)]
+
+    try:
+        assert asyncio.run(read()) == [2, 3]
+    finally:
+        # sync_to_async's thread keeps its connection past the test: close it, or the
+        # test database cannot be dropped.
+        asyncio.run(sync_to_async(connections.close_all)())
+
+
+# -- bounds ---------------------------------------------------------------------------------
+
+
+def test_max_stream_entries_refuses_with_nothing_written(tdb: None) -> None:
+    with override_settings(SELVEDGE={**_settings(), "MAX_STREAM_ENTRIES": 3}):
+        iid = sv.start_workflow(many, 5)
+        run_until_idle(Worker(workflow_cache={"MAX_ENTRIES": 0}))
+        assert sv.get_workflow_result(iid).output == [1, 2, 3, "full", "full"]
+        assert len(stored(iid, "many")) == 3
+        sv.replay_instance(iid)  # the refusals replay from history
+
+
+def test_an_oversize_value_raises_payload_too_large_and_writes_nothing(tdb: None) -> None:
+    with override_settings(SELVEDGE={**_settings(), "MAX_PAYLOAD_BYTES": 1000}):
+        iid = sv.start_workflow(big, 2000)
+        run_until_idle(Worker())
+        assert sv.get_workflow_result(iid).output == "too large"
+    assert stored(iid, "big") == []
+    assert not WorkflowStream.objects.filter(instance_id=iid).exists()
+
+
+def _settings() -> dict[str, Any]:
+    from django.conf import settings
+
+    return dict(settings.SELVEDGE)
+
+
+# -- export, prune, Server-Sent Events -----------------------------------------------------
+
+
+def test_streams_are_exported_redacted_and_pruned(tdb: None) -> None:
+    iid = sv.start_workflow(steps, 1)
+    run_until_idle(Worker())
+    sv.signal(iid, "go")
+    run_until_idle(Worker())
+    exported = json.loads(sv.export_history(iid).to_json())
+    assert exported["streams"] == [
+        {"key": "steps", "seq": 1, "value": {"step": 0}, "attempt": None},
+        {"key": "steps", "seq": 2, "value": {"step": "after the signal"}, "attempt": None},
+    ]
+    redacted = json.loads(sv.export_history(iid, redact=True).to_json())
+    assert all(set(s["value"]) == {REDACTED} for s in redacted["streams"])
+    assert {"step": 0} not in [s["value"] for s in redacted["streams"]]
+    assert sv.parse_history(sv.export_history(iid).to_json()).streams
+    assert prune(timedelta(0)) >= 1
+    assert not WorkflowStreamEntry.objects.filter(instance_id=iid).exists()
+    assert not WorkflowStream.objects.filter(instance_id=iid).exists()
+
+
+def test_event_stream_response_through_the_test_client(tdb: None) -> None:
+    iid = sv.start_workflow(steps, 2)
+    run_until_idle(Worker())
+    sv.signal(iid, "go")
+    run_until_idle(Worker())
+    request = RequestFactory().get("/stream", HTTP_LAST_EVENT_ID="1")
+    response = event_stream_response(request, iid, "steps")
+    assert response["Content-Type"] == "text/event-stream"
+    body = b"".join(response.streaming_content).decode()  # type: ignore[arg-type]
+    events = [block for block in body.split("\n\n") if block]
+    assert events[0].startswith("id: 2\ndata: ")
+    assert json.loads(events[0].split("data: ", 1)[1])["value"] == {"step": 1}
+    assert events[1].startswith("id: 3\n")
+    assert events[-1] == "event: end\ndata: {}"
+    with pytest.raises(sv.WorkflowNotFound):
+        event_stream_response(RequestFactory().get("/stream"), "nobody", "steps")
