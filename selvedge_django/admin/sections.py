@@ -28,6 +28,8 @@ from .display import (
 # Rows shown per section of the detail page; the export has everything.
 HISTORY_ROWS = 500
 SECTION_ROWS = 200
+# The stream entries shown: the last ones written, newest first.
+STREAM_ENTRY_ROWS = 50
 
 _STATUS_LABELS = dict(WorkflowStatus.choices)
 
@@ -35,7 +37,7 @@ _STATUS_LABELS = dict(WorkflowStatus.choices)
 def instance_sections(
     reads: AdminReads, iid: str, instance_url: Callable[[str], str], *, values: bool = True
 ) -> dict[str, Any]:
-    """Read an instance's history, tasks, timers, signals and children, in bounded queries.
+    """Read an instance's history, tasks, timers, signals, streams and children, boundedly.
 
     Every section is capped, and long values are cut in SQL, so a huge history or
     payload never reaches Python whole. Without ``values`` (a user without the
@@ -119,6 +121,25 @@ def instance_sections(
         for child_id, name, status, key in reads.child_rows(iid, limit=SECTION_ROWS)
     ]
 
+    streams = [
+        {"key": truncate(key, ID_CHARS), "entries": entries, "closed": closed}
+        for key, entries, closed in reads.stream_rows(iid, limit=SECTION_ROWS)
+    ]
+    stream_entries = [
+        {
+            "key": truncate(key, ID_CHARS),
+            "seq": seq,
+            "attempt": attempt,
+            "activity_id": truncate(activity_id or "", ID_CHARS),
+            "written_at": format_time(written_at),
+            "value": truncate(head or "", CELL_CHARS),
+            "size": size,
+        }
+        for key, seq, attempt, activity_id, written_at, head, size in (
+            reads.stream_entry_rows(iid, cut=cut, limit=STREAM_ENTRY_ROWS) if streams else ()
+        )
+    ]
+
     archived = [
         {
             "generation": generation,
@@ -142,6 +163,9 @@ def instance_sections(
         "timers": timers,
         "signals": signals,
         "children": children,
+        "streams": streams,
+        "stream_entries": stream_entries,
+        "stream_entry_rows": STREAM_ENTRY_ROWS,
         "section_rows": SECTION_ROWS,
         "show_values": values,
         "empty": EMPTY,

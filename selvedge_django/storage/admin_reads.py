@@ -36,6 +36,8 @@ from ..models import (
     WorkflowAttribute,
     WorkflowInstance,
     WorkflowStatus,
+    WorkflowStream,
+    WorkflowStreamEntry,
 )
 from .attributes import attribute_filter, value_of
 
@@ -179,6 +181,28 @@ class AdminReads:
                 "head",
                 "size",
             )[:limit]
+        )
+
+    def stream_rows(self, instance_id: str, *, limit: int) -> list[tuple[Any, ...]]:
+        """The first ``limit`` streams by key: (key, entries, closed)."""
+        return list(
+            WorkflowStream.objects.using(self.alias)
+            .filter(instance_id=instance_id)
+            .order_by("key")
+            .values_list("key", "last_seq", "closed")[:limit]
+        )
+
+    def stream_entry_rows(self, instance_id: str, *, cut: int, limit: int) -> list[tuple[Any, ...]]:
+        """The ``limit`` stream entries written last, newest first, values cut to ``cut``
+        characters: (key, seq, attempt, activity_id, written_at, value head, value size)."""
+        return list(
+            WorkflowStreamEntry.objects.using(self.alias)
+            .filter(instance_id=instance_id)
+            .order_by("-written_at", "-id")
+            .annotate(head=Substr("value", 1, cut), size=Length("value"))
+            .values_list("key", "seq", "attempt", "activity_id", "written_at", "head", "size")[
+                :limit
+            ]
         )
 
     def child_rows(self, instance_id: str, *, limit: int) -> list[tuple[Any, ...]]:

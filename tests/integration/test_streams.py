@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from asgiref.sync import sync_to_async
 from django.db import connection, connections
-from django.test import RequestFactory, override_settings
+from django.test import AsyncClient, Client, RequestFactory, override_settings
 
 import selvedge_django as sv
 from selvedge_django.models import ActivityTask, HistoryEvent, WorkflowStream, WorkflowStreamEntry
@@ -26,99 +26,16 @@ from selvedge_django.operations import REDACTED, prune
 from selvedge_django.streams import event_stream_response
 from selvedge_django.testing import run_until_idle
 from selvedge_django.worker import Worker
-
-# Released by a test to let the activity below write its second entry.
-release = threading.Event()
-
-
-@sv.workflow(name="test.streams.steps")
-def steps(ctx: sv.WorkflowContext, n: int) -> list[int]:
-    """Write ``n`` entries, wait for a signal, write one more and close the stream."""
-    seqs = [ctx.write_stream("steps", {"step": i}) for i in range(n)]
-    ctx.receive("go")
-    seqs.append(ctx.write_stream("steps", {"step": "after the signal"}))
-    ctx.close_stream("steps")
-    return seqs
-
-
-@sv.activity(name="test.streams.tokens", start_to_close_timeout=30)
-def tokens(words: list[str]) -> int:
-    """Write each word live; after the first, wait until the test releases it."""
-    for i, word in enumerate(words):
-        sv.write_stream("tokens", word)
-        if i == 0:
-            assert release.wait(30)
-    return len(words)
-
-
-@sv.workflow(name="test.streams.answer")
-def answer(ctx: sv.WorkflowContext, words: list[str]) -> int:
-    count = tokens.execute(ctx, words)
-    ctx.close_stream("tokens")
-    return count
-
-
-@sv.activity(
-    name="test.streams.flaky",
-    retry_policy=sv.RetryPolicy(max_attempts=3, initial_interval=0.01, max_interval=0.01),
+from tests.testapp.workflows.streams import (
+    answer,
+    big,
+    closed,
+    many,
+    release,
+    retried,
+    run_once,
+    steps,
 )
-def flaky(rows: int) -> str:
-    """Write ``rows`` entries per attempt; the first attempt then fails."""
-    info = sv.activity_info()
-    assert info is not None
-    for row in range(rows):
-        sv.write_stream("rows", {"row": row, "attempt": info.attempt})
-    if info.attempt == 1:
-        raise RuntimeError("the first attempt fails after its writes")
-    return "done"
-
-
-@sv.workflow(name="test.streams.retried")
-def retried(ctx: sv.WorkflowContext, rows: int) -> str:
-    return flaky.execute(ctx, rows)
-
-
-@sv.activity(name="test.streams.once")
-def once(value: str) -> int:
-    return sv.write_stream("once", value)
-
-
-@sv.workflow(name="test.streams.once")
-def run_once(ctx: sv.WorkflowContext, value: str) -> int:
-    return once.execute(ctx, value)
-
-
-@sv.workflow(name="test.streams.closed")
-def closed(ctx: sv.WorkflowContext, _: Any) -> str:
-    ctx.write_stream("log", "one")
-    ctx.close_stream("log")
-    try:
-        ctx.write_stream("log", "two")
-    except sv.StreamClosed as error:
-        return f"refused: {error.key}"
-    return "written"
-
-
-@sv.workflow(name="test.streams.many")
-def many(ctx: sv.WorkflowContext, n: int) -> list[Any]:
-    """Write ``n`` entries, reporting each refusal instead of failing."""
-    outcomes: list[Any] = []
-    for i in range(n):
-        try:
-            outcomes.append(ctx.write_stream("many", i))
-        except sv.StreamLimitExceeded:
-            outcomes.append("full")
-    ctx.now()  # a command after the refusals: replays must keep their positions
-    return outcomes
-
-
-@sv.workflow(name="test.streams.big")
-def big(ctx: sv.WorkflowContext, size: int) -> str:
-    try:
-        ctx.write_stream("big", "x" * size)
-    except sv.PayloadTooLarge:
-        return "too large"
-    return "written"
 
 
 def entries(iid: str, key: str) -> list[tuple[int, Any, int | None]]:
@@ -340,19 +257,55 @@ def test_streams_are_exported_redacted_and_pruned(tdb: None) -> None:
     assert not WorkflowStream.objects.filter(instance_id=iid).exists()
 
 
-def test_event_stream_response_through_the_test_client(tdb: None) -> None:
+def _events(body: str) -> list[str]:
+    return [block for block in body.split("\n\n") if block]
+
+
+def test_event_stream_response_through_the_test_client(tdb: None, client: Client) -> None:
     iid = sv.start_workflow(steps, 2)
     run_until_idle(Worker())
     sv.signal(iid, "go")
     run_until_idle(Worker())
-    request = RequestFactory().get("/stream", HTTP_LAST_EVENT_ID="1")
-    response = event_stream_response(request, iid, "steps")
+    response = client.get(f"/streams/{iid}/steps/")
     assert response["Content-Type"] == "text/event-stream"
-    body = b"".join(response.streaming_content).decode()  # type: ignore[arg-type]
-    events = [block for block in body.split("\n\n") if block]
-    assert events[0].startswith("id: 2\ndata: ")
-    assert json.loads(events[0].split("data: ", 1)[1])["value"] == {"step": 1}
-    assert events[1].startswith("id: 3\n")
-    assert events[-1] == "event: end\ndata: {}"
+    assert response["Cache-Control"] == "no-cache"
+    events = _events(b"".join(response.streaming_content).decode())  # type: ignore[attr-defined]
+    assert [e.split("\n")[0] for e in events] == ["id: 1", "id: 2", "id: 3", "event: end"]
+    first = json.loads(events[0].split("data: ", 1)[1])
+    assert first["value"] == {"step": 0} and first["seq"] == 1 and first["attempt"] is None
+    # A browser's reconnect: after the last id it saw.
+    again = client.get(f"/streams/{iid}/steps/", headers={"Last-Event-ID": "2"})
+    events = _events(b"".join(again.streaming_content).decode())  # type: ignore[attr-defined]
+    assert [e.split("\n")[0] for e in events] == ["id: 3", "event: end"]
     with pytest.raises(sv.WorkflowNotFound):
-        event_stream_response(RequestFactory().get("/stream"), "nobody", "steps")
+        event_stream_response(RequestFactory().get("/"), "nobody", "steps")
+
+
+def test_event_stream_response_from_an_async_view(tdb: None) -> None:
+    iid = sv.start_workflow(steps, 1)
+    run_until_idle(Worker())
+    sv.signal(iid, "go")
+    run_until_idle(Worker())
+
+    async def fetch() -> list[str]:
+        response = await AsyncClient().get(
+            f"/astreams/{iid}/steps/", headers={"Last-Event-ID": "1"}
+        )
+        assert response["Content-Type"] == "text/event-stream"
+        chunks = [chunk async for chunk in response.streaming_content]
+        return _events(b"".join(chunks).decode())
+
+    try:
+        events = asyncio.run(fetch())
+    finally:
+        asyncio.run(sync_to_async(connections.close_all)())
+    assert [e.split("\n")[0] for e in events] == ["id: 2", "event: end"]
+
+
+def test_keepalive_comments_while_nothing_is_new(tdb: None) -> None:
+    iid = sv.start_workflow(steps, 1)
+    run_until_idle(Worker())
+    response = event_stream_response(RequestFactory().get("/"), iid, "steps", keepalive=0.05)
+    content = iter(response.streaming_content)
+    assert next(content).startswith(b"id: 1\n")
+    assert next(content) == b": keep-alive\n\n"  # the stream is open, nothing new
