@@ -42,6 +42,7 @@ __all__ = [
     "METER_NAME",
     "QUEUE_DEPTH",
     "QUEUE_OLDEST_AGE",
+    "STREAM_ENTRIES",
     "WORKFLOWS_CLOSED",
     "WORKFLOWS_STARTED",
     "WORKFLOW_CACHE_DECLINED",
@@ -85,6 +86,7 @@ WORKFLOW_CACHE_MISSES = "selvedge.workflow_cache.misses"  # counter {reason}: re
 WORKFLOW_CACHE_PARKED = "selvedge.workflow_cache.parked"  # counter: executions kept
 WORKFLOW_CACHE_LET_GO = "selvedge.workflow_cache.let_go"  # counter {reason}
 WORKFLOW_CACHE_DECLINED = "selvedge.workflow_cache.declined"  # counter: not kept
+STREAM_ENTRIES = "selvedge.stream.entries"  # counter {writer}: stream entries written
 
 INSTRUMENT_NAMES = (
     WORKFLOWS_STARTED,
@@ -109,6 +111,7 @@ INSTRUMENT_NAMES = (
     WORKFLOW_CACHE_PARKED,
     WORKFLOW_CACHE_LET_GO,
     WORKFLOW_CACHE_DECLINED,
+    STREAM_ENTRIES,
 )
 
 _COUNTERS = {
@@ -125,6 +128,7 @@ _COUNTERS = {
     WORKFLOW_CACHE_PARKED: "suspended executions kept in the workflow cache",
     WORKFLOW_CACHE_LET_GO: "parked executions let go (evicted, replaced, stopped, mismatched)",
     WORKFLOW_CACHE_DECLINED: "suspensions the cache could not keep (size or thread bound)",
+    STREAM_ENTRIES: "stream entries written, by writer (workflow, activity)",
 }
 _HISTOGRAMS = {
     WORKFLOW_EXECUTION_DURATION: "one execution, from its lease to suspension or close",

@@ -23,6 +23,7 @@ from datetime import datetime
 from typing import Any
 
 from .. import exceptions as exc
+from .. import metrics
 from ..engine.events import (
     EV_STREAM_CLOSED,
     EV_STREAM_REJECTED,
@@ -101,7 +102,10 @@ class Streams:
             else:
                 stored = replace(row, event_type=EV_STREAM_WRITTEN, data=json.dumps({"seq": seq}))
                 self.db.after_commit(stream_topic(instance_id))
-            return self.db._insert_row(instance_id, stored)
+            self.db._insert_row(instance_id, stored)
+        if seq is not None:
+            metrics.record(metrics.STREAM_ENTRIES, 1, writer="workflow")
+        return stored
 
     @operation
     def close_command(self, fence: Fence, row: HistoryRow, key: str) -> HistoryRow:
@@ -141,6 +145,7 @@ class Streams:
             if seq is None:
                 raise exc.StreamClosed(instance_id, key)
             self.db.after_commit(stream_topic(instance_id))
+        metrics.record(metrics.STREAM_ENTRIES, 1, writer="activity")
         return seq
 
     def _refusal(self, instance_id: str, key: str) -> exc.SelvedgeError | None:

@@ -254,3 +254,14 @@ def test_a_bad_metrics_setting_is_refused(tdb: None) -> None:
         pytest.raises(ImproperlyConfigured, match="METRICS"),
     ):
         get_settings()
+
+
+def test_stream_entries_are_counted_by_writer(reader: InMemoryMetricReader) -> None:
+    from tests.testapp.workflows.streams import run_once, steps
+
+    sv.start_workflow(steps, 2)
+    sv.start_workflow(run_once, "token")
+    run_until_idle(Worker())
+    found = points(reader)
+    assert value(found, metrics.STREAM_ENTRIES, writer="workflow") == 2
+    assert value(found, metrics.STREAM_ENTRIES, writer="activity") == 1
