@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Iterator
 
 from django.core.serializers.json import DjangoJSONEncoder
@@ -49,6 +50,8 @@ def _event(entry: StreamEntry) -> str:
 
 
 _END = "event: end\ndata: {}\n\n"
+# How long a browser waits before it reconnects (ms), sent first.
+_RETRY = "retry: 1000\n\n"
 _KEEPALIVE = ": keep-alive\n\n"
 
 
@@ -59,12 +62,20 @@ def _start_after(request: HttpRequest, after: int | None) -> int:
     return after or 0
 
 
-def _events(instance_id: str, key: str, after: int, keepalive: float) -> Iterator[str]:
+def _events(
+    instance_id: str, key: str, after: int, keepalive: float, until: float | None
+) -> Iterator[str]:
+    yield _RETRY
     while True:
+        wait = keepalive if until is None else min(keepalive, until - time.monotonic())
+        if wait <= 0:
+            return  # the response's time is up: the browser reconnects after the last id
         try:
-            for entry in read_stream(instance_id, key, after=after, timeout=keepalive):
+            for entry in read_stream(instance_id, key, after=after, timeout=wait):
                 after = entry.seq
                 yield _event(entry)
+                if until is not None and time.monotonic() >= until:
+                    return
         except TimeoutError:
             yield _KEEPALIVE
             continue
@@ -72,12 +83,20 @@ def _events(instance_id: str, key: str, after: int, keepalive: float) -> Iterato
         return
 
 
-async def _aevents(instance_id: str, key: str, after: int, keepalive: float) -> AsyncIterator[str]:
+async def _aevents(
+    instance_id: str, key: str, after: int, keepalive: float, until: float | None
+) -> AsyncIterator[str]:
+    yield _RETRY
     while True:
+        wait = keepalive if until is None else min(keepalive, until - time.monotonic())
+        if wait <= 0:
+            return
         try:
-            async for entry in aread_stream(instance_id, key, after=after, timeout=keepalive):
+            async for entry in aread_stream(instance_id, key, after=after, timeout=wait):
                 after = entry.seq
                 yield _event(entry)
+                if until is not None and time.monotonic() >= until:
+                    return
         except TimeoutError:
             yield _KEEPALIVE
             continue
@@ -100,6 +119,7 @@ def event_stream_response(
     *,
     after: int | None = None,
     keepalive: float = KEEPALIVE,
+    max_seconds: float | None = None,
 ) -> StreamingHttpResponse:
     """Return a ``text/event-stream`` response of the instance's stream ``key``.
 
@@ -110,17 +130,23 @@ def event_stream_response(
     waiting response holds no thread). From a sync view an unknown instance
     raises :class:`WorkflowNotFound` here, before the response starts; from an
     async view, check first (``await sv.adescribe(instance_id)``).
+
+    ``keepalive`` is the seconds between comment lines while nothing is new.
+    ``max_seconds`` bounds the response's life: it then ends without the ``end``
+    event, and the browser reconnects (after a second) from its last id, so a
+    WSGI worker is held for at most that long at a time.
     """
     start = _start_after(request, after)
+    until = None if max_seconds is None else time.monotonic() + max_seconds
     content: Iterator[str] | AsyncIterator[str]
     if _in_event_loop():
-        content = _aevents(instance_id, key, start, keepalive)
+        content = _aevents(instance_id, key, start, keepalive, until)
     else:
         client_store().streams.read(known_id(instance_id), check_stream_key(key), start, 0)
         if getattr(request, "scope", None) is not None:  # ASGI, from a sync view
-            content = _aevents(instance_id, key, start, keepalive)
+            content = _aevents(instance_id, key, start, keepalive, until)
         else:
-            content = _events(instance_id, key, start, keepalive)
+            content = _events(instance_id, key, start, keepalive, until)
     response = StreamingHttpResponse(content, content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"  # nginx: pass each event on at once

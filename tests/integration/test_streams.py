@@ -258,7 +258,9 @@ def test_streams_are_exported_redacted_and_pruned(tdb: None) -> None:
 
 
 def _events(body: str) -> list[str]:
-    return [block for block in body.split("\n\n") if block]
+    blocks = [block for block in body.split("\n\n") if block]
+    assert blocks[0] == "retry: 1000"  # the browser's reconnect delay comes first
+    return blocks[1:]
 
 
 def test_event_stream_response_through_the_test_client(tdb: None, client: Client) -> None:
@@ -307,5 +309,16 @@ def test_keepalive_comments_while_nothing_is_new(tdb: None) -> None:
     run_until_idle(Worker())
     response = event_stream_response(RequestFactory().get("/"), iid, "steps", keepalive=0.05)
     content = iter(response.streaming_content)
+    assert next(content) == b"retry: 1000\n\n"
     assert next(content).startswith(b"id: 1\n")
     assert next(content) == b": keep-alive\n\n"  # the stream is open, nothing new
+
+
+def test_max_seconds_ends_the_response_without_the_end_event(tdb: None) -> None:
+    iid = sv.start_workflow(steps, 2)
+    run_until_idle(Worker())
+    request = RequestFactory().get("/")
+    response = event_stream_response(request, iid, "steps", keepalive=0.05, max_seconds=0.3)
+    events = _events(b"".join(response.streaming_content).decode())  # type: ignore[attr-defined]
+    assert events[:2] == [e for e in events[:2] if e.startswith("id: ")]
+    assert "event: end" not in "".join(events)  # the stream is open: the browser reconnects
