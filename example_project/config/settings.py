@@ -119,6 +119,9 @@ SELVEDGE = {
 # it is rejected, and how long the shipping child workflow's packing timer runs.
 SHOP_APPROVAL_TIMEOUT = env.float("SHOP_APPROVAL_TIMEOUT", default=24 * 3600)
 SHOP_PACKING_SECONDS = env.float("SHOP_PACKING_SECONDS", default=2)
+# How long one response of an order's live steps lasts before the browser reconnects
+# (a runserver or WSGI thread is held meanwhile).
+SHOP_STREAM_SECONDS = env.float("SHOP_STREAM_SECONDS", default=60)
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

@@ -4,7 +4,8 @@
 - "Approve payment" sends the workflow a signal;
 - the order page shows the workflow's live progress (what it stored with
   ``ctx.set_progress()``, read by ``describe()`` without a replay), its recorded
-  history and its activity tasks;
+  history and its activity tasks, and its steps as they happen (the workflow's
+  ``steps`` stream, as Server-Sent Events);
 - "Cancel order" requests cancellation; the workflow cleans up and closes.
 
 Every page needs a login. An order belongs to the user who placed it: only
@@ -30,9 +31,10 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 import selvedge_django as sv
+from selvedge_django.streams import event_stream_response
 
 from .models import Order, Product
-from .workflows import APPROVAL_CHANNEL, order_workflow
+from .workflows import APPROVAL_CHANNEL, STEPS_STREAM, order_workflow
 
 RECENT_ORDERS = 20
 
@@ -209,6 +211,24 @@ def order_progress(request: HttpRequest, pk: int) -> HttpResponse:
     """The live part of the order page, fetched again every few seconds while it runs."""
     order = get_object_or_404(visible_orders(request), pk=pk)
     return render(request, "shop/_progress.html", _order_context(order))
+
+
+@require_GET
+@login_required
+def order_steps(request: HttpRequest, pk: int) -> HttpResponse:
+    """The order's steps as Server-Sent Events, for the page's ``EventSource``.
+
+    The order lookup is the authorisation: another customer's order is a 404. Each
+    response lasts at most ``SHOP_STREAM_SECONDS``; the browser then reconnects from
+    the last step it showed (``Last-Event-ID``).
+    """
+    order = get_object_or_404(visible_orders(request), pk=pk)
+    try:
+        return event_stream_response(
+            request, order.instance_id, STEPS_STREAM, max_seconds=settings.SHOP_STREAM_SECONDS
+        )
+    except sv.WorkflowNotFound:
+        return HttpResponse(status=404)
 
 
 @require_POST

@@ -31,6 +31,9 @@ logger = logging.getLogger(__name__)
 APPROVAL_CHANNEL = "approve-payment"
 # The query the order page asks for the workflow's live progress.
 PROGRESS_QUERY = "progress"
+# The stream the order page shows live: one entry per step of the workflow, and the
+# payment attempts' own notes (each tagged with its attempt).
+STEPS_STREAM = "steps"
 # Defaults for the request fields that tune the two timers.
 DEFAULT_APPROVAL_TIMEOUT = 24 * 3600.0
 DEFAULT_PACKING_SECONDS = 2.0
@@ -91,6 +94,8 @@ def charge_payment(request: dict[str, Any]) -> dict[str, Any]:
     reference = f"{info.instance_id}/{info.activity_id}"
     logger.info("charging %s for %s, attempt %d", request["amount"], reference, info.attempt)
     card = request.get("card", "ok")
+    # Live, from the attempt itself: the order page shows each attempt's notes.
+    sv.write_stream(STEPS_STREAM, {"note": f"charging {request['amount']} to the card"})
     # The provider's own records: a card an operator told it to accept is charged.
     if card == "declined" and not AcceptedCard.objects.filter(card=card).exists():
         raise CardDeclined("card declined by the issuer (simulated)")
@@ -245,11 +250,18 @@ def order_workflow(ctx: sv.WorkflowContext, request: dict[str, Any]) -> dict[str
         progress.update(details)
         ctx.set_progress(progress)
 
+    # Each step also goes to the order's stream, which the order page shows as it
+    # happens (Server-Sent Events). Added while orders were running, so behind a
+    # patch: an order recorded before it replays without the stream's commands.
+    streamed = ctx.patched("steps-stream")
+
     def step(name: str) -> None:
         if progress["step"]:
             progress["done"].append(progress["step"])
         progress["step"] = name
         ctx.set_progress(progress)
+        if streamed:
+            ctx.write_stream(STEPS_STREAM, {"step": name})
 
     def reject(reason: str, release_stock: bool) -> dict[str, Any]:
         step("rejected")

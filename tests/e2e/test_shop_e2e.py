@@ -102,6 +102,8 @@ class ExampleProject:
             "SECRET_KEY": "selvedge-e2e-only",
             "SHOP_PACKING_SECONDS": "1",
             "SHOP_APPROVAL_TIMEOUT": "600",
+            # Short stream responses: the browser reconnects (Last-Event-ID) while it waits.
+            "SHOP_STREAM_SECONDS": "2",
             "DJANGO_SUPERUSER_PASSWORD": ADMIN_PASSWORD,
             "PYTHONUNBUFFERED": "1",
             # This checkout's package, not another copy installed in the environment.
@@ -294,10 +296,29 @@ def _drive(page: Page, expect: Any, project: ExampleProject, base: str, shots: P
     expect(page.locator("#products tr[data-sku=mug] .stock")).to_have_text("50")
     page.screenshot(path=str(shots / "01-shop.png"), full_page=True)
 
+    # Every request of the steps stream (their headers are read once sent).
+    stream_requests: list[Any] = []
+    page.on("request", lambda r: stream_requests.append(r) if "/steps/" in r.url else None)
+
+    def last_event_ids() -> list[str | None]:
+        return [r.all_headers().get("last-event-id") for r in list(stream_requests)]
+
     first = place_order(page, base, "mug", 2, "flaky")
     expect(page.locator(".messages")).to_contain_text(f"Order #{first} placed.")
     # The page refreshes its progress by itself; no reload needed.
     expect(page.locator("#current-step")).to_have_text("awaiting payment approval", timeout=SLOW)
+    # The workflow's steps arrive through the EventSource as it writes them.
+    steps = page.locator("#stream li")
+    expect(steps.nth(0)).to_have_text("reserving stock", timeout=SLOW)
+    expect(steps.nth(1)).to_have_text("awaiting payment approval", timeout=SLOW)
+    expect(page.locator("#stream-state")).to_have_text(re.compile("live|reconnecting"))
+    # Each response lasts SHOP_STREAM_SECONDS: the browser reconnects after the last entry
+    # it showed, and the server resumes there.
+    deadline = time.monotonic() + 20
+    while "2" not in last_event_ids():
+        assert time.monotonic() < deadline, f"no reconnect from entry 2: {last_event_ids()}"
+        page.wait_for_timeout(100)
+    assert last_event_ids()[0] is None  # the first request starts from the beginning
     expect(page.locator("#workflow-status")).to_have_text("running")
     expect(page.locator("#order-status")).to_have_text("Stock reserved")
     page.screenshot(path=str(shots / "02-awaiting-approval.png"), full_page=True)
@@ -309,13 +330,22 @@ def _drive(page: Page, expect: Any, project: ExampleProject, base: str, shots: P
     expect(page.locator("#current-step")).to_have_text("completed")
     expect(page.locator("#status")).to_contain_text(f"Payment approved by {ADMIN_USER}.")
     expect(page.locator("#tracking")).to_have_text(re.compile(rf"^SV{first:06d}-\d{{4}}$"))
-    expect(page.locator("#history")).to_contain_text("#2:receive:approve-payment")
+    expect(page.locator("#history")).to_contain_text("#5:receive:approve-payment")
     expect(page.locator("#history")).to_contain_text("child:shop.shipping")
     expect(page.locator("#history")).to_contain_text("WorkflowCompleted")
     # The flaky card's first charge failed and was retried.
     charge = page.locator("#tasks tr", has_text="shop.charge_payment")
     expect(charge.locator("td").nth(2)).to_have_text("2")
     expect(page.locator("#cancel")).to_have_count(0)
+    # The stream ended with the run; nothing was shown twice across the reconnects.
+    expect(steps.last).to_have_text("completed", timeout=SLOW)
+    expect(page.locator("#stream-state")).to_have_text("finished")
+    seqs = steps.evaluate_all("items => items.map(item => Number(item.dataset.seq))")
+    assert seqs == list(range(1, len(seqs) + 1)), seqs
+    # The charge's notes carry their attempt: the failed first one is marked, not dropped.
+    expect(page.locator("#stream li.retried")).to_have_count(1)
+    expect(page.locator("#stream li.retried")).to_contain_text("(attempt 1)")
+    expect(page.locator("#stream li[data-attempt='2']")).to_contain_text("charging")
     page.screenshot(path=str(shots / "03-completed.png"), full_page=True)
 
     # -- another order, cancelled while it waits for approval -----------------------------
@@ -423,7 +453,7 @@ def _drive(page: Page, expect: Any, project: ExampleProject, base: str, shots: P
     assert exported["format"] == "selvedge.history/v1"
     assert exported["instance"]["instance_id"] == f"order-{first}"
     assert exported["instance"]["status"] == "completed"
-    assert any(event["key"] == "#2:receive:approve-payment" for event in exported["events"])
+    assert any(event["key"] == "#5:receive:approve-payment" for event in exported["events"])
 
     # And several from the changelist: a zip with one document each.
     choose_action([first, second], "export_instances")

@@ -8,8 +8,12 @@ patch is deprecated, the first file is deleted (no order on the old path may be
 left running then) and the second must still replay; when the patch is removed
 altogether, so is the second file's marker check.
 
-``SELVEDGE_WRITE_GOLDEN=1`` records ``shop_order_fraud_screen.json`` again with
-today's code (never the "before" file: the code that recorded it is gone).
+It later gained its ``steps`` stream behind ``ctx.patched("steps-stream")``:
+``shop_order_steps_stream.json`` was recorded by that code, and both earlier files
+replay on the stream patch's old path.
+
+``SELVEDGE_WRITE_GOLDEN=1`` records ``shop_order_steps_stream.json`` again with
+today's code (never the earlier files: the code that recorded them is gone).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ pytestmark = pytest.mark.skipif(
 HISTORIES = ROOT / "tests" / "histories"
 BEFORE = "shop_order_before_fraud_screen.json"
 PATCHED = "shop_order_fraud_screen.json"
+STREAMED = "shop_order_steps_stream.json"
 
 SCRIPT = """
 import json, sys
@@ -92,10 +97,16 @@ def run_script(tmp_path: Path, *args: str) -> str:
 
 @pytest.mark.skipif(os.environ.get("SELVEDGE_WRITE_GOLDEN") != "1", reason="records goldens")
 def test_record_the_patched_golden(tmp_path: Path) -> None:
-    run_script(tmp_path, "record", str(HISTORIES / PATCHED))
+    run_script(tmp_path, "record", str(HISTORIES / STREAMED))
 
 
-@pytest.mark.parametrize(("name", "path"), [(BEFORE, "old"), (PATCHED, "new")])
-def test_todays_shop_replays_both_sides_of_its_patch(tmp_path: Path, name: str, path: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "fraud", "stream"),
+    [(BEFORE, "old", "old"), (PATCHED, "new", "old"), (STREAMED, "new", "new")],
+)
+def test_todays_shop_replays_both_sides_of_its_patches(
+    tmp_path: Path, name: str, fraud: str, stream: str
+) -> None:
     out = run_script(tmp_path, "replay", str(HISTORIES / name))
-    assert json.loads(out.strip().splitlines()[-1]) == {"fraud-screen": path}
+    patches = json.loads(out.strip().splitlines()[-1])
+    assert patches == {"fraud-screen": fraud, "steps-stream": stream}
