@@ -92,6 +92,7 @@ class Store:
     tasks_class: ClassVar[type[Tasks]] = Tasks
     sole_activity_class: ClassVar[type[SoleActivity]] = SoleActivity
     attempt_transactions_class: ClassVar[type[AttemptTransactions]] = AttemptTransactions
+    streams_class: ClassVar[type[Streams]] = Streams
     #: Whether a write transaction locks the whole database (SQLite), not rows.
     single_writer: ClassVar[bool] = False
 
@@ -121,7 +122,7 @@ class Store:
         self.status = StatusReads(db)
         # runselvedge rotate-keys: stored envelopes re-encrypted under the first key.
         self.rotation = KeyRotation(db, codec)
-        self.streams = Streams(db, options)
+        self.streams = self.streams_class(db, options)
         # The operations layer's reads: instances, histories, pages and batches.
         self.operator_reads = OperatorReads(alias)
         self.attempt_transactions = self.attempt_transactions_class(db, tasks=self.tasks)

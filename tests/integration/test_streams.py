@@ -322,3 +322,29 @@ def test_max_seconds_ends_the_response_without_the_end_event(tdb: None) -> None:
     events = _events(b"".join(response.streaming_content).decode())  # type: ignore[attr-defined]
     assert events[:2] == [e for e in events[:2] if e.startswith("id: ")]
     assert "event: end" not in "".join(events)  # the stream is open: the browser reconnects
+
+
+def test_a_live_write_is_refused_past_the_limit_or_without_the_claim(tdb: None) -> None:
+    from selvedge_django.engine.ports import TaskClaim
+    from selvedge_django.operations import client_store
+
+    release.clear()
+    iid = sv.start_workflow(answer, ["one", "two"])
+    store = client_store()
+    with Worker():
+        assert next(sv.read_stream(iid, "tokens", timeout=20)).value == "one"
+        task = ActivityTask.objects.get(instance_id=iid)  # running: the attempt waits
+        claim = TaskClaim(task.id, iid, task.key, task.claim_owner, task.claim_epoch)
+        store.options.max_stream_entries = 1
+        try:
+            with pytest.raises(sv.StreamLimitExceeded):
+                store.streams.write_live(claim, "tokens", '"over"', 1)
+        finally:
+            store.options.max_stream_entries = 100_000
+        stale = TaskClaim(task.id, iid, task.key, task.claim_owner, task.claim_epoch - 1)
+        with pytest.raises(sv.ActivityCancelled):
+            store.streams.write_live(stale, "tokens", '"stale"', 1)
+        assert stored(iid, "tokens") == [(1, '"one"', 1)]  # neither wrote anything
+        release.set()
+        assert sv.wait_workflow(iid, timeout=20).output == 2
+    assert [e.value for e in sv.read_stream(iid, "tokens", timeout=1)] == ["one", "two"]

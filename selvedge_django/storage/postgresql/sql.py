@@ -34,6 +34,7 @@ __all__ = [
     "SNAPSHOT_ISOLATION",
     "START_WITH_ATTRIBUTES",
     "START_WITH_TASK",
+    "STREAM_WRITE_LIVE",
 ]
 
 # One consistent read of several statements.
@@ -225,4 +226,20 @@ RECEIVE_NEXT = (
     " (SELECT fresh FROM n), (SELECT payload FROM c), (SELECT array_agg(key ORDER BY id) FROM d),"
     " (SELECT array_agg(id ORDER BY id) FROM s), (SELECT array_agg(channel ORDER BY id) FROM s),"
     " (SELECT cancel_requested FROM x), (SELECT cancel_reason FROM x)"
+)
+# An activity attempt's stream write in one statement: the claim checked and share-locked
+# (c), the instance's entry count and whether the stream is closed (s), the stream's next
+# seq under its row lock (n), the entry (e), then the NOTIFY.
+STREAM_WRITE_LIVE = (
+    "WITH c AS (SELECT 1 FROM {task} WHERE id = %s AND claim_owner = %s AND claim_epoch = %s"
+    " AND status = %s FOR SHARE),"
+    " s AS (SELECT COALESCE(SUM(last_seq), 0) AS total, COALESCE(MAX(CASE WHEN key = %s"
+    " AND closed THEN 1 ELSE 0 END), 0) AS closed FROM {stream} WHERE instance_id = %s),"
+    " n AS (INSERT INTO {stream} (instance_id, key, last_seq, closed, updated_at)"
+    " SELECT %s, %s, 1, false, %s FROM c, s WHERE s.closed = 0 AND s.total < %s"
+    " ON CONFLICT (instance_id, key) DO UPDATE SET last_seq = {stream}.last_seq + 1,"
+    " updated_at = excluded.updated_at WHERE NOT {stream}.closed RETURNING last_seq),"
+    " e AS (INSERT INTO {stream_entry} (instance_id, key, seq, value, attempt, activity_id,"
+    " written_at) SELECT %s, %s, last_seq, %s, %s, %s, %s FROM n RETURNING seq)"
+    " SELECT (SELECT seq FROM e), (SELECT count(*) FROM c), {notify}"
 )

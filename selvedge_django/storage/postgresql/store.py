@@ -44,6 +44,7 @@ from .sql import (
     START_WITH_ATTRIBUTES,
     START_WITH_TASK,
 )
+from .streams import PostgresStreams
 from .tasks import PostgresSoleActivity, PostgresTasks
 
 __all__ = ["PostgresInstances", "PostgresStarts", "PostgresStore"]
@@ -223,3 +224,4 @@ class PostgresStore(Store):
     waits_class = PostgresWaits
     tasks_class = PostgresTasks
     sole_activity_class = PostgresSoleActivity
+    streams_class = PostgresStreams
