@@ -1,7 +1,7 @@
 """Reading streams: a generator (and an async iterator) of an instance's stream entries.
 
-A reader subscribes to the instance's stream topic before its first read, so an
-entry committed in between is not missed; the writers' wake-ups (workers of this
+A reader subscribes to the instance's stream topic (and its close) before its first
+read, so an entry committed in between is not missed; the writers' wake-ups (workers of this
 process, and ``LISTEN`` on PostgreSQL through the process's one shared listener,
 as :func:`~selvedge_django.wait_workflow` uses) cut each wait short, and
 ``WAIT_POLL_INTERVAL`` is the fallback poll (SQLite across processes).
@@ -23,7 +23,7 @@ from ..conf import get_settings
 from ..engine.identifiers import check_stream_key
 from ..storage import Store
 from ..storage.streams import StoredEntry, StreamRead
-from ..storage.wakeups import Waker, stream_topic
+from ..storage.wakeups import Waker, closed_topic, stream_topic
 from .base import client_store, known_id
 from .results import _LoopWaker
 
@@ -65,9 +65,15 @@ def _check(instance_id: str, key: str, after: int, timeout: float | None) -> tup
     return instance_id, key
 
 
+def _topics(instance_id: str) -> tuple[str, str]:
+    """What wakes a reader: a write to (or close of) a stream, and the instance's close."""
+    return stream_topic(instance_id), closed_topic(instance_id)
+
+
 def _subscribe(instance_id: str, waker: Waker) -> Store:
     store = client_store()
-    store.bus.subscribe(stream_topic(instance_id), waker)
+    for topic in _topics(instance_id):
+        store.bus.subscribe(topic, waker)
     if store.db.notify_enabled:
         from ..storage.postgresql.listener import ensure_listener
 
@@ -99,7 +105,6 @@ def read_stream(
     poll = get_settings().wait_poll_interval
     waker = Waker()
     store = _subscribe(instance_id, waker)
-    topic = stream_topic(instance_id)
     try:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -121,7 +126,8 @@ def read_stream(
                 wait = min(wait, remaining)
             waker.wait(wait)
     finally:
-        store.bus.unsubscribe(topic, waker)
+        for topic in _topics(instance_id):
+            store.bus.unsubscribe(topic, waker)
 
 
 async def aread_stream(
@@ -135,7 +141,6 @@ async def aread_stream(
     poll = get_settings().wait_poll_interval
     waker = _LoopWaker(asyncio.get_running_loop())
     store = await sync_to_async(_subscribe)(instance_id, waker)
-    topic = stream_topic(instance_id)
     read = sync_to_async(store.streams.read)
     try:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -160,4 +165,5 @@ async def aread_stream(
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(waker.event.wait(), wait)
     finally:
-        store.bus.unsubscribe(topic, waker)
+        for topic in _topics(instance_id):
+            store.bus.unsubscribe(topic, waker)

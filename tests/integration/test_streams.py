@@ -26,6 +26,7 @@ from selvedge_django.operations import REDACTED, prune
 from selvedge_django.streams import event_stream_response
 from selvedge_django.testing import run_until_idle
 from selvedge_django.worker import Worker
+from tests.conftest import wait_until
 from tests.testapp.workflows.streams import (
     answer,
     big,
@@ -348,3 +349,27 @@ def test_a_live_write_is_refused_past_the_limit_or_without_the_claim(tdb: None) 
         release.set()
         assert sv.wait_workflow(iid, timeout=20).output == 2
     assert [e.value for e in sv.read_stream(iid, "tokens", timeout=1)] == ["one", "two"]
+
+
+def test_a_waiting_reader_ends_when_the_instance_is_terminated(tdb: None) -> None:
+    iid = sv.start_workflow(steps, 1)
+    run_until_idle(Worker())
+    ended = threading.Event()
+    got: list[int] = []
+
+    def read() -> None:
+        try:
+            got.extend(e.seq for e in sv.read_stream(iid, "steps", timeout=120))
+            ended.set()
+        finally:
+            connection.close()
+
+    # A poll interval far beyond the test's wait: only the close's wake-up can end it.
+    with override_settings(SELVEDGE={**_settings(), "WAIT_POLL_INTERVAL": 60}):
+        thread = threading.Thread(target=read)
+        thread.start()
+        wait_until(lambda: got == [1] or None, timeout=10)
+        sv.terminate_workflow(iid, reason="stop streaming")
+        assert ended.wait(10), "the reader slept through the instance's close"
+        thread.join(10)
+    assert got == [1]
