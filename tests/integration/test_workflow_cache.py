@@ -130,6 +130,12 @@ INPUTS: dict[str, Any] = {
     "test.reject_flow": {"catch": True},
     "test.tx_flow": {},
     "test.atomic_probe": None,
+    "test.streams.steps": 2,
+    "test.streams.retried": 1,
+    "test.streams.once": "x",
+    "test.streams.closed": None,
+    "test.streams.many": 3,
+    "test.streams.big": 10,
 }
 # Sent a cancel request once parked (after the signals it was sent, if any).
 CANCEL = {
@@ -162,6 +168,8 @@ SKIP = {
     "wait.crash_receive": "kills its worker process",
     "test.hold_then_record": "holds an inline attempt until its test releases it",
     "cancel.misuse": "calls from a foreign thread (timing of its own test)",
+    "test.streams.answer": "its activity waits for a threading event its test sets",
+    "test.streams.crashy": "its first attempt waits until its worker process is killed",
 }
 MAX_SIGNALS = 5
 
