@@ -34,7 +34,7 @@ from ..conf import get_settings
 from ..models import WorkflowInstance, WorkflowStatus
 from ..registry import get_workflow
 from . import actions as instance_actions
-from . import console, dashboard, recovery
+from . import console, dashboard, recovery, streams
 from .base import (
     APP,
     PERM_CANCEL,
@@ -434,6 +434,7 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
             route("<path:object_id>/terminate/", instance_actions.terminate_view, "terminate"),
             route("<path:object_id>/signal/", instance_actions.signal_view, "signal"),
             route("<path:object_id>/export/", instance_actions.export_view, "export"),
+            route("<path:object_id>/stream-events/", streams.stream_events_view, "stream_events"),
             *super().get_urls(),
         ]
 
@@ -493,4 +494,6 @@ def detail_context(
         "export_url": action_url("export", has_permission(request, PERM_EXPORT)),
         "query_url": action_url("query", has_permission(request, PERM_QUERY)),
         "replay_check_url": action_url("replay_check", has_permission(request, PERM_REPLAY_CHECK)),
+        # The live list of each open stream's new entries (values: view_payloads only).
+        "stream_events_url": action_url("stream_events", sections["show_values"]),
     }

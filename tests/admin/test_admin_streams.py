@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import re
 from typing import Any
 
@@ -21,7 +22,8 @@ def page_of(client: Client, instance_id: str) -> str:
     url = reverse("admin:selvedge_django_workflowinstance_change", args=(quote(instance_id),))
     response = client.get(url)
     assert response.status_code == 200
-    return response.content.decode().split('id="selvedge-streams"')[1].split("</div>")[0]
+    page = response.content.decode().split('id="selvedge-streams"')[1]
+    return page.split('id="selvedge-children"')[0]
 
 
 def login(django_user_model: Any, *codenames: str) -> Client:
@@ -63,3 +65,32 @@ def test_an_instance_without_streams_says_so(django_user_model: Any) -> None:
     iid = sv.start_workflow("test.add", {"a": 1, "b": 2})
     run_until_idle(Worker())
     assert "No streams." in page_of(login(django_user_model, "view_workflowinstance"), iid)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_page_follows_open_streams_live_for_users_who_see_values(
+    django_user_model: Any,
+) -> None:
+    iid = sv.start_workflow(steps, 2)
+    run_until_idle(Worker())
+    viewer = login(django_user_model, "view_workflowinstance", "view_payloads")
+    section = page_of(viewer, iid)
+    found = re.search(r'class="selvedge-live-stream" data-url="([^"]+)"', section)
+    assert found is not None
+    url = html.unescape(found.group(1))
+    assert url.endswith("/stream-events/?key=steps&after=2")
+    assert "selvedge_django/streams.js" in section
+    # Without view_payloads: no live list, and the view refuses.
+    other = login(django_user_model, "view_workflowinstance")
+    assert "selvedge-live-stream" not in page_of(other, iid)
+    assert other.get(url).status_code == 403
+    # What the page's EventSource gets: the entries after the ones shown, once written.
+    sv.signal(iid, "go")
+    run_until_idle(Worker())  # writes entry 3 and closes the stream
+    response = viewer.get(url)
+    assert response["Content-Type"] == "text/event-stream"
+    body = b"".join(response.streaming_content).decode()  # type: ignore[attr-defined]
+    assert "id: 3\n" in body and "id: 2\n" not in body and "event: end" in body
+    missing = url.replace(quote(iid), "nobody")
+    assert viewer.get(missing).status_code == 404
+    assert viewer.get(url.replace("key=steps", "key=")).status_code == 400
