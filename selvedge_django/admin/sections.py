@@ -132,7 +132,7 @@ def instance_sections(
             "attempt": attempt,
             "activity_id": truncate(activity_id or "", ID_CHARS),
             "written_at": format_time(written_at),
-            "value": truncate(head or "", CELL_CHARS),
+            "value": truncate(clear_text(head) or "", CELL_CHARS),
             "size": size,
         }
         for key, seq, attempt, activity_id, written_at, head, size in (

@@ -373,3 +373,30 @@ def test_a_waiting_reader_ends_when_the_instance_is_terminated(tdb: None) -> Non
         assert ended.wait(10), "the reader slept through the instance's close"
         thread.join(10)
     assert got == [1]
+
+
+def test_stream_values_are_encrypted_at_rest_with_a_payload_codec(tdb: None) -> None:
+    from django.db import connection as conn
+
+    from selvedge_django.codecs import FernetCodec
+
+    secret = "card 4242-4242-4242-4242"
+    codec = {"PAYLOAD_CODEC": "selvedge_django.codecs.FernetCodec"}
+    with override_settings(
+        SELVEDGE={**_settings(), **codec, "PAYLOAD_KEYS": [FernetCodec.generate_key()]}
+    ):
+        flow = sv.start_workflow(steps, 1)
+        activity = sv.start_workflow(run_once, secret)
+        run_until_idle(Worker())
+        table = conn.ops.quote_name(WorkflowStreamEntry._meta.db_table)
+        with conn.cursor() as cursor:
+            cursor.execute(f"SELECT value FROM {table}")
+            stored_values = [row[0] for row in cursor.fetchall()]
+        assert len(stored_values) == 2
+        assert all('"$codec"' in text and "step" not in text for text in stored_values)
+        assert not any(secret in text for text in stored_values)
+        # Readers, exports and the admin's reads get the clear values back.
+        assert next(sv.read_stream(flow, "steps", timeout=5)).value == {"step": 0}
+        assert [e.value for e in sv.read_stream(activity, "once", timeout=5)] == [secret]
+        assert sv.export_history(activity).streams[0].value == secret
+        assert secret not in sv.export_history(activity, redact=True).to_json()
