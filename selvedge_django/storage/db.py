@@ -67,8 +67,6 @@ class Database:
     DUE_TIMERS_LOCK: ClassVar[str] = ""
     #: The row locks of a claim's candidates (PostgreSQL: FOR UPDATE SKIP LOCKED).
     CLAIM_LOCK: ClassVar[str] = ""
-    #: A shared lock on the rows a read checks (PostgreSQL: FOR SHARE), held to commit.
-    SHARE_LOCK: ClassVar[str] = ""
     #: The next creation number of an instance (sql.NEXT_SEQ_POSTGRESQL, NEXT_SEQ_SQLITE):
     #: dispatch takes equal ranks in the order of these numbers.
     NEXT_SEQ: ClassVar[str] = ""

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 
 from .. import exceptions as exc
 from .. import metrics
@@ -74,6 +74,10 @@ class StreamRead:
 
 class Streams:
     """Stream entries: fenced workflow writes, claim-fenced activity writes, reads."""
+
+    #: The lock an activity's write takes on its task row, held to commit, which a close
+    #: cancelling the task waits for (PostgreSQL: FOR SHARE; SQLite has one writer).
+    CLAIM_LOCK: ClassVar[str] = ""
 
     def __init__(self, db: Database, options: StoreOptions) -> None:
         self.db = db
@@ -129,7 +133,7 @@ class Streams:
         (:class:`StreamLimitExceeded`); a refused write writes nothing.
         """
         instance_id = claim.instance_id
-        held = sql.compose(sql.STREAM_CLAIM_HELD, lock=self.db.SHARE_LOCK)
+        held = sql.compose(sql.STREAM_CLAIM_HELD, lock=self.CLAIM_LOCK)
         with self.db.atomic():
             params = [claim.task_id, claim.owner, claim.epoch, str(ActivityTaskStatus.RUNNING)]
             if not self.db._fetch(held, params):

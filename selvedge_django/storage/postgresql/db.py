@@ -54,7 +54,6 @@ class PostgresDatabase(Database):
     can_notify = True
     DUE_TIMERS_LOCK = DUE_TIMERS_LOCK
     CLAIM_LOCK = " FOR UPDATE SKIP LOCKED"
-    SHARE_LOCK = " FOR SHARE"
 
     @property
     def one_statement(self) -> bool:

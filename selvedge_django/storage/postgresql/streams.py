@@ -27,6 +27,7 @@ class PostgresStreams(Streams):
     """Stream entries on PostgreSQL: a live write in one statement."""
 
     db: PostgresDatabase
+    CLAIM_LOCK = " FOR SHARE"
 
     @operation
     def write_live(self, claim: TaskClaim, key: str, value: str, attempt: int) -> int:
