@@ -192,13 +192,19 @@ def test_claims_keep_the_running_attempts_of_a_key_within_its_limit(
     start_span("other", concurrency_key="acct-2", max_concurrency=2)
     queue_tasks(clock)
     first = store().tasks.claim_tasks("w1", 10, ["flow.span"])
-    assert sorted(t.claim.instance_id for t in first) == ["free", "k1", "k2", "other"]
-    assert claim("w2", 10) == []  # k3 waits: two attempts of "acct" run
-    task = ActivityTask.objects.get(instance_id="k3")
+    taken = sorted(t.claim.instance_id for t in first)
+    # Which two of "acct" go first follows the order the worker ran its dispatched
+    # batch in (PostgreSQL's RETURNING keeps no order); that exactly two go, and the
+    # third waits, does not.
+    keyed = [tag for tag in taken if tag.startswith("k")]
+    assert len(keyed) == 2 and {"free", "other"} <= set(taken) and len(taken) == 4
+    (waiting,) = {"k1", "k2", "k3"} - set(keyed)
+    assert claim("w2", 10) == []  # the third waits: two attempts of "acct" run
+    task = ActivityTask.objects.get(instance_id=waiting)
     assert (task.status, task.attempts) == ("queued", 0)
-    done = next(t for t in first if t.claim.instance_id == "k1")
-    assert store().tasks.complete_task(done.claim, '"k1"')
-    assert claim("w2", 10) == ["k3"]
+    done = next(t for t in first if t.claim.instance_id == keyed[0])
+    assert store().tasks.complete_task(done.claim, f'"{keyed[0]}"')
+    assert claim("w2", 10) == [waiting]
 
 
 def test_a_lapsed_attempt_frees_its_slot_and_its_task_is_claimed_again(
