@@ -48,7 +48,7 @@ class Cancels:
     @operation
     def cancel_state(self, instance_id: str) -> tuple[bool, str]:
         """(cancel requested, reason) of an instance; (False, "") when it does not exist."""
-        rows = self.db._fetch(sql.SELECT_CANCEL_STATE, [instance_id])
+        rows = self.db._fetch(sql.SELECT_CANCEL_STATE, {"instance_id": instance_id})
         if not rows:
             return False, ""
         return bool(rows[0][0]), str(rows[0][1])

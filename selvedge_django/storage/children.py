@@ -203,7 +203,7 @@ class Children:
         when known, None to read it.
         """
         if parent is None:
-            rows = self.db._fetch(sql.SELECT_PARENT, [iid])
+            rows = self.db._fetch(sql.SELECT_PARENT, {"instance_id": iid})
             parent = (str(rows[0][0]), str(rows[0][1])) if rows else ("", "")
         parent_id, parent_key = parent
         if not parent_id:

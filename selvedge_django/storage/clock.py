@@ -50,12 +50,12 @@ class DbNowMs(Func):
         raise exc.SelvedgeError(f"unsupported database vendor {connection.vendor!r}")
 
     def as_postgresql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
-        return sql.NOW_MS_POSTGRESQL, [self.offset_ms]
+        return sql.positional(sql.NOW_MS_POSTGRESQL), [self.offset_ms]
 
     def as_sqlite(  # type: ignore[override]
         self, compiler: Any, connection: Any, **extra: Any
     ) -> tuple[str, list[Any]]:
-        return sql.NOW_MS_SQLITE, [self.offset_ms]
+        return sql.positional(sql.NOW_MS_SQLITE), [self.offset_ms]
 
 
 def aware_utc(value: Any) -> datetime:

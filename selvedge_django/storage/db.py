@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 from django.db import IntegrityError, connections, transaction
@@ -42,7 +42,7 @@ from ..models import (
 from . import sql
 from .clock import DbNowMs, clock_offset_ms
 from .operation import operation
-from .sql import Sql
+from .sql import Params, Sql
 from .wakeups import TOPIC_RUNNABLE, Bus, bus_for
 
 __all__ = ["Database", "Sql"]
@@ -130,19 +130,18 @@ class Database:
     @operation
     def now_ms(self) -> int:
         """The database clock in Unix milliseconds (one read)."""
-        now = self.now_sql()
-        rows = self._fetch(sql.SELECT_NOW, now.params)
+        rows = self._fetch(sql.SELECT_NOW, {})
         return int(rows[0][0])
 
     @operation
     def now_sql(self, plus_seconds: float = 0.0) -> Sql:
         """The database clock in milliseconds (plus ``plus_seconds``) as a SQL value."""
+        now = sql.positional(self.NOW_MS)
         if plus_seconds:
             return Sql(
-                sql.compose(sql.PLUS_MS, value=self.NOW_MS),
-                [clock_offset_ms(), round(plus_seconds * 1000)],
+                sql.compose(sql.PLUS_MS, value=now), [clock_offset_ms(), round(plus_seconds * 1000)]
             )
-        return Sql(self.NOW_MS, [clock_offset_ms()])
+        return Sql(now, [clock_offset_ms()])
 
     @operation
     @contextlib.contextmanager
@@ -194,7 +193,7 @@ class Database:
         """Whether a poll should take its locks; True unless the dialect probes first."""
         return True
 
-    def _worth_writing(self, probe: str, params: Sequence[Any]) -> bool:
+    def _worth_writing(self, probe: str, params: Params) -> bool:
         """:meth:`worth_locking` for a hand-written probe (a statement returning a row)."""
         return True
 
@@ -244,26 +243,35 @@ class Database:
             callback = self.on_closed
             transaction.on_commit(lambda: callback(instance_id), using=self.alias)
 
-    def _execute(self, statement: str, params: Sequence[Any]) -> int:
+    def _execute(self, statement: str, params: Params) -> int:
         """Run one hand-written statement; return the rows it touched.
 
         The hottest statements (fences, history rows, activity arrivals) skip the
         ORM's query building, which costs ten times the statement itself on a
         local database. ``{instance}``, ``{history}``, ``{task}``, ``{signal}``,
         ``{timer}`` and ``{schedule}`` name the tables, ``{now}`` is the database
-        clock (its parameter is the caller's).
+        clock (:meth:`_bound` binds its ``clock_offset``); ``params`` bind by name.
         """
         with self.connection.cursor() as cursor:
-            cursor.execute(self._tables(statement), params)
+            cursor.execute(*self._bound(statement, params))
             return int(cursor.rowcount)
 
-    def _fetch(self, statement: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+    def _fetch(self, statement: str, params: Params) -> list[tuple[Any, ...]]:
         """Run one hand-written statement that returns rows (named as in _execute)."""
         with self.connection.cursor() as cursor:
-            cursor.execute(self._tables(statement), params)
+            cursor.execute(*self._bound(statement, params))
             return list(cursor.fetchall())
 
-    def _tables(self, statement: str) -> str:
+    def _bound(self, statement: str, params: Params) -> tuple[str, Params]:
+        """The statement with its tables and clock filled, and the values it binds."""
+        if not isinstance(params, Mapping):  # a statement still bound by position
+            return self._tables(statement, named=False), params
+        text = self._tables(statement)
+        if sql.CLOCK_OFFSET in text:
+            params = {**params, "clock_offset": clock_offset_ms()}
+        return text, params
+
+    def _tables(self, statement: str, *, named: bool = True) -> str:
         names = self._table_names
         if names is None:
             quote = self.connection.ops.quote_name
@@ -281,6 +289,8 @@ class Database:
                 "stream_entry": quote(WorkflowStreamEntry._meta.db_table),
                 "now": self.NOW_MS,
             }
+        if not named:
+            return statement.format_map({**names, "now": sql.positional(self.NOW_MS)})
         return statement.format_map(names)
 
     def _insert(
@@ -436,13 +446,16 @@ class Database:
         Tells a fence check that also required no cancel request (``uncancelled``) and
         matched nothing apart from a lost lease.
         """
-        rows = self._fetch(
-            sql.CANCEL_REASON_UNDER_FENCE,
-            [fence.instance_id, fence.owner, fence.epoch, str(WorkflowStatus.RUNNING)],
-        )
+        rows = self._fetch(sql.CANCEL_REASON_UNDER_FENCE, self._fence_params(fence))
         if not rows or not rows[0][0]:
             return None
         return str(rows[0][1])
+
+    @staticmethod
+    def _fence_params(fence: Fence) -> dict[str, Any]:
+        """What a fenced statement names: the instance, the lease, the status it must have."""
+        lease = {"instance_id": fence.instance_id, "owner": fence.owner, "epoch": fence.epoch}
+        return {**lease, "running": str(WorkflowStatus.RUNNING)}
 
     @staticmethod
     def _fenced_error(fence: Fence) -> exc.Fenced:
@@ -518,7 +531,7 @@ class Database:
         (``ready_ms`` in the future) keeps its backoff, whatever arrives meanwhile.
         SET expressions read the row as it was before the update.
         """
-        return Sql(self._tables(sql.WAKE_SET), [clock_offset_ms(), True])
+        return Sql(self._tables(sql.WAKE_SET, named=False), [clock_offset_ms(), True])
 
     @operation
     def wake_fields(self) -> dict[str, Any]:
@@ -581,7 +594,7 @@ class Database:
     #: "runnable is true" as the statements spell it.
     RUNNABLE_SQL: ClassVar[str] = "runnable"
 
-    def _status_rows(self, template: str, index: str, params: list[object]) -> list[Any]:
+    def _status_rows(self, template: str, index: str, params: Mapping[str, object]) -> list[Any]:
         """Run a status statement meant for ``index`` (the planner picks it here)."""
         return self._fetch(sql.compose(template, hint="", runnable=self.RUNNABLE_SQL), params)
 
@@ -590,10 +603,10 @@ class Database:
         table: str,
         columns: str,
         where: str,
-        where_params: list[Any],
         set_sql: str,
-        set_params: list[Any],
+        params: dict[str, Any],
     ) -> list[tuple[Any, ...]]:
         """Renew the rows of ``table`` matching ``where``; return (*columns, renewed) per
-        matching row, renewed false for a row another transaction holds (PostgreSQL)."""
+        matching row, renewed false for a row another transaction holds (PostgreSQL).
+        ``params`` binds ``where`` and ``set_sql`` by name."""
         raise NotImplementedError

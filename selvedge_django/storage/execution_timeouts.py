@@ -108,7 +108,7 @@ class ExecutionTimeouts:
     def _lock_family(self, instance_id: str) -> bool:
         """Lock the parent's row (if any) and then the instance's, in the lock order of
         a close, unless another transaction holds one of them (False)."""
-        rows = self.db._fetch(sql.SELECT_PARENT, [instance_id])
+        rows = self.db._fetch(sql.SELECT_PARENT, {"instance_id": instance_id})
         if not rows:
             return False
         parent_id = str(rows[0][0])

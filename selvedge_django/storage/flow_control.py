@@ -33,28 +33,28 @@ class Limits:
         self.db = db
         self.options = options
 
-    def _claim_pick(self, names: Sequence[str], limit: int) -> tuple[str, list[Any]]:
+    def _claim_pick(self, names: Sequence[str], limit: int) -> tuple[str, dict[str, Any]]:
         """sql.CLAIM_PICK with this store's queues, full queues and concurrency room."""
         filters = ""
-        params: list[Any] = []
+        params = sql.numbered("name", names)
         if self.options.activity_queues is not None:
             queues = list(self.options.activity_queues)
-            filters += sql.compose(sql.CLAIM_QUEUES, queues=sql.marks(len(queues)))
-            params += queues
+            filters += sql.compose(sql.CLAIM_QUEUES, queues=sql.marks(len(queues), "queue"))
+            params.update(sql.numbered("queue", queues))
         full = self._full_queues()
         if full:
-            filters += sql.compose(sql.CLAIM_NOT_QUEUES, queues=sql.marks(len(full)))
-            params += full
+            filters += sql.compose(sql.CLAIM_NOT_QUEUES, queues=sql.marks(len(full), "full"))
+            params.update(sql.numbered("full", full))
         filters += " AND " + sql.CONCURRENCY_ROOM
         statement = sql.compose(
             sql.CLAIM_PICK,
-            names=", ".join([sql.CLAIM_NAME] * len(names)),
+            names=sql.claim_names(len(names)),
             filters=filters,
             lock=self.db.CLAIM_LOCK,
             limit=str(int(limit)),
             hint=self.db._index_hint("sv_task_rank_idx"),
         )
-        return statement, [*names, *self.db.now_sql().params, *params, *params]
+        return statement, params
 
     def _next_in_queue(self, names: Sequence[str] | None) -> RawSQL:
         """sql.INLINE_NEXT for a claim by a worker serving ``names`` (None: all)."""
@@ -65,9 +65,9 @@ class Limits:
             hint=self.db._index_hint("sv_task_rank_idx"),
         )
         clock = self.db.now_sql().params
-        return RawSQL(self.db._tables(text), [*clock, *served, *clock], BooleanField())
+        return RawSQL(self.db._tables(text, named=False), [*clock, *served, *clock], BooleanField())
 
-    def _claim_probe(self, names: Sequence[str]) -> tuple[str, list[Any]]:
+    def _claim_probe(self, names: Sequence[str]) -> tuple[str, dict[str, Any]]:
         """Whether a claim would find a candidate (:meth:`Database._worth_writing`'s probe)."""
         statement, params = self._claim_pick(names, 1)
         return sql.compose(sql.CLAIM_PROBE, pick=statement), params
@@ -101,8 +101,8 @@ class Limits:
         self.db._lock_limits(queues, keys)
         running: dict[str, int] = {}
         if keys:
-            statement = sql.compose(sql.RUNNING_BY_KEY, keys=sql.marks(len(keys)))
-            counted = self.db._fetch(statement, [*self.db.now_sql().params, *keys])
+            statement = sql.compose(sql.RUNNING_BY_KEY, keys=sql.marks(len(keys), "key"))
+            counted = self.db._fetch(statement, sql.numbered("key", keys))
             running = {key: int(count) for key, count in counted}
         room: dict[str, int] = {}
         for queue in queues:
@@ -126,15 +126,15 @@ class Limits:
         """Record the claims just taken of rate-limited queues, in the claim's transaction,
         at the claims' own time (``claim_started_ms``, later than the count before them)."""
         if task_ids:
-            statement = sql.compose(sql.QUEUE_RECORD, ids=sql.marks(len(task_ids)))
-            self.db._execute(statement, task_ids)
+            statement = sql.compose(sql.QUEUE_RECORD, ids=sql.marks(len(task_ids), "task"))
+            self.db._execute(statement, sql.numbered("task", task_ids))
 
     def _queue_room(self, queue: str, count: int, period_ms: int) -> int:
         """How many claims ``queue``'s window has room for now (pruning what left it);
         a full window is remembered in :attr:`queues_full_until` until it frees."""
-        clock = self.db.now_sql().params
-        self.db._execute(sql.QUEUE_PRUNE, [queue, *clock, period_ms])
-        window = self.db._fetch(sql.QUEUE_WINDOW, [*clock, queue, *clock, period_ms])
+        window_params = {"queue": queue, "period_ms": period_ms}
+        self.db._execute(sql.QUEUE_PRUNE, window_params)
+        window = self.db._fetch(sql.QUEUE_WINDOW, window_params)
         claimed, oldest, now_ms = window[0]
         room = count - int(claimed)
         if room <= 0 and oldest is not None:

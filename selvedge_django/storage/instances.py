@@ -82,14 +82,11 @@ class Instances:
     @operation
     def set_progress(self, fence: Fence, progress: str) -> None:
         """Store the instance's progress (JSON text) under the fence, in one statement."""
-        params = [
-            progress,
-            self.db._now_param(),
-            fence.instance_id,
-            fence.owner,
-            fence.epoch,
-            str(WorkflowStatus.RUNNING),
-        ]
+        params = {
+            "progress": progress,
+            "updated_at": self.db._now_param(),
+            **self.db._fence_params(fence),
+        }
         if self.db._execute(sql.SET_PROGRESS, params) != 1:
             raise self.db._fenced_error(fence)
 
@@ -129,21 +126,19 @@ class Instances:
         versions = self.options.compatible_versions
         if limit <= 0 or (names is not None and not names) or versions == ():
             return []
-        clock = self.db.now_sql().params
-        named = "" if names is None else sql.in_list("workflow_name", len(names))
-        name_params = [] if names is None else list(names)
+        named = "" if names is None else sql.in_list("workflow_name", len(names), "workflow")
+        ttl_ms = round(ttl * 1000)
+        params = {"owner": owner, "limit": limit, "ttl_ms": ttl_ms, "runnable": False}
+        params.update(sql.numbered("workflow", names or ()))
         if versions is not None:
             version_sql, version_params = self.versions_sql(versions)
             named += version_sql
-            name_params += version_params
+            params.update(version_params)
         if passed_over:
-            named += sql.not_in_list("instance_id", len(passed_over))
-            name_params += list(passed_over)
+            named += sql.not_in_list("instance_id", len(passed_over), "passed")
+            params.update(sql.numbered("passed", passed_over))
         named += sql.DISPATCH_STICKY
-        name_params += [owner, *clock]
-        where = [*clock, *name_params]
-        ttl_ms = round(ttl * 1000)
-        rows = self._lease_rows(owner, limit, named, where, [owner, *clock, ttl_ms, False])
+        rows = self._lease_rows(named, params)
         return [(Fence(row[0], owner, row[1]), self._leased_head(row, ttl_ms)) for row in rows]
 
     def _leased_head(self, row: Sequence[Any], ttl_ms: int) -> InstanceHead:
@@ -151,26 +146,29 @@ class Instances:
         lag = None if taken_over else max(0, int(expires_ms) - ttl_ms - int(ready_ms))
         return replace(self._head(row[2:]), dispatch_lag_ms=lag, taken_over=bool(taken_over))
 
-    def _lease_rows(
-        self, owner: str, limit: int, named: str, where: list[Any], lease_params: list[Any]
-    ) -> list[tuple[Any, ...]]:
+    def _lease_rows(self, named: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         """Lease the candidates; return (id, epoch, *HEAD_COLUMNS, ready_ms,
         lease_expires_ms, whether the lease taken had expired) per leased row.
 
-        ``named`` is the workflow-name condition of both parts (``where`` their
-        parameters: the clock, then the names), ``lease_params`` those of the lease.
+        ``named`` is the workflow-name, version and sticky condition of both parts;
+        ``params`` binds it, the batch size (``limit``) and the lease (``owner``,
+        ``ttl_ms``, ``runnable``) by name.
         """
         raise NotImplementedError
 
     @staticmethod
-    def versions_sql(versions: Sequence[str | None]) -> tuple[str, list[Any]]:
+    def versions_sql(versions: Sequence[str | None]) -> tuple[str, dict[str, Any]]:
         """COMPATIBLE_VERSIONS as a dispatch condition (None: unversioned instances)."""
         named = [v for v in versions if v is not None]
         unversioned = len(named) < len(versions)
         if not named:
-            return sql.VERSIONS_NULL, []
+            return sql.VERSIONS_NULL, {}
         rest = " OR code_version IS NULL" if unversioned else ""
-        return sql.compose(sql.VERSIONS_IN, versions=sql.marks(len(named)), unversioned=rest), named
+        marks = sql.marks(len(named), "version")
+        return (
+            sql.compose(sql.VERSIONS_IN, versions=marks, unversioned=rest),
+            sql.numbered("version", named),
+        )
 
     def _head(self, row: Sequence[Any]) -> InstanceHead:
         name, input_value, status, cancel_requested, reason, parent, parent_key = row[:7]
@@ -256,18 +254,18 @@ class Instances:
         back is then unspecified).
         """
         if head is None:
-            rows = self.db._fetch(sql.SELECT_HEAD, [instance_id])
+            rows = self.db._fetch(sql.SELECT_HEAD, {"instance_id": instance_id})
             if not rows:
                 raise exc.WorkflowNotFound(instance_id)
             head = self._head(rows[0])
         history: list[HistoryRow] = []
         signals: list[SignalPosition] = []
-        params: list[Any]
         if max_events is None:
-            statement, params = sql.SNAPSHOT, [instance_id, instance_id]
+            rows = self.db._fetch(sql.SNAPSHOT, {"instance_id": instance_id})
         else:
-            statement, params = sql.SNAPSHOT_BOUNDED, [instance_id, max_events + 1, instance_id]
-        rows = self.db._fetch(statement, params)
+            rows = self.db._fetch(
+                sql.SNAPSHOT_BOUNDED, {"instance_id": instance_id, "limit": max_events + 1}
+            )
         for kind, row_id, key, seq, command, event_type, data, reserved, delivered in rows:
             if kind == 0:
                 history.append(HistoryRow(key, seq, command, event_type, data, reserved, delivered))
@@ -375,10 +373,7 @@ class Instances:
     def execution_errors(self, fence: Fence) -> int | None:
         """How many executions in a row ended on a storage error before the one ``fence``
         holds; None when that lease is no longer held (or the instance closed)."""
-        rows = self.db._fetch(
-            sql.SELECT_EXECUTION_ERRORS,
-            [fence.instance_id, fence.owner, fence.epoch, str(WorkflowStatus.RUNNING)],
-        )
+        rows = self.db._fetch(sql.SELECT_EXECUTION_ERRORS, self.db._fence_params(fence))
         return int(rows[0][0]) if rows else None
 
     @operation
@@ -394,18 +389,14 @@ class Instances:
         return (
             self.db._execute(
                 sql.DEFER_EXECUTION,
-                [
-                    True,
-                    *self.db.now_sql().params,
-                    round(delay * 1000),
-                    errors,
-                    message[:EXECUTION_ERROR_CHARS],
-                    self.db._now_param(),
-                    fence.instance_id,
-                    fence.owner,
-                    fence.epoch,
-                    str(WorkflowStatus.RUNNING),
-                ],
+                {
+                    "runnable": True,
+                    "delay_ms": round(delay * 1000),
+                    "errors": errors,
+                    "message": message[:EXECUTION_ERROR_CHARS],
+                    "updated_at": self.db._now_param(),
+                    **self.db._fence_params(fence),
+                },
             )
             == 1
         )
@@ -438,7 +429,7 @@ class Instances:
         :class:`InstanceClosed`.
         """
         with self.db.atomic():
-            rows = self.db._fetch(sql.SELECT_TERMINATE_HEAD, [instance_id])
+            rows = self.db._fetch(sql.SELECT_TERMINATE_HEAD, {"instance_id": instance_id})
             if not rows:
                 raise exc.WorkflowNotFound(instance_id)
             status, parent_id, parent_key, workflow_name = rows[0]
@@ -448,30 +439,26 @@ class Instances:
             parent = self.children._wake_waiting_parent(
                 instance_id, (str(parent_id), str(parent_key))
             )
-            now = self.db._now_param()
-            params: list[Any] = [
-                str(WorkflowStatus.FAILED),
-                error,
-                envelope_type(error),
-                False,
-                now,
-                now,
-                instance_id,
-                str(WorkflowStatus.RUNNING),
-            ]
+            params: dict[str, Any] = {
+                "failed": str(WorkflowStatus.FAILED),
+                "error": error,
+                "error_type": envelope_type(error),
+                "runnable": False,
+                "closed_at": self.db._now_param(),
+                "instance_id": instance_id,
+                "running": str(WorkflowStatus.RUNNING),
+            }
             guard = "" if fence is None else sql.TERMINATE_FENCED
             if fence is not None:
-                params += [fence.owner, fence.epoch]
+                params.update(owner=fence.owner, epoch=fence.epoch)
             if overdue:
-                now_ms = self.db.now_sql()
-                guard += sql.compose(sql.TERMINATE_OVERDUE, now=now_ms.sql)
-                params += now_ms.params
+                guard += sql.TERMINATE_OVERDUE
             statement = sql.compose(sql.TERMINATE_UPDATE, fenced=guard)
             if self.db._execute(statement, params) != 1:
                 if fence is not None:
                     raise self.db._fenced_error(fence)
                 # Closed by its execution while this transaction waited for the row.
-                closed = self.db._fetch(sql.SELECT_STATUS, [instance_id])
+                closed = self.db._fetch(sql.SELECT_STATUS, {"instance_id": instance_id})
                 if overdue and closed[0][0] == WorkflowStatus.RUNNING:
                     raise exc.InvalidWorkflowState(
                         instance_id, str(closed[0][0]), f"{instance_id!r} is not overdue"

@@ -36,7 +36,7 @@ class Reads:
     @operation
     def get_result_row(self, instance_id: str) -> tuple[str, str | None, str | None]:
         """An instance's (status, output, error), in one hand-written read."""
-        rows = self.db._fetch(sql.SELECT_RESULT, [instance_id])
+        rows = self.db._fetch(sql.SELECT_RESULT, {"instance_id": instance_id})
         if not rows:
             raise WorkflowNotFound(instance_id)
         status, output, error = rows[0]
@@ -50,7 +50,7 @@ class Reads:
         aware (UTC), the error envelopes as stored text; the task's fields are empty when
         it has no task under ``key`` yet. WorkflowNotFound when there is no instance.
         """
-        rows = self.db._fetch(sql.SELECT_TASK_RECORD, [key, instance_id])
+        rows = self.db._fetch(sql.SELECT_TASK_RECORD, {"key": key, "instance_id": instance_id})
         if not rows:
             raise WorkflowNotFound(instance_id)
         row: Sequence[Any] = rows[0]

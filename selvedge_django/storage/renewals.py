@@ -55,20 +55,17 @@ class Renewals:
         for start in range(0, len(fences), RENEWAL_BATCH):
             chunk = list(fences[start : start + RENEWAL_BATCH])
             match = sql.any_of(sql.LEASE_MATCH, len(chunk))
-            params: list[Any] = []
-            for fence in chunk:
-                params += [fence.instance_id, fence.epoch, fence.owner]
-            clock = self.db.now_sql().params
+            params: dict[str, Any] = {
+                "running": str(WorkflowStatus.RUNNING),
+                "ttl_ms": round(ttl * 1000),
+            }
+            for i, fence in enumerate(chunk):
+                params[f"instance_{i}"] = fence.instance_id
+                params[f"epoch_{i}"] = fence.epoch
+                params[f"owner_{i}"] = fence.owner
             where = sql.compose(sql.LIVE_LEASES, match=match)
-            where_params = [*params, *clock, str(WorkflowStatus.RUNNING)]
-            set_params = [*clock, round(ttl * 1000)]
             rows = self.db._renew(
-                "{instance}",
-                "instance_id, lease_epoch",
-                where,
-                where_params,
-                sql.RENEW_LEASE_SET,
-                set_params,
+                "{instance}", "instance_id, lease_epoch", where, sql.RENEW_LEASE_SET, params
             )
             state = {(row[0], int(row[1])): bool(row[2]) for row in rows}
             for fence in chunk:
@@ -95,30 +92,21 @@ class Renewals:
         for start in range(0, len(claims), RENEWAL_BATCH):
             chunk = list(claims[start : start + RENEWAL_BATCH])
             match = sql.any_of(sql.CLAIM_MATCH, len(chunk))
-            params: list[Any] = []
-            ttl_cases: list[Any] = []
-            for claim, ttl in chunk:
-                params += [claim.task_id, claim.epoch, claim.owner]
-                ttl_cases += [claim.task_id, round(ttl * 1000)]
-            clock = self.db.now_sql().params
+            params: dict[str, Any] = {"running": str(ActivityTaskStatus.RUNNING)}
+            for i, (claim, ttl) in enumerate(chunk):
+                params[f"task_{i}"] = claim.task_id
+                params[f"epoch_{i}"] = claim.epoch
+                params[f"owner_{i}"] = claim.owner
+                params[f"ttl_ms_{i}"] = round(ttl * 1000)
             where = sql.compose(sql.LIVE_CLAIMS, match=match)
-            where_params = [*params, *clock, str(ActivityTaskStatus.RUNNING)]
-            expires_params = [*clock, *ttl_cases]
             set_sql = sql.renew_claim_set(len(chunk))
-            set_params = [*expires_params, *expires_params]
             new = details or {}
             given = [(claim.task_id, new[claim]) for claim, _ in chunk if claim in new]
             if given:
                 set_sql += sql.renew_details_set(len(given))
-                set_params += [value for pair in given for value in pair]
-            rows = self.db._renew(
-                "{task}",
-                "id, claim_epoch",
-                where,
-                where_params,
-                set_sql,
-                set_params,
-            )
+                for j, (task_id, value) in enumerate(given):
+                    params.update({f"detailed_{j}": task_id, f"details_{j}": value})
+            rows = self.db._renew("{task}", "id, claim_epoch", where, set_sql, params)
             state = {(int(row[0]), int(row[1])): bool(row[2]) for row in rows}
             for claim, _ in chunk:
                 renewed = state.get((claim.task_id, claim.epoch))

@@ -242,7 +242,7 @@ class ScheduleStore:
     @operation
     def probe_due(self) -> bool:
         """Whether any schedule needs the leader now (one read, no lock)."""
-        params = [False, *self.store.db.now_sql().params, False, str(WorkflowStatus.RUNNING)]
+        params = {"paused": False, "running": str(WorkflowStatus.RUNNING)}
         return bool(self.store.db._fetch(sql.SCHEDULES_DUE_PROBE, params))
 
     @operation
@@ -366,8 +366,9 @@ class ScheduleStore:
         unique = sorted(set(run_ids))
         for first in range(0, len(unique), 500):
             chunk = unique[first : first + 500]
-            statement = sql.compose(sql.RUN_STATUSES, ids=sql.marks(len(chunk)))
-            found.update((str(i), str(s)) for i, s in self.store.db._fetch(statement, chunk))
+            statement = sql.compose(sql.RUN_STATUSES, ids=sql.marks(len(chunk), "run"))
+            rows = self.store.db._fetch(statement, sql.numbered("run", chunk))
+            found.update((str(i), str(s)) for i, s in rows)
         return found
 
     def _start_runs(
@@ -410,21 +411,21 @@ class ScheduleStore:
             recent = [*reversed(record.started), *recent][:RECENT_RUNS]
         updated = self.store.db._execute(
             sql.RECORD_SCHEDULE,
-            [
-                record.next_slot_ms,
-                record.due_ms,
-                record.buffered_slot_ms,
-                last_run_id,
-                last_run_ms,
-                json.dumps(recent),
-                record.new_runs,
-                record.missed,
-                record.overlap_skipped,
-                record.last_error,
-                self.store.db._now_param(),
-                row.name,
-                row.version,
-            ],
+            {
+                "next_slot_ms": record.next_slot_ms,
+                "next_due_ms": record.due_ms,
+                "buffered_slot_ms": record.buffered_slot_ms,
+                "last_run_id": last_run_id,
+                "last_run_ms": last_run_ms,
+                "recent_runs": json.dumps(recent),
+                "new_runs": record.new_runs,
+                "missed": record.missed,
+                "overlap_skipped": record.overlap_skipped,
+                "last_error": record.last_error,
+                "updated_at": self.store.db._now_param(),
+                "name": row.name,
+                "version": row.version,
+            },
         )
         if updated != 1:
             raise _Conflict(row.name)

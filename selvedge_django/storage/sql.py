@@ -2,19 +2,39 @@
 
 Placeholders: ``{instance}``, ``{history}``, ``{task}``, ``{signal}``, ``{timer}``
 and ``{schedule}`` name the tables and ``{now}`` is the database clock in Unix
-milliseconds (one ``%s``: the test clock offset), all filled by
-``Database._tables`` when the statement runs. Other placeholders are parts a
-method fills with :func:`compose` (an IN list, an optional condition). The
-statements only PostgreSQL or only SQLite runs live in
+milliseconds, all filled by ``Database._tables`` when the statement runs. Other
+placeholders are parts a method fills with :func:`compose` (an IN list, an optional
+condition). The statements only PostgreSQL or only SQLite runs live in
 :mod:`.postgresql` and :mod:`.sqlite`.
+
+Values are bound by name (``%(instance_id)s``), as a mapping the caller builds
+next to the call: no list whose order must match a statement in another file.
+One name is one value: a statement that needs a value twice names it twice, and
+parts combined into one statement agree on the names they share (:func:`bind`
+refuses two values under one name). ``{now}`` binds ``clock_offset`` (the test
+clock's offset), which ``Database._execute`` adds. A literal ``%`` is written ``%%``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["Sql", "compose", "in_list", "marks"]
+__all__ = [
+    "Params",
+    "Sql",
+    "bind",
+    "compose",
+    "in_list",
+    "marks",
+    "not_in_list",
+    "numbered",
+    "positional",
+]
+
+#: The values of a hand-written statement: by name (or, for the statements not yet
+#: converted and those the ORM composes, by position).
+Params = Mapping[str, Any] | Sequence[Any]
 
 
 class Sql:
@@ -27,6 +47,26 @@ class Sql:
         self.params = list(params)
 
 
+def bind(*parts: Mapping[str, Any]) -> dict[str, Any]:
+    """The values of statement parts combined into one statement, by name.
+
+    A name two parts share must carry one value (an instance id the fence and the
+    history row both name); two different values under one name are a bug.
+    """
+    values: dict[str, Any] = {}
+    for part in parts:
+        for name, value in part.items():
+            if name in values and values[name] != value:
+                raise ValueError(f"statement parts bind {name!r} to two values")
+            values[name] = value
+    return values
+
+
+def positional(fragment: str) -> str:
+    """``fragment`` with the clock's named mark as ``%s``, for the ORM (RawSQL, Func)."""
+    return fragment.replace(CLOCK_OFFSET, "%s")
+
+
 def compose(template: str, **parts: str) -> str:
     """Fill the named ``{parts}`` of ``template``, leaving the table and clock names."""
     for name, part in parts.items():
@@ -34,32 +74,46 @@ def compose(template: str, **parts: str) -> str:
     return template
 
 
-def marks(count: int) -> str:
-    """``%s, %s, ...``: ``count`` parameter marks."""
-    return ", ".join(["%s"] * count)
+def marks(count: int, name: str | None = None) -> str:
+    """``count`` parameter marks: ``%(name_0)s, %(name_1)s, ...`` (:func:`numbered` binds
+    them), or ``%s, %s, ...`` without a name (a statement the ORM composes)."""
+    if name is None:
+        return ", ".join(["%s"] * count)
+    return ", ".join(f"%({name}_{i})s" for i in range(count))
 
 
-def in_list(column: str, count: int) -> str:
-    """`` AND column IN (%s, ...)`` for ``count`` values; empty (every row) for none."""
+def numbered(name: str, values: Sequence[Any]) -> dict[str, Any]:
+    """The values of :func:`marks` with ``name``: ``{name_0: values[0], ...}``."""
+    return {f"{name}_{i}": value for i, value in enumerate(values)}
+
+
+def in_list(column: str, count: int, name: str | None = None) -> str:
+    """`` AND column IN (...)`` for ``count`` values (:func:`marks`); empty (every row)
+    for none."""
     if not count:
         return ""
-    return f" AND {column} IN ({marks(count)})"
+    return f" AND {column} IN ({marks(count, name)})"
 
 
-def not_in_list(column: str, count: int) -> str:
-    """`` AND column NOT IN (%s, ...)`` for ``count`` values; empty (every row) for none."""
+def not_in_list(column: str, count: int, name: str | None = None) -> str:
+    """`` AND column NOT IN (...)`` for ``count`` values (:func:`marks`); empty (every
+    row) for none."""
     if not count:
         return ""
-    return f" AND {column} NOT IN ({marks(count)})"
+    return f" AND {column} NOT IN ({marks(count, name)})"
 
 
 # -- the clock -----------------------------------------------------------------------------
 
+# The clock's one parameter: the test clock's offset in ms (0 outside tests).
+CLOCK_OFFSET = "%(clock_offset)s"
 # The database clock in ms on PostgreSQL: statement_timestamp() is stable within a
 # statement, so comparisons with it can drive index scans (clock_timestamp() cannot).
-NOW_MS_POSTGRESQL = "(CAST(EXTRACT(EPOCH FROM statement_timestamp()) * 1000 AS BIGINT) + %s)"
+NOW_MS_POSTGRESQL = (
+    f"(CAST(EXTRACT(EPOCH FROM statement_timestamp()) * 1000 AS BIGINT) + {CLOCK_OFFSET})"
+)
 # The database clock in ms on SQLite.
-NOW_MS_SQLITE = "(CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) + %s)"
+NOW_MS_SQLITE = f"(CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) + {CLOCK_OFFSET})"
 # A clock value plus a number of milliseconds.
 PLUS_MS = "({value} + %s)"
 # Read the database clock.
@@ -93,13 +147,14 @@ FENCE_SET_RELEASE = (
 FENCE_UNCANCELLED = " AND cancel_requested = %s"
 # ctx.set_progress(): the instance's progress, fenced like FENCE_UPDATE.
 SET_PROGRESS = (
-    "UPDATE {instance} SET progress = %s, updated_at = %s WHERE instance_id = %s"
-    " AND lease_owner = %s AND lease_epoch = %s AND status = %s"
+    "UPDATE {instance} SET progress = %(progress)s, updated_at = %(updated_at)s"
+    " WHERE instance_id = %(instance_id)s AND lease_owner = %(owner)s"
+    " AND lease_epoch = %(epoch)s AND status = %(running)s"
 )
 # The cancel request of an instance a fence still holds (after an uncancelled fence failed).
 CANCEL_REASON_UNDER_FENCE = (
-    "SELECT cancel_requested, cancel_reason FROM {instance} WHERE instance_id = %s"
-    " AND lease_owner = %s AND lease_epoch = %s AND status = %s"
+    "SELECT cancel_requested, cancel_reason FROM {instance} WHERE instance_id = %(instance_id)s"
+    " AND lease_owner = %(owner)s AND lease_epoch = %(epoch)s AND status = %(running)s"
 )
 # The columns of a history row insert, then VALUES or a SELECT from a CTE.
 _HISTORY_INSERT = (
@@ -150,27 +205,27 @@ NEXT_SEQ_POSTGRESQL = "nextval('selvedge_django_instance_seq')"
 # next row gets (the largest plus one; SQLite finds the largest without a scan).
 NEXT_SEQ_SQLITE = "(SELECT COALESCE(MAX(rowid), 0) + 1 FROM {instance})"
 # The workflow of an instance (an id a start found taken).
-SELECT_WORKFLOW_NAME = "SELECT workflow_name FROM {instance} WHERE instance_id = %s"
+SELECT_WORKFLOW_NAME = "SELECT workflow_name FROM {instance} WHERE instance_id = %(instance_id)s"
 # An instance's result, for the client API.
-SELECT_RESULT = "SELECT status, output, error FROM {instance} WHERE instance_id = %s"
+SELECT_RESULT = "SELECT status, output, error FROM {instance} WHERE instance_id = %(instance_id)s"
 # A django.tasks record: the instance and its task by key (no task row yet: NULLs).
 SELECT_TASK_RECORD = (
     "SELECT i.workflow_name, i.status, i.input, i.output, i.error, i.started_at, i.closed_at,"
     " t.status, t.attempts, t.failures, t.last_error, t.claim_owner, t.claim_started_ms"
-    " FROM {instance} i LEFT JOIN {task} t ON t.instance_id = i.instance_id AND t.key = %s"
-    " WHERE i.instance_id = %s"
+    " FROM {instance} i LEFT JOIN {task} t ON t.instance_id = i.instance_id AND t.key = %(key)s"
+    " WHERE i.instance_id = %(instance_id)s"
 )
 # An instance's status.
-SELECT_STATUS = "SELECT status FROM {instance} WHERE instance_id = %s"
+SELECT_STATUS = "SELECT status FROM {instance} WHERE instance_id = %(instance_id)s"
 # What an execution reads of its instance (when it did not come with the lease).
-SELECT_HEAD = f"SELECT {HEAD_COLUMNS} FROM {{instance}} WHERE instance_id = %s"
+SELECT_HEAD = f"SELECT {HEAD_COLUMNS} FROM {{instance}} WHERE instance_id = %(instance_id)s"
 # Dispatch, first part: running, owned under an expired lease ({named}: the names).
 DISPATCH_EXPIRED = (
     "status = 'running' AND NOT (lease_owner = '') AND lease_expires_ms < {now}{named}"
 )
 # Both parts of a dispatch pass over an instance another worker keeps in its workflow
 # cache until its sticky window ends (the worker's own, and any other once it ended).
-DISPATCH_STICKY = " AND (sticky_owner = '' OR sticky_owner = %s OR sticky_until_ms <= {now})"
+DISPATCH_STICKY = " AND (sticky_owner = '' OR sticky_owner = %(owner)s OR sticky_until_ms <= {now})"
 # The dispatch order of ready instances, smallest first: the expression of the index
 # sv_inst_rank_idx (models.PriorityRank), so the planner walks that index; equal ranks
 # go in the order of creation (READY_ORDER, the index's next column).
@@ -182,8 +237,8 @@ TASK_RANK = "(not_before_ms - 60000 * priority)"
 DISPATCH_READY = "status = 'running' AND lease_owner = '' AND runnable AND ready_ms <= {now}{named}"
 # The SET of a dispatch: the lease to the owner, a new epoch, not runnable.
 LEASE_SET = (
-    "UPDATE {instance} SET lease_owner = %s, lease_epoch = lease_epoch + 1,"
-    " lease_expires_ms = {now} + %s, runnable = %s"
+    "UPDATE {instance} SET lease_owner = %(owner)s, lease_epoch = lease_epoch + 1,"
+    " lease_expires_ms = {now} + %(ttl_ms)s, runnable = %(runnable)s"
 )
 # Release a lease (input that arrived keeps it runnable); says whether it is runnable.
 # A suspended execution also records where it parked (NULL: keep the last one), and the
@@ -199,20 +254,20 @@ RELEASE_LEASE = (
 )
 _SNAPSHOT_HISTORY = (
     "SELECT 0, id, key, seq, command, event_type, data, reservation, delivered_seq"
-    " FROM {history} WHERE instance_id = %s"
+    " FROM {history} WHERE instance_id = %(instance_id)s"
 )
 _SNAPSHOT_SIGNALS = (
     " UNION ALL SELECT 1, id, channel, delivered_seq, NULL, NULL, NULL, NULL,"
-    " consumed_seq FROM {signal} WHERE instance_id = %s AND delivered_seq IS NOT NULL"
+    " consumed_seq FROM {signal} WHERE instance_id = %(instance_id)s AND delivered_seq IS NOT NULL"
     " AND archived_generation IS NULL"
 )
 # An instance's whole history and its delivered signals, in one statement.
 SNAPSHOT = _SNAPSHOT_HISTORY + _SNAPSHOT_SIGNALS
 # SNAPSHOT reading at most a number of history rows.
-SNAPSHOT_BOUNDED = f"SELECT * FROM ({_SNAPSHOT_HISTORY} LIMIT %s) bounded{_SNAPSHOT_SIGNALS}"
+SNAPSHOT_BOUNDED = f"SELECT * FROM ({_SNAPSHOT_HISTORY} LIMIT %(limit)s) bounded{_SNAPSHOT_SIGNALS}"
 # An instance's cancel request.
 SELECT_CANCEL_STATE = (
-    "SELECT cancel_requested, cancel_reason FROM {instance} WHERE instance_id = %s"
+    "SELECT cancel_requested, cancel_reason FROM {instance} WHERE instance_id = %(instance_id)s"
 )
 # The close: status, outcome, lease cleared, under the fence (one conditional update).
 CLOSE_UPDATE = (
@@ -226,36 +281,41 @@ CLOSE_UPDATE = (
 CLOSE_UNLEASED = CLOSE_UPDATE + " AND cancel_requested = %s"
 # The storage errors in a row of an instance a lease still holds.
 SELECT_EXECUTION_ERRORS = (
-    "SELECT execution_errors FROM {instance} WHERE instance_id = %s"
-    " AND lease_owner = %s AND lease_epoch = %s AND status = %s"
+    "SELECT execution_errors FROM {instance} WHERE instance_id = %(instance_id)s"
+    " AND lease_owner = %(owner)s AND lease_epoch = %(epoch)s AND status = %(running)s"
 )
 # Release a lease after a storage error, holding the instance back (fenced).
 DEFER_EXECUTION = (
-    "UPDATE {instance} SET lease_owner = '', lease_expires_ms = NULL, runnable = %s,"
-    " ready_ms = {now} + %s, execution_errors = %s, execution_error = %s,"
-    " updated_at = %s WHERE instance_id = %s AND lease_owner = %s"
-    " AND lease_epoch = %s AND status = %s"
+    "UPDATE {instance} SET lease_owner = '', lease_expires_ms = NULL, runnable = %(runnable)s,"
+    " ready_ms = {now} + %(delay_ms)s, execution_errors = %(errors)s,"
+    " execution_error = %(message)s, updated_at = %(updated_at)s"
+    " WHERE instance_id = %(instance_id)s AND lease_owner = %(owner)s"
+    " AND lease_epoch = %(epoch)s AND status = %(running)s"
 )
 # What terminate reads first.
 SELECT_TERMINATE_HEAD = (
     "SELECT status, parent_instance_id, parent_key, workflow_name FROM {instance}"
-    " WHERE instance_id = %s"
+    " WHERE instance_id = %(instance_id)s"
 )
 # Terminate: failed, a new lease epoch, lease cleared ({fenced}: TERMINATE_FENCED or nothing).
 TERMINATE_UPDATE = (
-    "UPDATE {instance} SET status = %s, output = NULL, error = %s, error_type = %s,"
-    " lease_owner = '', lease_expires_ms = NULL, lease_epoch = lease_epoch + 1, runnable = %s,"
-    " closed_at = %s, updated_at = %s WHERE instance_id = %s AND status = %s{fenced}"
+    "UPDATE {instance} SET status = %(failed)s, output = NULL, error = %(error)s,"
+    " error_type = %(error_type)s, lease_owner = '', lease_expires_ms = NULL,"
+    " lease_epoch = lease_epoch + 1, runnable = %(runnable)s, closed_at = %(closed_at)s,"
+    " updated_at = %(closed_at)s WHERE instance_id = %(instance_id)s"
+    " AND status = %(running)s{fenced}"
 )
 # TERMINATE_UPDATE part: only while this execution holds the lease.
-TERMINATE_FENCED = " AND lease_owner = %s AND lease_epoch = %s"
+TERMINATE_FENCED = " AND lease_owner = %(owner)s AND lease_epoch = %(epoch)s"
 # TERMINATE_UPDATE part: only while the run is past its execution deadline.
 TERMINATE_OVERDUE = " AND execution_deadline_ms < {now}"
 
 # -- children ------------------------------------------------------------------------------
 
 # An instance's parent and the parent's command key.
-SELECT_PARENT = "SELECT parent_instance_id, parent_key FROM {instance} WHERE instance_id = %s"
+SELECT_PARENT = (
+    "SELECT parent_instance_id, parent_key FROM {instance} WHERE instance_id = %(instance_id)s"
+)
 # WAKE_RUNNING part: the parent's child command still waits for an outcome, in the history
 # that started the child (a continue-as-new since then opened another: its rows are not
 # this child's, even under the same key).
@@ -267,7 +327,7 @@ PARENT_WAITS = (
 
 # -- timers --------------------------------------------------------------------------------
 
-_TIMER_DUE = "t.fired = %s AND t.fire_at_ms <= {now}"
+_TIMER_DUE = "t.fired = %(fired)s AND t.fire_at_ms <= {now}"
 # Whether any timer is due (the probe before a write transaction, SQLite).
 TIMER_DUE_PROBE = f"SELECT 1 FROM {{timer}} t WHERE {_TIMER_DUE} LIMIT 1"
 # The due timers with their instance's status and command ({lock}: the dialect's locks).
@@ -276,16 +336,17 @@ DUE_TIMERS = (
     " h.command"
     " FROM {timer} t JOIN {instance} i ON i.instance_id = t.instance_id"
     " LEFT JOIN {history} h ON h.instance_id = t.instance_id AND h.key = t.key"
-    f" WHERE {_TIMER_DUE} ORDER BY t.fire_at_ms, t.id LIMIT %s{{lock}}"
+    f" WHERE {_TIMER_DUE} ORDER BY t.fire_at_ms, t.id LIMIT %(limit)s{{lock}}"
 )
 # Give a history row still waiting for its value that value (an arrival).
 FILL_HISTORY = (
-    "UPDATE {history} SET event_type = %s, data = %s, arrived_at = %s"
-    " WHERE instance_id = %s AND key = %s AND data IS NULL"
+    "UPDATE {history} SET event_type = %(event_type)s, data = %(data)s,"
+    " arrived_at = %(arrived_at)s WHERE instance_id = %(instance_id)s AND key = %(key)s"
+    " AND data IS NULL"
 )
 # Milliseconds until the next armed timer is due.
 NEXT_TIMER_DUE = (
-    "SELECT fire_at_ms - {now} FROM {timer} WHERE fired = %s ORDER BY fire_at_ms LIMIT 1"
+    "SELECT fire_at_ms - {now} FROM {timer} WHERE fired = %(fired)s ORDER BY fire_at_ms LIMIT 1"
 )
 
 # -- signals and deliveries ----------------------------------------------------------------
@@ -301,26 +362,28 @@ SIGNAL_KEY_CONFLICT = (
     " ON CONFLICT (instance_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"
 )
 # The signal an idempotency key already delivered to an instance.
-SIGNAL_BY_KEY = "SELECT id FROM {signal} WHERE instance_id = %s AND idempotency_key = %s"
+SIGNAL_BY_KEY = (
+    "SELECT id FROM {signal} WHERE instance_id = %(instance_id)s AND idempotency_key = %(key)s"
+)
 # The oldest unconsumed signal of a channel.
 NEXT_SIGNAL = (
-    "SELECT id, channel, payload FROM {signal} WHERE instance_id = %s AND channel = %s"
-    " AND consumed_seq IS NULL ORDER BY id LIMIT 1"
+    "SELECT id, channel, payload FROM {signal} WHERE instance_id = %(instance_id)s"
+    " AND channel = %(channel)s AND consumed_seq IS NULL ORDER BY id LIMIT 1"
 )
 # Consume one signal at a history position (unless consumed already).
 CONSUME_SIGNAL = (
-    "UPDATE {signal} SET consumed_seq = %s, consumed_key = %s"
-    " WHERE id = %s AND instance_id = %s AND consumed_seq IS NULL"
+    "UPDATE {signal} SET consumed_seq = %(seq)s, consumed_key = %(key)s"
+    " WHERE id = %(signal_id)s AND instance_id = %(instance_id)s AND consumed_seq IS NULL"
 )
 # Mark arrived history values delivered at a position ({keys}: all, or an IN list).
 DELIVER_HISTORY = (
-    "UPDATE {history} SET delivered_seq = %s WHERE instance_id = %s"
+    "UPDATE {history} SET delivered_seq = %(seq)s WHERE instance_id = %(instance_id)s"
     " AND delivered_seq IS NULL AND data IS NOT NULL AND seq IS NOT NULL"
     "{keys} RETURNING id, key"
 )
 # Mark signals delivered at a position ({ids}: all, or an IN list).
 DELIVER_SIGNALS = (
-    "UPDATE {signal} SET delivered_seq = %s WHERE instance_id = %s"
+    "UPDATE {signal} SET delivered_seq = %(seq)s WHERE instance_id = %(instance_id)s"
     " AND delivered_seq IS NULL{ids} RETURNING id, channel"
 )
 
@@ -355,15 +418,16 @@ INSERT_QUEUED_TASK = (
 # -- claims --------------------------------------------------------------------------------
 # Claim tasks no claim held before (one claim length): each row updated once.
 CLAIM_FRESH = (
-    "UPDATE {task} SET status = %s, attempts = attempts + 1, claim_owner = %s,"
+    "UPDATE {task} SET status = %(running)s, attempts = attempts + 1, claim_owner = %(owner)s,"
     " claim_epoch = claim_epoch + 1, claim_started_ms = {now}, schedule_deadline_ms = NULL,"
-    " claim_expires_ms = {now} + %s, attempt_deadline_ms = (CASE WHEN %s THEN {now} + %s END)"
+    " claim_expires_ms = {now} + %(ttl_ms)s,"
+    " attempt_deadline_ms = (CASE WHEN %(has_deadline)s THEN {now} + %(deadline_ms)s END)"
     " WHERE id IN ({ids})"
 )
 # What a claim reads back of the tasks it took.
 CLAIMED_BACK = (
     "SELECT id, claim_epoch, attempts, failures, claim_started_ms FROM {task}"
-    " WHERE id IN ({ids}) AND claim_owner = %s"
+    " WHERE id IN ({ids}) AND claim_owner = %(owner)s"
 )
 
 _CLAIM_COLUMNS = "id, queue, concurrency_key, max_concurrency"
@@ -391,8 +455,13 @@ CLAIM_PICK = (
 )
 # Whether a claim would find anything ({pick}: CLAIM_PICK for one row).
 CLAIM_PROBE = "SELECT 1 FROM ({pick}) p"
-# CLAIM_PICK's VALUES row of one activity name.
-CLAIM_NAME = "(%s)"
+
+
+def claim_names(count: int) -> str:
+    """CLAIM_PICK's VALUES rows of ``count`` activity names (``name_0``, ...)."""
+    return ", ".join(f"(%(name_{i})s)" for i in range(count))
+
+
 # CLAIM_PICK part: only these queues ({queues}: marks).
 CLAIM_QUEUES = " AND queue IN ({queues})"
 # CLAIM_PICK part: not these (rate-limited, full) queues ({queues}: marks).
@@ -429,13 +498,15 @@ RUNNING_BY_KEY = (
     " AND NOT (concurrency_key = '') AND claim_expires_ms >= {now}"
     " AND concurrency_key IN ({keys}) GROUP BY concurrency_key"
 )
-# A rate-limited queue's claims in its window (the last %s ms), the oldest, and now.
+# A rate-limited queue's claims in its window (the last period_ms), the oldest, and now.
 QUEUE_WINDOW = (
     "SELECT COUNT(*), MIN(claimed_ms), {now} FROM {queue_claim}"
-    " WHERE queue = %s AND claimed_ms > {now} - %s"
+    " WHERE queue = %(queue)s AND claimed_ms > {now} - %(period_ms)s"
 )
 # Forget a queue's claims that left its window.
-QUEUE_PRUNE = "DELETE FROM {queue_claim} WHERE queue = %s AND claimed_ms <= {now} - %s"
+QUEUE_PRUNE = (
+    "DELETE FROM {queue_claim} WHERE queue = %(queue)s AND claimed_ms <= {now} - %(period_ms)s"
+)
 # Record the claims of rate-limited queues just taken ({ids}: marks), at the claims' own
 # time: a claim counted later sees exactly the claims of the last period before it.
 QUEUE_RECORD = (
@@ -447,26 +518,35 @@ QUEUE_RECORD = (
 
 
 def any_of(term: str, count: int) -> str:
-    """``(term OR term ...)``: ``count`` copies of one parenthesised condition."""
-    return "(" + " OR ".join([term] * count) + ")"
+    """``(term OR term ...)``: ``count`` copies of one parenthesised condition, the
+    ``{i}`` of its names numbered 0, 1, ..."""
+    return "(" + " OR ".join(compose(term, i=str(i)) for i in range(count)) + ")"
 
 
-# One lease of a renewal batch.
-LEASE_MATCH = "(instance_id = %s AND lease_epoch = %s AND lease_owner = %s)"
+# One lease of a renewal batch (the i-th).
+LEASE_MATCH = (
+    "(instance_id = %(instance_{i})s AND lease_epoch = %(epoch_{i})s"
+    " AND lease_owner = %(owner_{i})s)"
+)
 # The leases of a batch still live ({match}: any_of(LEASE_MATCH)).
-LIVE_LEASES = "{match} AND lease_expires_ms >= {now} AND status = %s"
+LIVE_LEASES = "{match} AND lease_expires_ms >= {now} AND status = %(running)s"
 # A renewed lease's expiry.
-RENEW_LEASE_SET = "lease_expires_ms = {now} + %s"
-# One claim of a renewal batch.
-CLAIM_MATCH = "(id = %s AND claim_epoch = %s AND claim_owner = %s)"
+RENEW_LEASE_SET = "lease_expires_ms = {now} + %(ttl_ms)s"
+# One claim of a renewal batch (the i-th).
+CLAIM_MATCH = "(id = %(task_{i})s AND claim_epoch = %(epoch_{i})s AND claim_owner = %(owner_{i})s)"
 # The claims of a batch still live ({match}: any_of(CLAIM_MATCH)).
-LIVE_CLAIMS = "{match} AND claim_expires_ms >= {now} AND status = %s"
+LIVE_CLAIMS = "{match} AND claim_expires_ms >= {now} AND status = %(running)s"
 
 
 def renew_claim_set(count: int) -> str:
-    """A renewed claim's expiry: now plus its TTL (a CASE over ``count`` task ids), never
-    past the attempt's deadline (NULL < x is not true: no deadline, the full TTL)."""
-    ttl = "CASE id" + " WHEN %s THEN CAST(%s AS BIGINT)" * count + " END"
+    """A renewed claim's expiry: now plus its TTL (a CASE over ``count`` task ids, those
+    CLAIM_MATCH names), never past the attempt's deadline (NULL < x is not true: no
+    deadline, the full TTL)."""
+    ttl = (
+        "CASE id"
+        + "".join(f" WHEN %(task_{i})s THEN CAST(%(ttl_ms_{i})s AS BIGINT)" for i in range(count))
+        + " END"
+    )
     expires = f"({{now}} + {ttl})"
     return (
         f"claim_expires_ms = CASE WHEN attempt_deadline_ms < {expires}"
@@ -476,8 +556,8 @@ def renew_claim_set(count: int) -> str:
 
 def renew_details_set(count: int) -> str:
     """The heartbeat details a renewal stores: a CASE over ``count`` task ids with new
-    details, the other rows of the batch keep theirs."""
-    cases = " WHEN %s THEN %s" * count
+    details (``detailed_{j}``, ``details_{j}``), the other rows of the batch keep theirs."""
+    cases = "".join(f" WHEN %(detailed_{j})s THEN %(details_{j})s" for j in range(count))
     return f", heartbeat_details = CASE id{cases} ELSE heartbeat_details END"
 
 
@@ -485,10 +565,10 @@ def renew_details_set(count: int) -> str:
 
 # Whether the leader has anything to do: a slot due, or a held-back slot whose last run closed.
 SCHEDULES_DUE_PROBE = (
-    "SELECT 1 WHERE EXISTS (SELECT 1 FROM {schedule} WHERE paused = %s AND next_due_ms <= {now})"
-    " OR EXISTS (SELECT 1 FROM {schedule} s WHERE s.paused = %s"
+    "SELECT 1 WHERE EXISTS (SELECT 1 FROM {schedule} WHERE paused = %(paused)s"
+    " AND next_due_ms <= {now}) OR EXISTS (SELECT 1 FROM {schedule} s WHERE s.paused = %(paused)s"
     " AND s.buffered_slot_ms IS NOT NULL AND NOT EXISTS (SELECT 1 FROM {instance} i"
-    " WHERE i.instance_id = s.last_run_id AND i.status = %s))"
+    " WHERE i.instance_id = s.last_run_id AND i.status = %(running)s))"
 )
 # Start runs ({columns}, {rows}): rows whose id already exists are left alone.
 START_RUNS = "INSERT INTO {instance} ({columns}) VALUES {rows} ON CONFLICT (instance_id) DO NOTHING"
@@ -506,10 +586,13 @@ CANCEL_RUN = (
 )
 # The bookkeeping of one schedule after a plan or a start, under its version.
 RECORD_SCHEDULE = (
-    "UPDATE {schedule} SET next_slot_ms = %s, next_due_ms = %s, buffered_slot_ms = %s,"
-    " last_run_id = %s, last_run_ms = %s, recent_runs = %s, runs_started = runs_started + %s,"
-    " missed_runs = missed_runs + %s, overlap_skipped_runs = overlap_skipped_runs + %s,"
-    " last_error = %s, version = version + 1, updated_at = %s WHERE name = %s AND version = %s"
+    "UPDATE {schedule} SET next_slot_ms = %(next_slot_ms)s, next_due_ms = %(next_due_ms)s,"
+    " buffered_slot_ms = %(buffered_slot_ms)s, last_run_id = %(last_run_id)s,"
+    " last_run_ms = %(last_run_ms)s, recent_runs = %(recent_runs)s,"
+    " runs_started = runs_started + %(new_runs)s, missed_runs = missed_runs + %(missed)s,"
+    " overlap_skipped_runs = overlap_skipped_runs + %(overlap_skipped)s,"
+    " last_error = %(last_error)s, version = version + 1, updated_at = %(updated_at)s"
+    " WHERE name = %(name)s AND version = %(version)s"
 )
 # The dispatch condition of COMPATIBLE_VERSIONS ({versions}: marks; {unversioned}: the
 # NULL part or nothing). code_version is a column of both dispatch indexes.
@@ -524,31 +607,33 @@ STATUS_COLUMNS = (
     "instance_id, workflow_name, lease_owner, lease_expires_ms, ready_ms, lease_epoch,"
     " parked_seq, execution_errors, execution_error, generation"
 )
-# Runnable and ready by %s, the longest waiting first (sv_inst_ready_idx).
+# Runnable and ready by a time (ms), the longest waiting first (sv_inst_ready_idx).
 STATUS_READY = (
     f"SELECT {STATUS_COLUMNS} FROM {{instance}}{{hint}} WHERE status = 'running'"
-    " AND lease_owner = '' AND {runnable} AND ready_ms <= %s ORDER BY ready_ms LIMIT %s"
+    " AND lease_owner = '' AND {runnable} AND ready_ms <= %(by_ms)s ORDER BY ready_ms"
+    " LIMIT %(limit)s"
 )
-# How many are runnable and ready by %s, up to %s (sv_inst_ready_idx).
+# How many are runnable and ready by a time, up to a limit (sv_inst_ready_idx).
 STATUS_READY_COUNT = (
     "SELECT COUNT(*) FROM (SELECT 1 FROM {instance}{hint} WHERE status = 'running'"
-    " AND lease_owner = '' AND {runnable} AND ready_ms <= %s LIMIT %s) counted"
+    " AND lease_owner = '' AND {runnable} AND ready_ms <= %(by_ms)s LIMIT %(limit)s) counted"
 )
-# Leased, with a lease that expires before %s, the earliest first (sv_inst_lease_idx).
+# Leased, with a lease that expires before a time, the earliest first (sv_inst_lease_idx).
 STATUS_LEASED = (
     f"SELECT {STATUS_COLUMNS} FROM {{instance}}{{hint}} WHERE status = 'running'"
-    " AND NOT (lease_owner = '') AND lease_expires_ms < %s ORDER BY lease_expires_ms LIMIT %s"
+    " AND NOT (lease_owner = '') AND lease_expires_ms < %(before_ms)s"
+    " ORDER BY lease_expires_ms LIMIT %(limit)s"
 )
-# Running, suspended past command position %s, the longest first; {floor} is the
+# Running, suspended past a command position, the longest first; {floor} is the
 # condition of sv_inst_long_history_idx when the threshold allows it.
 STATUS_LONG_HISTORY = (
     f"SELECT {STATUS_COLUMNS} FROM {{instance}}{{hint}} WHERE status = 'running'{{floor}}"
-    " AND parked_seq > %s ORDER BY parked_seq DESC LIMIT %s"
+    " AND parked_seq > %(threshold)s ORDER BY parked_seq DESC LIMIT %(limit)s"
 )
 # Running and held back after storage errors, the most first (sv_inst_exec_errors_idx).
 STATUS_EXECUTION_ERRORS = (
     f"SELECT {STATUS_COLUMNS} FROM {{instance}}{{hint}} WHERE status = 'running'"
-    " AND execution_errors > 0 ORDER BY execution_errors DESC LIMIT %s"
+    " AND execution_errors > 0 ORDER BY execution_errors DESC LIMIT %(limit)s"
 )
 
 # -- streams (storage/streams.py) ---------------------------------------------------------

@@ -161,7 +161,7 @@ class Starts:
         id (a committed row, which pruning alone removes: then the id counts as taken).
         """
         if if_exists == "return":
-            rows = self.db._fetch(sql.SELECT_WORKFLOW_NAME, [instance_id])
+            rows = self.db._fetch(sql.SELECT_WORKFLOW_NAME, {"instance_id": instance_id})
             if rows and rows[0][0] == workflow_name:
                 return
         raise exc.WorkflowAlreadyStarted(instance_id)

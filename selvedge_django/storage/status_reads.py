@@ -86,7 +86,9 @@ class StatusReads:
         self.db = db
         self.alias = db.alias
 
-    def _states(self, template: str, index: str, params: list[object]) -> list[InstanceState]:
+    def _states(
+        self, template: str, index: str, params: Mapping[str, object]
+    ) -> list[InstanceState]:
         return [
             InstanceState(
                 instance_id=row[0],
@@ -106,13 +108,15 @@ class StatusReads:
     @operation
     def runnable_instances(self, ready_by_ms: int, limit: int) -> list[InstanceState]:
         """Runnable instances ready by ``ready_by_ms``, the longest waiting first."""
-        return self._states(sql.STATUS_READY, "sv_inst_ready_idx", [ready_by_ms, limit])
+        return self._states(
+            sql.STATUS_READY, "sv_inst_ready_idx", {"by_ms": ready_by_ms, "limit": limit}
+        )
 
     @operation
     def count_runnable(self, ready_by_ms: int, limit: int) -> int:
         """How many instances are runnable and ready by ``ready_by_ms``, up to ``limit``."""
         rows = self.db._status_rows(
-            sql.STATUS_READY_COUNT, "sv_inst_ready_idx", [ready_by_ms, limit]
+            sql.STATUS_READY_COUNT, "sv_inst_ready_idx", {"by_ms": ready_by_ms, "limit": limit}
         )
         return int(rows[0][0])
 
@@ -121,7 +125,9 @@ class StatusReads:
         self, expired_before_ms: int = EVERY_LEASE_MS, limit: int = 100
     ) -> list[InstanceState]:
         """Leased instances whose lease expires before ``expired_before_ms``, earliest first."""
-        return self._states(sql.STATUS_LEASED, "sv_inst_lease_idx", [expired_before_ms, limit])
+        return self._states(
+            sql.STATUS_LEASED, "sv_inst_lease_idx", {"before_ms": expired_before_ms, "limit": limit}
+        )
 
     @operation
     def long_histories(self, threshold: int, limit: int) -> list[InstanceState]:
@@ -134,14 +140,18 @@ class StatusReads:
             template = sql.compose(
                 sql.STATUS_LONG_HISTORY, floor=f" AND parked_seq >= {LONG_HISTORY_SEQ}"
             )
-            return self._states(template, "sv_inst_long_history_idx", [threshold, limit])
+            return self._states(
+                template, "sv_inst_long_history_idx", {"threshold": threshold, "limit": limit}
+            )
         template = sql.compose(sql.STATUS_LONG_HISTORY, floor="")
-        return self._states(template, "", [threshold, limit])
+        return self._states(template, "", {"threshold": threshold, "limit": limit})
 
     @operation
     def erring_instances(self, limit: int) -> list[InstanceState]:
         """Running instances held back after storage errors, the most errors first."""
-        return self._states(sql.STATUS_EXECUTION_ERRORS, "sv_inst_exec_errors_idx", [limit])
+        return self._states(
+            sql.STATUS_EXECUTION_ERRORS, "sv_inst_exec_errors_idx", {"limit": limit}
+        )
 
     # -- workers and the leader -------------------------------------------------------
 

@@ -243,25 +243,22 @@ class Tasks:
             )
         for (ttl, start_to_close), group in fresh.items():
             # The tasks no claim held before: one update for those of one claim length.
-            clock = self.db.now_sql().params
             self.db._execute(
-                sql.compose(sql.CLAIM_FRESH, ids=sql.marks(len(group))),
-                [
-                    str(ActivityTaskStatus.RUNNING),
-                    owner,
-                    *clock,
-                    *clock,
-                    round(ttl * 1000),
-                    start_to_close is not None,
-                    *clock,
-                    round((start_to_close or 0) * 1000),
-                    *group,
-                ],
+                sql.compose(sql.CLAIM_FRESH, ids=sql.marks(len(group), "task")),
+                {
+                    "running": str(ActivityTaskStatus.RUNNING),
+                    "owner": owner,
+                    "ttl_ms": round(ttl * 1000),
+                    "has_deadline": start_to_close is not None,
+                    "deadline_ms": round((start_to_close or 0) * 1000),
+                    **sql.numbered("task", group),
+                },
             )
         read_back = {
             task_id: (epoch, attempts, failures, started_ms)
             for task_id, epoch, attempts, failures, started_ms in self.db._fetch(
-                sql.compose(sql.CLAIMED_BACK, ids=sql.marks(len(ids))), [*ids, owner]
+                sql.compose(sql.CLAIMED_BACK, ids=sql.marks(len(ids), "task")),
+                {"owner": owner, **sql.numbered("task", ids)},
             )
         }
         claimed: list[ClaimedTask] = []

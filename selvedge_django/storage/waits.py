@@ -97,14 +97,13 @@ class Waits:
         (their timers fire at the next round), so a fire never waits for, nor
         deadlocks with, an execution observing its timed receive or closing.
         """
-        clock = self.db.now_sql().params
-        params: list[Any] = [False, *clock]
         # A read first where a write transaction locks the whole database.
-        if not self.db._worth_writing(sql.TIMER_DUE_PROBE, params):
+        if not self.db._worth_writing(sql.TIMER_DUE_PROBE, {"fired": False}):
             return 0
         with self.db.atomic():
             due = self.db._fetch(
-                sql.compose(sql.DUE_TIMERS, lock=self.db.DUE_TIMERS_LOCK), [*params, limit]
+                sql.compose(sql.DUE_TIMERS, lock=self.db.DUE_TIMERS_LOCK),
+                {"fired": False, "limit": limit},
             )
             if not due:
                 return 0
@@ -120,13 +119,13 @@ class Waits:
                 else:
                     self.db._execute(
                         sql.FILL_HISTORY,
-                        [
-                            EV_TIMER_EXPIRED,
-                            json.dumps(aware_utc(expires_at).isoformat()),
-                            self.db._now_param(),
-                            instance_id,
-                            key,
-                        ],
+                        {
+                            "event_type": EV_TIMER_EXPIRED,
+                            "data": json.dumps(aware_utc(expires_at).isoformat()),
+                            "arrived_at": self.db._now_param(),
+                            "instance_id": instance_id,
+                            "key": key,
+                        },
                     )
                     delete_ids.append(timer_id)
                 woken.add(instance_id)
@@ -148,7 +147,7 @@ class Waits:
     @operation
     def next_timer_due_ms(self) -> int | None:
         """Milliseconds until the next timer fires on the database clock (None: none armed)."""
-        rows = self.db._fetch(sql.NEXT_TIMER_DUE, [*self.db.now_sql().params, False])
+        rows = self.db._fetch(sql.NEXT_TIMER_DUE, {"fired": False})
         return max(0, int(rows[0][0])) if rows else None
 
     # -- signals ------------------------------------------------------------------------
@@ -184,7 +183,8 @@ class Waits:
         if max_pending is not None:
             # The partial index of pending signals answers the count; LIMIT bounds it.
             where = Sql(
-                self.db._tables(sql.PENDING_SIGNALS_BELOW), [instance_id, max_pending, max_pending]
+                self.db._tables(sql.PENDING_SIGNALS_BELOW, named=False),
+                [instance_id, max_pending, max_pending],
             )
         if idempotency_key is not None:
             row = {"channel": channel, "payload": payload, "trace_context": trace_context}
@@ -229,10 +229,10 @@ class Waits:
                 on_conflict=sql.SIGNAL_KEY_CONFLICT,
             )
             if signal_id is None:
-                status = self.db._fetch(sql.SELECT_STATUS, [instance_id])
+                status = self.db._fetch(sql.SELECT_STATUS, {"instance_id": instance_id})
                 if not status or status[0][0] != WorkflowStatus.RUNNING:
                     self._not_running(instance_id)
-                rows = self.db._fetch(sql.SIGNAL_BY_KEY, [instance_id, key])
+                rows = self.db._fetch(sql.SIGNAL_BY_KEY, {"instance_id": instance_id, "key": key})
                 if rows:
                     return int(rows[0][0])  # already delivered: nothing written, no wake
                 assert max_pending is not None
@@ -243,14 +243,14 @@ class Waits:
 
     def _not_running(self, instance_id: str) -> NoReturn:
         """Raise why a signal cannot land: no such instance, or it is closed."""
-        rows = self.db._fetch(sql.SELECT_STATUS, [instance_id])
+        rows = self.db._fetch(sql.SELECT_STATUS, {"instance_id": instance_id})
         if not rows:
             raise exc.WorkflowNotFound(instance_id)
         raise exc.InstanceClosed.for_status(instance_id, rows[0][0])
 
     @operation
     def next_signal(self, instance_id: str, channel: str) -> SignalMessage | None:
-        rows = self.db._fetch(sql.NEXT_SIGNAL, [instance_id, channel])
+        rows = self.db._fetch(sql.NEXT_SIGNAL, {"instance_id": instance_id, "channel": channel})
         return SignalMessage(*rows[0]) if rows else None
 
     @operation
@@ -297,14 +297,14 @@ class Waits:
                 consumed = bool(
                     self.db._execute(
                         sql.CONSUME_SIGNAL,
-                        [
-                            seq,
-                            (
+                        {
+                            "seq": seq,
+                            "key": (
                                 observation.record or observation.fill or HistoryRow("", None, "")
                             ).key,
-                            observation.consume,
-                            iid,
-                        ],
+                            "signal_id": observation.consume,
+                            "instance_id": iid,
+                        },
                     )
                 )
                 if not consumed:
@@ -363,13 +363,13 @@ class Waits:
         signal_rows: list[tuple[Any, ...]] = []
         for keys in key_lists:
             key_rows += self.db._fetch(
-                sql.compose(sql.DELIVER_HISTORY, keys=sql.in_list("key", len(keys))),
-                [seq, iid, *keys],
+                sql.compose(sql.DELIVER_HISTORY, keys=sql.in_list("key", len(keys), "key")),
+                {"seq": seq, "instance_id": iid, **sql.numbered("key", keys)},
             )
         for ids in signal_lists:
             signal_rows += self.db._fetch(
-                sql.compose(sql.DELIVER_SIGNALS, ids=sql.in_list("id", len(ids))),
-                [seq, iid, *ids],
+                sql.compose(sql.DELIVER_SIGNALS, ids=sql.in_list("id", len(ids), "signal")),
+                {"seq": seq, "instance_id": iid, **sql.numbered("signal", ids)},
             )
         return Arrivals(
             keys=tuple(key for _, key in sorted(key_rows)),

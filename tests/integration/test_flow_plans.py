@@ -12,7 +12,7 @@ choose by itself.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import pytest
@@ -69,13 +69,14 @@ def filled(tdb: None) -> Iterator[None]:
     yield
 
 
-def captured(run: Callable[[], Any], marker: str) -> tuple[str, list[Any]]:
-    """The first statement containing ``marker`` that ``run`` executes."""
-    seen: list[tuple[str, list[Any]]] = []
+def captured(run: Callable[[], Any], marker: str) -> tuple[str, Any]:
+    """The first statement containing ``marker`` that ``run`` executes, with its values
+    (a mapping for a statement bound by name)."""
+    seen: list[tuple[str, Any]] = []
 
     def spy(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
         if marker in sql and not seen:
-            seen.append((sql, list(params or ())))
+            seen.append((sql, params if isinstance(params, Mapping) else list(params or ())))
         return execute(sql, params, many, context)
 
     with connection.execute_wrapper(spy):
@@ -84,7 +85,7 @@ def captured(run: Callable[[], Any], marker: str) -> tuple[str, list[Any]]:
     return seen[0]
 
 
-def plan(statement: str, params: list[Any]) -> str:
+def plan(statement: str, params: Any) -> str:
     sqlite = connection.vendor == "sqlite"
     with transaction.atomic(), connection.cursor() as cursor:
         if not sqlite:

@@ -369,7 +369,7 @@ def test_progress_is_readable_while_running_and_replay_writes_nothing(tdb: None)
 
     def spy(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
         if "SET progress" in sql:
-            writes.append(params[0])
+            writes.append(params["progress"])
         return execute(sql, params, many, context)
 
     worker = Worker()

@@ -200,12 +200,9 @@ class PostgresDatabase(Database):
         table: str,
         columns: str,
         where: str,
-        where_params: list[Any],
         set_sql: str,
-        set_params: list[Any],
+        params: dict[str, Any],
     ) -> list[tuple[Any, ...]]:
         key = columns.split(",")[0].strip()
         statement = sql.compose(RENEW_BATCH, where=where, set=set_sql, columns=columns, key=key)
-        return self._fetch(
-            sql.compose(statement, table=table), [*where_params, *set_params, *where_params]
-        )
+        return self._fetch(sql.compose(statement, table=table), params)

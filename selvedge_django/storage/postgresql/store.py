@@ -118,16 +118,14 @@ class PostgresInstances(Instances):
     db: PostgresDatabase
     tasks: PostgresTasks
 
-    def _lease_rows(
-        self, owner: str, limit: int, named: str, where: list[Any], lease_params: list[Any]
-    ) -> list[tuple[Any, ...]]:
+    def _lease_rows(self, named: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         # One statement (atomic in autocommit): each part locks what it picks.
         statement = sql.compose(
             LEASE_BATCH,
             expired=sql.compose(sql.DISPATCH_EXPIRED, named=named),
             ready=sql.compose(sql.DISPATCH_READY, named=named),
         )
-        return self.db._fetch(statement, [*where, limit, *where, limit, limit, *lease_params])
+        return self.db._fetch(statement, params)
 
     @operation
     def close(self, fence: Fence, request: CloseRequest) -> str:

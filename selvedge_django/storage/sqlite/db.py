@@ -21,7 +21,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from django.core.checks import CheckMessage, Warning
@@ -31,6 +31,7 @@ from ...engine.events import Fence
 from .. import sql
 from ..db import Database
 from ..operation import operation
+from ..sql import Params
 from ..wakeups import TOPIC_RUNNABLE
 
 __all__ = ["SQLiteDatabase", "busy_timeout"]
@@ -172,7 +173,7 @@ class SQLiteDatabase(Database):
         first few in order."""
         return f" INDEXED BY {index}" if index else ""
 
-    def _status_rows(self, template: str, index: str, params: list[object]) -> list[Any]:
+    def _status_rows(self, template: str, index: str, params: Mapping[str, object]) -> list[Any]:
         """``INDEXED BY``: without statistics SQLite prefers the status index and sorts
         every running instance, where the status report's partial index is the one. An
         index whose condition the statement does not imply (made by hand, or by another
@@ -249,7 +250,7 @@ class SQLiteDatabase(Database):
             return True
         return bool(queryset.exists())
 
-    def _worth_writing(self, probe: str, params: Sequence[Any]) -> bool:
+    def _worth_writing(self, probe: str, params: Params) -> bool:
         if self.connection.in_atomic_block:
             return True
         return bool(self._fetch(probe, params))
@@ -297,21 +298,21 @@ class SQLiteDatabase(Database):
         table: str,
         columns: str,
         where: str,
-        where_params: list[Any],
         set_sql: str,
-        set_params: list[Any],
+        params: dict[str, Any],
     ) -> list[tuple[Any, ...]]:
         # One write transaction (the database's write lock) for the whole batch.
         key = columns.split(",")[0].strip()
         with self.atomic():
             rows = self._fetch(
-                sql.compose(RENEW_SELECT, columns=columns, where=where, table=table), where_params
+                sql.compose(RENEW_SELECT, columns=columns, where=where, table=table), params
             )
             if rows:
-                statement = sql.compose(
-                    RENEW_UPDATE, set=set_sql, key=key, ids=sql.marks(len(rows)), table=table
+                ids = sql.marks(len(rows), "renewed")
+                statement = sql.compose(RENEW_UPDATE, set=set_sql, key=key, ids=ids, table=table)
+                self._execute(
+                    statement, {**params, **sql.numbered("renewed", [r[0] for r in rows])}
                 )
-                self._execute(statement, [*set_params, *(row[0] for row in rows)])
         return [(*row, 1) for row in rows]
 
     # -- set-up and checks ------------------------------------------------------------------

@@ -66,10 +66,11 @@ DISPATCH_PROBE = (
 DISPATCH_PICK = (
     "SELECT instance_id, part FROM (SELECT instance_id, 0 AS part, 0 AS since, 0 AS seq"
     " FROM (SELECT instance_id FROM {instance} WHERE {expired}"
-    " ORDER BY lease_expires_ms LIMIT %s) UNION ALL"
+    " ORDER BY lease_expires_ms LIMIT %(limit)s) UNION ALL"
     f" SELECT instance_id, 1, since, seq FROM (SELECT instance_id, {sql.READY_RANK} AS since,"
-    f" created_seq AS seq FROM {{instance}} WHERE {{ready}} ORDER BY {sql.READY_ORDER} LIMIT %s))"
-    " ORDER BY part, since, seq LIMIT %s"
+    f" created_seq AS seq FROM {{instance}} WHERE {{ready}} ORDER BY {sql.READY_ORDER}"
+    " LIMIT %(limit)s))"
+    " ORDER BY part, since, seq LIMIT %(limit)s"
 )
 # Lease the picked candidates ({ids}: marks).
 DISPATCH_LEASE = sql.LEASE_SET + " WHERE instance_id IN ({ids})"
@@ -77,7 +78,7 @@ DISPATCH_LEASE = sql.LEASE_SET + " WHERE instance_id IN ({ids})"
 DISPATCH_READ_BACK = (
     f"SELECT instance_id, lease_epoch, {sql.HEAD_COLUMNS}, ready_ms, lease_expires_ms"
     " FROM {instance}"
-    " WHERE lease_owner = %s AND instance_id IN ({ids})"
+    " WHERE lease_owner = %(owner)s AND instance_id IN ({ids})"
 )
 
 
@@ -86,31 +87,28 @@ class SQLiteInstances(Instances):
 
     db: SQLiteDatabase
 
-    def _lease_rows(
-        self, owner: str, limit: int, named: str, where: list[Any], lease_params: list[Any]
-    ) -> list[tuple[Any, ...]]:
+    def _lease_rows(self, named: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         # Pick, lease, read back, in one write transaction. (Its UPDATE ... RETURNING
         # reports no row count until the rows are read, which statement wrappers such as
         # the fault injector's need.) A read first: a write transaction locks the whole
         # database.
         expired = sql.compose(sql.DISPATCH_EXPIRED, named=named)
         ready = sql.compose(DISPATCH_READY, named=named)
-        if not self.db._fetch(
-            sql.compose(DISPATCH_PROBE, expired=expired, ready=ready), [*where, *where]
-        ):
+        if not self.db._fetch(sql.compose(DISPATCH_PROBE, expired=expired, ready=ready), params):
             return []
         with self.db.atomic():
             picked = self.db._fetch(
-                sql.compose(DISPATCH_PICK, expired=expired, ready=ready),
-                [*where, limit, *where, limit, limit],
+                sql.compose(DISPATCH_PICK, expired=expired, ready=ready), params
             )
             ids = [row[0] for row in picked]
             if not ids:
                 return []
-            marks = sql.marks(len(ids))
-            self.db._execute(sql.compose(DISPATCH_LEASE, ids=marks), [*lease_params, *ids])
+            marks, leased = sql.marks(len(ids), "leased"), sql.numbered("leased", ids)
+            lease = {key: params[key] for key in ("owner", "ttl_ms", "runnable")}
+            self.db._execute(sql.compose(DISPATCH_LEASE, ids=marks), {**lease, **leased})
             taken_over = {row[0] for row in picked if row[1] == 0}
-            rows = self.db._fetch(sql.compose(DISPATCH_READ_BACK, ids=marks), [owner, *ids])
+            read_back = sql.compose(DISPATCH_READ_BACK, ids=marks)
+            rows = self.db._fetch(read_back, {"owner": params["owner"], **leased})
             return [(*row, row[0] in taken_over) for row in rows]
 
 
