@@ -38,7 +38,6 @@ from . import sql
 from .db import Database
 from .operation import operation
 from .options import StoreOptions
-from .sql import Sql
 from .wakeups import TOPIC_RUNNABLE
 
 __all__ = ["Children"]
@@ -51,15 +50,6 @@ class Children:
     def __init__(self, db: Database, options: StoreOptions) -> None:
         self.db = db
         self.options = options
-
-    def _next_seq_sql(self, offset: int = 0) -> Sql:
-        """The next creation number of an instance as a SQL value. ``offset`` is the row's
-        place in a multi-row insert: SQLite reads its number once per statement, a
-        PostgreSQL sequence gives each row its own."""
-        text = self.db._tables(self.db.NEXT_SEQ)
-        if offset and self.db.single_writer:
-            return Sql(f"({text} + %s)", [offset])
-        return Sql(text)
 
     @operation
     def start_child(self, fence: Fence, row: HistoryRow, child: ChildSpec) -> HistoryRow:
@@ -82,7 +72,7 @@ class Children:
                         status=WorkflowStatus.RUNNING,
                         runnable=True,
                         ready_ms=self.db.now_expr(),
-                        created_seq=RawSQL(self._next_seq_sql().sql, []),
+                        created_seq=RawSQL(self.db._next_seq_sql().sql, []),
                         parent_instance_id=fence.instance_id,
                         parent_key=row.key,
                         parent_generation=child.parent_generation,

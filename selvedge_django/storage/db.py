@@ -372,6 +372,12 @@ class Database:
                 params.append(f.get_db_prep_save(value, conn))
         return ", ".join(columns), ", ".join(marks), params
 
+    def _next_seq_sql(self, offset: int = 0) -> Sql:
+        """The next creation number of an instance as a SQL value. ``offset`` is the row's
+        place in a multi-row insert: a PostgreSQL sequence gives each row its own (SQLite
+        reads its number once per statement and adds the offset)."""
+        return Sql(self._tables(self.NEXT_SEQ))
+
     @classmethod
     def _chunks(cls, values: list[Any], *, values_each: int = 1) -> list[list[Any]]:
         """A list in statement-sized parts (``values_each`` bound values per item); no

@@ -9,8 +9,8 @@ Only what differs from the portable :class:`~selvedge_django.storage.db.Database
   lock, and a poll looks without locking first (a read in WAL mode blocks
   nobody), so idle workers do not take the write lock several times a second;
 * the engine's connections run in WAL mode with a generous busy timeout
-  (:meth:`SQLiteDatabase.connection_created`), and the system checks warn about
-  set-ups that cannot work well (:meth:`SQLiteDatabase.database_checks`);
+  (:func:`.setup.connection_created`), and the system checks warn about set-ups
+  that cannot work well (:func:`.setup.database_checks`);
 * before SQLite 3.35 there is no ``UPDATE ... RETURNING``: the writes that read
   back what they changed read first instead.
 """
@@ -24,15 +24,16 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from django.core.checks import CheckMessage, Warning
 from django.db import DatabaseError, OperationalError, transaction
 
 from ...engine.events import Fence
 from .. import sql
 from ..db import Database
 from ..operation import operation
-from ..sql import Params
+from ..sql import Params, Sql
 from ..wakeups import TOPIC_RUNNABLE
+from . import setup
+from .setup import BUSY_TIMEOUT_S, in_memory
 
 __all__ = ["SQLiteDatabase", "busy_timeout"]
 
@@ -42,15 +43,9 @@ logger = logging.getLogger("selvedge_django.store")
 RENEW_SELECT = "SELECT {columns} FROM {table} WHERE {where}"
 # Renew the rows found ({ids}: marks).
 RENEW_UPDATE = "UPDATE {table} SET {set} WHERE {key} IN ({ids})"
-# Connection set-up of the engine's database.
-BUSY_TIMEOUT_S = 30
-BUSY_TIMEOUT = f"PRAGMA busy_timeout = {BUSY_TIMEOUT_S * 1000}"
-JOURNAL_WAL = "PRAGMA journal_mode = WAL"
-SYNCHRONOUS = "PRAGMA synchronous = {level}"
-
-
-def _in_memory(name: str) -> bool:
-    return not name or ":memory:" in name or "mode=memory" in name
+# The creation number of a later row of a multi-row insert ({next_seq}: NEXT_SEQ_SQLITE,
+# read once per statement).
+NEXT_SEQ_PLUS = "({next_seq} + %s)"
 
 
 # One lock per database file: the turns of this process's write transactions. A
@@ -123,7 +118,7 @@ def _writer_turn(conn: Any, urgent: bool = False) -> Iterator[None]:
     SQLite's lock.
     """
     name = str(conn.settings_dict.get("NAME") or "")
-    if _in_memory(name):
+    if in_memory(name):
         yield
         return
     with _writer_locks_guard:
@@ -166,6 +161,14 @@ class SQLiteDatabase(Database):
     # Django 5.2 writes a partial index's "runnable is true" as "runnable", 6.1 as
     # "runnable" = 1: both terms, so the statement implies either index's condition.
     RUNNABLE_SQL = "runnable AND runnable = 1"
+
+    def _next_seq_sql(self, offset: int = 0) -> Sql:
+        """SQLite reads the next number once per statement: a later row of a multi-row
+        insert adds its place to it."""
+        if not offset:
+            return super()._next_seq_sql()
+        text = self._tables(self.NEXT_SEQ)
+        return Sql(sql.compose(NEXT_SEQ_PLUS, next_seq=text), [offset])
 
     def _index_hint(self, index: str) -> str:
         """``INDEXED BY``: with statistics, a claim prefers the due-time range of
@@ -315,86 +318,8 @@ class SQLiteDatabase(Database):
                 )
         return [(*row, 1) for row in rows]
 
-    # -- set-up and checks ------------------------------------------------------------------
+    # -- set-up and checks (setup.py) -------------------------------------------------------
 
-    @classmethod
-    def connection_created(cls, connection: Any) -> None:
-        """Give the engine's connections WAL, a generous busy timeout and durable commits.
-
-        Only connections of the alias the engine uses (``SELVEDGE["DATABASE"]``) are
-        touched: other SQLite databases of the project keep their own settings. The
-        busy timeout only when the project set none (``OPTIONS["timeout"]``); WAL and
-        ``PRAGMA synchronous`` (``SELVEDGE["SQLITE_SYNCHRONOUS"]``, FULL by default)
-        only on a file. Every SQLite connection gets the JSON function
-        ``find_instances`` needs.
-        """
-        from django.core.exceptions import ImproperlyConfigured
-
-        from ...conf import get_settings
-        from .input_filters import register_sqlite_function
-
-        register_sqlite_function(connection)  # harmless anywhere; find_instances needs it
-        try:
-            settings = get_settings()
-        except ImproperlyConfigured:
-            return  # the system checks report it; never break a connection over it
-        if connection.alias != settings.database:
-            return
-        name = str(connection.settings_dict.get("NAME") or "")
-        options = connection.settings_dict.get("OPTIONS") or {}
-        with connection.cursor() as cursor:
-            if "timeout" not in options:
-                cursor.execute(BUSY_TIMEOUT)
-            if not _in_memory(name):
-                cursor.execute(JOURNAL_WAL)
-                # A value from a fixed list (validated in conf), never user text.
-                cursor.execute(sql.compose(SYNCHRONOUS, level=settings.sqlite_synchronous))
-
-    @classmethod
-    def worker_start_problem(cls, alias: str, connection: Any) -> str | None:
-        """Why a started worker cannot run on this database, or None.
-
-        Django's SQLite test database is in memory unless ``TEST["NAME"]`` names a
-        file; its connections (one per thread) share it through SQLite's shared
-        cache, where a write meets another connection's table lock at once with
-        "database table is locked" (the busy timeout does not apply). A plain
-        ``:memory:`` database is a different, empty one in each connection.
-        """
-        name = str(connection.settings_dict.get("NAME") or "")
-        if not _in_memory(name):
-            return None
-        return (
-            f"The selvedge database {alias!r} is an in-memory SQLite database ({name}): a "
-            "started worker's threads would fail on it with 'database table is locked'. "
-            f"In tests, set DATABASES[{alias!r}]['TEST']['NAME'] to a file name (for "
-            "example 'test_db.sqlite3'; Django's test database is otherwise in memory), or "
-            "run the workflows in the test's thread with selvedge_django.testing."
-            f"run_until_idle(); elsewhere, set DATABASES[{alias!r}]['NAME'] to a file."
-        )
-
-    @classmethod
-    def database_checks(cls, alias: str, connection: Any) -> list[CheckMessage]:
-        """selvedge.W002 (no IMMEDIATE transactions) and selvedge.W001 (in memory)."""
-        messages: list[CheckMessage] = []
-        mode = (connection.settings_dict.get("OPTIONS") or {}).get("transaction_mode")
-        if str(mode or "").upper() not in ("IMMEDIATE", "EXCLUSIVE"):
-            messages.append(
-                Warning(
-                    f"The selvedge database {alias!r} is SQLite without "
-                    "transaction_mode IMMEDIATE: concurrent write transactions can fail with "
-                    "'database is locked' instead of waiting for each other.",
-                    hint=f"Set DATABASES[{alias!r}]['OPTIONS']['transaction_mode'] "
-                    "= 'IMMEDIATE' (or 'EXCLUSIVE').",
-                    id="selvedge.W002",
-                )
-            )
-        if _in_memory(str(connection.settings_dict.get("NAME") or "")):
-            messages.append(
-                Warning(
-                    "The selvedge database is an in-memory SQLite database: it cannot use "
-                    "WAL and is not shared with worker threads of other connections.",
-                    hint="Use a SQLite file (or PostgreSQL) for workers.",
-                    id="selvedge.W001",
-                )
-            )
-        return messages
+    connection_created = staticmethod(setup.connection_created)
+    worker_start_problem = staticmethod(setup.worker_start_problem)
+    database_checks = staticmethod(setup.database_checks)
