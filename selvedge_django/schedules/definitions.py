@@ -35,7 +35,7 @@ from ..engine.durations import to_seconds
 from ..engine.identifiers import name_problem
 from ..models import Schedule
 from ..registry import WorkflowDefinition
-from ..storage.schedules import ScheduleStore, due_ms, rule_of
+from ..storage.schedules import Schedules, due_ms, rule_of
 from .slots import OVERLAP_POLICIES, check_cron, check_timezone, jitter_offset_ms
 
 __all__ = [
@@ -93,11 +93,11 @@ DEFINITION = (
     "end_at",
 )
 
-_client: tuple[Any, ScheduleStore] | None = None
+_client: tuple[Any, Schedules] | None = None
 _client_lock = threading.Lock()
 
 
-def schedule_store() -> ScheduleStore:
+def schedule_store() -> Schedules:
     """The schedule store of the client API, rebuilt whenever the settings change."""
     global _client
     from ..storage import client_codec, store_for
@@ -105,7 +105,7 @@ def schedule_store() -> ScheduleStore:
     settings = get_settings()
     with _client_lock:
         if _client is None or _client[0] is not settings:
-            store = ScheduleStore(store_for(settings.database, client_codec(settings), settings))
+            store = store_for(settings.database, client_codec(settings), settings).schedules
             _client = (settings, store)
         return _client[1]
 
@@ -385,9 +385,7 @@ def _same(key: str, a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def create_row(
-    store: ScheduleStore, name: str, columns: dict[str, Any], *, source: str
-) -> Schedule:
+def create_row(store: Schedules, name: str, columns: dict[str, Any], *, source: str) -> Schedule:
     def values(now_ms: int) -> dict[str, Any]:
         return {**columns, **slot_state(name, columns, now_ms), "source": source}
 
@@ -438,7 +436,7 @@ def code_schedules(raw: Mapping[str, Any] | None = None) -> dict[str, dict[str, 
 
 
 def sync_code_schedules(
-    settings: SelvedgeSettings | None = None, *, store: ScheduleStore | None = None
+    settings: SelvedgeSettings | None = None, *, store: Schedules | None = None
 ) -> list[str]:
     """Create or update the schedules of ``SELVEDGE["SCHEDULES"]``; return the names written.
 

@@ -32,11 +32,12 @@ from .. import exceptions as exc
 from ..models import Schedule, WorkflowInstance, WorkflowStatus
 from ..schedules.slots import SlotRule, jitter_offset_ms, plan, slot_id, trigger_id
 from . import sql
+from .db import Database
 from .operation import operation
-from .store import Store
+from .options import StoreOptions
 from .wakeups import TOPIC_RUNNABLE
 
-__all__ = ["FireResult", "ScheduleStore", "TraceSource", "rule_of"]
+__all__ = ["FireResult", "Schedules", "TraceSource", "rule_of"]
 
 logger = logging.getLogger("selvedge_django.schedules")
 
@@ -105,21 +106,23 @@ class FireResult:
     started: list[tuple[str, str]] = field(default_factory=list)  # (run id, workflow name)
 
 
-class ScheduleStore:
-    """Schedule rows and the runs they start, through a store of their database.
+class Schedules:
+    """Schedule rows and the runs they start (``store.schedules``).
 
-    Transactions, locks and statements are ``store``'s, so the dialect's own ways
-    (``BEGIN IMMEDIATE``, ``SKIP LOCKED``) apply here too.
+    Transactions, locks and statements are ``db``'s, so the dialect's own ways
+    (``BEGIN IMMEDIATE``, ``SKIP LOCKED``) apply here too; runs start with the
+    store's ``options`` (the code version they record).
     """
 
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        self.alias = store.alias
+    def __init__(self, db: Database, options: StoreOptions) -> None:
+        self.db = db
+        self.options = options
+        self.alias = db.alias
 
     @operation
     def now_ms(self) -> int:
         """The database clock in Unix milliseconds (the clock slots are due on)."""
-        return self.store.now_ms()
+        return self.db.now_ms()
 
     def _schedules(self) -> Any:
         return Schedule.objects.using(self.alias)
@@ -140,13 +143,13 @@ class ScheduleStore:
     @operation
     def create(self, values: Callable[[int], dict[str, Any]], name: str) -> Schedule:
         """Insert schedule ``name`` with the columns ``values(now_ms)`` returns."""
-        with self.store.atomic():
+        with self.db.atomic():
             if self._schedules().filter(name=name).exists():
                 raise exc.ScheduleAlreadyExists(name)
             now = timezone.now()
-            row = Schedule(name=name, created_at=now, updated_at=now, **values(self.store.now_ms()))
+            row = Schedule(name=name, created_at=now, updated_at=now, **values(self.db.now_ms()))
             try:
-                with self.store.atomic():  # a savepoint: a racing create fails alone
+                with self.db.atomic():  # a savepoint: a racing create fails alone
                     row.save(using=self.alias, force_insert=True)
             except IntegrityError as error:
                 if self._schedules().filter(name=name).exists():
@@ -162,9 +165,9 @@ class ScheduleStore:
 
         ``values`` may raise (nothing is written) or return None (nothing to write).
         """
-        with self.store.atomic():
+        with self.db.atomic():
             row = self._locked(name)
-            changes = values(row, self.store.now_ms())
+            changes = values(row, self.db.now_ms())
             if not changes:
                 return row
             changes["updated_at"] = timezone.now()
@@ -177,7 +180,7 @@ class ScheduleStore:
 
     @operation
     def delete(self, name: str) -> None:
-        with self.store.atomic():
+        with self.db.atomic():
             deleted, _ = self._schedules().filter(name=name).delete()
         if not deleted:
             raise exc.ScheduleNotFound(name)
@@ -195,9 +198,9 @@ class ScheduleStore:
         """Start a run of schedule ``name`` now (id with milliseconds); return (id, workflow).
 
         ``trace`` gives each run's trace context, as for :meth:`fire_due`."""
-        with self.store.atomic():
+        with self.db.atomic():
             row = self._locked(name)
-            now = self.store.now_ms()
+            now = self.db.now_ms()
             for step in range(1000):  # two triggers in one millisecond take the next one
                 run_id = trigger_id(name, now + step)
                 if self._start_runs([(run_id, row)], trace):
@@ -207,7 +210,7 @@ class ScheduleStore:
             record = _Record(row, row.next_slot_ms, row.buffered_slot_ms, [run_id], 1)
             record.due_ms = row.next_due_ms
             self._record(record, now)
-            self.store.after_commit(TOPIC_RUNNABLE)
+            self.db.after_commit(TOPIC_RUNNABLE)
         return run_id, row.workflow_name
 
     @operation
@@ -221,9 +224,9 @@ class ScheduleStore:
 
         Returns every slot's run id, the ids started now, and the workflow name.
         """
-        with self.store.atomic():
+        with self.db.atomic():
             row = self._locked(name)
-            now = self.store.now_ms()
+            now = self.db.now_ms()
             ids = [slot_id(name, slot) for slot in slots(row, now)]
             started: list[str] = []
             for first in range(0, len(ids), INSERT_CHUNK):
@@ -234,7 +237,7 @@ class ScheduleStore:
                 record.new_runs = len(started)
                 record.due_ms = row.next_due_ms
                 self._record(record, now)
-                self.store.after_commit(TOPIC_RUNNABLE)
+                self.db.after_commit(TOPIC_RUNNABLE)
         return ids, started, row.workflow_name
 
     # -- the leader's duty ----------------------------------------------------------------
@@ -243,7 +246,7 @@ class ScheduleStore:
     def probe_due(self) -> bool:
         """Whether any schedule needs the leader now (one read, no lock)."""
         params = {"paused": False, "running": str(WorkflowStatus.RUNNING)}
-        return bool(self.store.db._fetch(sql.SCHEDULES_DUE_PROBE, params))
+        return bool(self.db._fetch(sql.SCHEDULES_DUE_PROBE, params))
 
     @operation
     def fire_due(self, limit: int, trace: TraceSource | None = None) -> FireResult:
@@ -260,8 +263,8 @@ class ScheduleStore:
         result = FireResult()
         if limit <= 0 or not self.probe_due():
             return result
-        with self.store.atomic():
-            now = self.store.now_ms()
+        with self.db.atomic():
+            now = self.db.now_ms()
             rows = list(
                 self._schedules()
                 .due(now)
@@ -299,7 +302,7 @@ class ScheduleStore:
                 record.new_runs = sum(run_id in inserted for run_id in record.started)
                 self._record(record, now)
             if inserted:
-                self.store.after_commit(TOPIC_RUNNABLE)
+                self.db.after_commit(TOPIC_RUNNABLE)
             result.schedules = len(records)
             result.started = [
                 (run_id, row.workflow_name) for run_id, row in starts if run_id in inserted
@@ -350,15 +353,15 @@ class ScheduleStore:
 
     def _cancel(self, row: Schedule, now: int) -> bool:
         """Ask the last run of ``row`` to cancel (cancel_other); False if its row is busy."""
-        if not self.store.db._lock_instance(row.last_run_id, skip_locked=True):
+        if not self.db._lock_instance(row.last_run_id, skip_locked=True):
             return False
         reason = f"schedule {row.name!r}: a newer slot is due (overlap cancel_other)"
-        wake = self.store.db.wake_sql()
-        if self.store.db._execute(
+        wake = self.db.wake_sql()
+        if self.db._execute(
             sql.CANCEL_RUN,
             [True, reason, *wake.params, row.last_run_id, str(WorkflowStatus.RUNNING)],
         ):
-            self.store.after_commit(TOPIC_RUNNABLE)
+            self.db.after_commit(TOPIC_RUNNABLE)
         return True
 
     def _statuses(self, run_ids: Sequence[str]) -> dict[str, str]:
@@ -367,7 +370,7 @@ class ScheduleStore:
         for first in range(0, len(unique), 500):
             chunk = unique[first : first + 500]
             statement = sql.compose(sql.RUN_STATUSES, ids=sql.marks(len(chunk), "run"))
-            rows = self.store.db._fetch(statement, sql.numbered("run", chunk))
+            rows = self.db._fetch(statement, sql.numbered("run", chunk))
             found.update((str(i), str(s)) for i, s in rows)
         return found
 
@@ -381,7 +384,7 @@ class ScheduleStore:
         columns = ""
         rows: list[tuple[str, list[Any]]] = []
         for offset, (run_id, schedule) in enumerate(runs):
-            columns, marks, values = self.store.db._insert_parts(
+            columns, marks, values = self.db._insert_parts(
                 WorkflowInstance,
                 {
                     "instance_id": run_id,
@@ -389,17 +392,17 @@ class ScheduleStore:
                     "status": str(WorkflowStatus.RUNNING),
                     "input": schedule.input,
                     "runnable": True,
-                    "ready_ms": self.store.db.now_sql(),
-                    "created_seq": self.store.children._next_seq_sql(offset),
+                    "ready_ms": self.db.now_sql(),
+                    "created_seq": self.db._next_seq_sql(offset),
                     "started_at": now,
                     "updated_at": now,
-                    "code_version": self.store.options.code_version,
+                    "code_version": self.options.code_version,
                     "trace_context": None if trace is None else trace(run_id, schedule),
                 },
                 skip_pk=False,
             )
             rows.append((f"({marks})", values))
-        return self.store.db._insert_new(sql.compose(sql.START_RUNS, columns=columns), rows)
+        return self.db._insert_new(sql.compose(sql.START_RUNS, columns=columns), rows)
 
     def _record(self, record: _Record, now: int) -> None:
         """Write one schedule's bookkeeping under its version (a changed row rolls back)."""
@@ -409,7 +412,7 @@ class ScheduleStore:
         if record.started:
             last_run_id, last_run_ms = record.started[-1], now
             recent = [*reversed(record.started), *recent][:RECENT_RUNS]
-        updated = self.store.db._execute(
+        updated = self.db._execute(
             sql.RECORD_SCHEDULE,
             {
                 "next_slot_ms": record.next_slot_ms,
@@ -422,7 +425,7 @@ class ScheduleStore:
                 "missed": record.missed,
                 "overlap_skipped": record.overlap_skipped,
                 "last_error": record.last_error,
-                "updated_at": self.store.db._now_param(),
+                "updated_at": self.db._now_param(),
                 "name": row.name,
                 "version": row.version,
             },

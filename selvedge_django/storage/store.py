@@ -9,7 +9,8 @@ close), ``.starts``, ``.children``, ``.cancels``, ``.releases``, ``.waits``
 (search attributes),
 ``.recovery`` (resume, fork, continue-as-new), the leader's sweeps
 (``.task_timeouts``, ``.execution_timeouts``), ``.renewals``, ``.locks``,
-``.heartbeats``, ``.reads``, ``.status`` and ``.streams`` (stream entries). What the engine calls
+``.heartbeats``, ``.schedules`` (schedule rows and the runs the leader starts),
+``.reads``, ``.status`` and ``.streams`` (stream entries). What the engine calls
 (:class:`~selvedge_django.engine.ports.EngineStore`) is served by one-line
 delegations here; everything else is called on its part.
 
@@ -64,6 +65,7 @@ from .releases import Releases
 from .renewals import Renewals
 from .resume import Recovery
 from .rotation import KeyRotation
+from .schedules import Schedules
 from .sole_activity import SoleActivity
 from .starts import Starts
 from .status_reads import EVERY_LEASE_MS, InstanceState, StatusReads
@@ -117,6 +119,7 @@ class Store:
         self.execution_timeouts = ExecutionTimeouts(db, instances=self.instances)
         self.renewals = Renewals(db)
         self.locks = Locks(db)
+        self.schedules = Schedules(db, options)
         self.heartbeats = Heartbeats(db)
         self.reads = Reads(db)
         self.status = StatusReads(db)

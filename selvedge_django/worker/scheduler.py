@@ -17,7 +17,6 @@ from django.db import DatabaseError
 
 from .. import exceptions as exc
 from ..hooks import schedule_trace
-from ..storage.schedules import ScheduleStore
 
 if TYPE_CHECKING:
     from .runtime import WorkerRuntime
@@ -32,7 +31,7 @@ class ScheduleDuty:
 
     def __init__(self, runtime: WorkerRuntime) -> None:
         self.runtime = runtime
-        self.store = ScheduleStore(runtime.store)
+        self.schedules = runtime.store.schedules
         self.synced = False
 
     def sync(self) -> None:
@@ -45,7 +44,7 @@ class ScheduleDuty:
         from ..schedules import sync_code_schedules
 
         try:
-            written = sync_code_schedules(self.runtime.settings, store=self.store)
+            written = sync_code_schedules(self.runtime.settings, store=self.schedules)
         except exc.InvalidSchedule as error:
             raise ImproperlyConfigured(str(error)) from error
         except DatabaseError:
@@ -62,7 +61,7 @@ class ScheduleDuty:
             self.sync()
         runtime = self.runtime
         hooks = runtime.settings.hooks
-        result = self.store.fire_due(
+        result = self.schedules.fire_due(
             runtime.settings.max_workflows_per_batch,
             None if hooks is None else schedule_trace(hooks),
         )
