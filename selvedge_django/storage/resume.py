@@ -32,6 +32,7 @@ from ..engine.events import (
 )
 from ..engine.identifiers import check_instance_id
 from ..models import WorkflowInstance, WorkflowStatus
+from . import sql
 from .attributes import Attributes
 from .children import Children
 from .db import Database
@@ -70,126 +71,134 @@ _CANCEL_EVENTS = (EV_SIGNAL_CANCELLED, EV_AWAIT_CANCELLED, EV_CHILD_CANCELLED)
 
 # What a resume reads of the instance (after taking its row lock on PostgreSQL).
 SELECT_RESUME_HEAD = (
-    "SELECT status, workflow_name, generation, error FROM {instance} WHERE instance_id = %s"
+    "SELECT status, workflow_name, generation, error FROM {instance}"
+    " WHERE instance_id = %(instance_id)s"
 )
 # The rows that decide where a resume cuts: the close, the requested key, failures,
 # cancellations, and rows a close left without a value or filled with its cancellation.
 # Bounded by what failed, was cancelled or was left open, not by the history's length.
 SELECT_RESUME_CANDIDATES = (
-    "SELECT id, key, seq, event_type, data FROM {history} WHERE instance_id = %s"
-    " AND (key = %s OR key = %s OR data IS NULL"
-    " OR event_type IN (%s, %s, %s, %s, %s, %s, %s, %s))"
+    "SELECT id, key, seq, event_type, data FROM {history} WHERE instance_id = %(instance_id)s"
+    " AND (key = %(close_key)s OR key = %(from_key)s OR data IS NULL"
+    " OR event_type IN ({events}))"
     " ORDER BY id"
 )
 # Running again under a new lease epoch and the next generation, guarded by the status
 # and generation that were read.
 RESUME_INSTANCE = (
-    "UPDATE {instance} SET status = %s, output = NULL, error = NULL, error_type = '',"
+    "UPDATE {instance} SET status = %(running)s, output = NULL, error = NULL, error_type = '',"
     " lease_owner = '',"
-    " lease_expires_ms = NULL, lease_epoch = lease_epoch + 1, runnable = %s,"
+    " lease_expires_ms = NULL, lease_epoch = lease_epoch + 1, runnable = %(runnable)s,"
     " ready_ms = {now}, execution_deadline_ms = {now} + execution_timeout_ms,"
-    " closed_at = NULL, cancel_requested = %s, cancel_reason = '', cancel_trace_context = NULL,"
-    " execution_errors = 0, execution_error = '', current_step = '',"
-    " generation = generation + 1, resumed_count = resumed_count + 1, updated_at = %s,"
-    " parked_seq = 0, parked_key = ''"
-    " WHERE instance_id = %s AND status = %s AND generation = %s"
+    " closed_at = NULL, cancel_requested = %(cancel_requested)s, cancel_reason = '',"
+    " cancel_trace_context = NULL, execution_errors = 0, execution_error = '', current_step = '',"
+    " generation = generation + 1, resumed_count = resumed_count + 1,"
+    " updated_at = %(updated_at)s, parked_seq = 0, parked_key = ''"
+    " WHERE instance_id = %(instance_id)s AND status = %(status)s"
+    " AND generation = %(generation)s"
 )
 # Copy the rows from the cut on into the archive, as they are.
 ARCHIVE_ROWS = (
     "INSERT INTO {archive} (instance_id, generation, event_id, key, seq, command, event_type,"
     " data, reservation, delivered_seq, created_at, arrived_at, archived_at, task)"
-    " SELECT instance_id, %s, id, key, seq, command, event_type, data, reservation,"
-    " delivered_seq, created_at, arrived_at, %s, NULL FROM {history}"
-    " WHERE instance_id = %s AND id >= %s"
+    " SELECT instance_id, %(generation)s, id, key, seq, command, event_type, data, reservation,"
+    " delivered_seq, created_at, arrived_at, %(archived_at)s, NULL FROM {history}"
+    " WHERE instance_id = %(instance_id)s AND id >= %(cut_id)s"
 )
 # The activity tasks of the archived rows (their summary goes with the archived row).
 SELECT_ARCHIVED_TASKS = (
     "SELECT key, name, queue, status, attempts, failures, last_error FROM {task}"
-    " WHERE instance_id = %s AND key IN"
-    " (SELECT key FROM {history} WHERE instance_id = %s AND id >= %s)"
+    " WHERE instance_id = %(instance_id)s AND key IN"
+    " (SELECT key FROM {history} WHERE instance_id = %(instance_id)s AND id >= %(cut_id)s)"
 )
 # One archived row's task summary.
 ARCHIVE_TASK = (
-    "UPDATE {archive} SET task = %s WHERE instance_id = %s AND generation = %s AND key = %s"
+    "UPDATE {archive} SET task = %(task)s WHERE instance_id = %(instance_id)s"
+    " AND generation = %(generation)s AND key = %(key)s"
 )
 # The archived rows' tasks leave the task table: the re-run reserves its own.
 DELETE_ARCHIVED_TASKS = (
-    "DELETE FROM {task} WHERE instance_id = %s AND key IN"
-    " (SELECT key FROM {history} WHERE instance_id = %s AND id >= %s)"
+    "DELETE FROM {task} WHERE instance_id = %(instance_id)s AND key IN"
+    " (SELECT key FROM {history} WHERE instance_id = %(instance_id)s AND id >= %(cut_id)s)"
 )
 # Signals consumed or delivered by the archived part go back to the inbox (their ids,
 # and so their order, unchanged).
 RETURN_SIGNALS = (
     "UPDATE {signal} SET delivered_seq = NULL, consumed_seq = NULL, consumed_key = ''"
-    " WHERE instance_id = %s AND archived_generation IS NULL"
-    " AND (consumed_seq >= %s OR delivered_seq >= %s OR consumed_key IN"
-    " (SELECT key FROM {history} WHERE instance_id = %s AND id >= %s))"
+    " WHERE instance_id = %(instance_id)s AND archived_generation IS NULL"
+    " AND (consumed_seq >= %(seq_bound)s OR delivered_seq >= %(seq_bound)s OR consumed_key IN"
+    " (SELECT key FROM {history} WHERE instance_id = %(instance_id)s AND id >= %(cut_id)s))"
 )
 # Values of kept rows that the archived part delivered are undelivered again: the re-run
 # delivers them at its own waits.
 UNDELIVER_ROWS = (
     "UPDATE {history} SET delivered_seq = NULL"
-    " WHERE instance_id = %s AND id < %s AND delivered_seq >= %s"
+    " WHERE instance_id = %(instance_id)s AND id < %(cut_id)s AND delivered_seq >= %(seq_bound)s"
 )
 # The keys one generation archived, in their order.
 SELECT_ARCHIVED_KEYS = (
-    "SELECT key FROM {archive} WHERE instance_id = %s AND generation = %s ORDER BY event_id"
+    "SELECT key FROM {archive} WHERE instance_id = %(instance_id)s"
+    " AND generation = %(generation)s ORDER BY event_id"
 )
 # What a fork reads of its source.
 SELECT_FORK_SOURCE = (
     "SELECT status, workflow_name, error, service_name, execution_timeout_ms, priority"
-    " FROM {instance} WHERE instance_id = %s"
+    " FROM {instance} WHERE instance_id = %(instance_id)s"
 )
 # How many forks of the source exist (the default id of the next one counts from it).
-COUNT_FORKS = "SELECT count(*) FROM {instance} WHERE forked_from = %s"
+COUNT_FORKS = "SELECT count(*) FROM {instance} WHERE forked_from = %(instance_id)s"
 # The fork names its source.
-MARK_FORK = "UPDATE {instance} SET forked_from = %s WHERE instance_id = %s"
+MARK_FORK = "UPDATE {instance} SET forked_from = %(source)s WHERE instance_id = %(instance_id)s"
 # A copy of the source's rows before the cut, positions and values as they are.
 COPY_ROWS = (
     "INSERT INTO {history} (instance_id, key, seq, command, event_type, data, reservation,"
-    " delivered_seq, created_at, arrived_at) SELECT %s, key, seq, command, event_type, data,"
-    " reservation, delivered_seq, %s, arrived_at FROM {history}"
-    " WHERE instance_id = %s AND id < %s AND key <> %s ORDER BY id"
+    " delivered_seq, created_at, arrived_at) SELECT %(instance_id)s, key, seq, command,"
+    " event_type, data, reservation, delivered_seq, %(created_at)s, arrived_at FROM {history}"
+    " WHERE instance_id = %(source)s AND id < %(cut_id)s AND key <> %(close_key)s ORDER BY id"
 )
 # A copy of the source's signals, in their order, with their idempotency keys; what the
 # source consumed or delivered from the cut on is pending again in the copy.
 COPY_SIGNALS = (
     "INSERT INTO {signal} (instance_id, channel, payload, sent_at, delivered_seq,"
     " consumed_seq, consumed_key, idempotency_key)"
-    " SELECT %s, channel, payload, sent_at,"
-    " CASE WHEN delivered_seq < %s AND (consumed_seq IS NULL OR consumed_seq < %s)"
+    " SELECT %(instance_id)s, channel, payload, sent_at,"
+    " CASE WHEN delivered_seq < %(bound)s AND (consumed_seq IS NULL OR consumed_seq < %(bound)s)"
     " THEN delivered_seq END,"
-    " CASE WHEN consumed_seq < %s THEN consumed_seq END,"
-    " CASE WHEN consumed_seq < %s THEN consumed_key ELSE '' END, idempotency_key"
-    " FROM {signal} WHERE instance_id = %s AND archived_generation IS NULL ORDER BY id"
+    " CASE WHEN consumed_seq < %(bound)s THEN consumed_seq END,"
+    " CASE WHEN consumed_seq < %(bound)s THEN consumed_key ELSE '' END, idempotency_key"
+    " FROM {signal} WHERE instance_id = %(source)s AND archived_generation IS NULL ORDER BY id"
 )
 # The archived rows leave the current history (their copy is in the archive).
-REMOVE_ARCHIVED_ROWS = "DELETE FROM {history} WHERE instance_id = %s AND id >= %s"
+REMOVE_ARCHIVED_ROWS = (
+    "DELETE FROM {history} WHERE instance_id = %(instance_id)s AND id >= %(cut_id)s"
+)
 # continue-as-new, under the fence: the next input, the next generation (which begins
 # the new history), a new lease epoch, the lease released and the instance runnable.
 CONTINUE_INSTANCE = (
-    "UPDATE {instance} SET input = %s, lease_owner = '', lease_expires_ms = NULL,"
-    " lease_epoch = lease_epoch + 1, runnable = %s, ready_ms = {now},"
+    "UPDATE {instance} SET input = %(input)s, lease_owner = '', lease_expires_ms = NULL,"
+    " lease_epoch = lease_epoch + 1, runnable = %(runnable)s, ready_ms = {now},"
     " execution_errors = 0, execution_error = '', current_step = '',"
-    " generation = generation + 1, history_generation = generation + 1, updated_at = %s,"
-    " parked_seq = 0, parked_key = ''"
-    " WHERE instance_id = %s AND lease_owner = %s AND lease_epoch = %s AND status = %s"
+    " generation = generation + 1, history_generation = generation + 1,"
+    " updated_at = %(updated_at)s, parked_seq = 0, parked_key = ''"
+    " WHERE instance_id = %(instance_id)s AND lease_owner = %(owner)s"
+    " AND lease_epoch = %(epoch)s AND status = %(running)s"
 )
 # The generation continue-as-new opened.
-SELECT_GENERATION = "SELECT generation FROM {instance} WHERE instance_id = %s"
+SELECT_GENERATION = "SELECT generation FROM {instance} WHERE instance_id = %(instance_id)s"
 # Signals the closed generation consumed stay consumed, marked with it (positions of
 # its history, which the next one does not see); delivered_seq is set so that no later
 # delivery batch takes them.
 ARCHIVE_CONSUMED_SIGNALS = (
-    "UPDATE {signal} SET archived_generation = %s,"
-    " delivered_seq = COALESCE(delivered_seq, consumed_seq)"
-    " WHERE instance_id = %s AND consumed_seq IS NOT NULL AND archived_generation IS NULL"
+    "UPDATE {signal} SET archived_generation = %(generation)s,"
+    " delivered_seq = COALESCE(delivered_seq, consumed_seq) WHERE instance_id = %(instance_id)s"
+    " AND consumed_seq IS NOT NULL AND archived_generation IS NULL"
 )
 # Signals it had not consumed carry over, undelivered: the next generation's waits
 # deliver them (ids, and so their order, unchanged).
 CARRY_SIGNALS = (
     "UPDATE {signal} SET delivered_seq = NULL"
-    " WHERE instance_id = %s AND consumed_seq IS NULL AND delivered_seq IS NOT NULL"
+    " WHERE instance_id = %(instance_id)s AND consumed_seq IS NULL"
+    " AND delivered_seq IS NOT NULL"
 )
 
 
@@ -274,34 +283,35 @@ class Recovery:
         """
         iid = fence.instance_id
         with self.db.atomic():
+            next_input = input_field().get_db_prep_save(json.loads(input_text), self.db.connection)
             updated = self.db._execute(
-                self._with_now(CONTINUE_INSTANCE),
-                [
-                    input_field().get_db_prep_save(json.loads(input_text), self.db.connection),
-                    True,
-                    *self.db.now_sql().params,
-                    self.db._now_param(),
-                    iid,
-                    fence.owner,
-                    fence.epoch,
-                    str(WorkflowStatus.RUNNING),
-                ],
+                CONTINUE_INSTANCE,
+                {
+                    **self.db._fence_params(fence),
+                    "input": next_input,
+                    "runnable": True,
+                    "updated_at": self.db._now_param(),
+                },
             )
             if updated != 1:
                 raise self.db._fenced_error(fence)
             self.db.apply_deferred(fence)
-            (generation,) = self.db._fetch(SELECT_GENERATION, [iid])[0]
+            (generation,) = self.db._fetch(SELECT_GENERATION, {"instance_id": iid})[0]
             ended = int(generation) - 1
             self.children._close_cleanup(iid)
             self.db._insert_row(
                 iid,
                 HistoryRow(CLOSE_KEY, None, CMD_CLOSE, EV_WORKFLOW_CONTINUED, data=input_text),
             )
-            self.db._execute(ARCHIVE_ROWS, [ended, self.db._now_param(), iid, 0])
+            every = {"instance_id": iid, "cut_id": 0}
+            archived_at = self.db._now_param()
+            self.db._execute(
+                ARCHIVE_ROWS, {**every, "generation": ended, "archived_at": archived_at}
+            )
             self._archive_tasks(iid, ended, 0, keys=False)
-            self.db._execute(ARCHIVE_CONSUMED_SIGNALS, [ended, iid])
-            self.db._execute(CARRY_SIGNALS, [iid])
-            self.db._execute(REMOVE_ARCHIVED_ROWS, [iid, 0])
+            self.db._execute(ARCHIVE_CONSUMED_SIGNALS, {"instance_id": iid, "generation": ended})
+            self.db._execute(CARRY_SIGNALS, {"instance_id": iid})
+            self.db._execute(REMOVE_ARCHIVED_ROWS, every)
             self.children._request_child_cancel(
                 iid, self.children._running_children(iid), f"parent {iid} continued as new"
             )
@@ -337,7 +347,7 @@ class Recovery:
         """
         with self.db.atomic():
             self.db._lock_instance(instance_id)
-            head = self.db._fetch(SELECT_RESUME_HEAD, [instance_id])
+            head = self.db._fetch(SELECT_RESUME_HEAD, {"instance_id": instance_id})
             if not head:
                 raise exc.WorkflowNotFound(instance_id)
             status, workflow_name, generation, error = head[0]
@@ -354,30 +364,27 @@ class Recovery:
             cut_id, cut_seq = self._resume_cut(instance_id, from_key, str(status), error)
             now = self.db._now_param()
             resumed = self.db._execute(
-                self._with_now(RESUME_INSTANCE),
-                [
-                    str(WorkflowStatus.RUNNING),
-                    True,
-                    *self.db.now_sql().params,
-                    *self.db.now_sql().params,
-                    False,
-                    now,
-                    instance_id,
-                    str(status),
-                    generation,
-                ],
+                RESUME_INSTANCE,
+                {
+                    "running": str(WorkflowStatus.RUNNING),
+                    "runnable": True,
+                    "cancel_requested": False,
+                    "updated_at": now,
+                    "instance_id": instance_id,
+                    "status": str(status),
+                    "generation": generation,
+                },
             )
             if resumed != 1:  # pragma: no cover - the row lock makes this unreachable
                 raise exc.InvalidWorkflowState(instance_id, str(status))
-            self.db._execute(ARCHIVE_ROWS, [generation, now, instance_id, cut_id])
+            cut = {"instance_id": instance_id, "cut_id": cut_id}
+            self.db._execute(ARCHIVE_ROWS, {**cut, "generation": generation, "archived_at": now})
             archived_keys = self._archive_tasks(instance_id, int(generation), cut_id)
             # A cut at the close (no position) leaves every consumption and delivery.
             seq_bound = cut_seq if cut_seq is not None else _PAST_EVERY_POSITION
-            self.db._execute(
-                RETURN_SIGNALS, [instance_id, seq_bound, seq_bound, instance_id, cut_id]
-            )
-            self.db._execute(UNDELIVER_ROWS, [instance_id, cut_id, seq_bound])
-            self.db._execute(REMOVE_ARCHIVED_ROWS, [instance_id, cut_id])
+            self.db._execute(RETURN_SIGNALS, {**cut, "seq_bound": seq_bound})
+            self.db._execute(UNDELIVER_ROWS, {**cut, "seq_bound": seq_bound})
+            self.db._execute(REMOVE_ARCHIVED_ROWS, cut)
             self.db.after_commit("runnable")
         return ResumeOutcome(str(workflow_name), int(generation) + 1, archived_keys)
 
@@ -406,7 +413,7 @@ class Recovery:
         """
         with self.db.atomic():
             self.db._lock_instance(instance_id)
-            head = self.db._fetch(SELECT_FORK_SOURCE, [instance_id])
+            head = self.db._fetch(SELECT_FORK_SOURCE, {"instance_id": instance_id})
             if not head:
                 raise exc.WorkflowNotFound(instance_id)
             status, workflow_name, error, service_name, timeout_ms, priority = head[0]
@@ -418,7 +425,7 @@ class Recovery:
             )
             cut_id, cut_seq = self._resume_cut(instance_id, from_key, str(status), error)
             if new_instance_id is None:
-                (forks,) = self.db._fetch(COUNT_FORKS, [instance_id])[0]
+                (forks,) = self.db._fetch(COUNT_FORKS, {"instance_id": instance_id})[0]
                 new_instance_id = check_instance_id(
                     f"{instance_id}/fork-{int(forks) + 1}", "fork id (the source's id and a count)"
                 )
@@ -432,35 +439,33 @@ class Recovery:
                 priority=int(priority),
                 trace_context=None if trace is None else trace(new_instance_id, str(workflow_name)),
             )
-            self.db._execute(MARK_FORK, [instance_id, new_instance_id])
+            copy = {"instance_id": new_instance_id, "source": instance_id}
+            self.db._execute(MARK_FORK, copy)
             self.attributes.copy(instance_id, new_instance_id)
+            created_at = self.db._now_param()
             self.db._execute(
-                COPY_ROWS, [new_instance_id, self.db._now_param(), instance_id, cut_id, CLOSE_KEY]
+                COPY_ROWS,
+                {**copy, "created_at": created_at, "cut_id": cut_id, "close_key": CLOSE_KEY},
             )
             bound = cut_seq if cut_seq is not None else _PAST_EVERY_POSITION
-            self.db._execute(UNDELIVER_ROWS, [new_instance_id, _PAST_ID, bound])
-            self.db._execute(
-                COPY_SIGNALS, [new_instance_id, bound, bound, bound, bound, instance_id]
-            )
+            undelivered = {"instance_id": new_instance_id, "cut_id": _PAST_ID, "seq_bound": bound}
+            self.db._execute(UNDELIVER_ROWS, undelivered)
+            self.db._execute(COPY_SIGNALS, {**copy, "bound": bound})
         return new_instance_id, str(workflow_name)
-
-    def _with_now(self, sql: str) -> str:
-        return sql.replace("{now}", self.db.now_sql().sql)
 
     def _resume_cut(
         self, instance_id: str, from_key: str | None, status: str, error: str | None
     ) -> tuple[int, int | None]:
         """The id and position of the first row a resume archives."""
+        candidates = (*_FAILURE_EVENTS, *_CLOSE_FILLED_EVENTS, *_CANCEL_EVENTS)
         rows = self.db._fetch(
-            SELECT_RESUME_CANDIDATES,
-            [
-                instance_id,
-                CLOSE_KEY,
-                from_key if from_key is not None else CLOSE_KEY,
-                *_FAILURE_EVENTS,
-                *_CLOSE_FILLED_EVENTS,
-                *_CANCEL_EVENTS,
-            ],
+            sql.compose(SELECT_RESUME_CANDIDATES, events=sql.marks(len(candidates), "event")),
+            {
+                "instance_id": instance_id,
+                "close_key": CLOSE_KEY,
+                "from_key": from_key if from_key is not None else CLOSE_KEY,
+                **sql.numbered("event", candidates),
+            },
         )
         by_key = {str(key): (int(row_id), seq) for row_id, key, seq, _, _ in rows}
         # A running source (a fork) has no close: its end is past every row.
@@ -502,7 +507,8 @@ class Recovery:
     ) -> tuple[str, ...]:
         """Summarise the archived rows' tasks on their archive rows and remove them;
         return the archived keys (with ``keys``; none read without)."""
-        tasks = self.db._fetch(SELECT_ARCHIVED_TASKS, [instance_id, instance_id, cut_id])
+        cut = {"instance_id": instance_id, "cut_id": cut_id}
+        tasks = self.db._fetch(SELECT_ARCHIVED_TASKS, cut)
         for key, name, queue, status, attempts, failures, last_error in tasks:
             summary = {
                 "name": name,
@@ -512,10 +518,20 @@ class Recovery:
                 "failures": failures,
                 "last_error": last_error,
             }
-            self.db._execute(ARCHIVE_TASK, [json.dumps(summary), instance_id, generation, key])
+            self.db._execute(
+                ARCHIVE_TASK,
+                {
+                    "task": json.dumps(summary),
+                    "instance_id": instance_id,
+                    "generation": generation,
+                    "key": key,
+                },
+            )
         if tasks:
-            self.db._execute(DELETE_ARCHIVED_TASKS, [instance_id, instance_id, cut_id])
+            self.db._execute(DELETE_ARCHIVED_TASKS, cut)
         if not keys:
             return ()
-        archived = self.db._fetch(SELECT_ARCHIVED_KEYS, [instance_id, generation])
+        archived = self.db._fetch(
+            SELECT_ARCHIVED_KEYS, {"instance_id": instance_id, "generation": generation}
+        )
         return tuple(str(key) for (key,) in archived)
