@@ -52,20 +52,19 @@ class Releases:
         if self.db.has_deferred(fence):
             self._release_with_deferred(fence, runnable, parked, sticky)
             return
+        parked_seq, parked_key = parked if parked is not None else (None, None)
         rows = self.db._fetch(
             sql.RELEASE_LEASE,
-            [
-                fence.owner if sticky is not None else "",
-                *self.db.now_sql().params,
-                round((sticky or 0.0) * 1000),
-                *(parked if parked is not None else (None, None)),
-                runnable,
-                *self.db.now_sql().params,
-                runnable,
-                fence.instance_id,
-                fence.owner,
-                fence.epoch,
-            ],
+            {
+                "sticky_owner": fence.owner if sticky is not None else "",
+                "sticky_ms": round((sticky or 0.0) * 1000),
+                "parked_seq": parked_seq,
+                "parked_key": parked_key,
+                "runnable": runnable,
+                "instance_id": fence.instance_id,
+                "owner": fence.owner,
+                "epoch": fence.epoch,
+            },
         )
         if rows and rows[0][0]:
             self.db.after_commit(TOPIC_RUNNABLE)

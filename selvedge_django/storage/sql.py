@@ -246,11 +246,12 @@ LEASE_SET = (
 RELEASE_LEASE = (
     "UPDATE {instance} SET lease_owner = '', lease_expires_ms = NULL,"
     " execution_errors = 0, execution_error = '',"
-    " sticky_owner = %s, sticky_until_ms = {now} + %s,"
-    " parked_seq = COALESCE(%s, parked_seq), parked_key = COALESCE(%s, parked_key),"
-    " ready_ms = CASE WHEN runnable OR NOT %s THEN ready_ms ELSE {now} END,"
-    " runnable = (runnable OR %s) WHERE instance_id = %s AND lease_owner = %s"
-    " AND lease_epoch = %s RETURNING runnable"
+    " sticky_owner = %(sticky_owner)s, sticky_until_ms = {now} + %(sticky_ms)s,"
+    " parked_seq = COALESCE(%(parked_seq)s, parked_seq),"
+    " parked_key = COALESCE(%(parked_key)s, parked_key),"
+    " ready_ms = CASE WHEN runnable OR NOT %(runnable)s THEN ready_ms ELSE {now} END,"
+    " runnable = (runnable OR %(runnable)s) WHERE instance_id = %(instance_id)s"
+    " AND lease_owner = %(owner)s AND lease_epoch = %(epoch)s RETURNING runnable"
 )
 _SNAPSHOT_HISTORY = (
     "SELECT 0, id, key, seq, command, event_type, data, reservation, delivered_seq"

@@ -140,13 +140,14 @@ class PostgresDatabase(Database):
         raw = conn.connection
         known = getattr(conn, "_selvedge_idle_timeout", None)
         if known is None or known[0] is not raw:
-            rows = self._fetch(IDLE_TIMEOUT_SETTING, ["idle_in_transaction_session_timeout"])
+            name = "idle_in_transaction_session_timeout"
+            rows = self._fetch(IDLE_TIMEOUT_SETTING, {"name": name})
             known = (raw, int(rows[0][0]) if rows else 0)
             conn._selvedge_idle_timeout = known
         if known[1] == 0:
             return
         wanted = 0 if seconds is None else max(known[1], round(seconds * 1000) + 1000)
-        self._execute(SET_IDLE_TIMEOUT, [str(wanted)])
+        self._execute(SET_IDLE_TIMEOUT, {"ms": str(wanted)})
 
     def _notify(self, topics: Sequence[str] | set[str]) -> None:
         """Send ``topics`` in one statement, unless the notification queue is half full
@@ -181,17 +182,17 @@ class PostgresDatabase(Database):
         writers without blocking the foreign-key checks of rows that reference the
         instance (see :meth:`Database._lock_instance`)."""
         statement = sql.compose(LOCK_INSTANCE, skip=" SKIP LOCKED" if skip_locked else "")
-        locked = self._fetch(statement, [instance_id])
+        locked = self._fetch(statement, {"instance_id": instance_id})
         return bool(locked) or not skip_locked
 
     def _lock_task(self, task_id: int) -> bool:
-        return bool(self._fetch(LOCK_TASK, [task_id]))
+        return bool(self._fetch(LOCK_TASK, {"task_id": task_id}))
 
     def _lock_limits(self, queues: Sequence[str], keys: Sequence[str]) -> None:
         """One advisory lock per queue and key until commit, so the counts that follow
         see every claim committed before (a hash collision only serialises more)."""
         classes = [QUEUE_LOCK_CLASS] * len(queues) + [KEY_LOCK_CLASS] * len(keys)
-        self._fetch(LOCK_LIMITS, [classes, [*queues, *keys]])
+        self._fetch(LOCK_LIMITS, {"classes": classes, "names": [*queues, *keys]})
 
     # -- renewals ---------------------------------------------------------------------------
 

@@ -40,9 +40,9 @@ __all__ = [
 # One consistent read of several statements.
 SNAPSHOT_ISOLATION = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY"
 # The session's idle-in-transaction timeout (read once per connection).
-IDLE_TIMEOUT_SETTING = "SELECT setting FROM pg_settings WHERE name = %s"
+IDLE_TIMEOUT_SETTING = "SELECT setting FROM pg_settings WHERE name = %(name)s"
 # Raise (or turn off) the idle-in-transaction timeout for the current transaction.
-SET_IDLE_TIMEOUT = "SELECT set_config('idle_in_transaction_session_timeout', %s, true)"
+SET_IDLE_TIMEOUT = "SELECT set_config('idle_in_transaction_session_timeout', %(ms)s, true)"
 # One NOTIFY call; NOTIFY_ALL sends {calls} unless the notification queue is too full.
 NOTIFY_CALL = "pg_notify(%s, %s)"
 NOTIFY_ALL = "SELECT {calls} WHERE pg_notification_queue_usage() < %s"
@@ -52,9 +52,11 @@ NOTIFY_FROM = (
     " WHERE pg_notification_queue_usage() < %s LIMIT 1) n)"
 )
 # Lock an instance row the way a fence update does ({skip}: SKIP LOCKED or nothing).
-LOCK_INSTANCE = "SELECT 1 FROM {instance} WHERE instance_id = %s FOR NO KEY UPDATE{skip}"
+LOCK_INSTANCE = (
+    "SELECT 1 FROM {instance} WHERE instance_id = %(instance_id)s FOR NO KEY UPDATE{skip}"
+)
 # Lock a task row unless another transaction holds it.
-LOCK_TASK = "SELECT 1 FROM {task} WHERE id = %s FOR NO KEY UPDATE SKIP LOCKED"
+LOCK_TASK = "SELECT 1 FROM {task} WHERE id = %(task_id)s FOR NO KEY UPDATE SKIP LOCKED"
 # Dispatch in one statement: each part locks what it picks, skipping held rows.
 LEASE_BATCH = (
     "WITH e AS (SELECT instance_id FROM {instance} WHERE {expired}"
@@ -81,7 +83,7 @@ RENEW_BATCH = (
 # (class QUEUE_LOCK_CLASS), then the concurrency keys (KEY_LOCK_CLASS), each sorted.
 LOCK_LIMITS = (
     "SELECT pg_advisory_xact_lock(c, hashtext(n)) FROM (SELECT c, n"
-    " FROM unnest(%s::int[], %s::text[]) AS l (c, n) ORDER BY c, n) s"
+    " FROM unnest(%(classes)s::int[], %(names)s::text[]) AS l (c, n) ORDER BY c, n) s"
 )
 QUEUE_LOCK_CLASS = 0x5376_0001
 KEY_LOCK_CLASS = 0x5376_0002
