@@ -150,8 +150,7 @@ class Children:
         HistoryEvent.objects.using(self.db.alias).filter(
             instance_id=fence.instance_id, key=row.key, data__isnull=True
         ).update(event_type=event, data=data, arrived_at=timezone.now())
-        wake = self.db.wake_sql()
-        self.db._execute(sql.WAKE_INSTANCE, [*wake.params, fence.instance_id])
+        self.db._execute(sql.WAKE_INSTANCE, self.db.wake_params(fence.instance_id))
         # An arrival, as a child closing now would make it: the next wait delivers it.
         return row
 
@@ -198,7 +197,13 @@ class Children:
         parent_id, parent_key = parent
         if not parent_id:
             return None
-        if not self.db._wake(parent_id, sql.PARENT_WAITS, [parent_id, parent_key, CMD_CHILD, iid]):
+        waits = {
+            "parent_id": parent_id,
+            "parent_key": parent_key,
+            "parent_command": CMD_CHILD,
+            "child_id": iid,
+        }
+        if not self.db._wake(parent_id, sql.PARENT_WAITS, waits):
             return None
         return parent_id, parent_key
 

@@ -42,7 +42,7 @@ from ..models import (
 from . import sql
 from .clock import DbNowMs, clock_offset_ms
 from .operation import operation
-from .sql import Params, Sql
+from .sql import Sql
 from .wakeups import TOPIC_RUNNABLE, Bus, bus_for
 
 __all__ = ["Database", "Sql"]
@@ -135,13 +135,11 @@ class Database:
 
     @operation
     def now_sql(self, plus_seconds: float = 0.0) -> Sql:
-        """The database clock in milliseconds (plus ``plus_seconds``) as a SQL value."""
-        now = sql.positional(self.NOW_MS)
+        """The database clock in milliseconds (plus ``plus_seconds``) as a SQL value of a
+        row :meth:`_insert` writes (its ``{now}`` binds the clock's offset by name)."""
         if plus_seconds:
-            return Sql(
-                sql.compose(sql.PLUS_MS, value=now), [clock_offset_ms(), round(plus_seconds * 1000)]
-            )
-        return Sql(now, [clock_offset_ms()])
+            return Sql(sql.compose(sql.PLUS_MS, value="{now}"), [round(plus_seconds * 1000)])
+        return Sql("{now}")
 
     @operation
     @contextlib.contextmanager
@@ -193,7 +191,7 @@ class Database:
         """Whether a poll should take its locks; True unless the dialect probes first."""
         return True
 
-    def _worth_writing(self, probe: str, params: Params) -> bool:
+    def _worth_writing(self, probe: str, params: Mapping[str, Any]) -> bool:
         """:meth:`worth_locking` for a hand-written probe (a statement returning a row)."""
         return True
 
@@ -243,7 +241,7 @@ class Database:
             callback = self.on_closed
             transaction.on_commit(lambda: callback(instance_id), using=self.alias)
 
-    def _execute(self, statement: str, params: Params) -> int:
+    def _execute(self, statement: str, params: Mapping[str, Any]) -> int:
         """Run one hand-written statement; return the rows it touched.
 
         The hottest statements (fences, history rows, activity arrivals) skip the
@@ -256,16 +254,14 @@ class Database:
             cursor.execute(*self._bound(statement, params))
             return int(cursor.rowcount)
 
-    def _fetch(self, statement: str, params: Params) -> list[tuple[Any, ...]]:
+    def _fetch(self, statement: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
         """Run one hand-written statement that returns rows (named as in _execute)."""
         with self.connection.cursor() as cursor:
             cursor.execute(*self._bound(statement, params))
             return list(cursor.fetchall())
 
-    def _bound(self, statement: str, params: Params) -> tuple[str, Params]:
+    def _bound(self, statement: str, params: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]]:
         """The statement with its tables and clock filled, and the values it binds."""
-        if not isinstance(params, Mapping):  # a statement still bound by position
-            return self._tables(statement, named=False), params
         text = self._tables(statement)
         if sql.CLOCK_OFFSET in text:
             params = {**params, "clock_offset": clock_offset_ms()}
@@ -317,41 +313,41 @@ class Database:
         if where is None:
             statement = sql.compose(sql.INSERT_ROW, table=table, columns=columns, values=marks)
         else:
+            condition, where_params = where.named("where")
             statement = sql.compose(
-                sql.INSERT_ROW_IF, table=table, columns=columns, values=marks, condition=where.sql
+                sql.INSERT_ROW_IF, table=table, columns=columns, values=marks, condition=condition
             )
-            params = [*params, *where.params]
+            params = sql.bind(params, where_params)
         statement += on_conflict
         if not returning_id:
-            with conn.cursor() as cursor:
-                cursor.execute(statement, params)
+            self._execute(statement, params)
             return None
         return self._insert_returning_id(statement, params, model._meta.pk.column)
 
-    def _insert_returning_id(self, statement: str, params: list[Any], pk: str) -> Any:
+    def _insert_returning_id(self, statement: str, params: dict[str, Any], pk: str) -> Any:
         """Run an INSERT and return the new row's id (None when it inserted nothing)."""
-        conn = self.connection
-        returning = sql.compose(sql.RETURNING, columns=conn.ops.quote_name(pk))
-        with conn.cursor() as cursor:
-            cursor.execute(statement + returning, params)
-            row = cursor.fetchone()
-        return None if row is None else row[0]
+        returning = sql.compose(sql.RETURNING, columns=self.connection.ops.quote_name(pk))
+        rows = self._fetch(statement + returning, params)
+        return rows[0][0] if rows else None
 
-    def _insert_new(self, template: str, rows: list[tuple[str, list[Any]]]) -> list[str]:
-        """Insert ``rows`` (their value lists and parameters) with ``template`` (an INSERT
-        with ``{rows}`` that skips existing ids) in one statement; return the new ids."""
+    def _insert_new(self, template: str, rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
+        """Insert ``rows`` (their value lists and parameters, named apart) with ``template``
+        (an INSERT with ``{rows}`` that skips existing ids) in one statement; return the
+        new ids."""
         statement = sql.compose(template, rows=", ".join(marks for marks, _ in rows))
-        params = [value for _, values in rows for value in values]
+        params = sql.bind(*(values for _, values in rows))
         return [str(r[0]) for r in self._fetch(statement + sql.RETURNING_INSTANCE_ID, params)]
 
     def _insert_parts(
-        self, model: Any, values: dict[str, Any], *, skip_pk: bool
-    ) -> tuple[str, str, list[Any]]:
-        """The column list, the value expressions and their parameters of one row."""
+        self, model: Any, values: dict[str, Any], *, skip_pk: bool, name: str = "row"
+    ) -> tuple[str, str, dict[str, Any]]:
+        """The column list, the value expressions and their parameters of one row, each
+        value named after its column (``%(row_status)s``; ``name`` sets the prefix, so
+        that rows combined into one statement keep theirs apart)."""
         conn = self.connection
         columns: list[str] = []
         marks: list[str] = []
-        params: list[Any] = []
+        params: dict[str, Any] = {}
         for f in model._meta.concrete_fields:
             if f.primary_key and skip_pk and f.name not in values:
                 continue
@@ -364,12 +360,14 @@ class Database:
             else:
                 value = f.get_default()
             columns.append(conn.ops.quote_name(f.column))
+            mark = f"{name}_{f.column}"
             if isinstance(value, Sql):
-                marks.append(value.sql)
-                params += value.params
+                text, named = value.named(mark)
+                marks.append(text)
+                params.update(named)
             else:
-                marks.append("%s")
-                params.append(f.get_db_prep_save(value, conn))
+                marks.append(f"%({mark})s")
+                params[mark] = f.get_db_prep_save(value, conn)
         return ", ".join(columns), ", ".join(marks), params
 
     def _next_seq_sql(self, offset: int = 0) -> Sql:
@@ -394,26 +392,32 @@ class Database:
         *,
         release: bool = False,
         uncancelled: bool = False,
-    ) -> tuple[str, list[Any]]:
+    ) -> tuple[str, dict[str, Any]]:
         """The fence check: an UPDATE that must touch exactly the writer's instance row.
 
         ``release`` also gives the lease up in the same update (the last write of an
         execution that suspends after it); ``runnable`` is left as it is.
         ``uncancelled`` also requires that no cancel request is recorded (a write that
-        must not happen after one, such as an inline claim).
+        must not happen after one, such as an inline claim). Its values are named
+        ``fence_*``, apart from the parts a statement chains it with.
         """
-        params: list[Any] = [self._now_param()]
+        params: dict[str, Any] = {
+            "fence_at": self._now_param(),
+            "fence_instance_id": fence.instance_id,
+            "fence_owner": fence.owner,
+            "fence_epoch": fence.epoch,
+            "fence_running": str(WorkflowStatus.RUNNING),
+        }
         if current_step is not None:
-            params.append(current_step[:255])
+            params["fence_step"] = current_step[:255]
+        if uncancelled:
+            params["fence_cancelled"] = False
         statement = sql.compose(
             sql.FENCE_UPDATE,
             step=sql.FENCE_SET_STEP if current_step is not None else "",
             release=sql.FENCE_SET_RELEASE if release else "",
             uncancelled=sql.FENCE_UNCANCELLED if uncancelled else "",
         )
-        params += [fence.instance_id, fence.owner, fence.epoch, str(WorkflowStatus.RUNNING)]
-        if uncancelled:
-            params.append(False)
         return statement, params
 
     def _fence(
@@ -482,19 +486,20 @@ class Database:
 
     def _history_insert_sql(
         self, instance_id: str, row: HistoryRow, source: str | None = None
-    ) -> tuple[str, list[Any]]:
-        """INSERT of one history row; ``source`` (a CTE) makes it conditional on that row."""
-        values = [
-            instance_id,
-            row.key,
-            row.seq,
-            row.command,
-            row.event_type,
-            row.data,
-            row.reservation,
-            row.delivered_seq,
-            self._now_param(),
-        ]
+    ) -> tuple[str, dict[str, Any]]:
+        """INSERT of one history row; ``source`` (a CTE) makes it conditional on that row.
+        Its values are named ``row_*``."""
+        values = {
+            "row_instance_id": instance_id,
+            "row_key": row.key,
+            "row_seq": row.seq,
+            "row_command": row.command,
+            "row_event_type": row.event_type,
+            "row_data": row.data,
+            "row_reservation": row.reservation,
+            "row_delivered_seq": row.delivered_seq,
+            "row_created_at": self._now_param(),
+        }
         if source:
             return sql.compose(sql.HISTORY_INSERT_FROM, source=source), values
         return sql.HISTORY_INSERT, values
@@ -527,9 +532,10 @@ class Database:
 
     # -- becoming runnable ---------------------------------------------------------------
 
-    @operation
-    def wake_sql(self) -> Sql:
-        """The SET terms of an UPDATE that marks an instance runnable.
+    @staticmethod
+    def wake_params(instance_id: str | None = None) -> dict[str, Any]:
+        """The values of sql.WAKE_SET (and of WAKE_INSTANCE and WAKE_RUNNING with the
+        instance's id), the SET terms of an UPDATE that marks an instance runnable.
 
         ``ready_ms`` (the order of dispatch: oldest first) becomes the database
         clock's now only if the instance was not runnable yet: one already waiting
@@ -537,7 +543,10 @@ class Database:
         (``ready_ms`` in the future) keeps its backoff, whatever arrives meanwhile.
         SET expressions read the row as it was before the update.
         """
-        return Sql(self._tables(sql.WAKE_SET, named=False), [clock_offset_ms(), True])
+        params: dict[str, Any] = {"wake_runnable": True}
+        if instance_id is not None:
+            params.update(wake_instance_id=instance_id, wake_running=str(WorkflowStatus.RUNNING))
+        return params
 
     @operation
     def wake_fields(self) -> dict[str, Any]:
@@ -547,14 +556,19 @@ class Database:
             "runnable": True,
         }
 
-    def _wake_sql(self, instance_id: str, condition: str = "") -> tuple[str, list[Any]]:
-        """The statement of :meth:`_wake` (``condition`` is a further ``AND ...``)."""
+    def _wake_sql(
+        self, instance_id: str, condition: str = "", params: Mapping[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        """The statement of :meth:`_wake` (``condition`` is a further ``AND ...``, which
+        ``params`` binds)."""
         return (
             sql.compose(sql.WAKE_RUNNING, condition=condition),
-            [clock_offset_ms(), True, instance_id, str(WorkflowStatus.RUNNING)],
+            sql.bind(self.wake_params(instance_id), params or {}),
         )
 
-    def _wake(self, instance_id: str, condition: str = "", params: Sequence[Any] = ()) -> int:
+    def _wake(
+        self, instance_id: str, condition: str = "", params: Mapping[str, Any] | None = None
+    ) -> int:
         """Mark a running instance runnable; dispatchers are woken after commit if it was.
 
         The one wake-up of every arrival that needs no lease (an activity outcome, a
@@ -562,8 +576,7 @@ class Database:
         narrows the update, e.g. to a parent that still waits for the outcome.
         Returns the rows touched (0 or 1).
         """
-        statement, wake_params = self._wake_sql(instance_id, condition)
-        woken = self._execute(statement, [*wake_params, *params])
+        woken = self._execute(*self._wake_sql(instance_id, condition, params))
         if woken:
             self.after_commit(TOPIC_RUNNABLE)
         return woken

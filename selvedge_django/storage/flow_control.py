@@ -64,7 +64,7 @@ class Limits:
             names=sql.in_list("c.name", len(served)),
             hint=self.db._index_hint("sv_task_rank_idx"),
         )
-        clock = self.db.now_sql().params
+        clock = [clock_offset_ms()]
         return RawSQL(self.db._tables(text, named=False), [*clock, *served, *clock], BooleanField())
 
     def _claim_probe(self, names: Sequence[str]) -> tuple[str, dict[str, Any]]:

@@ -338,24 +338,23 @@ class Instances:
             self.db.after_commit(closed_topic(fence.instance_id))
         return str(status)
 
-    def _close_sql(self, fence: Fence, status: str, request: CloseRequest) -> tuple[str, list[Any]]:
-        now = self.db._now_param()
-        return (
-            sql.CLOSE_UPDATE,
-            [
-                str(status),
-                request.output,
-                request.error,
-                envelope_type(request.error) if status == WorkflowStatus.FAILED else "",
-                False,
-                now,
-                now,
-                fence.instance_id,
-                fence.owner,
-                fence.epoch,
-                str(WorkflowStatus.RUNNING),
-            ],
-        )
+    def _close_sql(
+        self, fence: Fence, status: str, request: CloseRequest
+    ) -> tuple[str, dict[str, Any]]:
+        """The fenced close (CLOSE_UPDATE), its values named ``close_*``."""
+        error_type = envelope_type(request.error) if status == WorkflowStatus.FAILED else ""
+        return sql.CLOSE_UPDATE, {
+            "close_status": str(status),
+            "close_output": request.output,
+            "close_error": request.error,
+            "close_error_type": error_type,
+            "close_runnable": False,
+            "close_at": self.db._now_param(),
+            "close_instance_id": fence.instance_id,
+            "close_owner": fence.owner,
+            "close_epoch": fence.epoch,
+            "close_running": str(WorkflowStatus.RUNNING),
+        }
 
     @staticmethod
     def _close_row(status: str, data: str | None) -> HistoryRow:

@@ -356,11 +356,13 @@ class Schedules:
         if not self.db._lock_instance(row.last_run_id, skip_locked=True):
             return False
         reason = f"schedule {row.name!r}: a newer slot is due (overlap cancel_other)"
-        wake = self.db.wake_sql()
-        if self.db._execute(
-            sql.CANCEL_RUN,
-            [True, reason, *wake.params, row.last_run_id, str(WorkflowStatus.RUNNING)],
-        ):
+        cancel = {
+            "cancel_requested": True,
+            "reason": reason,
+            "instance_id": row.last_run_id,
+            "running": str(WorkflowStatus.RUNNING),
+        }
+        if self.db._execute(sql.CANCEL_RUN, {**cancel, **self.db.wake_params()}):
             self.db.after_commit(TOPIC_RUNNABLE)
         return True
 
@@ -382,7 +384,7 @@ class Schedules:
             return []
         now = timezone.now()
         columns = ""
-        rows: list[tuple[str, list[Any]]] = []
+        rows: list[tuple[str, dict[str, Any]]] = []
         for offset, (run_id, schedule) in enumerate(runs):
             columns, marks, values = self.db._insert_parts(
                 WorkflowInstance,
@@ -400,6 +402,7 @@ class Schedules:
                     "trace_context": None if trace is None else trace(run_id, schedule),
                 },
                 skip_pk=False,
+                name=f"run{offset}",
             )
             rows.append((f"({marks})", values))
         return self.db._insert_new(sql.compose(sql.START_RUNS, columns=columns), rows)

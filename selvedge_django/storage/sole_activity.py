@@ -73,13 +73,22 @@ class SoleActivity:
             self.db.after_commit(closed_topic(claim.instance_id))
         return True
 
-    def _close_unleased_sql(self, instance_id: str, output: str) -> tuple[str, list[Any]]:
-        """The conditional close of an instance its start left unleased (CLOSE_UNLEASED)."""
-        now = self.db._now_param()
-        running = str(WorkflowStatus.RUNNING)
-        status = str(WorkflowStatus.COMPLETED)
-        params = [status, output, None, "", False, now, now, instance_id, "", 0, running, False]
-        return sql.CLOSE_UNLEASED, params
+    def _close_unleased_sql(self, instance_id: str, output: str) -> tuple[str, dict[str, Any]]:
+        """The conditional close of an instance its start left unleased (CLOSE_UNLEASED),
+        its values named ``close_*``."""
+        return sql.CLOSE_UNLEASED, {
+            "close_status": str(WorkflowStatus.COMPLETED),
+            "close_output": output,
+            "close_error": None,
+            "close_error_type": "",
+            "close_runnable": False,
+            "close_at": self.db._now_param(),
+            "close_instance_id": instance_id,
+            "close_owner": "",
+            "close_epoch": 0,
+            "close_running": str(WorkflowStatus.RUNNING),
+            "close_cancel_requested": False,
+        }
 
     @staticmethod
     def _close_record(output: str) -> HistoryRow:

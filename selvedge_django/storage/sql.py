@@ -32,19 +32,31 @@ __all__ = [
     "positional",
 ]
 
-#: The values of a hand-written statement: by name (or, for the statements not yet
-#: converted and those the ORM composes, by position).
+#: The values of a :class:`Sql` expression: by name, or by position for one that a row
+#: or the ORM names (:meth:`Sql.named`, :func:`positional`).
 Params = Mapping[str, Any] | Sequence[Any]
 
 
 class Sql:
-    """A SQL expression with its parameters, for :meth:`Database._insert` values."""
+    """A SQL expression with its parameters, for :meth:`Database._insert` values and
+    conditions: bound by name, or by position (``%s``) for a value whose names the row
+    gives (:meth:`named`)."""
 
     __slots__ = ("params", "sql")
 
-    def __init__(self, sql: str, params: Sequence[Any] = ()) -> None:
+    def __init__(self, sql: str, params: Params = ()) -> None:
         self.sql = sql
-        self.params = list(params)
+        self.params = params
+
+    def named(self, prefix: str = "value") -> tuple[str, dict[str, Any]]:
+        """The expression bound by name: its ``%s`` marks named ``prefix_0``, ... in order."""
+        if isinstance(self.params, Mapping):
+            return self.sql, dict(self.params)
+        parts = self.sql.split("%s")
+        if len(parts) - 1 != len(self.params):
+            raise ValueError(f"{self.sql!r} does not have {len(self.params)} marks")
+        text = parts[0] + "".join(f"%({prefix}_{i})s{part}" for i, part in enumerate(parts[1:]))
+        return text, numbered(prefix, list(self.params))
 
 
 def bind(*parts: Mapping[str, Any]) -> dict[str, Any]:
@@ -134,17 +146,18 @@ RETURNING_RUNNABLE = " RETURNING runnable"
 
 # The fence check: must touch exactly the writer's row (lease owner and epoch, running).
 FENCE_UPDATE = (
-    "UPDATE {instance} SET updated_at = %s{step}{release} WHERE instance_id = %s"
-    " AND lease_owner = %s AND lease_epoch = %s AND status = %s{uncancelled}"
+    "UPDATE {instance} SET updated_at = %(fence_at)s{step}{release}"
+    " WHERE instance_id = %(fence_instance_id)s AND lease_owner = %(fence_owner)s"
+    " AND lease_epoch = %(fence_epoch)s AND status = %(fence_running)s{uncancelled}"
 )
 # FENCE_UPDATE part: record the command being issued.
-FENCE_SET_STEP = ", current_step = %s"
+FENCE_SET_STEP = ", current_step = %(fence_step)s"
 # FENCE_UPDATE part: release the lease (an execution that suspends ends a run of errors).
 FENCE_SET_RELEASE = (
     ", lease_owner = '', lease_expires_ms = NULL, execution_errors = 0, execution_error = ''"
 )
 # FENCE_UPDATE part: only while no cancel request is recorded.
-FENCE_UNCANCELLED = " AND cancel_requested = %s"
+FENCE_UNCANCELLED = " AND cancel_requested = %(fence_cancelled)s"
 # ctx.set_progress(): the instance's progress, fenced like FENCE_UPDATE.
 SET_PROGRESS = (
     "UPDATE {instance} SET progress = %(progress)s, updated_at = %(updated_at)s"
@@ -161,7 +174,10 @@ _HISTORY_INSERT = (
     "INSERT INTO {history} (instance_id, key, seq, command, event_type, data,"
     " reservation, delivered_seq, created_at, arrived_at) "
 )
-_HISTORY_VALUES = "%s, %s, %s, %s, %s, %s, %s, %s, %s, NULL"
+_HISTORY_VALUES = (
+    "%(row_instance_id)s, %(row_key)s, %(row_seq)s, %(row_command)s, %(row_event_type)s,"
+    " %(row_data)s, %(row_reservation)s, %(row_delivered_seq)s, %(row_created_at)s, NULL"
+)
 # Insert one history row.
 HISTORY_INSERT = _HISTORY_INSERT + f"VALUES ({_HISTORY_VALUES})"
 # Insert one history row if the CTE {source} has a row (one-statement writes).
@@ -170,12 +186,16 @@ HISTORY_INSERT_FROM = _HISTORY_INSERT + f"SELECT {_HISTORY_VALUES} FROM {{source
 # -- becoming runnable ---------------------------------------------------------------------
 
 # The SET terms that mark an instance runnable; one already runnable keeps its place.
-WAKE_SET = "ready_ms = CASE WHEN runnable THEN ready_ms ELSE {now} END, runnable = %s"
+WAKE_SET = (
+    "ready_ms = CASE WHEN runnable THEN ready_ms ELSE {now} END, runnable = %(wake_runnable)s"
+)
 # Mark one instance runnable, whatever its lease (a parent re-attaching to its child).
-WAKE_INSTANCE = "UPDATE {instance} SET " + WAKE_SET + " WHERE instance_id = %s"
+WAKE_INSTANCE = "UPDATE {instance} SET " + WAKE_SET + " WHERE instance_id = %(wake_instance_id)s"
 # Mark one running instance runnable ({condition}: a further AND ...).
 WAKE_RUNNING = (
-    "UPDATE {instance} SET " + WAKE_SET + " WHERE instance_id = %s AND status = %s{condition}"
+    "UPDATE {instance} SET "
+    + WAKE_SET
+    + " WHERE instance_id = %(wake_instance_id)s AND status = %(wake_running)s{condition}"
 )
 
 # -- instances -----------------------------------------------------------------------------
@@ -195,8 +215,14 @@ INSERT_INSTANCE = (
     " cancel_requested, cancel_reason, parent_instance_id, parent_key,"
     " service_name, current_step, started_at, updated_at, closed_at, ready_ms, code_version,"
     " execution_timeout_ms, execution_deadline_ms, trace_context, priority, created_seq)"
-    " VALUES (%s, %s, %s, %s, NULL, NULL, %s, %s, (CASE WHEN %s THEN {now} + %s END), %s,"
-    " %s, %s, %s, %s, %s, %s, %s, %s, NULL, {now}, %s, %s, {now} + %s, %s, %s, {next_seq})"
+    " VALUES (%(start_instance_id)s, %(start_workflow_name)s, %(start_status)s,"
+    " %(start_input)s, NULL, NULL, %(start_lease_owner)s, %(start_lease_epoch)s,"
+    " (CASE WHEN %(start_leased)s THEN {now} + %(start_ttl_ms)s END), %(start_runnable)s,"
+    " %(start_cancel_requested)s, %(start_cancel_reason)s, %(start_parent_instance_id)s,"
+    " %(start_parent_key)s, %(start_service_name)s, %(start_current_step)s,"
+    " %(start_started_at)s, %(start_updated_at)s, NULL, {now}, %(start_code_version)s,"
+    " %(start_timeout_ms)s, {now} + %(start_timeout_ms)s, %(start_trace_context)s,"
+    " %(start_priority)s, {next_seq})"
     " ON CONFLICT (instance_id) DO NOTHING"
 )
 # The next creation number on PostgreSQL: a sequence (made by migration 0018).
@@ -272,14 +298,15 @@ SELECT_CANCEL_STATE = (
 )
 # The close: status, outcome, lease cleared, under the fence (one conditional update).
 CLOSE_UPDATE = (
-    "UPDATE {instance} SET status = %s, output = %s, error = %s, error_type = %s,"
-    " lease_owner = '', lease_expires_ms = NULL, runnable = %s, current_step = '', closed_at = %s,"
-    " updated_at = %s"
-    " WHERE instance_id = %s AND lease_owner = %s AND lease_epoch = %s"
-    " AND status = %s"
+    "UPDATE {instance} SET status = %(close_status)s, output = %(close_output)s,"
+    " error = %(close_error)s, error_type = %(close_error_type)s,"
+    " lease_owner = '', lease_expires_ms = NULL, runnable = %(close_runnable)s, current_step = '',"
+    " closed_at = %(close_at)s, updated_at = %(close_at)s"
+    " WHERE instance_id = %(close_instance_id)s AND lease_owner = %(close_owner)s"
+    " AND lease_epoch = %(close_epoch)s AND status = %(close_running)s"
 )
 # The close of an instance its start left unleased (epoch 0), without a cancel request.
-CLOSE_UNLEASED = CLOSE_UPDATE + " AND cancel_requested = %s"
+CLOSE_UNLEASED = CLOSE_UPDATE + " AND cancel_requested = %(close_cancel_requested)s"
 # The storage errors in a row of an instance a lease still holds.
 SELECT_EXECUTION_ERRORS = (
     "SELECT execution_errors FROM {instance} WHERE instance_id = %(instance_id)s"
@@ -321,9 +348,10 @@ SELECT_PARENT = (
 # that started the child (a continue-as-new since then opened another: its rows are not
 # this child's, even under the same key).
 PARENT_WAITS = (
-    " AND EXISTS (SELECT 1 FROM {history} WHERE instance_id = %s AND key = %s"
-    " AND command = %s AND data IS NULL)"
-    " AND history_generation = (SELECT parent_generation FROM {instance} WHERE instance_id = %s)"
+    " AND EXISTS (SELECT 1 FROM {history} WHERE instance_id = %(parent_id)s"
+    " AND key = %(parent_key)s AND command = %(parent_command)s AND data IS NULL)"
+    " AND history_generation = (SELECT parent_generation FROM {instance}"
+    " WHERE instance_id = %(child_id)s)"
 )
 
 # -- timers --------------------------------------------------------------------------------
@@ -354,8 +382,8 @@ NEXT_TIMER_DUE = (
 
 # A signal insert's condition: fewer pending signals than the inbox holds (bounded count).
 PENDING_SIGNALS_BELOW = (
-    "(SELECT COUNT(*) FROM (SELECT 1 FROM {signal} WHERE instance_id = %s"
-    " AND consumed_seq IS NULL LIMIT %s) pending) < %s"
+    "(SELECT COUNT(*) FROM (SELECT 1 FROM {signal} WHERE instance_id = %(inbox_instance_id)s"
+    " AND consumed_seq IS NULL LIMIT %(inbox_limit)s) pending) < %(inbox_limit)s"
 )
 # Appended to a signal's insert: a second signal with the same idempotency key to the same
 # instance inserts nothing (the conflict target is the partial unique index).
@@ -392,15 +420,17 @@ DELIVER_SIGNALS = (
 
 # An activity outcome arriving in the history row still waiting for it.
 ARRIVE_HISTORY = (
-    "UPDATE {history} SET data = %s, event_type = %s, arrived_at = %s"
-    " WHERE instance_id = %s AND key = %s AND data IS NULL"
+    "UPDATE {history} SET data = %(arrive_data)s, event_type = %(arrive_event_type)s,"
+    " arrived_at = %(arrive_at)s WHERE instance_id = %(arrive_instance_id)s"
+    " AND key = %(arrive_key)s AND data IS NULL"
 )
 # WAKE_RUNNING part: unless this execution holds the lease (it reads the value itself).
-NOT_HELD_BY = " AND NOT (lease_owner = %s AND lease_epoch = %s)"
+NOT_HELD_BY = " AND NOT (lease_owner = %(held_owner)s AND lease_epoch = %(held_epoch)s)"
 # Complete a task under a live claim (owner, epoch, unexpired on the database clock).
 COMPLETE_TASK = (
-    "UPDATE {task} SET status = %s, claim_expires_ms = NULL WHERE id = %s"
-    " AND claim_owner = %s AND claim_epoch = %s AND status = %s"
+    "UPDATE {task} SET status = %(complete_status)s, claim_expires_ms = NULL"
+    " WHERE id = %(claim_task_id)s AND claim_owner = %(claim_owner)s"
+    " AND claim_epoch = %(claim_epoch)s AND status = %(claim_running)s"
     " AND claim_expires_ms >= {now}"
 )
 
@@ -412,8 +442,14 @@ INSERT_QUEUED_TASK = (
     " not_before_ms, last_error, claim_owner, claim_epoch, claim_expires_ms, claim_started_ms,"
     " schedule_to_start_ms, start_to_close_ms, heartbeat_timeout_ms, schedule_deadline_ms,"
     " attempt_deadline_ms, heartbeat_details, created_at, updated_at)"
-    " SELECT %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 0, 0, {now}, NULL, '', 0,"
-    " NULL, NULL, %s, %s, %s, (CASE WHEN %s THEN {now} + %s END), NULL, NULL, %s, %s{source}"
+    " SELECT %(queued_instance_id)s, %(queued_workflow_name)s, %(queued_key)s,"
+    " %(queued_seq)s, %(queued_name)s, %(queued_input)s, %(queued_queue)s, %(queued_options)s,"
+    " %(queued_max_attempts)s, %(queued_priority)s, %(queued_concurrency_key)s,"
+    " %(queued_max_concurrency)s, %(queued_status)s, 0, 0, {now}, NULL, '', 0, NULL, NULL,"
+    " %(queued_schedule_ms)s, %(queued_start_to_close_ms)s, %(queued_heartbeat_ms)s,"
+    " (CASE WHEN %(queued_has_schedule)s THEN {now} + %(queued_schedule_to_start_ms)s END),"
+    " NULL, NULL,"
+    " %(queued_created_at)s, %(queued_created_at)s{source}"
 )
 
 # -- claims --------------------------------------------------------------------------------
@@ -580,10 +616,10 @@ RUN_STATUSES = "SELECT instance_id, status FROM {instance} WHERE instance_id IN 
 # cancel_other: request cancellation of the last run (keeping an earlier request's
 # reason) and wake it, as sv.cancel_workflow does.
 CANCEL_RUN = (
-    "UPDATE {instance} SET cancel_requested = %s,"
-    " cancel_reason = CASE WHEN cancel_requested THEN cancel_reason ELSE %s END, "
+    "UPDATE {instance} SET cancel_requested = %(cancel_requested)s,"
+    " cancel_reason = CASE WHEN cancel_requested THEN cancel_reason ELSE %(reason)s END, "
     + WAKE_SET
-    + " WHERE instance_id = %s AND status = %s"
+    + " WHERE instance_id = %(instance_id)s AND status = %(running)s"
 )
 # The bookkeeping of one schedule after a plan or a start, under its version.
 RECORD_SCHEDULE = (

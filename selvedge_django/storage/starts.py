@@ -110,38 +110,33 @@ class Starts:
         stored_input = input_field().get_db_prep_save(input_value, self.db.connection)
         # One statement text whether leased or not (no owner: no expiry), so that
         # statement-level tools (the fault injector, pg_stat_statements) see one start.
-        clock = self.db.now_sql().params
         ttl = self.options.lease_ttl if lease_ttl is None else lease_ttl
         leased = lease_owner is not None
         if first_task is not None and (leased or attributes):
             raise ValueError("a start that records its first activity is not leased")
-        params = [
-            instance_id,
-            workflow_name,
-            str(WorkflowStatus.RUNNING),
-            stored_input,
-            lease_owner or "",
-            1 if leased else 0,
-            leased,
-            *clock,
-            round(ttl * 1000),
-            not leased and first_task is None,
-            False,
-            "",
-            parent_instance_id,
-            parent_key,
-            service_name,
-            "" if first_task is None else f"activity {first_task[1].name}",
-            now,
-            now,
-            *clock,
-            code_version,
-            execution_timeout_ms,
-            *clock,
-            execution_timeout_ms,
-            trace_context,
-            priority,
-        ]
+        params = {
+            "start_instance_id": instance_id,
+            "start_workflow_name": workflow_name,
+            "start_status": str(WorkflowStatus.RUNNING),
+            "start_input": stored_input,
+            "start_lease_owner": lease_owner or "",
+            "start_lease_epoch": 1 if leased else 0,
+            "start_leased": leased,
+            "start_ttl_ms": round(ttl * 1000),
+            "start_runnable": not leased and first_task is None,
+            "start_cancel_requested": False,
+            "start_cancel_reason": "",
+            "start_parent_instance_id": parent_instance_id,
+            "start_parent_key": parent_key,
+            "start_service_name": service_name,
+            "start_current_step": "" if first_task is None else f"activity {first_task[1].name}",
+            "start_started_at": now,
+            "start_updated_at": now,
+            "start_code_version": code_version,
+            "start_timeout_ms": execution_timeout_ms,
+            "start_trace_context": trace_context,
+            "start_priority": priority,
+        }
         if first_task is not None:
             inserted = self._insert_with_task(instance_id, params, *first_task)
         elif attributes:
@@ -170,7 +165,7 @@ class Starts:
         """sql.INSERT_INSTANCE with this dialect's next creation number."""
         return sql.compose(sql.INSERT_INSTANCE, next_seq=self.db.NEXT_SEQ)
 
-    def _insert_instance(self, params: list[Any], leased: bool) -> bool:
+    def _insert_instance(self, params: dict[str, Any], leased: bool) -> bool:
         """Run the start's insert (False: the id was taken, nothing written); a runnable
         start wakes the dispatchers after commit."""
         with self.db.atomic():
@@ -197,7 +192,7 @@ class Starts:
         return True
 
     def _insert_with_task(
-        self, instance_id: str, params: list[Any], row: HistoryRow, task: TaskSpec
+        self, instance_id: str, params: dict[str, Any], row: HistoryRow, task: TaskSpec
     ) -> bool:
         """Insert the instance, its first command's row and its queued task; wake the
         activity workers after commit (False: the id was taken, nothing written)."""
@@ -212,28 +207,26 @@ class Starts:
             self.db.after_commit(TOPIC_TASK)
         return True
 
-    def _queued_task_params(self, instance_id: str, row: HistoryRow, task: TaskSpec) -> list[Any]:
-        """The parameters of INSERT_QUEUED_TASK, from the columns ``task_fields`` derives."""
+    def _queued_task_params(
+        self, instance_id: str, row: HistoryRow, task: TaskSpec
+    ) -> dict[str, Any]:
+        """The values of INSERT_QUEUED_TASK (``queued_*``), from the columns ``task_fields``
+        derives."""
         fields = task_fields(Fence(instance_id, "", 0), row, task, None)
-        clock = self.db.now_sql().params
         schedule_ms = fields["schedule_to_start_ms"]
-        now = self.db._now_param()
         options = ActivityTask._meta.get_field("options")
-        return [
-            *(fields[column] for column in QUEUED_TASK_COLUMNS),
-            options.get_db_prep_save(fields["options"], self.db.connection),
-            fields["max_attempts"],
-            fields["priority"],
-            fields["concurrency_key"],
-            fields["max_concurrency"],
-            str(ActivityTaskStatus.QUEUED),
-            *clock,
-            schedule_ms,
-            fields["start_to_close_ms"],
-            fields["heartbeat_timeout_ms"],
-            schedule_ms is not None,
-            *clock,
-            schedule_ms or 0,
-            now,
-            now,
-        ]
+        return {
+            **{f"queued_{column}": fields[column] for column in QUEUED_TASK_COLUMNS},
+            "queued_options": options.get_db_prep_save(fields["options"], self.db.connection),
+            "queued_max_attempts": fields["max_attempts"],
+            "queued_priority": fields["priority"],
+            "queued_concurrency_key": fields["concurrency_key"],
+            "queued_max_concurrency": fields["max_concurrency"],
+            "queued_status": str(ActivityTaskStatus.QUEUED),
+            "queued_schedule_ms": schedule_ms,
+            "queued_start_to_close_ms": fields["start_to_close_ms"],
+            "queued_heartbeat_ms": fields["heartbeat_timeout_ms"],
+            "queued_has_schedule": schedule_ms is not None,
+            "queued_schedule_to_start_ms": schedule_ms or 0,
+            "queued_created_at": self.db._now_param(),
+        }

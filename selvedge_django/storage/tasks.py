@@ -330,26 +330,26 @@ class Tasks:
             qs = qs.filter(claim_expires_ms__gte=self.db.now_expr())
         return qs
 
-    def _arrive_sql(
-        self, claim: TaskClaim, event_type: str, data: str, inline_fence: Fence | None
-    ) -> tuple[tuple[str, list[Any]], tuple[str, list[Any]]]:
-        """The two updates of an arrival: the history value, and the wake of the instance."""
-        condition, params = self._not_held_by(inline_fence)
-        wake, wake_params = self.db._wake_sql(claim.instance_id, condition)
-        return self._arrive_record(claim, event_type, data), (wake, [*wake_params, *params])
-
-    def _arrive_record(self, claim: TaskClaim, event_type: str, data: str) -> tuple[str, list[Any]]:
-        """The history value of an outcome, into the row still waiting for it."""
-        params = [data, event_type, self.db._now_param(), claim.instance_id, claim.key]
-        return sql.ARRIVE_HISTORY, params
+    def _arrive_record(
+        self, claim: TaskClaim, event_type: str, data: str
+    ) -> tuple[str, dict[str, Any]]:
+        """The history value of an outcome, into the row still waiting for it
+        (``arrive_*``)."""
+        return sql.ARRIVE_HISTORY, {
+            "arrive_data": data,
+            "arrive_event_type": event_type,
+            "arrive_at": self.db._now_param(),
+            "arrive_instance_id": claim.instance_id,
+            "arrive_key": claim.key,
+        }
 
     @staticmethod
-    def _not_held_by(inline_fence: Fence | None) -> tuple[str, list[Any]]:
+    def _not_held_by(inline_fence: Fence | None) -> tuple[str, dict[str, Any]]:
         """The wake condition of an arrival: the execution that ran the attempt inline
         reads the value itself; any other holder (or none) must be woken."""
         if inline_fence is None:
-            return "", []
-        return sql.NOT_HELD_BY, [inline_fence.owner, inline_fence.epoch]
+            return "", {}
+        return sql.NOT_HELD_BY, {"held_owner": inline_fence.owner, "held_epoch": inline_fence.epoch}
 
     def _arrive(
         self, claim: TaskClaim, event_type: str, data: str, inline_fence: Fence | None
@@ -359,16 +359,15 @@ class Tasks:
         self.db._execute(record, params)
         self.db._wake(claim.instance_id, *self._not_held_by(inline_fence))
 
-    def _complete_sql(self, claim: TaskClaim) -> tuple[str, list[Any]]:
-        """The claim-checked update that completes a task."""
-        return sql.COMPLETE_TASK, [
-            str(ActivityTaskStatus.COMPLETED),
-            claim.task_id,
-            claim.owner,
-            claim.epoch,
-            str(ActivityTaskStatus.RUNNING),
-            *self.db.now_sql().params,
-        ]
+    def _complete_sql(self, claim: TaskClaim) -> tuple[str, dict[str, Any]]:
+        """The claim-checked update that completes a task (``complete_*``, ``claim_*``)."""
+        return sql.COMPLETE_TASK, {
+            "complete_status": str(ActivityTaskStatus.COMPLETED),
+            "claim_task_id": claim.task_id,
+            "claim_owner": claim.owner,
+            "claim_epoch": claim.epoch,
+            "claim_running": str(ActivityTaskStatus.RUNNING),
+        }
 
     @operation
     def complete_task(

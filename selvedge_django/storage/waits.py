@@ -183,8 +183,8 @@ class Waits:
         if max_pending is not None:
             # The partial index of pending signals answers the count; LIMIT bounds it.
             where = Sql(
-                self.db._tables(sql.PENDING_SIGNALS_BELOW, named=False),
-                [instance_id, max_pending, max_pending],
+                sql.PENDING_SIGNALS_BELOW,
+                {"inbox_instance_id": instance_id, "inbox_limit": max_pending},
             )
         if idempotency_key is not None:
             row = {"channel": channel, "payload": payload, "trace_context": trace_context}

@@ -152,12 +152,9 @@ class PostgresDatabase(Database):
     def _notify(self, topics: Sequence[str] | set[str]) -> None:
         """Send ``topics`` in one statement, unless the notification queue is half full
         (``NOTIFY_QUEUE_CEILING``), so that a full queue cannot fail the commit."""
-        ordered = sorted(topics)
-        statement = sql.compose(NOTIFY_ALL, calls=", ".join([NOTIFY_CALL] * len(ordered)))
-        params: list[Any] = []
-        for topic in ordered:
-            params += [NOTIFY_CHANNEL, notify_payload(topic)]
-        params.append(NOTIFY_QUEUE_CEILING)
+        calls, params = self._notify_calls("notify", sorted(topics))
+        statement = sql.compose(NOTIFY_ALL, calls=calls)
+        params["notify_ceiling"] = NOTIFY_QUEUE_CEILING
         try:
             with self.connection.cursor() as cursor:
                 cursor.execute(statement, params)
@@ -166,16 +163,25 @@ class PostgresDatabase(Database):
             if self.connection.in_atomic_block:
                 raise
 
-    def _notify_from(self, source: str, topics: Sequence[str]) -> tuple[str, list[Any]]:
-        """A scalar subquery sending ``topics`` once if the CTE ``source`` has a row."""
+    def _notify_from(self, source: str, topics: Sequence[str]) -> tuple[str, dict[str, Any]]:
+        """A scalar subquery sending ``topics`` once if the CTE ``source`` has a row; its
+        values are named after ``source`` (``c_notify_0_channel``, ``c_ceiling``), so that
+        one statement can send from several CTEs."""
         if not (self.notify_enabled and topics):
-            return "0", []
-        params: list[Any] = []
-        for topic in topics:
-            params += [NOTIFY_CHANNEL, notify_payload(topic)]
-        params.append(NOTIFY_QUEUE_CEILING)
-        calls = ", ".join([NOTIFY_CALL] * len(topics))
+            return "0", {}
+        calls, params = self._notify_calls(f"{source}_notify", topics)
+        params[f"{source}_ceiling"] = NOTIFY_QUEUE_CEILING
         return sql.compose(NOTIFY_FROM, calls=calls, source=source), params
+
+    @staticmethod
+    def _notify_calls(name: str, topics: Sequence[str]) -> tuple[str, dict[str, Any]]:
+        """NOTIFY_CALL once per topic (``name_0``, ...) and the values they bind."""
+        calls, params = [], {}
+        for i, topic in enumerate(topics):
+            calls.append(sql.compose(NOTIFY_CALL, name=f"{name}_{i}"))
+            params[f"{name}_{i}_channel"] = NOTIFY_CHANNEL
+            params[f"{name}_{i}_payload"] = notify_payload(topic)
+        return ", ".join(calls), params
 
     def _lock_instance(self, instance_id: str, *, skip_locked: bool = False) -> bool:
         """``FOR NO KEY UPDATE`` is the lock a fence update takes: it queues behind fenced

@@ -39,9 +39,16 @@ class PostgresWaits(Waits):
             return None
         iid = fence.instance_id
         fence_sql, fence_params = self.db._fence_sql(fence, uncancelled=uncancelled)
-        params = [iid, channel, *fence_params, seq, key, seq, iid]
-        params += [iid, key, seq, CMD_RECEIVE, EV_SIGNAL_RECEIVED, seq, self.db._now_param()]
-        params += [seq, iid, seq, iid, iid]
+        received = {
+            "instance_id": iid,
+            "channel": channel,
+            "seq": seq,
+            "key": key,
+            "command": CMD_RECEIVE,
+            "event_type": EV_SIGNAL_RECEIVED,
+            "created_at": self.db._now_param(),
+        }
+        params = sql.bind(fence_params, received)
         try:
             found, fenced, consumed, fresh, payload, keys, ids, channels, requested, reason = (
                 self.db._fetch(sql.compose(RECEIVE_NEXT, fence=fence_sql), params)[0]

@@ -43,13 +43,14 @@ SNAPSHOT_ISOLATION = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY"
 IDLE_TIMEOUT_SETTING = "SELECT setting FROM pg_settings WHERE name = %(name)s"
 # Raise (or turn off) the idle-in-transaction timeout for the current transaction.
 SET_IDLE_TIMEOUT = "SELECT set_config('idle_in_transaction_session_timeout', %(ms)s, true)"
-# One NOTIFY call; NOTIFY_ALL sends {calls} unless the notification queue is too full.
-NOTIFY_CALL = "pg_notify(%s, %s)"
-NOTIFY_ALL = "SELECT {calls} WHERE pg_notification_queue_usage() < %s"
+# One NOTIFY call ({name}: the call's own names); NOTIFY_ALL sends {calls} unless the
+# notification queue is too full.
+NOTIFY_CALL = "pg_notify(%({name}_channel)s, %({name}_payload)s)"
+NOTIFY_ALL = "SELECT {calls} WHERE pg_notification_queue_usage() < %(notify_ceiling)s"
 # A scalar subquery sending {calls} once if the CTE {source} has a row.
 NOTIFY_FROM = (
     "(SELECT count(*) FROM (SELECT {calls} FROM {source}"
-    " WHERE pg_notification_queue_usage() < %s LIMIT 1) n)"
+    " WHERE pg_notification_queue_usage() < %({source}_ceiling)s LIMIT 1) n)"
 )
 # Lock an instance row the way a fence update does ({skip}: SKIP LOCKED or nothing).
 LOCK_INSTANCE = (
@@ -94,13 +95,14 @@ DUE_TIMERS_LOCK = " FOR NO KEY UPDATE OF i, t SKIP LOCKED"
 # newest version; the statement's snapshot may predate a lease that changed hands while
 # it waited for that lock.
 NOT_HELD_BY_LOCKED = (
-    " AND EXISTS (SELECT 1 FROM i WHERE NOT (i.lease_owner = %s AND i.lease_epoch = %s))"
+    " AND EXISTS (SELECT 1 FROM i WHERE NOT (i.lease_owner = %(held_owner)s"
+    " AND i.lease_epoch = %(held_epoch)s))"
 )
 # complete_task in one statement: the instance row first (i), then the claim-checked
 # task update (t), the history value (h) and the wake (w), then the NOTIFY.
 COMPLETE_TASK = (
     "WITH i AS (SELECT instance_id, lease_owner, lease_epoch FROM {instance}"
-    " WHERE instance_id = %s FOR NO KEY UPDATE),"
+    " WHERE instance_id = %(lock_instance_id)s FOR NO KEY UPDATE),"
     " t AS ({complete} AND EXISTS (SELECT 1 FROM i) RETURNING id),"
     " h AS ({record} AND EXISTS (SELECT 1 FROM t) RETURNING id),"
     " w AS ({wake} AND EXISTS (SELECT 1 FROM t) RETURNING instance_id)"
@@ -123,7 +125,7 @@ RESERVE_ACTIVITY = (
 # (not {history}, the table name the result's record names).
 RESERVE_WITH_INLINE = (
     "WITH i AS (SELECT instance_id, lease_owner, lease_epoch FROM {instance}"
-    " WHERE instance_id = %s FOR NO KEY UPDATE),"
+    " WHERE instance_id = %(lock_instance_id)s FOR NO KEY UPDATE),"
     " d AS ({complete} AND EXISTS (SELECT 1 FROM i) RETURNING id),"
     " v AS ({record} AND EXISTS (SELECT 1 FROM d) RETURNING id),"
     " w AS ({wake} AND EXISTS (SELECT 1 FROM d) RETURNING instance_id),"
@@ -169,10 +171,11 @@ START_ATTRIBUTE_ROW = (
 # start left it (k), the close (c) and its record (h), else the wake (w).
 COMPLETE_CLOSING = (
     "WITH i AS (SELECT instance_id, lease_owner, lease_epoch, status, cancel_requested"
-    " FROM {instance} WHERE instance_id = %s FOR NO KEY UPDATE),"
+    " FROM {instance} WHERE instance_id = %(lock_instance_id)s FOR NO KEY UPDATE),"
     " t AS ({complete} AND EXISTS (SELECT 1 FROM i) RETURNING id),"
     " r AS ({record} AND EXISTS (SELECT 1 FROM t) RETURNING id),"
-    " k AS (SELECT 1 FROM i WHERE lease_owner = '' AND lease_epoch = 0 AND status = %s"
+    " k AS (SELECT 1 FROM i WHERE lease_owner = '' AND lease_epoch = 0"
+    " AND status = %(lock_running)s"
     " AND NOT cancel_requested AND EXISTS (SELECT 1 FROM t)),"
     " c AS ({close} AND EXISTS (SELECT 1 FROM k) RETURNING instance_id),"
     " h AS ({closerow} RETURNING id),"
@@ -188,7 +191,7 @@ COMPLETE_CLOSING = (
 # close (c) and its record (h). {closerow}: the close record's insert (from c).
 CLOSE_WITH_INLINE = (
     "WITH i AS (SELECT instance_id, lease_owner, lease_epoch FROM {instance}"
-    " WHERE instance_id = %s FOR NO KEY UPDATE),"
+    " WHERE instance_id = %(lock_instance_id)s FOR NO KEY UPDATE),"
     " t AS ({complete} AND EXISTS (SELECT 1 FROM i) RETURNING id),"
     " r AS ({record} AND EXISTS (SELECT 1 FROM t) RETURNING id),"
     " w AS ({wake} AND EXISTS (SELECT 1 FROM t) RETURNING instance_id),"
@@ -209,21 +212,24 @@ SHOW_AUTOVACUUM = "SHOW autovacuum"
 # case where no signal was found and nothing was written.
 RECEIVE_NEXT = (
     "WITH n AS (SELECT id, channel, delivered_seq IS NULL AS fresh FROM {signal}"
-    " WHERE instance_id = %s AND channel = %s AND consumed_seq IS NULL ORDER BY id LIMIT 1),"
+    " WHERE instance_id = %(instance_id)s AND channel = %(channel)s AND consumed_seq IS NULL"
+    " ORDER BY id LIMIT 1),"
     " f AS ({fence} AND EXISTS (SELECT 1 FROM n) RETURNING instance_id),"
-    " c AS (UPDATE {signal} SET consumed_seq = %s, consumed_key = %s,"
-    " delivered_seq = COALESCE(delivered_seq, %s)"
-    " WHERE id = (SELECT id FROM n) AND instance_id = %s AND consumed_seq IS NULL"
+    " c AS (UPDATE {signal} SET consumed_seq = %(seq)s, consumed_key = %(key)s,"
+    " delivered_seq = COALESCE(delivered_seq, %(seq)s)"
+    " WHERE id = (SELECT id FROM n) AND instance_id = %(instance_id)s AND consumed_seq IS NULL"
     " AND EXISTS (SELECT 1 FROM f) RETURNING id, payload),"
     " h AS (INSERT INTO {history} (instance_id, key, seq, command, event_type, data,"
     " reservation, delivered_seq, created_at, arrived_at)"
-    " SELECT %s, %s, %s, %s, %s, c.payload, NULL, %s, %s, NULL FROM c RETURNING id),"
-    " d AS (UPDATE {history} SET delivered_seq = %s WHERE instance_id = %s"
+    " SELECT %(instance_id)s, %(key)s, %(seq)s, %(command)s, %(event_type)s, c.payload, NULL,"
+    " %(seq)s, %(created_at)s, NULL FROM c RETURNING id),"
+    " d AS (UPDATE {history} SET delivered_seq = %(seq)s WHERE instance_id = %(instance_id)s"
     " AND delivered_seq IS NULL AND data IS NOT NULL AND seq IS NOT NULL"
     " AND EXISTS (SELECT 1 FROM c) RETURNING id, key),"
-    " s AS (UPDATE {signal} SET delivered_seq = %s WHERE instance_id = %s"
+    " s AS (UPDATE {signal} SET delivered_seq = %(seq)s WHERE instance_id = %(instance_id)s"
     " AND delivered_seq IS NULL AND id <> (SELECT id FROM c) RETURNING id, channel),"
-    " x AS (SELECT cancel_requested, cancel_reason FROM {instance} WHERE instance_id = %s)"
+    " x AS (SELECT cancel_requested, cancel_reason FROM {instance}"
+    " WHERE instance_id = %(instance_id)s)"
     " SELECT (SELECT id FROM n), (SELECT count(*) FROM f), (SELECT count(*) FROM c),"
     " (SELECT fresh FROM n), (SELECT payload FROM c), (SELECT array_agg(key ORDER BY id) FROM d),"
     " (SELECT array_agg(id ORDER BY id) FROM s), (SELECT array_agg(channel ORDER BY id) FROM s),"

@@ -55,7 +55,7 @@ class PostgresStarts(Starts):
 
     db: PostgresDatabase
 
-    def _insert_instance(self, params: list[Any], leased: bool) -> bool:
+    def _insert_instance(self, params: dict[str, Any], leased: bool) -> bool:
         if leased and self.db.one_statement:
             # Nobody to wake: one statement.
             return self.db._execute(self._insert_instance_sql(), params) == 1
@@ -89,7 +89,7 @@ class PostgresStarts(Starts):
         return True
 
     def _insert_with_task(
-        self, instance_id: str, params: list[Any], row: HistoryRow, task: TaskSpec
+        self, instance_id: str, params: dict[str, Any], row: HistoryRow, task: TaskSpec
     ) -> bool:
         """The start, its first command's row and its queued task as one statement."""
         if not self.db.one_statement:
@@ -104,7 +104,9 @@ class PostgresStarts(Starts):
             notify=notify,
         )
         task_params = self._queued_task_params(instance_id, row, task)
-        fetched = self.db._fetch(statement, [*params, *row_params, *task_params, *notify_params])
+        fetched = self.db._fetch(
+            statement, sql.bind(params, row_params, task_params, notify_params)
+        )
         inserted = fetched[0][0]
         if not inserted:
             return False
@@ -166,7 +168,9 @@ class PostgresInstances(Instances):
         notify, notify_params = self.db._notify_from("c", [] if deferred else [topic])
         statement = sql.compose(CLOSE, close=close_sql, history=row_sql, notify=notify)
         try:
-            closed, _ = self.db._fetch(statement, [*close_params, *row_params, *notify_params])[0]
+            closed, _ = self.db._fetch(
+                statement, sql.bind(close_params, row_params, notify_params)
+            )[0]
         except IntegrityError as error:
             raise self.db._key_conflict(fence.instance_id, CLOSE_KEY) from error
         if closed != 1:
@@ -190,7 +194,7 @@ class PostgresInstances(Instances):
         """
         status = request.status
         data = request.output if status == WorkflowStatus.COMPLETED else request.error
-        carrying, leading, woken_params = self.tasks._carried_parts(item, fence)
+        carrying, carried_params = self.tasks._carried_parts(item, fence)
         close_sql, close_params = self._close_sql(fence, status, request)
         row_sql, row_params = self.db._history_insert_sql(
             fence.instance_id, self._close_row(status, data), "c"
@@ -200,7 +204,7 @@ class PostgresInstances(Instances):
         statement = sql.compose(
             CLOSE_WITH_INLINE, close=close_sql, closerow=row_sql, notify=notify, **carrying
         )
-        params = [*leading, *close_params, *row_params, *notify_params, *woken_params]
+        params = sql.bind(carried_params, close_params, row_params, notify_params)
         try:
             claimed, closed, woke, _, _ = self.db._fetch(statement, params)[0]
         except IntegrityError as error:

@@ -58,9 +58,9 @@ class PostgresTasks(Tasks):
         statement = sql.compose(
             COMPLETE_TASK, complete=complete, record=record, wake=wake, notify=notify
         )
+        lock = {"lock_instance_id": claim.instance_id}
         claimed, woken, _ = self.db._fetch(
-            statement,
-            [claim.instance_id, *params, *record_params, *wake_params, *notify_params],
+            statement, sql.bind(lock, params, record_params, wake_params, notify_params)
         )[0]
         if woken:
             self.db._publish_now(TOPIC_RUNNABLE)
@@ -68,17 +68,17 @@ class PostgresTasks(Tasks):
 
     def _arrive_locked_sql(
         self, claim: TaskClaim, output: str, inline_fence: Fence | None
-    ) -> tuple[tuple[str, list[Any]], tuple[str, list[Any]]]:
+    ) -> tuple[tuple[str, dict[str, Any]], tuple[str, dict[str, Any]]]:
         """The two updates of a completion in a statement that locks the instance row
         first (its CTE ``i``): the history value, and the wake, whose condition on the
         inline holder reads the locked row (NOT_HELD_BY_LOCKED), not the statement's
         snapshot, which may predate a lease that changed hands meanwhile."""
         record = self._arrive_record(claim, EV_ACTIVITY_COMPLETED, output)
-        condition, params = "", []
+        condition, params = "", {}
         if inline_fence is not None:
-            condition, params = NOT_HELD_BY_LOCKED, [inline_fence.owner, inline_fence.epoch]
-        wake, wake_params = self.db._wake_sql(claim.instance_id, condition)
-        return record, (wake, [*wake_params, *params])
+            condition = NOT_HELD_BY_LOCKED
+            params = {"held_owner": inline_fence.owner, "held_epoch": inline_fence.epoch}
+        return record, self.db._wake_sql(claim.instance_id, condition, params)
 
     def _reserve(
         self,
@@ -139,7 +139,9 @@ class PostgresTasks(Tasks):
             fence, current_step, release=release, uncancelled=uncancelled
         )
         history_sql, history_params = self.db._history_insert_sql(fence.instance_id, row, "f")
-        columns, values, task_params = self.db._insert_parts(ActivityTask, fields, skip_pk=True)
+        columns, values, task_params = self.db._insert_parts(
+            ActivityTask, fields, skip_pk=True, name="task"
+        )
         notify, notify_params = self.db._notify_from(
             "t", [TOPIC_TASK] if queued and not deferred else []
         )
@@ -147,16 +149,15 @@ class PostgresTasks(Tasks):
             "r", [TOPIC_RUNNABLE] if release and not deferred else []
         )
         parts = {"fence": fence_sql, "columns": columns, "values": values, "notify": notify}
-        params = [*fence_params, *history_params, *task_params, *notify_params, *wake_params]
+        params = sql.bind(fence_params, history_params, task_params, notify_params, wake_params)
         if carried is None:
             statement = sql.compose(RESERVE_ACTIVITY, history=history_sql, wake=wake, **parts)
         else:
-            carrying, leading, woken_params = self._carried_parts(carried, fence)
+            carrying, carried_params = self._carried_parts(carried, fence)
             statement = sql.compose(
                 RESERVE_WITH_INLINE, reserved=history_sql, wake_runnable=wake, **carrying, **parts
             )
-            params = [*leading, *fence_params, *history_params, *task_params, *notify_params]
-            params += [*wake_params, *woken_params]
+            params = sql.bind(carried_params, params)  # in the order of the statement
         try:
             fetched = self.db._fetch(statement, params)[0]
         except IntegrityError as error:
@@ -184,28 +185,27 @@ class PostgresTasks(Tasks):
         complete, params = self._complete_sql(claim)
         (record, record_params), (wake, wake_params) = self._arrive_locked_sql(claim, output, fence)
         statement = sql.compose(COMPLETE_TASK, complete=complete, record=record, wake=wake)
+        lock = {"lock_instance_id": claim.instance_id}
         claimed, _, _ = self.db._fetch(
-            sql.compose(statement, notify="0"),
-            [claim.instance_id, *params, *record_params, *wake_params],
+            sql.compose(statement, notify="0"), sql.bind(lock, params, record_params, wake_params)
         )[0]
         return bool(claimed)
 
     def _carried_parts(
         self, carried: Pending, fence: Fence
-    ) -> tuple[dict[str, str], list[Any], list[Any]]:
+    ) -> tuple[dict[str, str], dict[str, Any]]:
         """The parts of a statement that carries an inline result: the claim-checked
         completion ({complete}), its history value ({record}), the wake of another holder
-        ({wake}) and that wake's NOTIFY ({woken}). Returns the parts, the leading
-        parameters (the instance row's lock, then the three writes) and the NOTIFY's,
-        which come last."""
+        ({wake}) and that wake's NOTIFY ({woken}). Returns the parts and their values
+        (the instance row's lock, the three writes, the NOTIFY)."""
         complete, complete_params = self._complete_sql(carried.claim)
         (record, record_params), (wake, wake_params) = self._arrive_locked_sql(
             carried.claim, carried.output, fence
         )
         woken, woken_params = self.db._notify_from("w", [TOPIC_RUNNABLE])
         parts = {"complete": complete, "record": record, "wake": wake, "woken": woken}
-        leading = [fence.instance_id, *complete_params, *record_params, *wake_params]
-        return parts, leading, woken_params
+        lock = {"lock_instance_id": fence.instance_id}
+        return parts, sql.bind(lock, complete_params, record_params, wake_params, woken_params)
 
     def _settle_carried(
         self, carried: Pending, fence: Fence, *, recorded: bool, woke: bool
@@ -249,20 +249,11 @@ class PostgresSoleActivity(SoleActivity):
             notify=notify,
             woken=woken,
         )
-        claimed, closed, woke, _, _ = self.db._fetch(
-            statement,
-            [
-                iid,
-                *params,
-                *record_params,
-                str(WorkflowStatus.RUNNING),
-                *close_params,
-                *row_params,
-                *wake_params,
-                *notify_params,
-                *woken_params,
-            ],
-        )[0]
+        lock = {"lock_instance_id": iid, "lock_running": str(WorkflowStatus.RUNNING)}
+        values = sql.bind(
+            lock, params, record_params, close_params, row_params, wake_params, notify_params
+        )
+        claimed, closed, woke, _, _ = self.db._fetch(statement, sql.bind(values, woken_params))[0]
         if not claimed:
             return None
         if closed:

@@ -30,7 +30,7 @@ from ...engine.events import Fence
 from .. import sql
 from ..db import Database
 from ..operation import operation
-from ..sql import Params, Sql
+from ..sql import Sql
 from ..wakeups import TOPIC_RUNNABLE
 from . import setup
 from .setup import BUSY_TIMEOUT_S, in_memory
@@ -253,7 +253,7 @@ class SQLiteDatabase(Database):
             return True
         return bool(queryset.exists())
 
-    def _worth_writing(self, probe: str, params: Params) -> bool:
+    def _worth_writing(self, probe: str, params: Mapping[str, Any]) -> bool:
         if self.connection.in_atomic_block:
             return True
         return bool(self._fetch(probe, params))
@@ -277,19 +277,19 @@ class SQLiteDatabase(Database):
         self.apply_deferred(fence)
         self.after_commit(TOPIC_RUNNABLE)
 
-    def _insert_returning_id(self, statement: str, params: list[Any], pk: str) -> Any:
+    def _insert_returning_id(self, statement: str, params: dict[str, Any], pk: str) -> Any:
         if self._returning:
             return super()._insert_returning_id(statement, params, pk)
         with self.connection.cursor() as cursor:
-            cursor.execute(statement, params)
+            cursor.execute(*self._bound(statement, params))
             return cursor.lastrowid if cursor.rowcount else None
 
-    def _insert_new(self, template: str, rows: list[tuple[str, list[Any]]]) -> list[str]:
+    def _insert_new(self, template: str, rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
         if self._returning:
             return super()._insert_new(template, rows)
         # One row at a time: the ids of the rows actually inserted.
         return [  # pragma: no cover
-            str(values[0])
+            str(next(iter(values.values())))
             for marks, values in rows
             if self._execute(sql.compose(template, rows=marks), values)
         ]
