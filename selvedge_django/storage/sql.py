@@ -11,8 +11,12 @@ Values are bound by name (``%(instance_id)s``), as a mapping the caller builds
 next to the call: no list whose order must match a statement in another file.
 One name is one value: a statement that needs a value twice names it twice, and
 parts combined into one statement agree on the names they share (:func:`bind`
-refuses two values under one name). ``{now}`` binds ``clock_offset`` (the test
-clock's offset), which ``Database._execute`` adds. A literal ``%`` is written ``%%``.
+refuses two values under one name). The parts PostgreSQL chains into one statement
+name their values with a prefix of their own (``fence_*``, ``row_*``, ``wake_*``,
+``arrive_*``, ``claim_*``, ``close_*``, ...). ``{now}`` binds ``clock_offset`` (the
+test clock's offset), which ``Database._execute`` adds. A literal ``%`` is written
+``%%``. Only a fragment the ORM composes (INLINE_NEXT, as RawSQL) and the values of a
+row (:class:`Sql`, named after their column when the row is written) keep ``%s``.
 """
 
 from __future__ import annotations
