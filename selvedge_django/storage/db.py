@@ -42,7 +42,7 @@ from ..models import (
 from . import sql
 from .clock import DbNowMs, clock_offset_ms
 from .operation import operation
-from .sql import Sql
+from .sql import Params, Sql
 from .wakeups import TOPIC_RUNNABLE, Bus, bus_for
 
 __all__ = ["Database", "Sql"]
@@ -241,7 +241,7 @@ class Database:
             callback = self.on_closed
             transaction.on_commit(lambda: callback(instance_id), using=self.alias)
 
-    def _execute(self, statement: str, params: Mapping[str, Any]) -> int:
+    def _execute(self, statement: str, params: Params) -> int:
         """Run one hand-written statement; return the rows it touched.
 
         The hottest statements (fences, history rows, activity arrivals) skip the
@@ -254,14 +254,16 @@ class Database:
             cursor.execute(*self._bound(statement, params))
             return int(cursor.rowcount)
 
-    def _fetch(self, statement: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+    def _fetch(self, statement: str, params: Params) -> list[tuple[Any, ...]]:
         """Run one hand-written statement that returns rows (named as in _execute)."""
         with self.connection.cursor() as cursor:
             cursor.execute(*self._bound(statement, params))
             return list(cursor.fetchall())
 
-    def _bound(self, statement: str, params: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]]:
+    def _bound(self, statement: str, params: Params) -> tuple[str, Params]:
         """The statement with its tables and clock filled, and the values it binds."""
+        if not isinstance(params, Mapping):  # a statement not yet bound by name
+            return self._tables(statement, named=False), params
         text = self._tables(statement)
         if sql.CLOCK_OFFSET in text:
             params = {**params, "clock_offset": clock_offset_ms()}

@@ -177,7 +177,7 @@ class Starts:
     def _insert_with_attributes(
         self,
         instance_id: str,
-        params: list[Any],
+        params: dict[str, Any],
         leased: bool,
         attributes: Mapping[str, AttributeValue | None],
     ) -> bool:

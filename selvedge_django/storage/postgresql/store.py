@@ -64,7 +64,7 @@ class PostgresStarts(Starts):
     def _insert_with_attributes(
         self,
         instance_id: str,
-        params: list[Any],
+        params: dict[str, Any],
         leased: bool,
         attributes: Mapping[str, AttributeValue | None],
     ) -> bool:
@@ -75,13 +75,15 @@ class PostgresStarts(Starts):
             return super()._insert_with_attributes(instance_id, params, leased, attributes)
         topics = [] if leased else [TOPIC_RUNNABLE]
         notify, notify_params = self.db._notify_from("i", topics)
+        # The attribute rows' values by name too (attr_0, ...): one statement binds one way.
+        values, value_params = sql.Sql(", ".join(rows), row_params).named("attr")
         statement = sql.compose(
             START_WITH_ATTRIBUTES,
             start=self._insert_instance_sql(),
-            rows=", ".join(rows),
+            rows=values,
             notify=notify,
         )
-        fetched = self.db._fetch(statement, [*params, *row_params, *notify_params])
+        fetched = self.db._fetch(statement, sql.bind(params, value_params, notify_params))
         if not fetched[0][0]:
             return False
         if topics:

@@ -43,10 +43,11 @@ class PostgresStreams(Streams):
             *(key, instance_id),
             *(instance_id, key, now, self.options.max_stream_entries),
             *(instance_id, key, value, attempt, claim.key, now),
-            *notify_params,
         ]
-        statement = sql.compose(STREAM_WRITE_LIVE, notify=notify)
-        seq, held = self.db._fetch(statement, params)[0][:2]
+        # Its own values by position named (stream_0, ...), as the NOTIFY's are.
+        text, named = sql.Sql(STREAM_WRITE_LIVE, params).named("stream")
+        statement = sql.compose(text, notify=notify)
+        seq, held = self.db._fetch(statement, sql.bind(named, notify_params))[0][:2]
         if seq is None:
             if not held:
                 if self._instance_closed(instance_id):
