@@ -86,6 +86,11 @@ class ActivityTask(models.Model):
         blank=True,
         help_text="JSON text of the last heartbeat details a claim renewal stored (NULL: none)",
     )
+    held = models.BooleanField(
+        default=False,
+        db_default=False,
+        help_text="its instance is paused: no claim takes it until the unpause",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

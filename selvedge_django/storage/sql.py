@@ -267,7 +267,8 @@ PARENT_WAITS = (
 
 # -- timers --------------------------------------------------------------------------------
 
-_TIMER_DUE = "t.fired = %s AND t.fire_at_ms <= {now}"
+# A held timer (its instance is paused) fires after the unpause.
+_TIMER_DUE = "t.fired = %s AND NOT t.held AND t.fire_at_ms <= {now}"
 # Whether any timer is due (the probe before a write transaction, SQLite).
 TIMER_DUE_PROBE = f"SELECT 1 FROM {{timer}} t WHERE {_TIMER_DUE} LIMIT 1"
 # The due timers with their instance's status and command ({lock}: the dialect's locks).
@@ -285,7 +286,8 @@ FILL_HISTORY = (
 )
 # Milliseconds until the next armed timer is due.
 NEXT_TIMER_DUE = (
-    "SELECT fire_at_ms - {now} FROM {timer} WHERE fired = %s ORDER BY fire_at_ms LIMIT 1"
+    "SELECT fire_at_ms - {now} FROM {timer} WHERE fired = %s AND NOT held"
+    " ORDER BY fire_at_ms LIMIT 1"
 )
 
 # -- signals and deliveries ----------------------------------------------------------------
@@ -395,8 +397,10 @@ CLAIM_PROBE = "SELECT 1 FROM ({pick}) p"
 CLAIM_NAME = "(%s)"
 # CLAIM_PICK part: only these queues ({queues}: marks).
 CLAIM_QUEUES = " AND queue IN ({queues})"
-# CLAIM_PICK part: not these (rate-limited, full) queues ({queues}: marks).
+# CLAIM_PICK part: not these (paused, or rate-limited and full) queues ({queues}: marks).
 CLAIM_NOT_QUEUES = " AND queue NOT IN ({queues})"
+# CLAIM_PICK part: not a task of a paused instance (storage.pauses holds them).
+CLAIM_NOT_HELD = " AND NOT {task}.held"
 
 # -- flow control: concurrency keys and queue rate limits ----------------------------------
 

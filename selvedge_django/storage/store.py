@@ -59,6 +59,7 @@ from .locks import Locks
 from .operation import operation
 from .operator_reads import OperatorReads
 from .options import StoreOptions
+from .pauses import Pauses
 from .reads import Reads
 from .releases import Releases
 from .renewals import Renewals
@@ -100,7 +101,8 @@ class Store:
         self.db = db = self.database(alias, codec)
         self.options = options = StoreOptions()
         self.inline = Inline(db)
-        self.limits = Limits(db, options)
+        self.pauses = Pauses(db, options)
+        self.limits = Limits(db, options, pauses=self.pauses)
         self.tasks = self.tasks_class(db, options, limits=self.limits, inline=self.inline)
         self.sole_activity = self.sole_activity_class(db, tasks=self.tasks)
         self.children = Children(db, options)
