@@ -391,8 +391,11 @@ class TimerSubscription(models.Model):
             models.UniqueConstraint(fields=["instance", "key"], name="sv_timer_key_uniq"),
         ]
         indexes = [
+            # The armed timers by due time; a held one (its instance paused) is not in it.
             models.Index(
-                fields=["fire_at_ms", "id"], name="sv_timer_fire_idx", condition=Q(fired=False)
+                fields=["fire_at_ms", "id"],
+                name="sv_timer_fire_idx",
+                condition=Q(fired=False, held=False),
             )
         ]
 
