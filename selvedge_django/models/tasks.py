@@ -104,8 +104,9 @@ class ActivityTask(models.Model):
         ]
         indexes = [
             # The queued tasks by due time (sv_task_queued_idx: the next one due) and by rank
-            # (sv_task_rank_idx: the order claims walk, sql.TASK_RANK), and the running
-            # attempts of each concurrency key, which claims count.
+            # (sv_task_rank_idx: the order claims walk, sql.TASK_RANK; a held task, of a
+            # paused instance, is not in it), and the running attempts of each concurrency
+            # key, which claims count.
             models.Index(
                 fields=["not_before_ms", "id"],
                 name="sv_task_queued_idx",
@@ -116,7 +117,7 @@ class ActivityTask(models.Model):
                 "id",
                 "not_before_ms",
                 name="sv_task_rank_idx",
-                condition=Q(status="queued"),
+                condition=Q(status="queued", held=False),
             ),
             models.Index(
                 fields=["concurrency_key"],

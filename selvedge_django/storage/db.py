@@ -67,6 +67,8 @@ class Database:
     DUE_TIMERS_LOCK: ClassVar[str] = ""
     #: The row locks of a claim's candidates (PostgreSQL: FOR UPDATE SKIP LOCKED).
     CLAIM_LOCK: ClassVar[str] = ""
+    #: "Not held" of a task row ({row}), spelled as sv_task_rank_idx's condition.
+    NOT_HELD_SQL: ClassVar[str] = "NOT {row}.held"
     #: The next creation number of an instance (sql.NEXT_SEQ_POSTGRESQL, NEXT_SEQ_SQLITE):
     #: dispatch takes equal ranks in the order of these numbers.
     NEXT_SEQ: ClassVar[str] = ""

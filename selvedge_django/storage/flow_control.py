@@ -39,7 +39,9 @@ class Limits:
     def _claim_pick(self, names: Sequence[str], limit: int) -> tuple[str, list[Any]]:
         """sql.CLAIM_PICK with this store's queues, paused and full queues, held tasks
         and concurrency room."""
-        filters = sql.CLAIM_NOT_HELD
+        filters = sql.compose(
+            sql.CLAIM_NOT_HELD, not_held=self.db.NOT_HELD_SQL.replace("{row}", "{task}")
+        )
         params: list[Any] = []
         if self.options.activity_queues is not None:
             queues = list(self.options.activity_queues)
@@ -65,7 +67,9 @@ class Limits:
         served = [] if names is None else list(names)
         text = sql.compose(
             sql.INLINE_NEXT,
-            names=sql.in_list("c.name", len(served)),
+            names=sql.in_list("c.name", len(served))
+            + " AND "
+            + self.db.NOT_HELD_SQL.replace("{row}", "c"),
             hint=self.db._index_hint("sv_task_rank_idx"),
         )
         clock = self.db.now_sql().params

@@ -399,8 +399,9 @@ CLAIM_NAME = "(%s)"
 CLAIM_QUEUES = " AND queue IN ({queues})"
 # CLAIM_PICK part: not these (paused, or rate-limited and full) queues ({queues}: marks).
 CLAIM_NOT_QUEUES = " AND queue NOT IN ({queues})"
-# CLAIM_PICK part: not a task of a paused instance (storage.pauses holds them).
-CLAIM_NOT_HELD = " AND NOT {task}.held"
+# CLAIM_PICK part: not a task of a paused instance (storage.pauses holds them; they are
+# not in sv_task_rank_idx). {not_held}: the dialect's spelling (Database.NOT_HELD_SQL).
+CLAIM_NOT_HELD = " AND {not_held}"
 
 # -- flow control: concurrency keys and queue rate limits ----------------------------------
 
@@ -419,7 +420,8 @@ CONCURRENCY_ROOM = compose(_KEY_ROOM, row="{task}", clock="(SELECT now FROM t)")
 # first anyway; a queued task only when no due queued task of its queue that this worker
 # serves ({names}: a further AND on c) and that has room under its key comes before it in
 # claim order (TASK_RANK, then id). So an inline claim never takes a task ahead of one the
-# claim statement would take first. The rank and id walk sv_task_rank_idx ({hint}).
+# claim statement would take first. The rank and id walk sv_task_rank_idx ({hint}); {names}
+# also says "not held", as that index does.
 INLINE_NEXT = (
     "({task}.status = 'running' OR NOT EXISTS (SELECT 1 FROM {task} c{hint}"
     " WHERE c.status = 'queued' AND c.not_before_ms <= {now} AND c.queue = {task}.queue"

@@ -165,6 +165,8 @@ class SQLiteDatabase(Database):
     # Django 5.2 writes a partial index's "runnable is true" as "runnable", 6.1 as
     # "runnable" = 1: both terms, so the statement implies either index's condition.
     RUNNABLE_SQL = "runnable AND runnable = 1"
+    # Likewise "held is false": NOT "held" (5.2), "held" = 0 (6.1).
+    NOT_HELD_SQL = "NOT {row}.held AND {row}.held = 0"
 
     def _index_hint(self, index: str) -> str:
         """``INDEXED BY``: with statistics, a claim prefers the due-time range of
