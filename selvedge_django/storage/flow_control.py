@@ -3,10 +3,10 @@
 A claim picks its candidates with one statement (``sql.CLAIM_PICK``): lapsed claims
 first, then due queued tasks by priority and age, skipping tasks whose concurrency
 key is at its limit, held tasks (of paused instances), paused queues and
-rate-limited queues known to be full. The candidates that
-have a key or a rate-limited queue are then counted against their limits under
-the limits' locks, in the claim's transaction (:meth:`Limits._within_limits`);
-others pass without a statement. docs/flow-control.md states the rules.
+rate-limited queues known to be full. The candidates that have a key or a
+rate-limited queue are then counted against their limits under the limits' locks,
+in the claim's transaction (:meth:`Limits._within_limits`); others pass without a
+statement. docs/flow-control.md states the rules.
 """
 
 from __future__ import annotations
