@@ -47,7 +47,7 @@ class Limits:
             queues = list(self.options.activity_queues)
             filters += sql.compose(sql.CLAIM_QUEUES, queues=sql.marks(len(queues)))
             params += queues
-        skipped = self.skipped_queues()
+        skipped = self._skipped_queues()
         if skipped:
             filters += sql.compose(sql.CLAIM_NOT_QUEUES, queues=sql.marks(len(skipped)))
             params += skipped
@@ -80,11 +80,11 @@ class Limits:
         statement, params = self._claim_pick(names, 1)
         return sql.compose(sql.CLAIM_PROBE, pick=statement), params
 
-    def skipped_queues(self) -> list[str]:
+    def _skipped_queues(self) -> list[str]:
         """The queues no claim takes from now: paused ones, and full rate-limited ones."""
         return sorted({*self.pauses.paused_queue_names(), *self._full_queues()})
 
-    def inline_skipped_queues(self) -> list[str]:
+    def _inline_skipped_queues(self) -> list[str]:
         """The queues an inline claim leaves alone: paused ones, and every rate-limited
         one (their claims are counted by a claim batch)."""
         return sorted({*self.pauses.paused_queue_names(), *self.options.queue_rate_limits})

@@ -306,7 +306,7 @@ class Tasks:
             qs = self._claimable().filter(
                 instance_id=instance_id, key=key, concurrency_key="", held=False
             )
-            qs = qs.exclude(queue__in=self.limits.inline_skipped_queues())
+            qs = qs.exclude(queue__in=self.limits._inline_skipped_queues())
             if names is not None:
                 qs = qs.filter(name__in=list(names))
             qs = qs.filter(self.limits._next_in_queue(names))
