@@ -107,6 +107,8 @@ def workflow(obj: WorkflowInstance) -> str:
 
 @admin.display(description=_("status"), ordering="status")
 def status_column(obj: WorkflowInstance) -> str:
+    if obj.status == WorkflowStatus.RUNNING and obj.lease_owner == PAUSED_OWNER:
+        return status_badge("paused", gettext("Running (paused)"))
     return status_badge(obj.status, obj.get_status_display())
 
 

@@ -102,6 +102,7 @@ def test_bulk_pause_and_unpause_actions_and_the_paused_filter(
     assert all(len(logs(i)) == 1 for i in ids[:2])
     listed = html(operator.get(CHANGELIST + "?paused=yes"))
     assert ids[0] in listed and ids[1] in listed and ids[2] not in listed
+    assert listed.count('data-status="paused"') == 2 and "Running (paused)" in listed
     assert ids[2] in html(operator.get(CHANGELIST + "?paused=no"))
     operator.post(
         CHANGELIST, {"action": "unpause_instances", "_selected_action": ids, "apply": "1"}
