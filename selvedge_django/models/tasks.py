@@ -32,8 +32,9 @@ class ActivityTaskQuerySet(models.QuerySet["ActivityTask"]):
     def claimable(self, now_ms: Any) -> ActivityTaskQuerySet:
         """What an activity worker may claim: queued and due, or running with a claim that
         lapsed before ``now_ms`` and retries left (a lapse counts as a failure; the
-        leader's sweep fails a task whose lapse exhausts its attempts)."""
-        return self.filter(
+        leader's sweep fails a task whose lapse exhausts its attempts); never a held
+        task (of a paused instance)."""
+        return self.filter(held=False).filter(
             Q(status=ActivityTaskStatus.QUEUED, not_before_ms__lte=now_ms)
             | (
                 Q(status=ActivityTaskStatus.RUNNING, claim_expires_ms__lt=now_ms)

@@ -303,9 +303,7 @@ class Tasks:
         """
         names = self.options.activity_names()
         with self.db.atomic():
-            qs = self._claimable().filter(
-                instance_id=instance_id, key=key, concurrency_key="", held=False
-            )
+            qs = self._claimable().filter(instance_id=instance_id, key=key, concurrency_key="")
             qs = qs.exclude(queue__in=self.limits._inline_skipped_queues())
             if names is not None:
                 qs = qs.filter(name__in=list(names))
