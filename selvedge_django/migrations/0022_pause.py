@@ -11,7 +11,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('selvedge_django', '0020_payload_codec'),
+        ('selvedge_django', '0021_search_attributes'),
     ]
 
     operations = [
