@@ -76,3 +76,21 @@ def test_queues_list_pause_and_unpause(tdb: None) -> None:
     assert json.loads(run("status", "--json"))["queues"]["pq"]["paused"] is False
     assert run("queues", "pause", "") == "paused queue ''\n"
     assert "NUL" in fails("queues", "pause", "a\x00b")
+
+
+def test_bulk_pause_by_search_attribute(tdb: None) -> None:
+    acme = [
+        sv.start_workflow(
+            "pause.receive", None, instance_id=f"acme-{n}", attributes={"tenant": "acme"}
+        )
+        for n in range(2)
+    ]
+    other = sv.start_workflow("pause.receive", None, attributes={"tenant": "globex"})
+    run_until_idle(Worker())
+    out = run("pause", "--attr", "tenant=acme", "--reason", "acme's ledger is read-only")
+    assert out.splitlines()[-1] == "pause: acted on 2 instance(s)"
+    assert [sv.describe(i).paused for i in acme] == [True, True]
+    assert not sv.describe(other).paused
+    assert run("unpause", "--attr", "tenant=acme").splitlines()[-1] == (
+        "unpause: acted on 2 instance(s)"
+    )
