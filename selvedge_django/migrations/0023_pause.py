@@ -11,7 +11,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('selvedge_django', '0021_search_attributes'),
+        ('selvedge_django', '0022_streams'),
     ]
 
     operations = [
