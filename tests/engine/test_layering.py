@@ -55,6 +55,11 @@ LONG_MODULES: dict[str, str] = {
         "the one settings object: each SELVEDGE key's default, validation and field side by"
         " side, so a new key is one reading of one module"
     ),
+    "selvedge_django.storage.db": (
+        "the plumbing every store part shares (connection, transactions, fences, history rows,"
+        " wake-ups, row locks), each dialect overriding a few of its class attributes; split, a"
+        " part would import three modules to write one fenced row"
+    ),
     "selvedge_django.engine.execution": (
         "one run of workflow code against its history; wait_here came back from a module"
         " that read nine of Execution's attributes from outside"
