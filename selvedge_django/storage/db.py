@@ -255,15 +255,21 @@ class Database:
         ``{timer}`` and ``{schedule}`` name the tables, ``{now}`` is the database
         clock (its parameter is the caller's).
         """
-        with self.connection.cursor() as cursor:
+        with self._cursor() as cursor:
             cursor.execute(self._tables(statement), params)
             return int(cursor.rowcount)
 
     def _fetch(self, statement: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
         """Run one hand-written statement that returns rows (named as in _execute)."""
-        with self.connection.cursor() as cursor:
+        with self._cursor() as cursor:
             cursor.execute(self._tables(statement), params)
             return list(cursor.fetchall())
+
+    def _cursor(self) -> Any:
+        """The cursor of the engine's hand-written statements (:meth:`_execute`,
+        :meth:`_fetch`, the inserts): the connection's own here; PostgreSQL's binds on
+        the server and prepares them (``PREPARED_STATEMENTS``)."""
+        return self.connection.cursor()
 
     def _tables(self, statement: str) -> str:
         names = self._table_names
@@ -315,7 +321,7 @@ class Database:
             params = [*params, *where.params]
         statement += on_conflict
         if not returning_id:
-            with conn.cursor() as cursor:
+            with self._cursor() as cursor:
                 cursor.execute(statement, params)
             return None
         return self._insert_returning_id(statement, params, model._meta.pk.column)
@@ -324,7 +330,7 @@ class Database:
         """Run an INSERT and return the new row's id (None when it inserted nothing)."""
         conn = self.connection
         returning = sql.compose(sql.RETURNING, columns=conn.ops.quote_name(pk))
-        with conn.cursor() as cursor:
+        with self._cursor() as cursor:
             cursor.execute(statement + returning, params)
             row = cursor.fetchone()
         return None if row is None else row[0]
