@@ -5,6 +5,7 @@ runselvedge`` call these functions and nothing below them; none of them sets a
 status by hand. One module per job:
 
 - ``instances``: start, signal, cancel, terminate (writes, after-commit wake-ups);
+- ``bulk``: many starts in one transaction (``start_workflows``, many ``django.tasks``);
 - ``results``: the result now, or a (sync or async) wait for the close;
 - ``handles``: ``get_handle``, and the calls a typed ``WorkflowHandle`` makes;
 - ``find``: describe one instance, list its activity tasks, find instances;
@@ -37,6 +38,7 @@ from .base import (
     known_id,
     validate_instance_id,
 )
+from .bulk import astart_workflows, start_workflows
 from .find import (
     ActivityTaskInfo,
     InstancePage,
@@ -184,6 +186,7 @@ __all__ = [
     "asignal",
     "asignal_with_start",
     "astart_workflow",
+    "astart_workflows",
     "aterminate_workflow",
     "atrigger_schedule",
     "aunpause_queue",
@@ -229,6 +232,7 @@ __all__ = [
     "signal",
     "signal_with_start",
     "start_workflow",
+    "start_workflows",
     "status_report",
     "terminate_workflow",
     "trigger_schedule",

@@ -47,6 +47,7 @@ from ..engine.ports import (
 from ..models import WorkflowInstance
 from .attempt_transactions import AttemptTransactions
 from .attributes import Attributes
+from .bulk_starts import BulkStarts
 from .cancels import Cancels
 from .children import Children
 from .db import Database
@@ -108,6 +109,7 @@ class Store:
         self.children = Children(db, options)
         self.attributes = Attributes(db)
         self.starts = self.starts_class(db, options, attributes=self.attributes)
+        self.bulk_starts = BulkStarts(db)
         self.cancels = Cancels(db)
         self.releases = self.releases_class(db)
         self.instances = self.instances_class(db, options, children=self.children, tasks=self.tasks)
