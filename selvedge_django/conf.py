@@ -199,8 +199,7 @@ class SelvedgeSettings:
     # connections when DATABASE goes through a transaction-pooling proxy (pgbouncer).
     listen_database: str | None = None
     renewal_database: str | None = None
-    # Whether the engine's own statements are prepared on PostgreSQL (off behind a
-    # transaction-pooling proxy that cannot keep prepared statements).
+    # The engine's own statements prepared on PostgreSQL (off behind a pooler that can't).
     prepared_statements: bool = True
     run_local_starts: bool = True
     shutdown_timeout: float = 30.0

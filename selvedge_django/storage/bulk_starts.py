@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.db import models
 from django.utils import timezone
 
 from .. import exceptions as exc
@@ -30,12 +31,22 @@ from ..models import (
     WorkflowStatus,
 )
 from . import sql
-from .db import Database
+from .db import Database, Sql
 from .operation import operation
 from .task_rows import task_fields
 from .wakeups import TOPIC_RUNNABLE, TOPIC_TASK
 
 __all__ = ["BulkStarts", "NewInstance"]
+
+# Columns whose conversion leaves a value of exactly this Python type (or None) as it
+# is: bound without the field's conversion.
+_PLAIN_FIELDS: tuple[tuple[type[models.Field[Any, Any]], type], ...] = (
+    (models.CharField, str),
+    (models.TextField, str),
+    (models.IntegerField, int),
+    (models.BooleanField, bool),
+)
+_NOTHING = object()
 
 
 @dataclass(frozen=True)
@@ -103,6 +114,16 @@ class BulkStarts:
             seen.add(start.instance_id)
         return flags
 
+    # -- what the dialects answer ------------------------------------------------------------
+
+    def _max_params(self) -> int:
+        """The most parameters one statement binds (PostgreSQL's protocol: 65,535)."""
+        return 65_535
+
+    def _next_seqs(self, count: int) -> list[Sql | int]:
+        """The creation numbers of a batch's ``count`` rows (a sequence: one query each)."""
+        return [Sql(self.db._tables(self.db.NEXT_SEQ))] * count
+
     # -- the statements ----------------------------------------------------------------------
 
     def _instance_params(self) -> int:
@@ -114,7 +135,7 @@ class BulkStarts:
         return [items[i : i + size] for i in range(0, len(items), size)]
 
     def _batches_of(self, items: Sequence[Any], params_each: int) -> list[Sequence[Any]]:
-        return self._batches(items, max(1, self.db.max_params() // params_each))
+        return self._batches(items, max(1, self._max_params() // params_each))
 
     def _insert_instances(
         self,
@@ -125,8 +146,8 @@ class BulkStarts:
     ) -> list[str]:
         """One INSERT of a batch's instance rows; the ids it inserted."""
         db = self.db
-        rows: list[tuple[str, list[Any]]] = []
-        columns = ""
+        values_list: list[dict[str, Any]] = []
+        seqs = self._next_seqs(len(batch))
         for offset, start in enumerate(batch):
             started = start.started_at or now
             timeout = start.execution_timeout_ms
@@ -140,7 +161,7 @@ class BulkStarts:
                 "runnable": not leased_with_task,
                 "ready_ms": db.now_sql(),
                 "priority": start.priority,
-                "created_seq": db.next_seq_sql(offset),
+                "created_seq": seqs[offset],
                 "service_name": service_name,
                 "current_step": (
                     f"activity {start.first_task[1].name}" if start.first_task else ""
@@ -154,8 +175,8 @@ class BulkStarts:
                 ),
                 "trace_context": start.trace_context,
             }
-            columns, marks, params = db._insert_parts(WorkflowInstance, values, skip_pk=False)
-            rows.append((f"({marks})", params))
+            values_list.append(values)
+        columns, rows = self._rows(WorkflowInstance, values_list)
         return db._insert_new(sql.compose(sql.INSERT_INSTANCES, columns=columns), rows)
 
     def _check_taken(self, taken: Sequence[NewInstance]) -> None:
@@ -180,14 +201,12 @@ class BulkStarts:
         statement per batch for each table."""
         db = self.db
         now_ms = db.now_sql()
-        history: list[tuple[str, list[Any]]] = []
-        tasks: list[tuple[str, list[Any]]] = []
-        history_columns = task_columns = ""
+        history: list[dict[str, Any]] = []
+        tasks: list[dict[str, Any]] = []
         for start in starts:
             assert start.first_task is not None
             row, spec = start.first_task
-            history_columns, marks, params = db._insert_parts(
-                HistoryEvent,
+            history.append(
                 {
                     "instance_id": start.instance_id,
                     "key": row.key,
@@ -197,22 +216,80 @@ class BulkStarts:
                     "data": row.data,
                     "reservation": row.reservation,
                     "delivered_seq": row.delivered_seq,
-                },
-                skip_pk=True,
+                }
             )
-            history.append((f"({marks})", params))
             fields = task_fields(Fence(start.instance_id, "", 0), row, spec, now_ms)
             schedule_ms = fields["schedule_to_start_ms"]
             fields["status"] = str(ActivityTaskStatus.QUEUED)
             fields["schedule_deadline_ms"] = (
                 None if schedule_ms is None else db.now_sql(plus_seconds=schedule_ms / 1000)
             )
-            task_columns, marks, params = db._insert_parts(ActivityTask, fields, skip_pk=True)
-            tasks.append((f"({marks})", params))
-        self._insert_rows(HistoryEvent, history_columns, history)
-        self._insert_rows(ActivityTask, task_columns, tasks)
+            tasks.append(fields)
+        self._insert_rows(HistoryEvent, *self._rows(HistoryEvent, history))
+        self._insert_rows(ActivityTask, *self._rows(ActivityTask, tasks))
+
+    def _rows(
+        self, model: Any, rows: list[dict[str, Any]]
+    ) -> tuple[str, list[tuple[str, list[Any]]]]:
+        """The column list and each row's value marks and parameters for ``model``.
+
+        What ``Database._insert_parts`` does for one row, done once per column: a
+        column no row names takes the field's default, converted once; a value of a
+        plain text, number or boolean column is bound as it is (what the field's
+        conversion returns for it), others go through the field. :class:`Sql` values
+        are inlined. Every row names the same columns; an auto primary key no row
+        names is left to the database.
+        """
+        conn = self.db.connection
+        named = rows[0].keys() if rows else set()
+        # Per column: (the row's key or None, the field or the converted default, the
+        # Python type bound as it is or None).
+        plan: list[tuple[str | None, Any, type | None]] = []
+        columns: list[str] = []
+        for f in model._meta.concrete_fields:
+            key = f.attname if f.attname in named else f.name if f.name in named else None
+            if key is None and f.primary_key:
+                continue
+            columns.append(conn.ops.quote_name(f.column))
+            if key is not None:
+                plain = next((t for c, t in _PLAIN_FIELDS if isinstance(f, c)), None)
+                plan.append((key, f, plain))
+                continue
+            if getattr(f, "auto_now", False) or getattr(f, "auto_now_add", False):
+                default = timezone.now()
+            else:
+                default = f.get_default()
+            plan.append((None, f.get_db_prep_save(default, conn), None))
+        # The last value converted per column: rows often share one (a start time).
+        last: list[tuple[Any, Any]] = [(_NOTHING, None)] * len(plan)
+        built: list[tuple[str, list[Any]]] = []
+        for row in rows:
+            marks: list[str] = []
+            params: list[Any] = []
+            for index, (key, field, plain) in enumerate(plan):
+                if key is None:
+                    marks.append("%s")
+                    params.append(field)  # the default, converted once
+                    continue
+                value = row[key]
+                if isinstance(value, Sql):
+                    marks.append(value.sql)
+                    params += value.params
+                    continue
+                marks.append("%s")
+                if value is None or type(value) is plain:
+                    params.append(value)
+                    continue
+                seen, converted = last[index]
+                if seen is not value:
+                    converted = field.get_db_prep_save(value, conn)
+                    last[index] = (value, converted)
+                params.append(converted)
+            built.append((f"({', '.join(marks)})", params))
+        return ", ".join(columns), built
 
     def _insert_rows(self, model: Any, columns: str, rows: list[tuple[str, list[Any]]]) -> None:
+        """INSERT ``rows`` into ``model``'s table, one statement per batch."""
         if not rows:
             return
         table = self.db.connection.ops.quote_name(model._meta.db_table)

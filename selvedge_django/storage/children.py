@@ -56,7 +56,10 @@ class Children:
         """The next creation number of an instance as a SQL value. ``offset`` is the row's
         place in a multi-row insert: SQLite reads its number once per statement, a
         PostgreSQL sequence gives each row its own."""
-        return self.db.next_seq_sql(offset)
+        text = self.db._tables(self.db.NEXT_SEQ)
+        if offset and self.db.single_writer:
+            return Sql(f"({text} + %s)", [offset])
+        return Sql(text)
 
     @operation
     def start_child(self, fence: Fence, row: HistoryRow, child: ChildSpec) -> HistoryRow:

@@ -136,15 +136,6 @@ class Database:
         rows = self._fetch(sql.SELECT_NOW, now.params)
         return int(rows[0][0])
 
-    def next_seq_sql(self, offset: int = 0) -> Sql:
-        """The next creation number of an instance as a SQL value. ``offset`` is the row's
-        place in a multi-row insert: SQLite reads its number once per statement, a
-        PostgreSQL sequence gives each row its own."""
-        text = self._tables(self.NEXT_SEQ)
-        if offset and self.single_writer:
-            return Sql(f"({text} + %s)", [offset])
-        return Sql(text)
-
     @operation
     def now_sql(self, plus_seconds: float = 0.0) -> Sql:
         """The database clock in milliseconds (plus ``plus_seconds``) as a SQL value."""
@@ -378,10 +369,6 @@ class Database:
                 marks.append("%s")
                 params.append(f.get_db_prep_save(value, conn))
         return ", ".join(columns), ", ".join(marks), params
-
-    def max_params(self) -> int:
-        """The most parameters one statement may bind (PostgreSQL's protocol: 65,535)."""
-        return 65_535
 
     @classmethod
     def _chunks(cls, values: list[Any], *, values_each: int = 1) -> list[list[Any]]:

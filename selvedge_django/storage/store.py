@@ -89,6 +89,7 @@ class Store:
     database: ClassVar[type[Database]] = Database
     instances_class: ClassVar[type[Instances]] = Instances
     starts_class: ClassVar[type[Starts]] = Starts
+    bulk_starts_class: ClassVar[type[BulkStarts]] = BulkStarts
     releases_class: ClassVar[type[Releases]] = Releases
     waits_class: ClassVar[type[Waits]] = Waits
     tasks_class: ClassVar[type[Tasks]] = Tasks
@@ -109,7 +110,7 @@ class Store:
         self.children = Children(db, options)
         self.attributes = Attributes(db)
         self.starts = self.starts_class(db, options, attributes=self.attributes)
-        self.bulk_starts = BulkStarts(db)
+        self.bulk_starts = self.bulk_starts_class(db)
         self.cancels = Cancels(db)
         self.releases = self.releases_class(db)
         self.instances = self.instances_class(db, options, children=self.children, tasks=self.tasks)

@@ -65,7 +65,7 @@ def test_a_batch_larger_than_one_statement_binds_is_split_and_still_all_or_nothi
     # More rows than one statement may bind (over 30 values a row).
     from selvedge_django.operations import client_store
 
-    count = client_store().db.max_params() // 30 + 10
+    count = client_store().bulk_starts._max_params() // 30 + 10
     taken = sv.start_workflow(echo, "first", instance_id="bulk-taken-late")
     starts: list[Any] = [(echo, n) for n in range(count)]
     starts.append((echo, "again", {"instance_id": taken}))

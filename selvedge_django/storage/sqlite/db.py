@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import sqlite3
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -275,13 +274,6 @@ class SQLiteDatabase(Database):
             raise self._fenced_error(fence)
         self.apply_deferred(fence)
         self.after_commit(TOPIC_RUNNABLE)
-
-    def max_params(self) -> int:
-        """The connection's own limit (32,766 by default since SQLite 3.32; Django's
-        features say 999 whatever the library)."""
-        conn = self.connection
-        conn.ensure_connection()
-        return int(conn.connection.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER))
 
     def _insert_returning_id(self, statement: str, params: list[Any], pk: str) -> Any:
         if self._returning:
