@@ -107,10 +107,11 @@ async def astart_workflows(
 
 
 class TaskStart:
-    """One enqueued ``django.tasks`` task for :func:`start_tasks`: its workflow input,
-    instance id, priority, enqueue time, and whether it waits for ``run_after``."""
+    """One enqueued ``django.tasks`` task for :func:`start_tasks`: its workflow input
+    (whose ``"options"`` are the activity's), instance id, priority, enqueue time, and
+    whether it waits for ``run_after``."""
 
-    __slots__ = ("deferred", "enqueued_at", "input", "instance_id", "options", "priority")
+    __slots__ = ("deferred", "enqueued_at", "input", "instance_id", "priority")
 
     def __init__(
         self,
@@ -119,14 +120,12 @@ class TaskStart:
         instance_id: str,
         priority: int,
         enqueued_at: datetime,
-        options: ActivityOptions,
         deferred: bool,
     ) -> None:
         self.input = input
         self.instance_id = instance_id
         self.priority = priority
         self.enqueued_at = enqueued_at
-        self.options = options
         self.deferred = deferred
 
 
@@ -144,6 +143,7 @@ def start_tasks(
         raise ValueError(f"workflow {workflow.name!r} has no result_activity")
     settings = get_settings()
     new: list[NewInstance] = []
+    resolved: dict[str, ActivityOptions] = {}
     for index, task in enumerate(tasks):
         try:
             name, instance_id, text, _ = _start_parts(
@@ -154,7 +154,13 @@ def start_tasks(
             raise exc.WorkflowStartRejected(f"task #{index}: {error}") from error
         first = None
         if not task.deferred:
-            options = activity.options.merged(task.options)
+            # Tasks of one function share their options: resolved once per distinct set.
+            raw = task.input.get("options") or {}
+            options_key = json.dumps(raw, sort_keys=True, default=str)
+            options = resolved.get(options_key)
+            if options is None:
+                options = activity.options.merged(ActivityOptions.from_json(raw))
+                resolved[options_key] = options
             reservation, spec = activity_task(activity.name, name, text, options)
             first = (
                 HistoryRow(key=key, seq=1, command=CMD_ACTIVITY, reservation=reservation),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -15,7 +16,7 @@ from django.utils import timezone
 
 from .. import exceptions as exc
 from ..conf import get_settings
-from ..engine.options import ActivityOptions, RetryPolicy
+from ..engine.options import RetryPolicy
 from ..operations.bulk import TaskStart, start_tasks
 from ..operations.task_records import database_now_ms, task_record
 from . import compat
@@ -59,7 +60,7 @@ class SelvedgeBackend(compat.BaseTaskBackend):
 
     def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
         """Start the task's instance (inside the caller's transaction when there is one)."""
-        result, input = self._prepare(task, args, kwargs, now_ms=None)
+        result, input = self._prepare(task, args, kwargs, now_ms=None, enqueued_at=None)
         try:
             start_task(
                 input,
@@ -85,9 +86,11 @@ class SelvedgeBackend(compat.BaseTaskBackend):
         """
         items = list(calls)
         deferred = any(task.run_after is not None for task, _, _ in items)
+        enqueued_at = timezone.now()
         now_ms = database_now_ms() if deferred else None
         prepared = [
-            self._prepare(task, args, kwargs, now_ms=now_ms) for task, args, kwargs in items
+            self._prepare(task, args, kwargs, now_ms=now_ms, enqueued_at=enqueued_at)
+            for task, args, kwargs in items
         ]
         try:
             start_tasks(
@@ -99,7 +102,6 @@ class SelvedgeBackend(compat.BaseTaskBackend):
                         instance_id=result.id,
                         priority=result.task.priority,
                         enqueued_at=result.enqueued_at,
-                        options=ActivityOptions.from_json(input.get("options") or {}),
                         deferred=int(input.get("delay_ms") or 0) > 0,
                     )
                     for result, input in prepared
@@ -118,11 +120,19 @@ class SelvedgeBackend(compat.BaseTaskBackend):
         return await sync_to_async(self.enqueue_many)(list(calls))
 
     def _prepare(
-        self, task: Any, args: Any, kwargs: Any, *, now_ms: int | None
+        self,
+        task: Any,
+        args: Any,
+        kwargs: Any,
+        *,
+        now_ms: int | None,
+        enqueued_at: datetime | None,
     ) -> tuple[Any, dict[str, Any]]:
-        """Validate one call; its result (enqueued now) and its workflow input.
+        """Validate one call; its result and its workflow input.
 
-        ``now_ms`` is the database clock for a deferred task (read here when None)."""
+        ``now_ms`` is the database clock for a deferred task (read here when None);
+        ``enqueued_at`` the time recorded as its enqueue (now when None: the calls of one
+        ``enqueue_many`` share one)."""
         self.validate_task(task)
         result_id = uuid.uuid4().hex
         # Built first: TaskResult refuses arguments that are not JSON (TypeError, ValueError).
@@ -155,7 +165,7 @@ class SelvedgeBackend(compat.BaseTaskBackend):
             clock_ms = database_now_ms() if now_ms is None else now_ms
             input["delay_ms"] = max(0, run_after_ms - clock_ms)
         # The result reports the start as the instance records it (get_result's value).
-        object.__setattr__(result, "enqueued_at", timezone.now())
+        object.__setattr__(result, "enqueued_at", enqueued_at or timezone.now())
         return result, input
 
     def _enqueued_on_commit(self, results: list[Any]) -> None:
