@@ -227,7 +227,7 @@ def _renewal_database(resolved: SelvedgeSettings, store: type[Any]) -> list[Chec
 
 
 def _prepared_behind_a_pooler(resolved: SelvedgeSettings, store: type[Any]) -> list[CheckMessage]:
-    """selvedge.W010: the engine prepares its statements (PREPARED_STATEMENTS, the
+    """selvedge.W011: the engine prepares its statements (PREPARED_STATEMENTS, the
     default) on a PostgreSQL alias that looks like it goes through a pooler."""
     if store.single_writer or not resolved.prepared_statements:
         return []
@@ -258,9 +258,9 @@ def _prepared_behind_a_pooler(resolved: SelvedgeSettings, store: type[Any]) -> l
             hint="Behind such a pooler set SELVEDGE['PREPARED_STATEMENTS'] = False. With "
             "pgbouncer 1.21 or later and max_prepared_statements above 0, a pooler in "
             "session mode, or no pooler, keep them (they save a parse and a plan per "
-            "statement) and silence with SILENCED_SYSTEM_CHECKS = ['selvedge.W010']; see "
+            "statement) and silence with SILENCED_SYSTEM_CHECKS = ['selvedge.W011']; see "
             "'pgbouncer in transaction mode' in docs/deployment.md.",
-            id="selvedge.W010",
+            id="selvedge.W011",
         )
     ]
 

@@ -427,7 +427,7 @@ def test_a_lease_shorter_than_sqlite_s_busy_timeout_is_warning_w007() -> None:
 
 
 _PG = '"ENGINE": "django.db.backends.postgresql", "NAME": "app", "HOST": "db"'
-# The renewal checks' set-ups, with the prepared statements a pooler needs off (W010).
+# The renewal checks' set-ups, with the prepared statements a pooler needs off (W011).
 _UNPREPARED = '{"PREPARED_STATEMENTS": False}'
 
 
@@ -494,7 +494,7 @@ _PAST_THE_POOL = '"LISTEN_DATABASE": "direct", "RENEWAL_DATABASE": "direct"'
 @pytest.mark.parametrize(
     ("databases", "selvedge_dict", "expected"),
     [
-        pytest.param(_POOLED, f"{{{_PAST_THE_POOL}}}", "selvedge.W010", id="pooled-prepared"),
+        pytest.param(_POOLED, f"{{{_PAST_THE_POOL}}}", "selvedge.W011", id="pooled-prepared"),
         pytest.param(
             _POOLED,
             f'{{{_PAST_THE_POOL}, "PREPARED_STATEMENTS": False}}',
@@ -519,10 +519,10 @@ _PAST_THE_POOL = '"LISTEN_DATABASE": "direct", "RENEWAL_DATABASE": "direct"'
         ),
     ],
 )
-def test_prepared_statements_behind_a_pooler_warn_w010(
+def test_prepared_statements_behind_a_pooler_warn_w011(
     tmp_path: Path, databases: str, selvedge_dict: str, expected: str | None
 ) -> None:
-    """W010: the engine prepares its statements (the default) on an alias that looks
+    """W011: the engine prepares its statements (the default) on an alias that looks
     pooled; the warning says to turn PREPARED_STATEMENTS off and when not to."""
     result = _check_in_subprocess(tmp_path, databases, selvedge_dict)
     output = result.stdout + result.stderr
