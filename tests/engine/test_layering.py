@@ -64,10 +64,6 @@ LONG_MODULES: dict[str, str] = {
         "one run of workflow code against its history; wait_here came back from a module"
         " that read nine of Execution's attributes from outside"
     ),
-    "selvedge_django.conf": (
-        "one settings object: each SELVEDGE key's default, field, validation and raw form"
-        " side by side, so that a key cannot be added to one and missed in another"
-    ),
 }
 # Where a model manager may not be used: their reads and writes are storage's.
 MANAGER_FREE = ("operations", "admin")
