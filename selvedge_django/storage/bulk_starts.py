@@ -38,6 +38,19 @@ from .wakeups import TOPIC_RUNNABLE, TOPIC_TASK
 
 __all__ = ["BulkStarts", "NewInstance"]
 
+# The statements of this part alone, beside it. ({columns}, {rows}): the new
+# instances, one statement per batch; an id already taken is left alone
+# (RETURNING_INSTANCE_ID: the ids it inserted).
+INSERT_INSTANCES = (
+    "INSERT INTO {instance} ({columns}) VALUES {rows} ON CONFLICT (instance_id) DO NOTHING"
+)
+# The first history rows or the queued tasks of the new instances ({table}).
+INSERT_ROWS = "INSERT INTO {table} ({columns}) VALUES {rows}"
+# The workflows of the ids a bulk start found taken ({ids}: marks).
+SELECT_WORKFLOW_NAMES = (
+    "SELECT instance_id, workflow_name FROM {instance} WHERE instance_id IN ({ids})"
+)
+
 # Columns whose conversion leaves a value of exactly this Python type (or None) as it
 # is: bound without the field's conversion.
 _PLAIN_FIELDS: tuple[tuple[type[models.Field[Any, Any]], type], ...] = (
@@ -177,7 +190,7 @@ class BulkStarts:
             }
             values_list.append(values)
         columns, rows = self._rows(WorkflowInstance, values_list)
-        return db._insert_new(sql.compose(sql.INSERT_INSTANCES, columns=columns), rows)
+        return db._insert_new(sql.compose(INSERT_INSTANCES, columns=columns), rows)
 
     def _check_taken(self, taken: Sequence[NewInstance]) -> None:
         """Raise WorkflowAlreadyStarted for the first id found taken that may not be
@@ -190,7 +203,7 @@ class BulkStarts:
         names: dict[str, str] = {}
         ids = sorted({start.instance_id for start in taken})
         for chunk in self.db._chunks(ids):
-            statement = sql.compose(sql.SELECT_WORKFLOW_NAMES, ids=sql.marks(len(chunk)))
+            statement = sql.compose(SELECT_WORKFLOW_NAMES, ids=sql.marks(len(chunk)))
             names.update((str(i), str(n)) for i, n in self.db._fetch(statement, chunk))
         for start in taken:
             if names.get(start.instance_id) != start.workflow_name:
@@ -295,7 +308,7 @@ class BulkStarts:
         table = self.db.connection.ops.quote_name(model._meta.db_table)
         for batch in self._batches_of(rows, max(1, len(rows[0][1]))):
             statement = sql.compose(
-                sql.INSERT_ROWS,
+                INSERT_ROWS,
                 table=table,
                 columns=columns,
                 rows=", ".join(marks for marks, _ in batch),

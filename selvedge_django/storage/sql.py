@@ -149,17 +149,6 @@ NEXT_SEQ_POSTGRESQL = "nextval('selvedge_django_instance_seq')"
 # The next creation number on SQLite, whose one writer makes it unique: the rowid the
 # next row gets (the largest plus one; SQLite finds the largest without a scan).
 NEXT_SEQ_SQLITE = "(SELECT COALESCE(MAX(rowid), 0) + 1 FROM {instance})"
-# Bulk starts ({columns}, {rows}): the new instances, one statement per batch; an id
-# already taken is left alone (RETURNING_INSTANCE_ID: the ids it inserted).
-INSERT_INSTANCES = (
-    "INSERT INTO {instance} ({columns}) VALUES {rows} ON CONFLICT (instance_id) DO NOTHING"
-)
-# Bulk starts: the first history rows or the queued tasks of the new instances ({table}).
-INSERT_ROWS = "INSERT INTO {table} ({columns}) VALUES {rows}"
-# The workflows of the ids a bulk start found taken ({ids}: marks).
-SELECT_WORKFLOW_NAMES = (
-    "SELECT instance_id, workflow_name FROM {instance} WHERE instance_id IN ({ids})"
-)
 # The workflow of an instance (an id a start found taken).
 SELECT_WORKFLOW_NAME = "SELECT workflow_name FROM {instance} WHERE instance_id = %s"
 # An instance's result, for the client API.
