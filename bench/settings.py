@@ -10,6 +10,8 @@ SELVEDGE_BENCH_PREPARE 1: PostgreSQL connections bind parameters on the server a
                        prepare statements (OPTIONS server_side_binding and
                        prepare_threshold, as docs/deployment.md recommends); off by
                        default (Django's client-side binding)
+SELVEDGE_BENCH_PREPARED 0: the engine's own statements are not prepared either
+                       (SELVEDGE["PREPARED_STATEMENTS"] = False; on by default)
 """
 
 from __future__ import annotations
@@ -55,6 +57,9 @@ SELVEDGE: dict[str, object] = {}
 # SELVEDGE_BENCH_CACHE=N turns the workflow cache on with N entries (off by default).
 if os.environ.get("SELVEDGE_BENCH_CACHE"):
     SELVEDGE["WORKFLOW_CACHE"] = {"MAX_ENTRIES": int(os.environ["SELVEDGE_BENCH_CACHE"])}
+# SELVEDGE_BENCH_PREPARED=0 turns off the engine's prepared statements (on by default).
+if os.environ.get("SELVEDGE_BENCH_PREPARED") == "0":
+    SELVEDGE["PREPARED_STATEMENTS"] = False
 
 LOGGING = {
     "version": 1,

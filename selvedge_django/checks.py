@@ -90,6 +90,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         return messages
     messages += database_checks(resolved.database)
     messages += _renewal_database(resolved, store)
+    messages += _prepared_behind_a_pooler(resolved, store)
     if store.single_writer:
         messages += _transactional_on_single_writer(resolved.database)
         messages += _lease_within_busy_timeout(resolved)
@@ -223,6 +224,45 @@ def _renewal_database(resolved: SelvedgeSettings, store: type[Any]) -> list[Chec
             )
         ]
     return []
+
+
+def _prepared_behind_a_pooler(resolved: SelvedgeSettings, store: type[Any]) -> list[CheckMessage]:
+    """selvedge.W011: the engine prepares its statements (PREPARED_STATEMENTS, the
+    default) on a PostgreSQL alias that looks like it goes through a pooler."""
+    if store.single_writer or not resolved.prepared_statements:
+        return []
+    main = connections[resolved.database]
+    settings_dict = main.settings_dict
+    options = settings_dict.get("OPTIONS") or {}
+    if options.get("server_side_binding") or "prepare_threshold" in options:
+        return []  # the project's own OPTIONS decide what is prepared
+    signs = []
+    if settings_dict.get("DISABLE_SERVER_SIDE_CURSORS"):
+        signs.append("DISABLE_SERVER_SIDE_CURSORS")
+    for key in ("LISTEN_DATABASE", "RENEWAL_DATABASE"):
+        if getattr(resolved, key.lower()) not in (None, resolved.database):
+            signs.append(f"a separate {key}")
+    if str(settings_dict.get("PORT") or "") == "6432":
+        signs.append("port 6432, pgbouncer's")
+    if not signs:
+        return []
+    return [
+        Warning(
+            f"The selvedge database {resolved.database!r} looks like it goes through a "
+            f"connection pooler ({', '.join(signs)}), and the engine prepares its own "
+            "statements on it (SELVEDGE['PREPARED_STATEMENTS'], on by default). A pooler in "
+            "transaction mode that cannot keep prepared statements (pgbouncer before 1.21, "
+            "or later with max_prepared_statements = 0) runs each transaction in any "
+            "server session, where a statement prepared in another one is missing: the "
+            "engine's statements then fail with PreparedStatementError.",
+            hint="Behind such a pooler set SELVEDGE['PREPARED_STATEMENTS'] = False. With "
+            "pgbouncer 1.21 or later and max_prepared_statements above 0, a pooler in "
+            "session mode, or no pooler, keep them (they save a parse and a plan per "
+            "statement) and silence with SILENCED_SYSTEM_CHECKS = ['selvedge.W011']; see "
+            "'pgbouncer in transaction mode' in docs/deployment.md.",
+            id="selvedge.W011",
+        )
+    ]
 
 
 def _endpoint(conn: Any) -> tuple[str, str]:

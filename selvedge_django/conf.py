@@ -67,6 +67,7 @@ DEFAULTS: dict[str, Any] = {
     "LISTEN_NOTIFY": None,
     "LISTEN_DATABASE": None,
     "RENEWAL_DATABASE": None,
+    "PREPARED_STATEMENTS": True,
     "RUN_LOCAL_STARTS": True,
     "SHUTDOWN_TIMEOUT": 30.0,
     "CLOCK": None,
@@ -198,6 +199,8 @@ class SelvedgeSettings:
     # connections when DATABASE goes through a transaction-pooling proxy (pgbouncer).
     listen_database: str | None = None
     renewal_database: str | None = None
+    # The engine's own statements prepared on PostgreSQL (off behind a pooler that can't).
+    prepared_statements: bool = True
     run_local_starts: bool = True
     shutdown_timeout: float = 30.0
     clock: Callable[[], datetime] = default_clock
@@ -275,6 +278,7 @@ class SelvedgeSettings:
             "LISTEN_NOTIFY": self.listen_notify,
             "LISTEN_DATABASE": self.listen_database,
             "RENEWAL_DATABASE": self.renewal_database,
+            "PREPARED_STATEMENTS": self.prepared_statements,
             "RUN_LOCAL_STARTS": self.run_local_starts,
             "SHUTDOWN_TIMEOUT": self.shutdown_timeout,
             "CLOCK": self.clock,
@@ -503,6 +507,9 @@ def resolve_settings(raw_in: Mapping[str, Any] | None) -> SelvedgeSettings:
             not isinstance(alias, str) or alias not in django_settings.DATABASES
         ):
             raise ImproperlyConfigured(f"SELVEDGE[{key!r}] {alias!r} is not in DATABASES")
+    prepared = raw["PREPARED_STATEMENTS"]
+    if not isinstance(prepared, bool):
+        raise ImproperlyConfigured("SELVEDGE['PREPARED_STATEMENTS'] must be True or False")
     run_local = raw["RUN_LOCAL_STARTS"]
     if not isinstance(run_local, bool):
         raise ImproperlyConfigured("SELVEDGE['RUN_LOCAL_STARTS'] must be True or False")
@@ -557,6 +564,7 @@ def resolve_settings(raw_in: Mapping[str, Any] | None) -> SelvedgeSettings:
         listen_notify=listen,
         listen_database=raw["LISTEN_DATABASE"],
         renewal_database=raw["RENEWAL_DATABASE"],
+        prepared_statements=prepared,
         run_local_starts=run_local,
         shutdown_timeout=durations["SHUTDOWN_TIMEOUT"],
         clock=clock,

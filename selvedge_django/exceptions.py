@@ -231,8 +231,9 @@ class ExecutionStorageError(SelvedgeError):
 class PreparedStatementError(SelvedgeError):
     """A prepared statement was missing from the database session the statement ran in.
 
-    Raised by the engine's statements on PostgreSQL when psycopg prepares statements
-    (``server_side_binding`` with ``prepare_threshold``) and a connection pooler in
+    Raised by the engine's statements on PostgreSQL when they are prepared (the
+    default, ``SELVEDGE["PREPARED_STATEMENTS"]``; or ``server_side_binding`` with
+    ``prepare_threshold`` in the alias's ``OPTIONS``) and a connection pooler in
     transaction mode hands each transaction any server session: one that never saw
     the preparation. The error raised is also a Django ``ProgrammingError``.
     """

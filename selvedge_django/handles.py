@@ -101,6 +101,10 @@ class WorkflowDescription:
     priority: int = 0
     # Its search attributes by name (start_workflow(attributes=), ctx.set_attributes).
     attributes: dict[str, Any] = field(default_factory=dict)
+    # Whether an operator paused it (sv.pause_workflow), why, and since when.
+    paused: bool = False
+    paused_reason: str = ""
+    paused_at: datetime | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -131,6 +135,9 @@ class WorkflowDescription:
                 name: value.isoformat() if isinstance(value, datetime) else value
                 for name, value in self.attributes.items()
             },
+            "paused": self.paused,
+            "paused_reason": self.paused_reason,
+            "paused_at": None if self.paused_at is None else self.paused_at.isoformat(),
         }
 
 

@@ -142,11 +142,15 @@ if DB == "postgres" and os.environ.get("SELVEDGE_TEST_PGBOUNCER_PORT"):
     DATABASES["direct"] = dict(DATABASES["default"])
     DATABASES["default"]["PORT"] = os.environ["SELVEDGE_TEST_PGBOUNCER_PORT"]
     DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
-    # pgbouncer's transaction mode (before 1.21) keeps no prepared statement (unless
-    # SELVEDGE_TEST_PGBOUNCER_PREPARE=1: the set-up that fails, at once).
+    # pgbouncer's transaction mode (before 1.21) keeps no prepared statement, so the
+    # engine prepares none (unless SELVEDGE_TEST_PGBOUNCER_PREPARE=1: the project's OPTIONS
+    # prepare every statement, or =engine: the engine's default; the set-ups that fail).
     DATABASES["default"].pop("OPTIONS", None)
-    if os.environ.get("SELVEDGE_TEST_PGBOUNCER_PREPARE") == "1":
+    _prepare = os.environ.get("SELVEDGE_TEST_PGBOUNCER_PREPARE")
+    if _prepare == "1":
         DATABASES["default"]["OPTIONS"] = {"server_side_binding": True, "prepare_threshold": 0}
+    elif _prepare != "engine":
+        SELVEDGE["PREPARED_STATEMENTS"] = False
     if os.environ.get("SELVEDGE_TEST_PGBOUNCER_LISTEN") != "pooled":
         SELVEDGE["LISTEN_DATABASE"] = "direct"
     if os.environ.get("SELVEDGE_TEST_PGBOUNCER_RENEWAL") != "pooled":

@@ -1,7 +1,8 @@
 """What the app's model admins share: the permissions, the read-only base class.
 
 Besides Django's view permission, each action needs its own: ``cancel``,
-``terminate``, ``resume``, ``fork``, ``start`` and ``signal_workflowinstance``,
+``terminate``, ``resume``, ``fork``, ``start``, ``pause`` (instances and queues)
+and ``signal_workflowinstance``,
 ``export_history``, ``trigger_schedule``; a built-in workflow is started only
 with ``start_builtin_workflows`` and what it amounts to (see
 :data:`BUILTIN_START_PERMISSIONS`); recorded values are shown only with
@@ -27,6 +28,7 @@ APP = "selvedge_django"
 PERM_CANCEL = f"{APP}.cancel_workflowinstance"
 PERM_SIGNAL = f"{APP}.signal_workflowinstance"
 PERM_TERMINATE = f"{APP}.terminate_workflowinstance"
+PERM_PAUSE = f"{APP}.pause_workflowinstance"
 PERM_RESUME = f"{APP}.resume_workflowinstance"
 PERM_FORK = f"{APP}.fork_workflowinstance"
 PERM_START = f"{APP}.start_workflowinstance"

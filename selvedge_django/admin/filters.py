@@ -11,13 +11,14 @@ from typing import Any
 from django.contrib import admin
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import PAGE_VAR, ChangeList
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.db.models.functions import Substr
 from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
 
 from ..conf import get_settings
 from ..engine.attributes import AttributeCondition, check_name, parse_filters, value_from_text
+from ..models import PAUSED_OWNER, WorkflowStatus
 from ..registry import registered_workflow_names
 from .display import ID_CHARS, admin_reads, truncate
 
@@ -25,6 +26,24 @@ from .display import ID_CHARS, admin_reads, truncate
 MAX_FILTER_NAMES = 200
 # How much of a stored error the changelist reads per row (its type and message lead).
 ERROR_HEAD_CHARS = 600
+
+
+class PausedFilter(admin.SimpleListFilter):
+    """Paused (running, held by an operator's pause) or not."""
+
+    title = _("paused")
+    parameter_name = "paused"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        return [("yes", _("Yes")), ("no", _("No"))]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        paused = Q(status=WorkflowStatus.RUNNING, lease_owner=PAUSED_OWNER)
+        if self.value() == "yes":
+            return queryset.filter(paused)
+        if self.value() == "no":
+            return queryset.exclude(paused)
+        return queryset
 
 
 class WorkflowNameFilter(admin.SimpleListFilter):

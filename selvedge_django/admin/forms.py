@@ -46,6 +46,22 @@ class TerminateForm(forms.Form):
     )
 
 
+class PauseForm(forms.Form):
+    """The reason recorded with a pause (``describe().paused_reason``)."""
+
+    reason = forms.CharField(
+        required=False,
+        max_length=10_000,
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
+        label=_("Reason"),
+        help_text=_("Shown with the instance while it is paused."),
+    )
+
+
+class ConfirmForm(forms.Form):
+    """Nothing to ask: the page only confirms the action (an unpause)."""
+
+
 class ResumeForm(forms.Form):
     """A resume's reason (logged) and, optionally, the history key to archive from."""
 

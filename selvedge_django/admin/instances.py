@@ -31,15 +31,16 @@ from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from ..conf import get_settings
-from ..models import WorkflowInstance, WorkflowStatus
+from ..models import PAUSED_OWNER, WorkflowInstance, WorkflowStatus
 from ..registry import get_workflow
 from . import actions as instance_actions
-from . import console, dashboard, recovery, streams
+from . import console, dashboard, pauses, recovery, streams
 from .base import (
     APP,
     PERM_CANCEL,
     PERM_EXPORT,
     PERM_FORK,
+    PERM_PAUSE,
     PERM_QUERY,
     PERM_REPLAY_CHECK,
     PERM_RESUME,
@@ -72,6 +73,7 @@ from .filters import (
     CodeVersionFilter,
     ErrorTypeFilter,
     InstanceChangeList,
+    PausedFilter,
     WorkflowNameFilter,
 )
 from .pages import TEMPLATE_DIR
@@ -105,6 +107,8 @@ def workflow(obj: WorkflowInstance) -> str:
 
 @admin.display(description=_("status"), ordering="status")
 def status_column(obj: WorkflowInstance) -> str:
+    if obj.status == WorkflowStatus.RUNNING and obj.lease_owner == PAUSED_OWNER:
+        return status_badge("paused", gettext("Running (paused)"))
     return status_badge(obj.status, obj.get_status_display())
 
 
@@ -273,6 +277,7 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
     sortable_by: ClassVar[Any] = (instance, workflow, started, closed)
     list_filter = (
         "status",
+        PausedFilter,
         WorkflowNameFilter,
         CodeVersionFilter,
         ErrorTypeFilter,
@@ -286,6 +291,8 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
     actions = (
         instance_actions.cancel_instances,
         instance_actions.terminate_instances,
+        pauses.pause_instances,
+        pauses.unpause_instances,
         recovery.resume_instances,
         recovery.fork_instances,
         instance_actions.signal_instances,
@@ -362,6 +369,9 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
     def has_terminate_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return has_permission(request, PERM_TERMINATE)
 
+    def has_pause_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return has_permission(request, PERM_PAUSE)
+
     def has_resume_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return has_permission(request, PERM_RESUME)
 
@@ -400,6 +410,7 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
         extra = dict(extra_context or {})
         site = self.admin_site.name
         extra["selvedge_dashboard_url"] = reverse(f"{site}:{APP}_workflowinstance_dashboard")
+        extra["selvedge_queues_url"] = reverse(f"{site}:{APP}_workflowinstance_queues")
         if console.may_start(self, request):
             extra["selvedge_start_url"] = reverse(f"{site}:{APP}_workflowinstance_start")
         return super().changelist_view(request, extra)
@@ -426,12 +437,15 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
         return [
             route("dashboard/", dashboard.dashboard_view, "dashboard"),
             route("start/", console.start_view, "start"),
+            route("queues/", pauses.queues_view, "queues"),
             route("<path:object_id>/query/", console.query_view, "query"),
             route("<path:object_id>/replay-check/", console.replay_check_view, "replay_check"),
             route("<path:object_id>/resume/", recovery.resume_view, "resume"),
             route("<path:object_id>/fork/", recovery.fork_view, "fork"),
             route("<path:object_id>/cancel/", instance_actions.cancel_view, "cancel"),
             route("<path:object_id>/terminate/", instance_actions.terminate_view, "terminate"),
+            route("<path:object_id>/pause/", pauses.pause_view, "pause"),
+            route("<path:object_id>/unpause/", pauses.unpause_view, "unpause"),
             route("<path:object_id>/signal/", instance_actions.signal_view, "signal"),
             route("<path:object_id>/export/", instance_actions.export_view, "export"),
             route("<path:object_id>/stream-events/", streams.stream_events_view, "stream_events"),
@@ -461,6 +475,8 @@ def detail_context(
     reads = admin_reads()
     iid = obj.instance_id
     running = obj.status == WorkflowStatus.RUNNING
+    paused = running and obj.lease_owner == PAUSED_OWNER
+    may_pause = has_permission(request, PERM_PAUSE)
     threshold = get_settings().history_warning_threshold
 
     values = may_view_payloads(request)
@@ -488,6 +504,8 @@ def detail_context(
         "terminate_url": action_url(
             "terminate", running and has_permission(request, PERM_TERMINATE)
         ),
+        "pause_url": action_url("pause", running and not paused and may_pause),
+        "unpause_url": action_url("unpause", paused and may_pause),
         "resume_url": action_url("resume", not running and has_permission(request, PERM_RESUME)),
         "fork_url": action_url("fork", has_permission(request, PERM_FORK)),
         "signal_url": action_url("signal", running and has_permission(request, PERM_SIGNAL)),

@@ -10,10 +10,11 @@ and hands the options to :func:`execute`.
 - ``worker``: the worker loops, until SIGINT/SIGTERM
 - ``instances``: ``start``, ``cancel``, ``signal`` and the reads of instances
   (``list``, ``tasks``, ``query``, ``describe``, ``result``, ``export-history``)
-- ``lifecycle``: ``resume``, ``fork``, ``terminate``, on one instance or a selection
+- ``lifecycle``: ``resume``, ``fork``, ``terminate``, ``pause``, ``unpause``, on one
+  instance or a selection
 - ``versions``: ``replay-check`` and ``versions``, for a deploy of new workflow code
 - ``debug``: a read-only replay that stops in the debugger before a chosen command
-- ``prune``, ``schedules``, ``status``
+- ``prune``, ``schedules``, ``queues`` (list, pause and unpause activity queues), ``status``
 - ``keys``: ``rotate-keys``, stored values re-encrypted under the first payload key
 - ``arguments``: the argument types and Django's common options, shared by all
 """
@@ -28,7 +29,18 @@ from typing import Any, Protocol
 from django.core.management.base import BaseCommand, CommandError
 
 from .. import exceptions as exc
-from . import debug, instances, keys, lifecycle, prune, schedules, status, versions, worker
+from . import (
+    debug,
+    instances,
+    keys,
+    lifecycle,
+    prune,
+    queues,
+    schedules,
+    status,
+    versions,
+    worker,
+)
 from .arguments import Subparsers, add_common_options
 
 __all__ = ["SUBCOMMANDS", "Group", "add_parsers", "configure_logging", "execute"]
@@ -58,6 +70,8 @@ SUBCOMMANDS: dict[str, Group] = {
     "resume": lifecycle,
     "fork": lifecycle,
     "terminate": lifecycle,
+    "pause": lifecycle,
+    "unpause": lifecycle,
     "signal": instances,
     "replay-check": versions,
     "versions": versions,
@@ -65,6 +79,7 @@ SUBCOMMANDS: dict[str, Group] = {
     "prune": prune,
     "rotate-keys": keys,
     "schedules": schedules,
+    "queues": queues,
     "status": status,
 }
 

@@ -1,4 +1,5 @@
-"""``runselvedge resume``, ``fork`` and ``terminate``: one instance, or many.
+"""``runselvedge resume``, ``fork``, ``terminate``, ``pause`` and ``unpause``: one instance,
+or many.
 
 Each takes an instance id, or a selection (``--status``, ``--workflow NAME``,
 ``--since 1h``, ``--attr tenant=acme``) to act on every instance it finds, in bounded batches, each
@@ -6,7 +7,8 @@ instance in its own transaction; ``--dry-run`` prints what would be done. One
 line per action. A selection resumes only failed runs (terminated ones left
 alone) unless ``--include-closed`` is given, as the admin's bulk resume does.
 Repeating a bulk resume is harmless: what it resumed is no longer failed, so the
-second run finds nothing.
+second run finds nothing; likewise a bulk pause selects running instances not
+paused yet, and a bulk unpause paused ones.
 """
 
 from __future__ import annotations
@@ -22,7 +24,13 @@ from .arguments import Subparsers, add_attr_option, attribute_filters, parse_dur
 __all__ = ["add_parser", "handle"]
 
 # The status each operation selects by default.
-_DEFAULT_STATUS = {"resume": "failed", "fork": "failed", "terminate": "running"}
+_DEFAULT_STATUS = {
+    "resume": "failed",
+    "fork": "failed",
+    "terminate": "running",
+    "pause": "running",
+    "unpause": "running",
+}
 # The statuses a bulk resume leaves alone unless given --include-closed.
 _CLOSED_STATUSES = ("completed", "cancelled")
 
@@ -31,6 +39,8 @@ _HELPS = {
     "resume": "run closed instances again in place, archiving from the failure (or --from)",
     "fork": "start new instances from a copy of others' history before the failure",
     "terminate": "close running instances at once as failed, without running their code",
+    "pause": "hold running instances: nothing of them runs until unpause",
+    "unpause": "let paused instances run again",
 }
 
 
@@ -47,7 +57,7 @@ def add_parser(subparsers: Subparsers, name: str) -> argparse.ArgumentParser:
         parser.add_argument("--from", dest="from_key", default=None, help="history key")
     if name == "fork":
         parser.add_argument("--id", dest="new_id", default=None, help="the new instance id")
-    if name in ("resume", "terminate"):
+    if name in ("resume", "terminate", "pause"):
         parser.add_argument("--reason", default="", help="recorded with the action")
     if name == "resume":
         parser.add_argument(
@@ -98,6 +108,8 @@ def handle(command: BaseCommand, options: dict[str, Any]) -> None:
         raise CommandError(
             f"a bulk resume resumes only failed runs: add --include-closed to resume {status} ones"
         )
+    if name in ("pause", "unpause") and status != "running":
+        raise CommandError(f"only running instances {name}: --status running")
     done = 0
     try:
         batches = lifecycle.select_instances(
@@ -106,6 +118,8 @@ def handle(command: BaseCommand, options: dict[str, Any]) -> None:
             since=since,
             exclude_terminated=only_failed,
             attributes=attribute_filters(options.get("attr")),
+            # A bulk pause takes those not paused yet, a bulk unpause the paused ones.
+            paused={"pause": False, "unpause": True}.get(name),
         )
         for batch in batches:
             for instance_id in batch:
@@ -149,6 +163,12 @@ def _act(
                 instance_id, from_key=options["from_key"], new_instance_id=options["new_id"]
             )
             command.stdout.write(f"forked {instance_id} as {new_id}")
+        elif name == "pause":
+            operations.pause_workflow(instance_id, options["reason"])
+            command.stdout.write(f"paused {instance_id}")
+        elif name == "unpause":
+            operations.unpause_workflow(instance_id)
+            command.stdout.write(f"unpaused {instance_id}")
         else:
             operations.terminate_workflow(instance_id, options["reason"])
             command.stdout.write(f"terminated {instance_id}")

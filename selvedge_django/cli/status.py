@@ -111,7 +111,7 @@ def format_report(report: dict[str, Any]) -> str:
             ("queue", "queued", "due", "running", "oldest due"),
             [
                 (
-                    name or "(default)",
+                    (name or "(default)") + (" (paused)" if q.get("paused") else ""),
                     _count(report, q["queued"]),
                     _count(report, q["due"]),
                     q["running"],

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from .instances import (
     LONG_HISTORY_SEQ,
+    PAUSED_OWNER,
     ArchivedHistoryEvent,
     HistoryEvent,
     SignalMessage,
@@ -26,12 +27,21 @@ from .instances import (
 )
 from .schedules import Schedule, ScheduleOverlap, ScheduleQuerySet
 from .streams import WorkflowStream, WorkflowStreamEntry
-from .system import AGING_MS_PER_POINT, PriorityRank, QueueClaim, SystemLock, WorkerHeartbeat
+from .system import (
+    AGING_MS_PER_POINT,
+    ActivityQueue,
+    PriorityRank,
+    QueueClaim,
+    SystemLock,
+    WorkerHeartbeat,
+)
 from .tasks import ActivityTask, ActivityTaskQuerySet, ActivityTaskStatus
 
 __all__ = [
     "AGING_MS_PER_POINT",
     "LONG_HISTORY_SEQ",
+    "PAUSED_OWNER",
+    "ActivityQueue",
     "ActivityTask",
     "ActivityTaskQuerySet",
     "ActivityTaskStatus",

@@ -21,6 +21,7 @@ from .system import PriorityRank
 
 __all__ = [
     "LONG_HISTORY_SEQ",
+    "PAUSED_OWNER",
     "ArchivedHistoryEvent",
     "HistoryEvent",
     "SignalMessage",
@@ -30,6 +31,14 @@ __all__ = [
     "WorkflowInstanceQuerySet",
     "WorkflowStatus",
 ]
+
+
+# The lease owner of a paused instance (sv.pause_workflow): an operator's lease that
+# never expires (``lease_expires_ms`` NULL, so no renewal or release matches it) under
+# a new epoch that fenced out any execution that ran. Dispatch takes only unowned or
+# expired leases, so a paused instance is found by neither of its index walks
+# (sv_inst_rank_idx holds unowned rows; sv_inst_lease_idx is read up to now).
+PAUSED_OWNER = "$paused"
 
 
 class WorkflowStatus(models.TextChoices):
@@ -185,6 +194,9 @@ class WorkflowInstance(models.Model):
     # the span that requested the cancellation.
     trace_context = models.TextField(null=True, blank=True)
     cancel_trace_context = models.TextField(null=True, blank=True)
+    # Why and since when an operator paused it (lease_owner is PAUSED_OWNER while it is).
+    paused_reason = models.TextField(default="", db_default="", blank=True)
+    paused_at = models.DateTimeField(null=True, blank=True)
 
     objects = WorkflowInstanceQuerySet.as_manager()
 
@@ -199,6 +211,7 @@ class WorkflowInstance(models.Model):
             ("terminate_workflowinstance", _("Can terminate workflow instances")),
             ("resume_workflowinstance", _("Can resume workflow instances")),
             ("fork_workflowinstance", _("Can fork workflow instances")),
+            ("pause_workflowinstance", _("Can pause and unpause workflow instances and queues")),
             ("start_workflowinstance", _("Can start workflow instances")),
             (
                 "start_builtin_workflows",
@@ -367,6 +380,9 @@ class TimerSubscription(models.Model):
     fired = models.BooleanField(
         default=False, help_text="fired for a timed receive; retired by its observation"
     )
+    held = models.BooleanField(
+        default=False, db_default=False, help_text="its instance is paused: fires after unpause"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -375,8 +391,11 @@ class TimerSubscription(models.Model):
             models.UniqueConstraint(fields=["instance", "key"], name="sv_timer_key_uniq"),
         ]
         indexes = [
+            # The armed timers by due time; a held one (its instance paused) is not in it.
             models.Index(
-                fields=["fire_at_ms", "id"], name="sv_timer_fire_idx", condition=Q(fired=False)
+                fields=["fire_at_ms", "id"],
+                name="sv_timer_fire_idx",
+                condition=Q(fired=False, held=False),
             )
         ]
 

@@ -2,7 +2,7 @@
 
 Flow control (see docs/flow-control.md): ``PriorityRank``, the order that dispatch
 and claims walk, indexed on instances and tasks; ``QueueClaim``, the claims of
-rate-limited queues.
+rate-limited queues; ``ActivityQueue``, the activity queues an operator paused.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from django.utils.translation import gettext_lazy as _
 
 __all__ = [
     "AGING_MS_PER_POINT",
+    "ActivityQueue",
     "PriorityRank",
     "QueueClaim",
     "SystemLock",
@@ -103,3 +104,22 @@ class QueueClaim(models.Model):
 
     def __str__(self) -> str:
         return f"{self.queue} @ {self.claimed_ms}"
+
+
+class ActivityQueue(models.Model):
+    """An activity queue an operator paused or unpaused (``sv.pause_queue``).
+
+    A queue without a row was never paused. While ``paused``, no claim takes its
+    tasks, neither an activity worker's nor an inline one; they stay queued.
+    """
+
+    name = models.CharField(primary_key=True, max_length=255, blank=True)
+    paused = models.BooleanField(default=False)
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        verbose_name = _("activity queue")
+        ordering = ("name",)
+
+    def __str__(self) -> str:
+        return self.name or "(default)"

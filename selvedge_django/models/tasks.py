@@ -32,8 +32,9 @@ class ActivityTaskQuerySet(models.QuerySet["ActivityTask"]):
     def claimable(self, now_ms: Any) -> ActivityTaskQuerySet:
         """What an activity worker may claim: queued and due, or running with a claim that
         lapsed before ``now_ms`` and retries left (a lapse counts as a failure; the
-        leader's sweep fails a task whose lapse exhausts its attempts)."""
-        return self.filter(
+        leader's sweep fails a task whose lapse exhausts its attempts); never a held
+        task (of a paused instance)."""
+        return self.filter(held=False).filter(
             Q(status=ActivityTaskStatus.QUEUED, not_before_ms__lte=now_ms)
             | (
                 Q(status=ActivityTaskStatus.RUNNING, claim_expires_ms__lt=now_ms)
@@ -86,6 +87,11 @@ class ActivityTask(models.Model):
         blank=True,
         help_text="JSON text of the last heartbeat details a claim renewal stored (NULL: none)",
     )
+    held = models.BooleanField(
+        default=False,
+        db_default=False,
+        help_text="its instance is paused: no claim takes it until the unpause",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -99,8 +105,9 @@ class ActivityTask(models.Model):
         ]
         indexes = [
             # The queued tasks by due time (sv_task_queued_idx: the next one due) and by rank
-            # (sv_task_rank_idx: the order claims walk, sql.TASK_RANK), and the running
-            # attempts of each concurrency key, which claims count.
+            # (sv_task_rank_idx: the order claims walk, sql.TASK_RANK; a held task, of a
+            # paused instance, is not in it), and the running attempts of each concurrency
+            # key, which claims count.
             models.Index(
                 fields=["not_before_ms", "id"],
                 name="sv_task_queued_idx",
@@ -111,7 +118,7 @@ class ActivityTask(models.Model):
                 "id",
                 "not_before_ms",
                 name="sv_task_rank_idx",
-                condition=Q(status="queued"),
+                condition=Q(status="queued", held=False),
             ),
             models.Index(
                 fields=["concurrency_key"],

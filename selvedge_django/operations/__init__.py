@@ -5,12 +5,14 @@ runselvedge`` call these functions and nothing below them; none of them sets a
 status by hand. One module per job:
 
 - ``instances``: start, signal, cancel, terminate (writes, after-commit wake-ups);
+- ``bulk``: many starts in one transaction (``start_workflows``, many ``django.tasks``);
 - ``results``: the result now, or a (sync or async) wait for the close;
 - ``handles``: ``get_handle``, and the calls a typed ``WorkflowHandle`` makes;
 - ``find``: describe one instance, list its activity tasks, find instances;
 - ``history``: export a portable history, replay checks, queries;
 - ``recovery``: resume a closed instance in place, fork one into a new instance;
 - ``streams``: read an instance's stream entries as they come (sync and async);
+- ``pauses``: pause and unpause instances and activity queues, list the queues;
 - ``prune``: delete old closed instances in bounded batches;
 - ``versions``: running instances per code version and per patch;
 - ``schedules``: create, change, pause, trigger, backfill, describe schedules;
@@ -36,6 +38,7 @@ from .base import (
     known_id,
     validate_instance_id,
 )
+from .bulk import astart_workflows, start_workflows
 from .find import (
     ActivityTaskInfo,
     InstancePage,
@@ -74,6 +77,20 @@ from .instances import (
     terminate_workflow,
 )
 from .keys import rotate_keys
+from .pauses import (
+    QueueInfo,
+    alist_queues,
+    apause_queue,
+    apause_workflow,
+    aunpause_queue,
+    aunpause_workflow,
+    list_queues,
+    pause_queue,
+    pause_workflow,
+    select_paused,
+    unpause_queue,
+    unpause_workflow,
+)
 from .prune import (
     MAX_PRUNE_BATCH,
     prune,
@@ -137,6 +154,7 @@ __all__ = [
     "ActivityTaskInfo",
     "HealthCheck",
     "InstancePage",
+    "QueueInfo",
     "RecordedEvent",
     "RecordedHistory",
     "RecordedInstance",
@@ -157,17 +175,23 @@ __all__ = [
     "afork_workflow",
     "aget_workflow_result",
     "alist_activity_tasks",
+    "alist_queues",
     "alist_schedules",
+    "apause_queue",
     "apause_schedule",
+    "apause_workflow",
     "aquery",
     "aread_stream",
     "aresume_workflow",
     "asignal",
     "asignal_with_start",
     "astart_workflow",
+    "astart_workflows",
     "aterminate_workflow",
     "atrigger_schedule",
+    "aunpause_queue",
     "aunpause_schedule",
+    "aunpause_workflow",
     "aupdate_schedule",
     "await_workflow",
     "backfill_schedule",
@@ -186,9 +210,12 @@ __all__ = [
     "iter_instances",
     "known_id",
     "list_activity_tasks",
+    "list_queues",
     "list_schedules",
     "parse_history",
+    "pause_queue",
     "pause_schedule",
+    "pause_workflow",
     "prune",
     "query",
     "query_handler_names",
@@ -201,13 +228,17 @@ __all__ = [
     "rotate_keys",
     "running_versions",
     "select_instances",
+    "select_paused",
     "signal",
     "signal_with_start",
     "start_workflow",
+    "start_workflows",
     "status_report",
     "terminate_workflow",
     "trigger_schedule",
+    "unpause_queue",
     "unpause_schedule",
+    "unpause_workflow",
     "update_schedule",
     "validate_instance_id",
     "wait_workflow",

@@ -21,7 +21,7 @@ from ..engine.attributes import AttributeValue, parse_filters
 from ..engine.codec import contains_nul, error_from_envelope, error_to_envelope
 from ..engine.options import ActivityOptions
 from ..handles import WorkflowDescription
-from ..models import WorkflowInstance, WorkflowStatus
+from ..models import PAUSED_OWNER, WorkflowInstance, WorkflowStatus
 from .base import client_store, filter_text, known_id, validate_instance_id
 
 __all__ = [
@@ -117,7 +117,18 @@ def _describe(
         progress=client_store().codec.decode(inst.progress),
         priority=inst.priority,
         attributes=dict(attributes or {}),
+        **_pause_fields(inst),
     )
+
+
+def _pause_fields(inst: WorkflowInstance) -> dict[str, Any]:
+    """paused, paused_reason and paused_at of a description (a closed run: not paused)."""
+    paused = inst.status == WorkflowStatus.RUNNING and inst.lease_owner == PAUSED_OWNER
+    return {
+        "paused": paused,
+        "paused_reason": inst.paused_reason if paused else "",
+        "paused_at": inst.paused_at if paused else None,
+    }
 
 
 def _from_ms(ms: int | None) -> datetime | None:

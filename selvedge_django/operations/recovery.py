@@ -151,6 +151,7 @@ def select_instances(
     batch: int = MAX_SELECTION_BATCH,
     exclude_terminated: bool = False,
     attributes: Mapping[str, Any] | None = None,
+    paused: bool | None = None,
 ) -> Iterator[list[str]]:
     """The ids of the instances a bulk operation acts on, in batches of at most ``batch``.
 
@@ -158,7 +159,9 @@ def select_instances(
     the instances that closed (a running one: started) within that duration;
     ``exclude_terminated`` leaves out failed runs closed by a terminate;
     ``attributes`` are search attribute filters as :func:`find_instances` takes them
-    (every bulk operation selects with them: resume, fork, terminate). Ids
+    (every bulk operation selects with them: resume, fork, terminate, pause,
+    unpause); ``paused`` keeps only the paused (True) or only the other (False)
+    running instances. Ids
     come in order, each batch read after the previous one was handed over (keyset
     pagination on the id), so acting on a batch before asking for the next is
     safe and each read is bounded.
@@ -176,6 +179,7 @@ def select_instances(
             status=status,
             workflow_name=workflow_name,
             exclude_terminated=exclude_terminated,
+            paused=paused,
             since=cutoff,
             attributes=conditions,
             after=after,

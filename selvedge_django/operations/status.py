@@ -52,6 +52,7 @@ __all__ = [
     "STUCK_AFTER",
     "HealthCheck",
     "check_health",
+    "queue_report",
     "status_report",
 ]
 
@@ -107,8 +108,8 @@ def status_report(*, stuck_after: float = STUCK_AFTER) -> dict[str, Any]:
     Keys: ``status`` ("ok"), ``database``, ``now``, ``count_limit``, ``workers``
     (each with ``worker_id``, ``last_seen``, ``last_seen_age_s``, ``leader``,
     ``executions`` and ``activities`` held now, ...), ``lost_workers``, ``leader``
-    (a worker id or None), ``queues`` (queue name -> ``queued``, ``due``,
-    ``running``, ``oldest_queued_age_s``), ``running_instances``,
+    (a worker id or None), ``queues`` (queue name -> ``paused``, ``queued``,
+    ``due``, ``running``, ``oldest_queued_age_s``), ``running_instances``,
     ``runnable_instances``, ``oldest_runnable_age_s``, ``due_timers``,
     ``oldest_due_timer_age_s``, ``history_warning_threshold``,
     ``long_histories``, ``stuck``, ``hot_loops`` and ``warnings`` (sentences for
@@ -128,7 +129,7 @@ def status_report(*, stuck_after: float = STUCK_AFTER) -> dict[str, Any]:
         "leader": leader,
     }
     report.update(_workers(reads, now, leader))
-    report["queues"] = _queues(reads, now)
+    report["queues"] = queue_report(store, now)
     report.update(_instances(store, now))
     report.update(_timers(reads, now))
     threshold = settings.history_warning_threshold
@@ -191,10 +192,14 @@ def _queue_names(reads: StatusReads) -> list[str]:
     return names
 
 
-def _queues(reads: StatusReads, now: int) -> dict[str, dict[str, Any]]:
+def queue_report(store: Store, now: int) -> dict[str, dict[str, Any]]:
+    """Each activity queue (of queued or running tasks, or paused once): ``paused``,
+    ``queued``, ``due``, ``running`` and ``oldest_queued_age_s``."""
+    reads = store.status
     running = reads.running_by_queue(MAX_QUEUES)
+    known = store.pauses.queue_rows()
     queues: dict[str, dict[str, Any]] = {}
-    for name in sorted({*_queue_names(reads), *running}):
+    for name in sorted({*_queue_names(reads), *running, *known}):
         oldest = reads.oldest_due_task(name, now)
         age = None
         if oldest is not None:
@@ -203,6 +208,7 @@ def _queues(reads: StatusReads, now: int) -> dict[str, dict[str, Any]]:
             since = oldest[0] or round(oldest[1].timestamp() * 1000)
             age = _age(now, since)
         queues[name] = {
+            "paused": known.get(name, False),
             "queued": reads.count_queued(name, COUNT_LIMIT),
             "due": reads.count_due(name, now, COUNT_LIMIT),
             "running": int(running.get(name, 0)),

@@ -105,6 +105,7 @@ def store_for(alias: str, codec: Codec, settings: SelvedgeSettings | None = None
         options.compatible_versions = settings.compatible_versions
         options.queue_rate_limits = dict(settings.queue_rate_limits)
         options.max_stream_entries = settings.max_stream_entries
+        options.paused_queues_max_age = settings.activity_poll_interval
     return store
 
 

@@ -27,6 +27,7 @@ from django.db.models.functions import Cast, Coalesce, Length, Substr
 
 from ..engine.attributes import AttributeCondition, AttributeValue
 from ..models import (
+    ActivityQueue,
     ActivityTask,
     ArchivedHistoryEvent,
     HistoryEvent,
@@ -354,3 +355,7 @@ class AdminReads:
     def schedule_exists(self, name: str) -> bool:
         """Whether a schedule called ``name`` exists."""
         return bool(Schedule.objects.using(self.alias).filter(name=name).exists())
+
+    def activity_queue(self, name: str) -> ActivityQueue | None:
+        """The row of an activity queue an operator paused once (the admin log's object)."""
+        return ActivityQueue.objects.using(self.alias).filter(name=name).first()

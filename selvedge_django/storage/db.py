@@ -67,6 +67,8 @@ class Database:
     DUE_TIMERS_LOCK: ClassVar[str] = ""
     #: The row locks of a claim's candidates (PostgreSQL: FOR UPDATE SKIP LOCKED).
     CLAIM_LOCK: ClassVar[str] = ""
+    #: "Not held" of a task row ({row}), spelled as sv_task_rank_idx's condition.
+    NOT_HELD_SQL: ClassVar[str] = "NOT {row}.held"
     #: The next creation number of an instance (sql.NEXT_SEQ_POSTGRESQL, NEXT_SEQ_SQLITE):
     #: dispatch takes equal ranks in the order of these numbers.
     NEXT_SEQ: ClassVar[str] = ""
@@ -250,13 +252,13 @@ class Database:
         ``{timer}`` and ``{schedule}`` name the tables, ``{now}`` is the database
         clock (:meth:`_bound` binds its ``clock_offset``); ``params`` bind by name.
         """
-        with self.connection.cursor() as cursor:
+        with self._cursor() as cursor:
             cursor.execute(*self._bound(statement, params))
             return int(cursor.rowcount)
 
     def _fetch(self, statement: str, params: Params) -> list[tuple[Any, ...]]:
         """Run one hand-written statement that returns rows (named as in _execute)."""
-        with self.connection.cursor() as cursor:
+        with self._cursor() as cursor:
             cursor.execute(*self._bound(statement, params))
             return list(cursor.fetchall())
 
@@ -268,6 +270,12 @@ class Database:
         if sql.CLOCK_OFFSET in text:
             params = {**params, "clock_offset": clock_offset_ms()}
         return text, params
+
+    def _cursor(self) -> Any:
+        """The cursor of the engine's hand-written statements (:meth:`_execute`,
+        :meth:`_fetch`, the inserts): the connection's own here; PostgreSQL's binds on
+        the server and prepares them (``PREPARED_STATEMENTS``)."""
+        return self.connection.cursor()
 
     def _tables(self, statement: str, *, named: bool = True) -> str:
         names = self._table_names
@@ -332,12 +340,18 @@ class Database:
         rows = self._fetch(statement + returning, params)
         return rows[0][0] if rows else None
 
-    def _insert_new(self, template: str, rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    def _insert_new(self, template: str, rows: Sequence[tuple[str, Params]]) -> list[str]:
         """Insert ``rows`` (their value lists and parameters, named apart) with ``template``
         (an INSERT with ``{rows}`` that skips existing ids) in one statement; return the
         new ids."""
         statement = sql.compose(template, rows=", ".join(marks for marks, _ in rows))
-        params = sql.bind(*(values for _, values in rows))
+        parts = [values for _, values in rows]
+        params: Params
+        named = [part for part in parts if isinstance(part, Mapping)]
+        if len(named) == len(parts):
+            params = sql.bind(*named)
+        else:  # rows bound by position (bulk starts)
+            params = [value for part in parts for value in part]
         return [str(r[0]) for r in self._fetch(statement + sql.RETURNING_INSTANCE_ID, params)]
 
     def _insert_parts(

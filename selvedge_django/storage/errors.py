@@ -72,9 +72,10 @@ PREPARED_STATEMENT_ADVICE = (
     "a prepared statement was missing from the database session this statement ran in"
     " ({error}): a connection pooler in transaction mode (pgbouncer before 1.21) cannot"
     " keep prepared statements, since each transaction may run in another server session."
-    " Turn them off for this alias (remove server_side_binding and prepare_threshold from"
-    " its OPTIONS), connect to PostgreSQL directly, or use pgbouncer 1.21 or later with"
-    " max_prepared_statements set above 0 (see docs/deployment.md)."
+    " Turn them off for this alias: SELVEDGE['PREPARED_STATEMENTS'] = False for the"
+    " engine's own statements, and remove server_side_binding and prepare_threshold from"
+    " its OPTIONS if they are set; or connect to PostgreSQL directly, or use pgbouncer 1.21"
+    " or later with max_prepared_statements set above 0 (see docs/deployment.md)."
 )
 
 

@@ -2,10 +2,11 @@
 
 A claim picks its candidates with one statement (``sql.CLAIM_PICK``): lapsed claims
 first, then due queued tasks by priority and age, skipping tasks whose concurrency
-key is at its limit and rate-limited queues known to be full. The candidates that
-have a key or a rate-limited queue are then counted against their limits under
-the limits' locks, in the claim's transaction (:meth:`Limits._within_limits`);
-others pass without a statement. docs/flow-control.md states the rules.
+key is at its limit, held tasks (of paused instances), paused queues and
+rate-limited queues known to be full. The candidates that have a key or a
+rate-limited queue are then counted against their limits under the limits' locks,
+in the claim's transaction (:meth:`Limits._within_limits`); others pass without a
+statement. docs/flow-control.md states the rules.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from . import sql
 from .clock import clock_offset_ms
 from .db import Database
 from .options import StoreOptions
+from .pauses import Pauses
 
 __all__ = ["Limits"]
 
@@ -29,22 +31,26 @@ class Limits:
     """The candidates of activity claims, and the limits that hold some of them back
     (``store.limits``)."""
 
-    def __init__(self, db: Database, options: StoreOptions) -> None:
+    def __init__(self, db: Database, options: StoreOptions, *, pauses: Pauses) -> None:
         self.db = db
         self.options = options
+        self.pauses = pauses
 
     def _claim_pick(self, names: Sequence[str], limit: int) -> tuple[str, dict[str, Any]]:
-        """sql.CLAIM_PICK with this store's queues, full queues and concurrency room."""
-        filters = ""
+        """sql.CLAIM_PICK with this store's queues, paused and full queues, held tasks
+        and concurrency room."""
+        filters = sql.compose(
+            sql.CLAIM_NOT_HELD, not_held=self.db.NOT_HELD_SQL.replace("{row}", "{task}")
+        )
         params = sql.numbered("name", names)
         if self.options.activity_queues is not None:
             queues = list(self.options.activity_queues)
             filters += sql.compose(sql.CLAIM_QUEUES, queues=sql.marks(len(queues), "queue"))
             params.update(sql.numbered("queue", queues))
-        full = self._full_queues()
-        if full:
-            filters += sql.compose(sql.CLAIM_NOT_QUEUES, queues=sql.marks(len(full), "full"))
-            params.update(sql.numbered("full", full))
+        skipped = self._skipped_queues()
+        if skipped:
+            filters += sql.compose(sql.CLAIM_NOT_QUEUES, queues=sql.marks(len(skipped), "skipped"))
+            params.update(sql.numbered("skipped", skipped))
         filters += " AND " + sql.CONCURRENCY_ROOM
         statement = sql.compose(
             sql.CLAIM_PICK,
@@ -61,7 +67,9 @@ class Limits:
         served = [] if names is None else list(names)
         text = sql.compose(
             sql.INLINE_NEXT,
-            names=sql.in_list("c.name", len(served)),
+            names=sql.in_list("c.name", len(served))
+            + " AND "
+            + self.db.NOT_HELD_SQL.replace("{row}", "c"),
             hint=self.db._index_hint("sv_task_rank_idx"),
         )
         clock = [clock_offset_ms()]
@@ -71,6 +79,15 @@ class Limits:
         """Whether a claim would find a candidate (:meth:`Database._worth_writing`'s probe)."""
         statement, params = self._claim_pick(names, 1)
         return sql.compose(sql.CLAIM_PROBE, pick=statement), params
+
+    def _skipped_queues(self) -> list[str]:
+        """The queues no claim takes from now: paused ones, and full rate-limited ones."""
+        return sorted({*self.pauses.paused_queue_names(), *self._full_queues()})
+
+    def _inline_skipped_queues(self) -> list[str]:
+        """The queues an inline claim leaves alone: paused ones, and every rate-limited
+        one (their claims are counted by a claim batch)."""
+        return sorted({*self.pauses.paused_queue_names(), *self.options.queue_rate_limits})
 
     def _full_queues(self) -> list[str]:
         """The rate-limited queues whose window was full at their last claim, until it

@@ -20,6 +20,7 @@ from django.db.models import Count, Q
 
 from ..engine.attributes import AttributeCondition
 from ..models import (
+    PAUSED_OWNER,
     ActivityTask,
     ArchivedHistoryEvent,
     HistoryEvent,
@@ -166,15 +167,20 @@ class OperatorReads:
         attributes: Sequence[AttributeCondition] = (),
         after: str,
         limit: int,
+        paused: bool | None = None,
     ) -> list[str]:
         """The ids after ``after`` of the instances in ``status``, in order, at most ``limit``.
 
         ``workflow_name`` is an exact name; ``exclude_terminated`` leaves out failed
         runs closed by a terminate; ``since`` keeps the instances that closed (a
         running one: started) from then on; ``attributes`` are search attribute
-        conditions, all of which must hold.
+        conditions, all of which must hold; ``paused`` keeps only the paused (True)
+        or only the other (False) instances.
         """
         qs = WorkflowInstance.objects.using(self.alias).filter(status=status)
+        if paused is not None:
+            pause = Q(status=WorkflowStatus.RUNNING, lease_owner=PAUSED_OWNER)
+            qs = qs.filter(pause) if paused else qs.exclude(pause)
         if workflow_name:
             qs = qs.filter(workflow_name=workflow_name)
         if exclude_terminated:

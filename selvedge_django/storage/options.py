@@ -29,6 +29,8 @@ class StoreOptions:
     compatible_versions: tuple[str | None, ...] | None = None
     #: QUEUE_RATE_LIMITS: queue -> (claims, period in ms).
     queue_rate_limits: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: ACTIVITY_POLL_INTERVAL: how long a read of the paused queues is kept (seconds).
+    paused_queues_max_age: float = 1.0
     #: Rate-limited queues known to be full, until when (local ms; a hint).
     queues_full_until: dict[str, float] = field(default_factory=dict)
     #: MAX_STREAM_ENTRIES: the most stream entries one instance holds.

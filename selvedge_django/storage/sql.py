@@ -360,7 +360,8 @@ PARENT_WAITS = (
 
 # -- timers --------------------------------------------------------------------------------
 
-_TIMER_DUE = "t.fired = %(fired)s AND t.fire_at_ms <= {now}"
+# A held timer (its instance is paused) fires after the unpause.
+_TIMER_DUE = "t.fired = %(fired)s AND NOT t.held AND t.fire_at_ms <= {now}"
 # Whether any timer is due (the probe before a write transaction, SQLite).
 TIMER_DUE_PROBE = f"SELECT 1 FROM {{timer}} t WHERE {_TIMER_DUE} LIMIT 1"
 # The due timers with their instance's status and command ({lock}: the dialect's locks).
@@ -379,7 +380,8 @@ FILL_HISTORY = (
 )
 # Milliseconds until the next armed timer is due.
 NEXT_TIMER_DUE = (
-    "SELECT fire_at_ms - {now} FROM {timer} WHERE fired = %(fired)s ORDER BY fire_at_ms LIMIT 1"
+    "SELECT fire_at_ms - {now} FROM {timer} WHERE fired = %(fired)s AND NOT held"
+    " ORDER BY fire_at_ms LIMIT 1"
 )
 
 # -- signals and deliveries ----------------------------------------------------------------
@@ -505,8 +507,11 @@ def claim_names(count: int) -> str:
 
 # CLAIM_PICK part: only these queues ({queues}: marks).
 CLAIM_QUEUES = " AND queue IN ({queues})"
-# CLAIM_PICK part: not these (rate-limited, full) queues ({queues}: marks).
+# CLAIM_PICK part: not these (paused, or rate-limited and full) queues ({queues}: marks).
 CLAIM_NOT_QUEUES = " AND queue NOT IN ({queues})"
+# CLAIM_PICK part: not a task of a paused instance (storage.pauses holds them; they are
+# not in sv_task_rank_idx). {not_held}: the dialect's spelling (Database.NOT_HELD_SQL).
+CLAIM_NOT_HELD = " AND {not_held}"
 
 # -- flow control: concurrency keys and queue rate limits ----------------------------------
 
@@ -525,7 +530,8 @@ CONCURRENCY_ROOM = compose(_KEY_ROOM, row="{task}", clock="(SELECT now FROM t)")
 # first anyway; a queued task only when no due queued task of its queue that this worker
 # serves ({names}: a further AND on c) and that has room under its key comes before it in
 # claim order (TASK_RANK, then id). So an inline claim never takes a task ahead of one the
-# claim statement would take first. The rank and id walk sv_task_rank_idx ({hint}).
+# claim statement would take first. The rank and id walk sv_task_rank_idx ({hint}); {names}
+# also says "not held", as that index does.
 INLINE_NEXT = (
     "({task}.status = 'running' OR NOT EXISTS (SELECT 1 FROM {task} c{hint}"
     " WHERE c.status = 'queued' AND c.not_before_ms <= {now} AND c.queue = {task}.queue"

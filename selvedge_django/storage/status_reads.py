@@ -275,7 +275,9 @@ class StatusReads:
         return _count(running, limit)
 
     def _due_timers(self, now: int) -> Any:
-        return TimerSubscription.objects.using(self.alias).filter(fired=False, fire_at_ms__lte=now)
+        return TimerSubscription.objects.using(self.alias).filter(
+            fired=False, held=False, fire_at_ms__lte=now
+        )
 
     @operation
     def oldest_due_timer(self, now: int) -> int | None:

@@ -48,6 +48,7 @@ from ..engine.ports import (
 from ..models import WorkflowInstance
 from .attempt_transactions import AttemptTransactions
 from .attributes import Attributes
+from .bulk_starts import BulkStarts
 from .cancels import Cancels
 from .children import Children
 from .db import Database
@@ -60,6 +61,7 @@ from .locks import Locks
 from .operation import operation
 from .operator_reads import OperatorReads
 from .options import StoreOptions
+from .pauses import Pauses
 from .reads import Reads
 from .releases import Releases
 from .renewals import Renewals
@@ -89,6 +91,7 @@ class Store:
     database: ClassVar[type[Database]] = Database
     instances_class: ClassVar[type[Instances]] = Instances
     starts_class: ClassVar[type[Starts]] = Starts
+    bulk_starts_class: ClassVar[type[BulkStarts]] = BulkStarts
     releases_class: ClassVar[type[Releases]] = Releases
     waits_class: ClassVar[type[Waits]] = Waits
     tasks_class: ClassVar[type[Tasks]] = Tasks
@@ -102,12 +105,14 @@ class Store:
         self.db = db = self.database(alias, codec)
         self.options = options = StoreOptions()
         self.inline = Inline(db)
-        self.limits = Limits(db, options)
+        self.pauses = Pauses(db, options)
+        self.limits = Limits(db, options, pauses=self.pauses)
         self.tasks = self.tasks_class(db, options, limits=self.limits, inline=self.inline)
         self.sole_activity = self.sole_activity_class(db, tasks=self.tasks)
         self.children = Children(db, options)
         self.attributes = Attributes(db)
         self.starts = self.starts_class(db, options, attributes=self.attributes)
+        self.bulk_starts = self.bulk_starts_class(db)
         self.cancels = Cancels(db)
         self.releases = self.releases_class(db)
         self.instances = self.instances_class(db, options, children=self.children, tasks=self.tasks)

@@ -294,15 +294,14 @@ class Tasks:
         """Claim one task of an instance inline, if due, servable here and next in its queue.
 
         A task under a concurrency limit or in a rate-limited queue is left to
-        :meth:`claim_tasks`, which counts them; so is a queued task that the claim
-        order puts behind another due task of its queue (sql.INLINE_NEXT): waiting
-        for a result does not jump the queue.
+        :meth:`claim_tasks`, which counts them; so is a task that the claim order puts
+        behind another due task of its queue (sql.INLINE_NEXT): waiting for a result
+        does not jump the queue. Held tasks and paused queues are never taken.
         """
         names = self.options.activity_names()
         with self.db.atomic():
             qs = self._claimable().filter(instance_id=instance_id, key=key, concurrency_key="")
-            if self.options.queue_rate_limits:
-                qs = qs.exclude(queue__in=list(self.options.queue_rate_limits))
+            qs = qs.exclude(queue__in=self.limits._inline_skipped_queues())
             if names is not None:
                 qs = qs.filter(name__in=list(names))
             qs = qs.filter(self.limits._next_in_queue(names))
@@ -537,10 +536,11 @@ class Tasks:
         if not names:
             return None
         qs = ActivityTask.objects.using(self.db.alias).filter(
-            status=ActivityTaskStatus.QUEUED, name__in=list(names)
+            status=ActivityTaskStatus.QUEUED, name__in=list(names), held=False
         )
         if self.options.activity_queues is not None:
             qs = qs.filter(queue__in=list(self.options.activity_queues))
+        qs = qs.exclude(queue__in=sorted(self.limits.pauses.paused_queue_names()))
         first = qs.order_by("not_before_ms").values_list("not_before_ms", flat=True).first()
         if first is None:
             return None

@@ -3,9 +3,10 @@
 Every wake-up is a hint sent after commit and may be lost: pollers alone are
 enough for correctness. Loops wait on a :class:`Waker`; the bus sets the wakers
 subscribed to a topic. Topics: ``runnable`` (an instance can be dispatched),
-``task`` (an activity task can be claimed), ``timer`` (a timer was armed) and
-``closed:<instance id>`` (for ``wait_workflow``) and ``stream:<instance id>`` (a
-stream entry was written, or a stream closed, for ``read_stream``). Other processes hear them
+``task`` (an activity task can be claimed), ``timer`` (a timer was armed),
+``queues`` (an activity queue was paused or unpaused), ``closed:<instance id>``
+(for ``wait_workflow``) and ``stream:<instance id>`` (a stream entry was written,
+or a stream closed, for ``read_stream``). Other processes hear them
 through NOTIFY on :data:`NOTIFY_CHANNEL` (sent by the PostgreSQL store, relayed
 to the bus by :mod:`selvedge_django.storage.postgresql.listener`).
 """
@@ -20,6 +21,7 @@ from collections import defaultdict
 __all__ = [
     "NOTIFY_CHANNEL",
     "NOTIFY_QUEUE_CEILING",
+    "TOPIC_QUEUES",
     "TOPIC_RUNNABLE",
     "TOPIC_TASK",
     "TOPIC_TIMER",
@@ -49,6 +51,8 @@ TOPIC_RUNNABLE = "runnable"
 TOPIC_TASK = "task"
 # A timer was armed.
 TOPIC_TIMER = "timer"
+# An activity queue was paused or unpaused (storage.pauses forgets what it read).
+TOPIC_QUEUES = "queues"
 
 
 def closed_topic(instance_id: str) -> str:

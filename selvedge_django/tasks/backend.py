@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core import checks
 from django.db import transaction
@@ -14,14 +17,15 @@ from django.utils import timezone
 from .. import exceptions as exc
 from ..conf import get_settings
 from ..engine.options import RetryPolicy
+from ..operations.bulk import TaskStart, start_tasks
 from ..operations.task_records import database_now_ms, task_record
 from . import compat
 from .names import TASK_KEY, TASK_WORKFLOW
 from .options import activity_options, check_options, parse_retry_policy
 from .results import build_result, load_task
-from .runner import start_task
+from .runner import run_task, run_task_activity, start_task
 
-__all__ = ["SelvedgeBackend", "SelvedgeTask"]
+__all__ = ["SelvedgeBackend", "SelvedgeTask", "aenqueue_many", "enqueue_many"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -56,6 +60,79 @@ class SelvedgeBackend(compat.BaseTaskBackend):
 
     def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
         """Start the task's instance (inside the caller's transaction when there is one)."""
+        result, input = self._prepare(task, args, kwargs, now_ms=None, enqueued_at=None)
+        try:
+            start_task(
+                input,
+                instance_id=result.id,
+                priority=task.priority,
+                enqueued_at=result.enqueued_at,
+            )
+        except exc.WorkflowStartRejected as error:
+            raise compat.InvalidTask(str(error)) from error
+        self._enqueued_on_commit([result])
+        return result
+
+    def enqueue_many(
+        self, calls: Iterable[tuple[Any, Sequence[Any], Mapping[str, Any]]]
+    ) -> list[Any]:
+        """Enqueue many tasks at once: ``calls`` holds ``(task, args, kwargs)`` triples.
+
+        The bulk form of ``enqueue``, one ``TaskResult`` per call in order: every call
+        is validated first (a bad one raises ``InvalidTask`` and nothing is written),
+        then all the instances commit in one transaction (the caller's, inside
+        ``transaction.atomic()``), one statement per batch and table instead of a
+        round trip and a commit each. ``task_enqueued`` is sent for each after commit.
+        """
+        items = list(calls)
+        deferred = any(task.run_after is not None for task, _, _ in items)
+        enqueued_at = timezone.now()
+        now_ms = database_now_ms() if deferred else None
+        prepared = [
+            self._prepare(task, args, kwargs, now_ms=now_ms, enqueued_at=enqueued_at)
+            for task, args, kwargs in items
+        ]
+        try:
+            start_tasks(
+                run_task,
+                run_task_activity,
+                [
+                    TaskStart(
+                        input,
+                        instance_id=result.id,
+                        priority=result.task.priority,
+                        enqueued_at=result.enqueued_at,
+                        deferred=int(input.get("delay_ms") or 0) > 0,
+                    )
+                    for result, input in prepared
+                ],
+            )
+        except exc.WorkflowStartRejected as error:
+            raise compat.InvalidTask(str(error)) from error
+        results = [result for result, _ in prepared]
+        self._enqueued_on_commit(results)
+        return results
+
+    async def aenqueue_many(
+        self, calls: Iterable[tuple[Any, Sequence[Any], Mapping[str, Any]]]
+    ) -> list[Any]:
+        """Async twin of :meth:`enqueue_many`."""
+        return await sync_to_async(self.enqueue_many)(list(calls))
+
+    def _prepare(
+        self,
+        task: Any,
+        args: Any,
+        kwargs: Any,
+        *,
+        now_ms: int | None,
+        enqueued_at: datetime | None,
+    ) -> tuple[Any, dict[str, Any]]:
+        """Validate one call; its result and its workflow input.
+
+        ``now_ms`` is the database clock for a deferred task (read here when None);
+        ``enqueued_at`` the time recorded as its enqueue (now when None: the calls of one
+        ``enqueue_many`` share one)."""
         self.validate_task(task)
         result_id = uuid.uuid4().hex
         # Built first: TaskResult refuses arguments that are not JSON (TypeError, ValueError).
@@ -85,22 +162,21 @@ class SelvedgeBackend(compat.BaseTaskBackend):
         if task.run_after is not None:
             input["run_after"] = task.run_after.isoformat()
             run_after_ms = round(task.run_after.timestamp() * 1000)
-            input["delay_ms"] = max(0, run_after_ms - database_now_ms())
+            clock_ms = database_now_ms() if now_ms is None else now_ms
+            input["delay_ms"] = max(0, run_after_ms - clock_ms)
         # The result reports the start as the instance records it (get_result's value).
-        enqueued_at = timezone.now()
-        try:
-            start_task(
-                input, instance_id=result_id, priority=task.priority, enqueued_at=enqueued_at
-            )
-        except exc.WorkflowStartRejected as error:
-            raise compat.InvalidTask(str(error)) from error
-        object.__setattr__(result, "enqueued_at", enqueued_at)
+        object.__setattr__(result, "enqueued_at", enqueued_at or timezone.now())
+        return result, input
+
+    def _enqueued_on_commit(self, results: list[Any]) -> None:
+        """Send ``task_enqueued`` for each of ``results`` once the enqueue commits."""
         sender = type(self)
-        transaction.on_commit(
-            lambda: compat.task_enqueued.send(sender, task_result=result),
-            using=get_settings().database,
-        )
-        return result
+
+        def send() -> None:
+            for result in results:
+                compat.task_enqueued.send(sender, task_result=result)
+
+        transaction.on_commit(send, using=get_settings().database)
 
     def get_result(self, result_id: str) -> Any:
         """The result of ``result_id`` from the database (any process, no replay)."""
@@ -135,3 +211,38 @@ class SelvedgeBackend(compat.BaseTaskBackend):
                 )
             )
         return problems
+
+
+def enqueue_many(calls: Iterable[tuple[Any, Sequence[Any], Mapping[str, Any]]]) -> list[Any]:
+    """Enqueue many ``django.tasks`` calls at once: ``(task, args, kwargs)`` triples.
+
+    Each task goes to its own backend (``task.get_backend()``, as ``task.enqueue``
+    does), which must be a :class:`SelvedgeBackend`; the calls of one backend are one
+    :meth:`SelvedgeBackend.enqueue_many`, and all of them commit in one transaction
+    (the caller's inside ``transaction.atomic()``): a bad call raises ``InvalidTask``
+    and none is enqueued. Returns the ``TaskResult`` of each call, in order.
+    """
+    items = list(calls)
+    groups: dict[str, tuple[SelvedgeBackend, list[int]]] = {}
+    for index, (task, _, _) in enumerate(items):
+        backend = task.get_backend()
+        if not isinstance(backend, SelvedgeBackend):
+            raise compat.InvalidTask(
+                f"enqueue_many needs SelvedgeBackend tasks; {task.module_path} uses"
+                f" {type(backend).__name__} (TASKS[{task.backend!r}])"
+            )
+        groups.setdefault(backend.alias, (backend, []))[1].append(index)
+    results: list[Any] = [None] * len(items)
+    with transaction.atomic(using=get_settings().database):
+        for backend, indexes in groups.values():
+            enqueued = backend.enqueue_many([items[i] for i in indexes])
+            for index, result in zip(indexes, enqueued, strict=True):
+                results[index] = result
+    return results
+
+
+async def aenqueue_many(
+    calls: Iterable[tuple[Any, Sequence[Any], Mapping[str, Any]]],
+) -> list[Any]:
+    """Async twin of :func:`enqueue_many`."""
+    return await sync_to_async(enqueue_many)(list(calls))

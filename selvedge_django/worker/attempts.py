@@ -123,6 +123,8 @@ class Attempts:
             return False
         if queue in self.settings.queue_rate_limits:
             return False  # only claim_tasks counts a rate-limited queue's claims
+        if queue in self.store.pauses.paused_queue_names():
+            return False  # a paused queue's tasks stay queued, inline ones too
         queues = self.settings.activity_queues
         return queues is None or queue in queues
 

@@ -21,7 +21,12 @@ from django.utils import timezone
 
 from selvedge_django.conf import get_settings
 from selvedge_django.engine.codec import Codec
-from selvedge_django.models import ActivityTask, WorkflowInstance
+from selvedge_django.models import (
+    PAUSED_OWNER,
+    ActivityTask,
+    TimerSubscription,
+    WorkflowInstance,
+)
 from selvedge_django.storage import store_for
 
 # Rows of each table, and one in READY of them ready (runnable, or a queued task).
@@ -146,3 +151,74 @@ def test_an_inline_claim_looks_for_a_task_before_it_through_an_index(filled: Non
     else:
         assert "sv_task_rank_idx" in text or "sv_task_queue_idx" in text, text
     assert no_table_scan(text), text
+
+
+# -- pausing: paused instances, held tasks and timers are passed over through the indexes
+
+
+def test_dispatch_passes_over_paused_instances_through_its_indexes(filled: None) -> None:
+    # Half the ready instances paused: their lease belongs to the pause and never expires,
+    # so neither dispatch part's index range holds them (no filter reads them one by one).
+    ready = WorkflowInstance.objects.filter(status="running", runnable=True).order_by("instance_id")
+    paused = list(ready.values_list("instance_id", flat=True)[: ROWS // READY // 2])
+    WorkflowInstance.objects.filter(instance_id__in=paused).update(
+        lease_owner=PAUSED_OWNER, lease_expires_ms=None
+    )
+    store = store_for("default", Codec(), get_settings())
+    names = [f"plans.wf{n}" for n in range(5)]
+    statement, params = captured(lambda: store.instances.lease_batch("w", 30, 10, names), "60000")
+    text = plan(statement, params)
+    assert walks("sv_inst_rank_idx", text), text
+    assert no_table_scan(text), text
+    leased = store.instances.lease_batch("w", 30, 500, names)
+    assert leased and not {fence.instance_id for fence, _ in leased} & set(paused)
+
+
+def test_claims_pass_over_held_tasks_on_the_priority_index(filled: None) -> None:
+    queued = ActivityTask.objects.filter(status="queued").order_by("id")
+    held = list(queued.values_list("id", flat=True)[: ROWS // READY // 2])
+    ActivityTask.objects.filter(id__in=held).update(held=True)
+    store = store_for("default", Codec(), get_settings())
+    names = ["plans.act0", "plans.act1", "plans.act2"]
+    statement, params = captured(lambda: store.tasks.claim_tasks("w", 10, names), "WITH n (name)")
+    assert "held" in statement
+    text = plan(statement, params)
+    assert walks("sv_task_rank_idx", text), text
+    assert no_table_scan(text), text
+    claimed = store.tasks.claim_tasks("w", 50, names)
+    assert len(claimed) == 50 and not {task.claim.task_id for task in claimed} & set(held)
+
+
+def test_the_timer_poller_passes_over_held_timers_on_the_fire_index(filled: None) -> None:
+    running = list(
+        WorkflowInstance.objects.filter(status="running").values_list("instance_id", flat=True)
+    )
+    now = timezone.now()
+    TimerSubscription.objects.bulk_create(
+        [
+            TimerSubscription(
+                instance_id=iid,
+                key=f"t{n}",
+                expires_at=now,
+                fire_at_ms=1_000 + n,
+                held=n % 2 == 0,
+            )
+            for n, iid in enumerate(running)
+        ],
+        batch_size=500,
+    )
+    if connection.vendor == "sqlite":
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE")
+    store = store_for("default", Codec(), get_settings())
+    statement, params = captured(lambda: store.waits.fire_due_timers(10), "LEFT JOIN")
+    assert "held" in statement
+    if connection.vendor == "postgresql":
+        # (SQLite reads the timer table whole here, held or not: its partial index's
+        # condition is "NOT fired" and the statement binds fired as a parameter.)
+        text = plan(statement, params)
+        assert "Index Scan using sv_timer_fire_idx" in text, text
+        assert "Seq Scan on selvedge_django_timersubscription" not in text, text
+    fired: list[tuple[str, str, str]] = []
+    store.waits.fire_due_timers(50, fired=fired)
+    assert len(fired) == 50 and all(int(key[1:]) % 2 == 1 for _, key, _ in fired)

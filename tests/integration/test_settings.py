@@ -427,6 +427,8 @@ def test_a_lease_shorter_than_sqlite_s_busy_timeout_is_warning_w007() -> None:
 
 
 _PG = '"ENGINE": "django.db.backends.postgresql", "NAME": "app", "HOST": "db"'
+# The renewal checks' set-ups, with the prepared statements a pooler needs off (W011).
+_UNPREPARED = '{"PREPARED_STATEMENTS": False}'
 
 
 @pytest.mark.parametrize(
@@ -434,34 +436,35 @@ _PG = '"ENGINE": "django.db.backends.postgresql", "NAME": "app", "HOST": "db"'
     [
         pytest.param(
             f'{{"default": {{{_PG}, "PORT": "6432", "DISABLE_SERVER_SIDE_CURSORS": True}}}}',
-            "{}",
+            _UNPREPARED,
             "selvedge.W008",
             id="pooled-without-renewal-database",
         ),
         pytest.param(
             f'{{"default": {{{_PG}, "PORT": "6432"}}, "direct": {{{_PG}, "PORT": "5432"}}}}',
-            '{"LISTEN_DATABASE": "direct"}',
+            '{"LISTEN_DATABASE": "direct", "PREPARED_STATEMENTS": False}',
             "selvedge.W008",
             id="direct-listener-only",
         ),
         pytest.param(
             f'{{"default": {{{_PG}, "PORT": "6432", "DISABLE_SERVER_SIDE_CURSORS": True}},'
             f' "direct": {{{_PG}, "PORT": "5432"}}}}',
-            '{"LISTEN_DATABASE": "direct", "RENEWAL_DATABASE": "direct"}',
+            '{"LISTEN_DATABASE": "direct", "RENEWAL_DATABASE": "direct",'
+            ' "PREPARED_STATEMENTS": False}',
             None,
             id="renewals-past-the-pool",
         ),
         pytest.param(
             f'{{"default": {{{_PG}, "PORT": "6432", "DISABLE_SERVER_SIDE_CURSORS": True}},'
             f' "again": {{{_PG}, "PORT": "6432"}}}}',
-            '{"RENEWAL_DATABASE": "again"}',
+            '{"RENEWAL_DATABASE": "again", "PREPARED_STATEMENTS": False}',
             "selvedge.W009",
             id="renewals-through-the-same-pool",
         ),
         pytest.param(
             f'{{"default": {{{_PG}, "PORT": "6432"}},'
             ' "other": {"ENGINE": "django.db.backends.sqlite3", "NAME": "other.sqlite3"}}',
-            '{"RENEWAL_DATABASE": "other"}',
+            '{"RENEWAL_DATABASE": "other", "PREPARED_STATEMENTS": False}',
             "selvedge.E007",
             id="renewals-on-another-database",
         ),
@@ -479,6 +482,65 @@ def test_renewal_database_checks(
     assert (result.returncode != 0) == (expected == "selvedge.E007"), output
     if expected == "selvedge.W008":
         assert "RENEWAL_DATABASE" in output and "pool" in output
+
+
+_POOLED = (
+    f'{{"default": {{{_PG}, "PORT": "6432", "DISABLE_SERVER_SIDE_CURSORS": True}},'
+    f' "direct": {{{_PG}, "PORT": "5432"}}}}'
+)
+_PAST_THE_POOL = '"LISTEN_DATABASE": "direct", "RENEWAL_DATABASE": "direct"'
+
+
+@pytest.mark.parametrize(
+    ("databases", "selvedge_dict", "expected"),
+    [
+        pytest.param(_POOLED, f"{{{_PAST_THE_POOL}}}", "selvedge.W011", id="pooled-prepared"),
+        pytest.param(
+            _POOLED,
+            f'{{{_PAST_THE_POOL}, "PREPARED_STATEMENTS": False}}',
+            None,
+            id="pooled-unprepared",
+        ),
+        pytest.param(f'{{"default": {{{_PG}, "PORT": "5432"}}}}', "{}", None, id="direct-prepared"),
+        pytest.param(
+            f'{{"default": {{{_PG}, "PORT": "6432", "DISABLE_SERVER_SIDE_CURSORS": True,'
+            ' "OPTIONS": {"server_side_binding": True, "prepare_threshold": None}},'
+            f' "direct": {{{_PG}, "PORT": "5432"}}}}',
+            f"{{{_PAST_THE_POOL}}}",
+            None,
+            id="pooled-options-decide",
+        ),
+        pytest.param(
+            '{"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": "app.sqlite3",'
+            ' "OPTIONS": {"transaction_mode": "IMMEDIATE"}, "PORT": "6432"}}',
+            "{}",
+            None,
+            id="sqlite",
+        ),
+    ],
+)
+def test_prepared_statements_behind_a_pooler_warn_w011(
+    tmp_path: Path, databases: str, selvedge_dict: str, expected: str | None
+) -> None:
+    """W011: the engine prepares its statements (the default) on an alias that looks
+    pooled; the warning says to turn PREPARED_STATEMENTS off and when not to."""
+    result = _check_in_subprocess(tmp_path, databases, selvedge_dict)
+    output = result.stdout + result.stderr
+    found = set(re.findall(r"selvedge\.[EW]\d{3}", output))
+    assert found == ({expected} if expected else set()), output
+    assert result.returncode == 0, output
+    if expected:
+        assert "PREPARED_STATEMENTS'] = False" in output and "1.21" in output, output
+
+
+def test_prepared_statements_must_be_a_bool(tmp_path: Path) -> None:
+    result = _check_in_subprocess(
+        tmp_path,
+        '{"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": "app.sqlite3"}}',
+        '{"PREPARED_STATEMENTS": "yes"}',
+    )
+    output = result.stdout + result.stderr
+    assert "selvedge.E003" in output and "PREPARED_STATEMENTS" in output, output
 
 
 def test_unsupported_database_is_error_e001(tmp_path: Path) -> None:

@@ -43,6 +43,9 @@ FAST = {
 
 # The input each test-app workflow is started with (None where it takes none).
 INPUTS: dict[str, Any] = {
+    "pause.activity": "a",
+    "pause.other": "o",
+    "pause.gated": None,
     "act.run": {"activity": "act.step", "input": "x", "background": True, "then": "after"},
     "act.poked_then_away": "p",
     "act.fan_out": {"n": 3, "tag": "f"},
@@ -162,6 +165,9 @@ SKIP = {
     "poison.options": "fails every execution on purpose (backs off)",
     "scale.queued": "needs a worker process on another queue",
     "terminate.everything": "waits to be terminated",
+    "pause.timers": "waits for three timers, up to 30 s",
+    "pause.receive": "waits for a signal its pause tests send",
+    "pause.held": "waits for a signal its pause tests send",
     "terminate.timed_parent": "waits for an execution timeout",
     "wait.receive_around_hold": "holds an inline attempt until its test releases it",
     "wait.crash_timer": "kills its worker process",

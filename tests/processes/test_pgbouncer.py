@@ -364,6 +364,101 @@ def test_prepared_statements_the_pool_did_not_keep_raise_a_typed_error(
     assert "max_prepared_statements" in output and "1.21" in output, output
 
 
+# The engine's default (PREPARED_STATEMENTS on, nothing in OPTIONS) or its setting off,
+# through the pool: a statement run often enough to be prepared in one server session,
+# then run again while that session is lent to another client; then workflows run by a
+# Worker through the pool.
+ENGINE_PREPARED_SCRIPT = """
+import os
+
+import django
+import psycopg
+
+django.setup()
+from django.db import ProgrammingError, connection
+
+import selvedge_django as sv
+from selvedge_django.conf import get_settings
+from selvedge_django.engine.codec import Codec
+from selvedge_django.storage import store_for
+from selvedge_django.worker import Worker
+
+print("prepared_statements", get_settings().prepared_statements)
+store = store_for("default", Codec())
+for _ in range(8):
+    store.now_ms()
+holder = psycopg.connect(
+    host="127.0.0.1",
+    port=int(os.environ["SELVEDGE_TEST_PGBOUNCER_PORT"]),
+    dbname=connection.settings_dict["NAME"],
+    user=connection.settings_dict["USER"],
+    autocommit=True,
+)
+holder.execute("BEGIN")
+holder.execute("SELECT 1")
+try:
+    for _ in range(3):
+        store.now_ms()
+    with Worker():
+        ids = [sv.start_workflow("scale.three", f"pooled{n}") for n in range(12)]
+        outputs = [sv.wait_workflow(i, timeout=60).output for i in ids]
+    print("outputs", outputs)
+except Exception as error:
+    print("typed", isinstance(error, sv.PreparedStatementError))
+    print("programming", isinstance(error, ProgrammingError))
+    print(error)
+else:
+    print("no error")
+holder.execute("ROLLBACK")
+"""
+
+
+def _run_engine_script(bouncer: Bouncer, prepare: str | None) -> str:
+    import sys
+
+    from tests.conftest import ROOT
+
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "SELVEDGE_TEST_SUBPROCESS": "1",
+        "SELVEDGE_PG_TEST_NAME": str(connection.settings_dict["NAME"]),
+        "SELVEDGE_TEST_PGBOUNCER_PORT": str(bouncer.port),
+        "PYTHONPATH": str(ROOT),
+    }
+    env.pop("SELVEDGE_TEST_PGBOUNCER_PREPARE", None)
+    if prepare is not None:
+        env["SELVEDGE_TEST_PGBOUNCER_PREPARE"] = prepare
+    result = subprocess.run(
+        [sys.executable, "-c", ENGINE_PREPARED_SCRIPT],
+        cwd=str(ROOT),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    return output
+
+
+def test_the_engines_prepared_statements_through_transaction_pooling_on_and_off(
+    small_pgbouncer: Bouncer,
+) -> None:
+    """On (the default, nothing in DATABASES): pgbouncer before 1.21 hands a transaction
+    a server session that lacks the statement the engine prepared in another, and the
+    typed error names the setting. Off: the same statements, and workflows run by a
+    Worker through the same pool, all pass."""
+    on = _run_engine_script(small_pgbouncer, "engine")
+    assert "prepared_statements True" in on, on
+    assert "typed True" in on and "programming True" in on, on
+    assert "PREPARED_STATEMENTS'] = False" in on and "transaction mode" in on, on
+    off = _run_engine_script(small_pgbouncer, None)
+    assert "prepared_statements False" in off, off
+    assert "no error" in off, off
+    assert "outputs [6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6]" in off, off
+
+
 def settings_selvedge() -> dict[str, object]:
     from django.conf import settings
 

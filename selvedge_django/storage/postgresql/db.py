@@ -12,8 +12,9 @@ a pooler, and the system checks warn when autovacuum is off.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from django.core.checks import CheckMessage, Warning
@@ -45,6 +46,30 @@ __all__ = ["PostgresDatabase"]
 
 logger = logging.getLogger("selvedge_django.store")
 
+# An engine statement is prepared from its fifth run on a connection (psycopg's own
+# default): statements run once or twice (the variable-length lists of a rare
+# cancellation) are never prepared, and the hot ones pay one PREPARE per connection.
+PREPARE_THRESHOLD = 5
+
+
+@functools.cache
+def _binding() -> tuple[type[Any], Callable[[Any], Any], Callable[[Any, Any], None]] | None:
+    """Django's psycopg cursor class that binds on the server, the time zone of a
+    connection's ``timestamptz`` loader and Django's loader registration (None with
+    psycopg2, which never prepares)."""
+    from django.db.backends.postgresql import base
+    from django.db.backends.postgresql.psycopg_any import is_psycopg3
+
+    if not is_psycopg3:
+        return None
+    from django.db.backends.postgresql.psycopg_any import register_tzloader
+    from psycopg.pq import Format
+
+    def timezone(raw: Any) -> Any:
+        return raw.adapters.get_loader(base.TIMESTAMPTZ_OID, Format.TEXT).timezone
+
+    return base.ServerBindingCursor, timezone, register_tzloader
+
 
 class PostgresDatabase(Database):
     """A PostgreSQL database alias."""
@@ -65,28 +90,65 @@ class PostgresDatabase(Database):
         """Name the pooler when a prepared statement is missing from a session.
 
         A connection of the engine's aliases (``DATABASE``, ``RENEWAL_DATABASE``)
-        that binds on the server (``OPTIONS["server_side_binding"]``: psycopg then
-        prepares statements) runs its statements through
-        :func:`~selvedge_django.storage.errors.guard_prepared_statements`; the default
-        client-side binding prepares nothing and is left alone.
+        whose statements may be prepared (the engine's own, with ``PREPARED_STATEMENTS``;
+        all of them with ``OPTIONS["server_side_binding"]``) runs its statements through
+        :func:`~selvedge_django.storage.errors.guard_prepared_statements`; a connection
+        that prepares nothing is left alone.
         """
         from django.core.exceptions import ImproperlyConfigured
 
         from ...conf import get_settings
 
         options = connection.settings_dict.get("OPTIONS") or {}
-        if not options.get("server_side_binding"):
-            return
         try:
             settings = get_settings()
         except ImproperlyConfigured:
             return  # the system checks report it; never break a connection over it
+        if not (options.get("server_side_binding") or settings.prepared_statements):
+            return
         if connection.alias not in (settings.database, settings.renewal_database):
             return
         if guard_prepared_statements not in connection.execute_wrappers:
             # First, so outermost, and out of the way of a wrapper installed for a
             # moment (``execute_wrapper()`` pops the last one when it ends).
             connection.execute_wrappers.insert(0, guard_prepared_statements)
+
+    def _cursor(self) -> Any:
+        """A cursor that binds on the server, so psycopg prepares the engine's statements.
+
+        Django's own cursor binds on the client unless the project's ``OPTIONS`` say
+        ``server_side_binding``, and a statement bound on the client is never
+        prepared. So with ``PREPARED_STATEMENTS`` (the default) the engine's
+        statements get a server-binding psycopg cursor on the same connection (in
+        the caller's transaction, through Django's cursor wrapper and its
+        ``execute_wrappers``), and the connection prepares a statement from its
+        ``PREPARE_THRESHOLD``-th run on; the project's statements on that connection
+        still bind on the client and are never prepared. A project that sets
+        ``server_side_binding`` or ``prepare_threshold`` itself keeps its choice.
+        """
+        conn = self.connection
+        options = conn.settings_dict.get("OPTIONS") or {}
+        binding = _binding()
+        if binding is None or options.get("server_side_binding") or not self._prepares():
+            return conn.cursor()
+        cursor_class, loader_timezone, register_tzloader = binding
+        conn.close_if_health_check_failed()
+        conn.ensure_connection()
+        with conn.wrap_database_errors:
+            raw = conn.connection
+            if raw.prepare_threshold is None and "prepare_threshold" not in options:
+                raw.prepare_threshold = PREPARE_THRESHOLD
+            cursor = cursor_class(raw)
+            if conn.timezone != loader_timezone(raw):  # as Django's create_cursor does
+                register_tzloader(conn.timezone, cursor)
+        return conn._prepare_cursor(cursor)
+
+    def _prepares(self) -> bool:
+        """Whether ``SELVEDGE["PREPARED_STATEMENTS"]`` is on (read per statement, so
+        that ``override_settings`` takes effect at once)."""
+        from ...conf import get_settings
+
+        return get_settings().prepared_statements
 
     @classmethod
     def server_checks(cls, alias: str, connection: Any) -> list[CheckMessage]:
@@ -156,7 +218,7 @@ class PostgresDatabase(Database):
         statement = sql.compose(NOTIFY_ALL, calls=calls)
         params["notify_ceiling"] = NOTIFY_QUEUE_CEILING
         try:
-            with self.connection.cursor() as cursor:
+            with self._cursor() as cursor:
                 cursor.execute(statement, params)
         except DatabaseError:  # a hint only: pollers will find the work
             logger.debug("NOTIFY failed", exc_info=True)

@@ -23,7 +23,15 @@ from typing import Any
 
 from django.db import connections
 
-from ..wakeups import NOTIFY_CHANNEL, TOPIC_RUNNABLE, TOPIC_TASK, TOPIC_TIMER, Bus, notify_topic
+from ..wakeups import (
+    NOTIFY_CHANNEL,
+    TOPIC_QUEUES,
+    TOPIC_RUNNABLE,
+    TOPIC_TASK,
+    TOPIC_TIMER,
+    Bus,
+    notify_topic,
+)
 
 __all__ = [
     "Listener",
@@ -102,7 +110,7 @@ class Listener:
             self.connected.set()
             # Whatever was missed while disconnected is found by the pollers; waking
             # everything once makes them look now.
-            for topic in (TOPIC_RUNNABLE, TOPIC_TASK, TOPIC_TIMER):
+            for topic in (TOPIC_RUNNABLE, TOPIC_TASK, TOPIC_TIMER, TOPIC_QUEUES):
                 self.bus.publish(topic)
             try:
                 while not self._stop.is_set():

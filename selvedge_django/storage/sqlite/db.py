@@ -21,7 +21,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from django.db import DatabaseError, OperationalError, transaction
@@ -30,7 +30,7 @@ from ...engine.events import Fence
 from .. import sql
 from ..db import Database
 from ..operation import operation
-from ..sql import Sql
+from ..sql import Params, Sql
 from ..wakeups import TOPIC_RUNNABLE
 from . import setup
 from .setup import BUSY_TIMEOUT_S, in_memory
@@ -161,6 +161,8 @@ class SQLiteDatabase(Database):
     # Django 5.2 writes a partial index's "runnable is true" as "runnable", 6.1 as
     # "runnable" = 1: both terms, so the statement implies either index's condition.
     RUNNABLE_SQL = "runnable AND runnable = 1"
+    # Likewise "held is false": NOT "held" (5.2), "held" = 0 (6.1).
+    NOT_HELD_SQL = "NOT {row}.held AND {row}.held = 0"
 
     def _next_seq_sql(self, offset: int = 0) -> Sql:
         """SQLite reads the next number once per statement: a later row of a multi-row
@@ -284,12 +286,12 @@ class SQLiteDatabase(Database):
             cursor.execute(*self._bound(statement, params))
             return cursor.lastrowid if cursor.rowcount else None
 
-    def _insert_new(self, template: str, rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    def _insert_new(self, template: str, rows: Sequence[tuple[str, Params]]) -> list[str]:
         if self._returning:
             return super()._insert_new(template, rows)
         # One row at a time: the ids of the rows actually inserted.
         return [  # pragma: no cover
-            str(next(iter(values.values())))
+            str(next(iter(values.values())) if isinstance(values, Mapping) else values[0])
             for marks, values in rows
             if self._execute(sql.compose(template, rows=marks), values)
         ]

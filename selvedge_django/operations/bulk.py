@@ -1,0 +1,248 @@
+"""Bulk starts: ``sv.start_workflows`` and the many-task enqueue of ``django.tasks``.
+
+Every start of the call is validated as :func:`~.instances.start_workflow` validates
+one, before anything is written; then the store inserts them all in one
+transaction (the caller's ``transaction.atomic()`` when there is one), one statement
+per batch and table (``storage.bulk_starts``). Workers are woken, and the start
+hooks and signals fire, once, after commit.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.db import transaction
+
+from .. import exceptions as exc
+from .. import hooks as hooks_module
+from .. import signals
+from ..conf import get_settings
+from ..engine.commands import activity_task
+from ..engine.events import CMD_ACTIVITY, HistoryRow
+from ..engine.options import ActivityOptions
+from ..registry import ActivityDefinition, WorkflowDefinition
+from ..storage.bulk_starts import NewInstance
+from .base import client_store
+from .instances import _start_parts, _start_priority
+
+__all__ = [
+    "START_OPTIONS",
+    "TaskStart",
+    "astart_workflows",
+    "start_tasks",
+    "start_workflows",
+]
+
+#: The options an item of :func:`start_workflows` may carry (those of start_workflow).
+START_OPTIONS = frozenset({"instance_id", "execution_timeout", "if_exists", "priority"})
+
+
+def start_workflows(
+    starts: Iterable[
+        tuple[WorkflowDefinition[Any, Any] | str, Any]
+        | tuple[WorkflowDefinition[Any, Any] | str, Any, Mapping[str, Any] | None]
+    ],
+) -> list[str]:
+    """Start many workflow instances at once; return their ids in the order given.
+
+    Each item is ``(workflow, input)`` or ``(workflow, input, options)``, ``workflow``
+    a definition or a name and ``options`` a dict of :func:`start_workflow`'s keyword
+    arguments (``instance_id``, ``execution_timeout``, ``if_exists``, ``priority``).
+    Every item is validated first, as a single start is: a bad one raises
+    :class:`WorkflowStartRejected` naming its position, with nothing written. Then
+    all the instances are inserted in one transaction, one statement per batch (as
+    many rows as one statement binds): inside ``transaction.atomic()`` they commit or
+    roll back with the caller's transaction. A taken id raises
+    :class:`WorkflowAlreadyStarted` and nothing of the call is written, unless its
+    item says ``if_exists="return"`` and the instance is of the same workflow: then
+    its id is returned and that instance is left as it is. An id given twice in one
+    call is taken by its first item. Workers are woken once, after commit.
+    """
+    items = list(starts)
+    new: list[NewInstance] = []
+    settings = get_settings()
+    for index, item in enumerate(items):
+        workflow, input, options = _item(index, item)
+        try:
+            name, instance_id, text, timeout_ms = _start_parts(
+                workflow,
+                input,
+                options.get("instance_id"),
+                options.get("execution_timeout"),
+                options.get("if_exists", "fail"),
+            )
+            priority = _start_priority(options.get("priority", 0))
+        except exc.WorkflowStartRejected as error:
+            raise exc.WorkflowStartRejected(f"start #{index}: {error}") from error
+        new.append(
+            NewInstance(
+                instance_id=instance_id,
+                workflow_name=name,
+                input_value=json.loads(text),
+                if_exists=options.get("if_exists", "fail"),
+                execution_timeout_ms=timeout_ms,
+                trace_context=hooks_module.capture_trace_context(
+                    settings.hooks, "start", instance_id=instance_id, workflow_name=name
+                ),
+                priority=priority,
+            )
+        )
+    _check_repeated(new)
+    _create(new)
+    return [start.instance_id for start in new]
+
+
+async def astart_workflows(
+    starts: Iterable[
+        tuple[WorkflowDefinition[Any, Any] | str, Any]
+        | tuple[WorkflowDefinition[Any, Any] | str, Any, Mapping[str, Any] | None]
+    ],
+) -> list[str]:
+    """Async twin of :func:`start_workflows`."""
+    return await sync_to_async(start_workflows)(list(starts))
+
+
+class TaskStart:
+    """One enqueued ``django.tasks`` task for :func:`start_tasks`: its workflow input
+    (whose ``"options"`` are the activity's), instance id, priority, enqueue time, and
+    whether it waits for ``run_after``."""
+
+    __slots__ = ("deferred", "enqueued_at", "input", "instance_id", "priority")
+
+    def __init__(
+        self,
+        input: dict[str, Any],
+        *,
+        instance_id: str,
+        priority: int,
+        enqueued_at: datetime,
+        deferred: bool,
+    ) -> None:
+        self.input = input
+        self.instance_id = instance_id
+        self.priority = priority
+        self.enqueued_at = enqueued_at
+        self.deferred = deferred
+
+
+def start_tasks(
+    workflow: WorkflowDefinition[Any, Any],
+    activity: ActivityDefinition[Any, Any],
+    tasks: Sequence[TaskStart],
+) -> None:
+    """Start the instances of many enqueued tasks in one transaction (the bulk form of
+    ``tasks.runner.start_task``): a task due now with its activity reserved, as
+    :func:`~.instances.start_with_activity` does, a deferred one as a plain start.
+    Validation and errors are those of :func:`start_workflows`."""
+    key = workflow.result_activity
+    if key is None:
+        raise ValueError(f"workflow {workflow.name!r} has no result_activity")
+    settings = get_settings()
+    new: list[NewInstance] = []
+    resolved: dict[str, ActivityOptions] = {}
+    for index, task in enumerate(tasks):
+        try:
+            name, instance_id, text, _ = _start_parts(
+                workflow, task.input, task.instance_id, None, "fail"
+            )
+            priority = _start_priority(task.priority)
+        except exc.WorkflowStartRejected as error:
+            raise exc.WorkflowStartRejected(f"task #{index}: {error}") from error
+        first = None
+        if not task.deferred:
+            # Tasks of one function share their options: resolved once per distinct set.
+            raw = task.input.get("options") or {}
+            options_key = json.dumps(raw, sort_keys=True, default=str)
+            options = resolved.get(options_key)
+            if options is None:
+                options = activity.options.merged(ActivityOptions.from_json(raw))
+                resolved[options_key] = options
+            reservation, spec = activity_task(activity.name, name, text, options)
+            first = (
+                HistoryRow(key=key, seq=1, command=CMD_ACTIVITY, reservation=reservation),
+                spec,
+            )
+        new.append(
+            NewInstance(
+                instance_id=instance_id,
+                workflow_name=name,
+                input_value=json.loads(text),
+                trace_context=hooks_module.capture_trace_context(
+                    settings.hooks, "start", instance_id=instance_id, workflow_name=name
+                ),
+                priority=priority,
+                started_at=task.enqueued_at,
+                first_task=first,
+            )
+        )
+    _check_repeated(new)
+    _create(new)
+
+
+def _item(index: int, item: Any) -> tuple[Any, Any, Mapping[str, Any]]:
+    """An item of start_workflows as (workflow, input, options), or WorkflowStartRejected."""
+    if not isinstance(item, (tuple, list)) or len(item) not in (2, 3):
+        raise exc.WorkflowStartRejected(
+            f"start #{index}: each start is (workflow, input) or (workflow, input, options),"
+            f" not {type(item).__name__}"[:300]
+        )
+    workflow, input = item[0], item[1]
+    options = item[2] if len(item) == 3 else None
+    if options is None:
+        options = {}
+    if not isinstance(options, Mapping):
+        raise exc.WorkflowStartRejected(
+            f"start #{index}: options must be a dict, not {type(options).__name__}"[:300]
+        )
+    unknown = sorted(str(key) for key in options if key not in START_OPTIONS)
+    if unknown:
+        raise exc.WorkflowStartRejected(
+            f"start #{index}: unknown option(s) {', '.join(unknown)}; a start takes"
+            f" {', '.join(sorted(START_OPTIONS))}"[:300]
+        )
+    if not isinstance(workflow, (WorkflowDefinition, str)):
+        raise exc.WorkflowStartRejected(
+            f"start #{index}: the workflow is a definition or a name,"
+            f" not {type(workflow).__name__}"[:300]
+        )
+    return workflow, input, options
+
+
+def _check_repeated(new: Sequence[NewInstance]) -> None:
+    """An id given twice: the later item must accept the earlier one's instance."""
+    first: dict[str, NewInstance] = {}
+    for start in new:
+        earlier = first.setdefault(start.instance_id, start)
+        if earlier is start:
+            continue
+        if start.if_exists != "return" or earlier.workflow_name != start.workflow_name:
+            raise exc.WorkflowAlreadyStarted(start.instance_id)
+
+
+def _create(new: list[NewInstance]) -> None:
+    """Insert ``new`` (one transaction); fire the start hooks and signals after commit."""
+    if not new:
+        return
+    store = client_store()
+    settings = get_settings()
+    created = store.bulk_starts.create_instances(
+        new, service_name=settings.service_name, code_version=settings.code_version
+    )
+    pairs = zip(new, created, strict=True)
+    started = [(start.instance_id, start.workflow_name) for start, made in pairs if made]
+    if not started:
+        return
+    hooks = settings.hooks
+
+    def fire() -> None:
+        for instance_id, name in started:
+            hooks_module.fire(
+                hooks, "on_workflow_started", instance_id=instance_id, workflow_name=name
+            )
+            signals.send("on_workflow_started", instance_id=instance_id, workflow_name=name)
+
+    transaction.on_commit(fire, using=store.alias)

@@ -1,0 +1,228 @@
+"""Bulk starts: ``sv.start_workflows`` and ``selvedge_django.tasks.enqueue_many``.
+
+Many instances in one transaction, one statement per batch and table: ids in
+order, all or nothing (also inside the caller's ``transaction.atomic()``),
+``if_exists`` honoured, every item validated before anything is written, and the
+instances run like single starts under a real worker.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connections, transaction
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+import selvedge_django as sv
+from selvedge_django.models import ActivityTask, HistoryEvent, WorkflowInstance
+from tests.conftest import wait_until
+from tests.testapp.workflows.basics import sum3
+
+pytestmark = pytest.mark.usefixtures("tdb")
+
+HAS_TASKS = (
+    importlib.util.find_spec("django.tasks") is not None
+    or importlib.util.find_spec("django_tasks") is not None
+)
+
+
+@sv.workflow(name="test.bulk.echo")
+def echo(ctx: sv.WorkflowContext, data: Any) -> Any:
+    return data
+
+
+def inserts(queries: CaptureQueriesContext, table: str) -> int:
+    """The INSERT statements into ``table`` among ``queries``."""
+    return sum(
+        1
+        for query in queries.captured_queries
+        if query["sql"].lstrip().upper().startswith("INSERT") and table in query["sql"]
+    )
+
+
+def test_many_starts_are_one_statement_and_run_in_order_of_ids(worker: Any) -> None:
+    starts: list[Any] = [(echo, {"n": n}) for n in range(50)]
+    starts.append((sum3, {"a": 1, "b": 2, "c": 3}, {"instance_id": "bulk-sum", "priority": 5}))
+    starts.append(("test.bulk.echo", "by name", {"instance_id": "bulk-by-name"}))
+    with CaptureQueriesContext(connections["default"]) as queries:
+        ids = sv.start_workflows(starts)
+    assert len(ids) == 52 and len(set(ids)) == 52
+    assert ids[50:] == ["bulk-sum", "bulk-by-name"]
+    assert inserts(queries, WorkflowInstance._meta.db_table) == 1
+    for n, instance_id in enumerate(ids[:50]):
+        result = sv.wait_workflow(instance_id, timeout=30)
+        assert (result.status, result.output) == ("completed", {"n": n})
+    assert sv.wait_workflow("bulk-sum", timeout=30).output == 6
+    assert sv.wait_workflow("bulk-by-name", timeout=30).output == "by name"
+    assert WorkflowInstance.objects.get(instance_id="bulk-sum").priority == 5
+
+
+def test_a_batch_larger_than_one_statement_binds_is_split_and_still_all_or_nothing() -> None:
+    # More rows than one statement may bind (over 30 values a row).
+    from selvedge_django.operations import client_store
+
+    count = client_store().bulk_starts._max_params() // 30 + 10
+    taken = sv.start_workflow(echo, "first", instance_id="bulk-taken-late")
+    starts: list[Any] = [(echo, n) for n in range(count)]
+    starts.append((echo, "again", {"instance_id": taken}))
+    with pytest.raises(sv.WorkflowAlreadyStarted) as raised:
+        sv.start_workflows(starts)
+    assert raised.value.args and taken in str(raised.value)
+    assert WorkflowInstance.objects.count() == 1  # the earlier batches rolled back too
+    with CaptureQueriesContext(connections["default"]) as queries:
+        ids = sv.start_workflows(starts[:count])
+    assert WorkflowInstance.objects.filter(instance_id__in=ids).count() == count
+    assert inserts(queries, WorkflowInstance._meta.db_table) >= 2
+    # Created in the order given: dispatch takes equal ranks in creation order.
+    seqs = dict(WorkflowInstance.objects.values_list("instance_id", "created_seq"))
+    assert [seqs[i] for i in ids] == sorted(seqs[i] for i in ids)
+
+
+def test_inside_a_rolled_back_transaction_nothing_is_started() -> None:
+    with pytest.raises(RuntimeError), transaction.atomic():
+        ids = sv.start_workflows([(echo, n) for n in range(10)])
+        assert WorkflowInstance.objects.filter(instance_id__in=ids).count() == 10
+        raise RuntimeError("roll back")
+    assert WorkflowInstance.objects.count() == 0
+
+
+def test_a_taken_id_fails_the_whole_call_unless_it_may_be_returned() -> None:
+    sv.start_workflow(echo, "old", instance_id="bulk-existing")
+    with pytest.raises(sv.WorkflowAlreadyStarted):
+        sv.start_workflows([(echo, 1), (echo, 2, {"instance_id": "bulk-existing"})])
+    assert WorkflowInstance.objects.count() == 1
+    # Another workflow's id is taken even with if_exists="return".
+    with pytest.raises(sv.WorkflowAlreadyStarted):
+        sv.start_workflows(
+            [(echo, 1), (sum3, {}, {"instance_id": "bulk-existing", "if_exists": "return"})]
+        )
+    assert WorkflowInstance.objects.count() == 1
+    ids = sv.start_workflows(
+        [(echo, 1), (echo, "new", {"instance_id": "bulk-existing", "if_exists": "return"})]
+    )
+    assert ids[1] == "bulk-existing"
+    assert WorkflowInstance.objects.count() == 2
+    assert WorkflowInstance.objects.get(instance_id="bulk-existing").input == "old"
+
+
+def test_an_id_given_twice_is_started_once() -> None:
+    with pytest.raises(sv.WorkflowAlreadyStarted):
+        sv.start_workflows(
+            [(echo, 1, {"instance_id": "twice"}), (echo, 2, {"instance_id": "twice"})]
+        )
+    assert WorkflowInstance.objects.count() == 0
+    ids = sv.start_workflows(
+        [
+            (echo, 1, {"instance_id": "twice"}),
+            (echo, 2, {"instance_id": "twice", "if_exists": "return"}),
+        ]
+    )
+    assert ids == ["twice", "twice"]
+    assert WorkflowInstance.objects.get().input == 1
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ((echo,), "each start is"),
+        ("echo", "each start is"),
+        ((echo, 1, {"instance": "x"}), "unknown option"),
+        ((echo, 1, ["instance_id"]), "options must be a dict"),
+        ((42, 1), "definition or a name"),
+        ((echo, object()), "not JSON-encodable"),
+        ((echo, 1, {"priority": 1000}), "priority"),
+        ((echo, 1, {"if_exists": "replace"}), "if_exists"),
+        ((echo, 1, {"instance_id": ""}), "start #2"),
+        ((echo, 1, {"execution_timeout": -1}), "start #2"),
+    ],
+)
+def test_a_bad_item_is_a_typed_error_naming_it_and_nothing_is_written(
+    bad: Any, message: str
+) -> None:
+    with pytest.raises(sv.WorkflowStartRejected) as raised:
+        sv.start_workflows([(echo, 0), (echo, 1), bad, (echo, 3)])
+    assert message in str(raised.value)
+    assert "start #2" in str(raised.value)
+    assert WorkflowInstance.objects.count() == 0
+
+
+def test_an_empty_call_writes_nothing() -> None:
+    with CaptureQueriesContext(connections["default"]) as queries:
+        assert sv.start_workflows([]) == []
+    assert len(queries.captured_queries) == 0
+
+
+def test_the_async_twin_starts_the_same_way() -> None:
+    from tests.integration.test_client import arun
+
+    ids = arun(sv.astart_workflows([(echo, 1), (echo, 2, {"instance_id": "async-bulk"})]))
+    assert ids[1] == "async-bulk"
+    assert WorkflowInstance.objects.filter(instance_id__in=ids).count() == 2
+
+
+def test_execution_timeout_and_started_hooks_follow_the_commit(worker: Any) -> None:
+    seen: list[str] = []
+
+    def started(sender: Any, instance_id: str, **kwargs: Any) -> None:
+        seen.append(instance_id)
+
+    from selvedge_django.signals import workflow_started
+
+    workflow_started.connect(started, weak=False)
+    try:
+        with transaction.atomic():
+            ids = sv.start_workflows(
+                [(echo, 1, {"execution_timeout": 3600}), (echo, 2, {"instance_id": "hooked"})]
+            )
+            assert seen == []
+        assert seen == ids
+    finally:
+        workflow_started.disconnect(started)
+    timed = WorkflowInstance.objects.get(instance_id=ids[0])
+    assert timed.execution_timeout_ms == 3_600_000
+    assert timed.execution_deadline_ms is not None
+    assert WorkflowInstance.objects.get(instance_id="hooked").execution_deadline_ms is None
+
+
+# -- django.tasks -----------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not HAS_TASKS, reason="neither django.tasks nor the django-tasks backport")
+def test_many_tasks_are_one_statement_per_table_and_all_run(worker: Any) -> None:
+    from selvedge_django.tasks import compat, enqueue_many
+    from tests.testapp import tasks
+
+    later = timezone.now() + timedelta(seconds=1)
+    calls: list[Any] = [(tasks.add, [n, 1], {}) for n in range(30)]
+    calls.append((tasks.send_email, ["a@example.com"], {"subject": "hi"}))
+    calls.append((tasks.noted.using(run_after=later), ["deferred"], {}))
+    with CaptureQueriesContext(connections["default"]) as queries:
+        results = enqueue_many(calls)
+    assert inserts(queries, WorkflowInstance._meta.db_table) == 1
+    assert inserts(queries, HistoryEvent._meta.db_table) == 1
+    assert inserts(queries, ActivityTask._meta.db_table) == 1
+    assert [r.args for r in results] == [list(args) for _, args, _ in calls]
+    for result in results:
+        wait_until(lambda r=result: r.refresh() or r.is_finished, timeout=30)
+        assert result.status == compat.TaskResultStatus.SUCCESSFUL, result.errors
+    assert [r.return_value for r in results[:30]] == [n + 1 for n in range(30)]
+    assert results[-1].started_at >= later
+    assert {t.queue for t in ActivityTask.objects.filter(instance_id=results[30].id)} == {"emails"}
+
+
+@pytest.mark.skipif(not HAS_TASKS, reason="neither django.tasks nor the django-tasks backport")
+def test_a_bad_task_call_enqueues_none_of_them() -> None:
+    from selvedge_django.tasks import compat, enqueue_many
+    from tests.testapp import tasks
+
+    with pytest.raises((TypeError, ValueError, compat.InvalidTask)):
+        enqueue_many([(tasks.add, [1, 2], {}), (tasks.add, [object(), 2], {})])
+    assert WorkflowInstance.objects.count() == 0
+    with pytest.raises(RuntimeError), transaction.atomic():
+        enqueue_many([(tasks.add, [1, 2], {})])
+        raise RuntimeError("roll back")
+    assert WorkflowInstance.objects.count() == 0
