@@ -38,8 +38,9 @@ DEFAULT_LEASE = {"TTL": 30.0, "RENEW_INTERVAL": 10.0, "MARGIN": 5.0, "MAX_SKEW":
 # The worker's cache of suspended executions (docs/deployment.md, "Workflow cache"):
 # MAX_ENTRIES executions (0: no cache) of at most MAX_BYTES estimated together, each
 # preferred by its worker's dispatcher for STICKY_WINDOW seconds after it suspended.
+# On by default; each entry keeps a thread (bench/bench_parked.py measures one).
 DEFAULT_WORKFLOW_CACHE: dict[str, Any] = {
-    "MAX_ENTRIES": 0,
+    "MAX_ENTRIES": 100,
     "MAX_BYTES": 64 * 1024 * 1024,
     "STICKY_WINDOW": 2.0,
 }
@@ -158,7 +159,7 @@ class LeaseSettings:
 class WorkflowCacheSettings:
     """The worker's cache of suspended executions; ``max_entries`` 0 turns it off."""
 
-    max_entries: int = 0
+    max_entries: int = 100
     max_bytes: int = 64 * 1024 * 1024
     sticky_window: float = 2.0
 

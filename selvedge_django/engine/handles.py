@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any, Generic, TypeVar
 
 from .. import exceptions as exc
-from .codec import decode_time, error_from_envelope
+from .codec import decode_time, error_from_envelope, parse_time
 from .events import (
     CMD_ACTIVITY,
     CMD_CHILD,
@@ -220,6 +220,11 @@ class Timer(_Handle):
         """Return the recorded expiry (aware UTC), or raise the timer's cancellation."""
         return self._wait(batch=False)
 
+    def _expires(self) -> datetime | None:
+        """When the timer fires, from its reservation (None when unknown)."""
+        expires = reservation_of(self._execution.history.get(self._key)).get("expires_at")
+        return parse_time(expires) if isinstance(expires, str) else None
+
     def _wait(self, *, batch: bool) -> datetime:
         execution = self._execution
         if self._resolved is None:
@@ -228,7 +233,7 @@ class Timer(_Handle):
             if row is None and execution.live:
                 row = self._cancel_on_wait(batch=batch)
             while row is None:  # again after each wait the worker's cache continues
-                execution.wait_here(f"timer {self._key!r} has not fired")
+                execution.wait_here(f"timer {self._key!r} has not fired", until=self._expires())
                 row = self._stored() or self._cancel_on_wait(batch=batch)
             self._resolve(row)
         row = self._resolved

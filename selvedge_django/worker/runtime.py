@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 import weakref
+from datetime import datetime
 from typing import Any
 
 from django.db import connections
@@ -104,7 +105,7 @@ class WorkerRuntime:
             deadline = self._beliefs.get(fence)
         return deadline is not None and time.monotonic() < deadline
 
-    def park(self, execution: Execution, why: str) -> Fence | None:
+    def park(self, execution: Execution, why: str, until: datetime | None = None) -> Fence | None:
         """Keep a suspending execution in the workflow cache until its next lease here.
 
         Called by :meth:`~selvedge_django.engine.execution.Execution.wait_here` on the
@@ -112,10 +113,17 @@ class WorkerRuntime:
         None: either not kept (the lease is still held and the suspension goes on as
         without a cache) or let go after the release (nothing is left to write:
         :meth:`_execute` returns at once).
+
+        A sleep (``until``, the timer's expiry) is kept only when it ends within the
+        sticky window: a parked execution holds a thread, and after the window any
+        worker may take the instance, so a long sleep unwinds and costs no thread.
         """
         cache = self.cache
         fence = execution.fence
         if cache is None or fence is None or self.stopping.is_set():
+            return None
+        window = self.settings.workflow_cache.sticky_window
+        if until is not None and (until - self.clock()).total_seconds() > window:
             return None
         definition = get_workflow(execution.workflow_name)
         if definition is None:

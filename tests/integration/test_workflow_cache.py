@@ -9,6 +9,7 @@ some), and compares the recorded histories row by row.
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 import time
@@ -232,6 +233,44 @@ def test_without_the_cache_each_signal_replays(make_worker: Any) -> None:
     # Each resumption after the first has history to replay (the first had none yet).
     assert replays == [iid] * 2
     assert worker.workflow_cache_stats()["hits"] == 0
+
+
+def test_a_default_worker_keeps_suspended_executions(make_worker: Any) -> None:
+    # No WORKFLOW_CACHE setting (unless SELVEDGE_TEST_WORKFLOW_CACHE says otherwise).
+    if os.environ.get("SELVEDGE_TEST_WORKFLOW_CACHE"):
+        pytest.skip("SELVEDGE_TEST_WORKFLOW_CACHE replaces the default cache")
+    assert sv.conf.get_settings().workflow_cache.max_entries == 100
+    worker = make_worker()
+    iid = sv.start_workflow("wait.receive", {"channels": ["a"] * 3})
+    _receive(worker, iid, [0, 1, 2])
+    assert sv.wait_workflow(iid, timeout=20).output == [0, 1, 2]
+    assert worker.workflow_cache_stats()["hits"] == 3
+
+
+# -- sleeps ------------------------------------------------------------------------------
+
+
+def test_a_long_sleep_unwinds_and_keeps_no_thread(make_worker: Any) -> None:
+    worker = make_worker(workflow_cache=CACHE, **FAST)
+    threads = len(_resume_threads())
+    ids = [sv.start_workflow("status.nap", 3600) for _ in range(5)]
+    wait_until(lambda: TimerSubscription.objects.count() == 5 and all(_parked(i, 1) for i in ids))
+    stats = worker.workflow_cache_stats()
+    assert (stats["parked"], stats["entries"], stats["threads"]) == (0, 0, 0), stats
+    assert len(_resume_threads()) == threads
+    # The timers come due now: each instance replays to its end, as without a cache.
+    TimerSubscription.objects.update(fire_at_ms=0)
+    for iid in ids:
+        assert sv.wait_workflow(iid, timeout=20).output == "rested"
+    assert worker.workflow_cache_stats()["hits"] == 0
+
+
+def test_a_sleep_within_the_sticky_window_stays_parked(make_worker: Any) -> None:
+    worker = make_worker(workflow_cache={**CACHE, "STICKY_WINDOW": 5.0}, **FAST)
+    iid = sv.start_workflow("status.nap", 0.5)
+    assert sv.wait_workflow(iid, timeout=20).output == "rested"
+    stats = worker.workflow_cache_stats()
+    assert (stats["parked"], stats["hits"]) == (1, 1), stats
 
 
 # -- what lets a parked execution go -----------------------------------------------------
