@@ -35,10 +35,9 @@ __all__ = [
 ]
 
 DEFAULT_LEASE = {"TTL": 30.0, "RENEW_INTERVAL": 10.0, "MARGIN": 5.0, "MAX_SKEW": 1.0}
-# The worker's cache of suspended executions (docs/deployment.md, "Workflow cache"):
-# MAX_ENTRIES executions (0: no cache) of at most MAX_BYTES estimated together, each
+# The worker's cache of suspended executions, on by default (docs/deployment.md): MAX_ENTRIES
+# executions (0: none), a thread each, of at most MAX_BYTES estimated together, each
 # preferred by its worker's dispatcher for STICKY_WINDOW seconds after it suspended.
-# On by default; each entry keeps a thread (bench/bench_parked.py measures one).
 DEFAULT_WORKFLOW_CACHE: dict[str, Any] = {
     "MAX_ENTRIES": 100,
     "MAX_BYTES": 64 * 1024 * 1024,

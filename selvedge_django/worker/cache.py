@@ -21,12 +21,15 @@ the instance is running without a cancel request, and the workflow name still
 names the same function. Anything else lets the execution go (it unwinds as a
 suspension does, writing nothing) and the new lease replays, as without a cache.
 
-Bounds: at most ``MAX_ENTRIES`` executions, estimated at most ``MAX_BYTES``
-together (least recently parked let go first). Each parked execution keeps its
-thread, so the resumption threads of a worker number at most
+Bounds: at most ``MAX_ENTRIES`` executions (100 by default), estimated at most
+``MAX_BYTES`` together (64 MiB; least recently parked let go first). Each parked
+execution keeps its thread, so the resumption threads of a worker number at most
 ``MAX_CONCURRENT_RESUMPTIONS + MAX_ENTRIES``; a parked thread closes its
 database connections after :data:`CONNECTION_IDLE` seconds, so idle entries hold
-none. Hits, misses and let-go entries are counted (:meth:`WorkflowCache.stats`).
+none. A sleep parks only when its timer fires within ``STICKY_WINDOW``
+(:meth:`~selvedge_django.worker.runtime.WorkerRuntime.park`): sleeping instances
+hold no thread. Hits, misses and let-go entries are counted
+(:meth:`WorkflowCache.stats`).
 """
 
 from __future__ import annotations
@@ -70,7 +73,10 @@ CONNECTION_IDLE = 1.0
 _THREAD_WAIT = 0.5
 # The estimate of one cached execution: a base for its thread and frames, a cost per
 # history row and per signal position, plus the characters of the values it holds.
-_BASE_BYTES = 32 * 1024
+# The base is what bench/bench_parked.py measures a parked execution's thread to keep
+# resident (about 200 KiB: the stack pages the database driver touched, the thread's
+# Django connection wrapper, its frames), so MAX_BYTES bounds real memory.
+_BASE_BYTES = 192 * 1024
 _ROW_BYTES = 400
 _SIGNAL_BYTES = 200
 
