@@ -263,6 +263,9 @@ def run_one(db: str, args: argparse.Namespace) -> None:
             measure_parked(db, args.parked, args.history)
         if "sleepers" in args.only:
             measure_sleepers(db, args.sleepers)
+        from selvedge_django.storage.postgresql.listener import stop_listeners
+
+        stop_listeners()  # before the database is dropped
         print(flush=True)
 
 
