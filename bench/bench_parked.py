@@ -13,13 +13,14 @@ parked    N instances (default 100, the default cache's MAX_ENTRIES) each record
           is printed (continued against replayed).
 sleepers  N instances (default 100,000) asleep on one-day durable timers in one
           worker process with the default settings: threads and resident memory
-          idle and with the N asleep. A long sleep does not park (it unwinds and
+          idle (a first worker process) and with the N asleep (a second one, which
+          took them all to sleep). A long sleep does not park (it unwinds and
           releases its lease as without a cache), so the figure to read is
           "threads added: 0" and the memory against the 100 MB budget.
 greenlet  No worker: N threads each blocked at a wait 30 Python frames deep,
           against N greenlets suspended at the same depth, each after one SQLite
-          query, in a child process each (resident memory per parked stack). Runs only when the
-          ``greenlet`` package is importable; it is not a dependency.
+          query, in a child process each (resident memory per parked stack). Runs
+          only when the ``greenlet`` package is importable; it is not a dependency.
 
 Each database runs in its own child process on a throwaway database
 (bench/harness.py); the worker processes are real ``runselvedge worker``
@@ -127,7 +128,13 @@ def measure_parked(db: str, n: int, history: int) -> None:
 
 
 def measure_sleepers(db: str, n: int) -> None:
-    """N instances asleep on one-day timers in a worker with the default settings."""
+    """N instances asleep on one-day timers in a worker with the default settings.
+
+    The N start while no worker runs (on SQLite a client's writes could otherwise
+    wait out its busy timeout behind a worker suspending thousands a second); the
+    idle figures are those of a first worker process after a warm-up, the asleep
+    ones those of the second, which takes all N to sleep.
+    """
     from django.db import transaction
     from django.utils import timezone
 
@@ -136,22 +143,23 @@ def measure_sleepers(db: str, n: int) -> None:
 
     name = "bench.scale.sleep_until"
     print(f"\n{n} instances asleep on one-day timers (default settings, cache on)")
-    with worker_processes(db, 1, "sleepers") as (proc,), client_polling(db):
+    with worker_processes(db, 1, "idle") as (proc,), client_polling(db):
         soon = (timezone.now() + timedelta(seconds=0.5)).isoformat()
         for iid in [sv.start_workflow(name, soon) for _ in range(20)]:
             sv.wait_workflow(iid, timeout=60)
         time.sleep(SETTLE)
         rss0, threads0 = proc.status("VmRSS"), proc.status("Threads")
-        until = (timezone.now() + timedelta(days=1)).isoformat()
+    until = (timezone.now() + timedelta(days=1)).isoformat()
+    for first in range(0, n, 1000):
+        with transaction.atomic():
+            for _ in range(min(1000, n - first)):
+                sv.start_workflow(name, until)
+
+    def all_asleep() -> bool:
+        return TimerSubscription.objects.count() >= n and _waiting(name).count() >= n
+
+    with worker_processes(db, 1, "sleepers") as (proc,), client_polling(db):
         started = time.perf_counter()
-        for first in range(0, n, 500):
-            with transaction.atomic():
-                for _ in range(min(500, n - first)):
-                    sv.start_workflow(name, until)
-
-        def all_asleep() -> bool:
-            return TimerSubscription.objects.count() >= n and _waiting(name).count() >= n
-
         wait_for(all_asleep, timeout=3600, interval=1.0)
         asleep = time.perf_counter() - started
         time.sleep(SETTLE)

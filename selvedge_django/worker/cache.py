@@ -22,7 +22,9 @@ names the same function. Anything else lets the execution go (it unwinds as a
 suspension does, writing nothing) and the new lease replays, as without a cache.
 
 Bounds: at most ``MAX_ENTRIES`` executions (100 by default), estimated at most
-``MAX_BYTES`` together (64 MiB; least recently parked let go first). Each parked
+``MAX_BYTES`` together (64 MiB; least recently parked let go first, once parked
+longer than ``STICKY_WINDOW``; a newcomer is declined rather than a younger
+entry let go). Each parked
 execution keeps its thread, so the resumption threads of a worker number at most
 ``MAX_CONCURRENT_RESUMPTIONS + MAX_ENTRIES``; a parked thread closes its
 database connections after :data:`CONNECTION_IDLE` seconds, so idle entries hold
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -98,6 +101,7 @@ class _Entry:
     fence: Fence  # the lease the execution released when it parked
     fn: Callable[..., Any]  # the function it runs: a redefinition is a code change
     size: int
+    parked_at: float = field(default_factory=time.monotonic)
     wake: threading.Event = field(default_factory=threading.Event)
     resumed: Fence | None = None  # the new lease it goes on under; None: let go
 
@@ -119,10 +123,14 @@ class WorkflowCache:
     def admit(self, execution: Execution, fn: Callable[..., Any]) -> _Entry | None:
         """Take ``execution`` in (its lease still held), or None when it cannot be kept.
 
-        Makes room first, letting the least recently parked entries go. Declines when
-        the cache is closed, the caller is not a thread of the pool (an inline run) or
-        the execution alone is over ``MAX_BYTES``. The caller detaches its thread next
-        (:meth:`detach`), which may still decline at the thread bound.
+        Makes room first, letting the least recently parked entries go, but only those
+        parked longer than ``STICKY_WINDOW`` ago: a younger entry is likely to be leased
+        here again soon, and letting it go for a newcomer when more executions wait at
+        once than the cache holds would cost a thread and a replay for each and save
+        none. Declines when no room is left that way, when the cache is closed, the
+        caller is not a thread of the pool (an inline run) or the execution alone is
+        over ``MAX_BYTES``. The caller detaches its thread next (:meth:`detach`), which
+        may still decline at the thread bound.
         """
         settings = self.settings
         if not settings.enabled or not self.pool.in_pool_thread() or self.pool.inline:
@@ -141,16 +149,24 @@ class WorkflowCache:
             if stale is not None:
                 self._bytes -= stale.size
                 self._let_go(stale, "replaced")
+            young = time.monotonic() - settings.sticky_window
             while self._entries and (
                 len(self._entries) >= settings.max_entries
                 or self._bytes + size > settings.max_bytes
             ):
-                _, oldest = self._entries.popitem(last=False)
+                oldest = next(iter(self._entries.values()))
+                if oldest.parked_at > young:
+                    break
+                del self._entries[oldest.fence.instance_id]
                 self._bytes -= oldest.size
                 self._let_go(oldest, "evicted")
         entry = _Entry(execution, fence, fn, size)
         with self._lock:
-            if self._closed or len(self._entries) >= settings.max_entries:
+            if (
+                self._closed
+                or len(self._entries) >= settings.max_entries
+                or self._bytes + size > settings.max_bytes
+            ):
                 self._note("declined")
                 return None
             self._entries[fence.instance_id] = entry

@@ -316,7 +316,8 @@ def test_a_redefined_workflow_replays(make_worker: Any, redefine: Any) -> None:
 
 
 def test_terminate_while_parked_closes_and_the_entry_is_let_go_later(make_worker: Any) -> None:
-    worker = make_worker(workflow_cache={"MAX_ENTRIES": 1})
+    # No sticky window: an entry may be let go for a newcomer as soon as it parked.
+    worker = make_worker(workflow_cache={"MAX_ENTRIES": 1, "STICKY_WINDOW": 0})
     first = sv.start_workflow("wait.receive", {"channels": ["a"]})
     wait_until(lambda: _parked(first, 1))
     sv.terminate_workflow(first, "enough")
@@ -349,6 +350,23 @@ def test_threads_stay_within_resumptions_plus_entries(make_worker: Any) -> None:
         assert sv.wait_workflow(iid, timeout=30).output == [0, 1]
     assert len(_resume_threads()) <= 2 + 3
     assert worker.workflow_cache_stats()["hits"] >= 1
+
+
+def test_more_waiting_at_once_than_entries_declines_newcomers_instead_of_thrashing(
+    make_worker: Any,
+) -> None:
+    worker = make_worker(workflow_cache={"MAX_ENTRIES": 2, "STICKY_WINDOW": 30})
+    ids = [sv.start_workflow("wait.receive", {"channels": ["a"]}) for _ in range(4)]
+    for iid in ids:
+        wait_until(lambda iid=iid: _parked(iid, 1))  # type: ignore[misc]
+    stats = worker.workflow_cache_stats()
+    # The first two parked are kept (younger than the window); the others unwound.
+    assert (stats["parked"], stats["declined"], stats["entries"]) == (2, 2, 2), stats
+    assert stats.get("let_go_evicted", 0) == 0, stats
+    for n, iid in enumerate(ids):
+        sv.signal(iid, "a", n)
+    assert [sv.wait_workflow(iid, timeout=20).output for iid in ids] == [[0], [1], [2], [3]]
+    assert worker.workflow_cache_stats()["hits"] == 2
 
 
 def test_an_execution_over_max_bytes_is_not_kept(make_worker: Any) -> None:
