@@ -220,10 +220,12 @@ class Timer(_Handle):
         """Return the recorded expiry (aware UTC), or raise the timer's cancellation."""
         return self._wait(batch=False)
 
-    def _expires(self) -> datetime | None:
-        """When the timer fires, from its reservation (None when unknown)."""
+    def _remaining(self) -> float | None:
+        """Seconds of workflow time until the timer fires, from its reservation (or None)."""
         expires = reservation_of(self._execution.history.get(self._key)).get("expires_at")
-        return parse_time(expires) if isinstance(expires, str) else None
+        if not isinstance(expires, str):
+            return None
+        return (parse_time(expires) - self._execution.time_base()).total_seconds()
 
     def _wait(self, *, batch: bool) -> datetime:
         execution = self._execution
@@ -233,7 +235,7 @@ class Timer(_Handle):
             if row is None and execution.live:
                 row = self._cancel_on_wait(batch=batch)
             while row is None:  # again after each wait the worker's cache continues
-                execution.wait_here(f"timer {self._key!r} has not fired", until=self._expires())
+                execution.wait_here(f"timer {self._key!r} has not fired", self._remaining())
                 row = self._stored() or self._cancel_on_wait(batch=batch)
             self._resolve(row)
         row = self._resolved

@@ -29,9 +29,8 @@ execution keeps its thread, so the resumption threads of a worker number at most
 ``MAX_CONCURRENT_RESUMPTIONS + MAX_ENTRIES``; a parked thread closes its
 database connections after :data:`CONNECTION_IDLE` seconds, so idle entries hold
 none. A sleep parks only when its timer fires within ``STICKY_WINDOW``
-(:meth:`~selvedge_django.worker.runtime.WorkerRuntime.park`): sleeping instances
-hold no thread. Hits, misses and let-go entries are counted
-(:meth:`WorkflowCache.stats`).
+(:meth:`WorkflowCache.admit`): sleeping instances hold no thread. Hits, misses
+and let-go entries are counted (:meth:`WorkflowCache.stats`).
 """
 
 from __future__ import annotations
@@ -120,8 +119,15 @@ class WorkflowCache:
 
     # -- the parked thread's side -----------------------------------------------------
 
-    def admit(self, execution: Execution, fn: Callable[..., Any]) -> _Entry | None:
+    def admit(
+        self, execution: Execution, fn: Callable[..., Any], sleep: float | None = None
+    ) -> _Entry | None:
         """Take ``execution`` in (its lease still held), or None when it cannot be kept.
+
+        A sleep (``sleep``: the seconds until its timer fires) is kept only when it
+        ends within ``STICKY_WINDOW``: a kept execution holds a thread, and after the
+        window any worker may take the instance, so a long sleep unwinds and costs no
+        thread.
 
         Makes room first, letting the least recently parked entries go, but only those
         parked longer than ``STICKY_WINDOW`` ago: a younger entry is likely to be leased
@@ -134,6 +140,8 @@ class WorkflowCache:
         """
         settings = self.settings
         if not settings.enabled or not self.pool.in_pool_thread() or self.pool.inline:
+            return None
+        if sleep is not None and sleep > settings.sticky_window:
             return None
         size = estimate_size(execution)
         fence = execution.fence

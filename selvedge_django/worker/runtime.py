@@ -14,7 +14,6 @@ import logging
 import threading
 import time
 import weakref
-from datetime import datetime
 from typing import Any
 
 from django.db import connections
@@ -105,30 +104,23 @@ class WorkerRuntime:
             deadline = self._beliefs.get(fence)
         return deadline is not None and time.monotonic() < deadline
 
-    def park(self, execution: Execution, why: str, until: datetime | None = None) -> Fence | None:
+    def park(self, execution: Execution, why: str, sleep: float | None = None) -> Fence | None:
         """Keep a suspending execution in the workflow cache until its next lease here.
 
         Called by :meth:`~selvedge_django.engine.execution.Execution.wait_here` on the
         execution's thread with the lease held. Returns the new fence to go on under, or
         None: either not kept (the lease is still held and the suspension goes on as
         without a cache) or let go after the release (nothing is left to write:
-        :meth:`_execute` returns at once).
-
-        A sleep (``until``, the timer's expiry) is kept only when it ends within the
-        sticky window: a parked execution holds a thread, and after the window any
-        worker may take the instance, so a long sleep unwinds and costs no thread.
+        :meth:`_execute` returns at once). ``sleep``: see :meth:`WorkflowCache.admit`.
         """
         cache = self.cache
         fence = execution.fence
         if cache is None or fence is None or self.stopping.is_set():
             return None
-        window = self.settings.workflow_cache.sticky_window
-        if until is not None and (until - self.clock()).total_seconds() > window:
-            return None
         definition = get_workflow(execution.workflow_name)
         if definition is None:
             return None
-        entry = cache.admit(execution, definition.fn)
+        entry = cache.admit(execution, definition.fn, sleep)
         if entry is None:
             return None
         if not cache.detach(entry):
