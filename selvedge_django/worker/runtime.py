@@ -138,6 +138,10 @@ class WorkerRuntime:
                 cache.discard(entry)
                 return None
         execution.released = True
+        # An inline result no write took (the lease went with a reservation, or a pause
+        # fenced the execution out) is recorded now, as when an execution ends: a kept
+        # execution may wait far longer than its attempt's claim lasts.
+        self.attempts.outcomes.flush_inline_results(fence)
         self.drop(fence)
         handoff.finished(fence.instance_id)
         self.fire(

@@ -60,6 +60,10 @@ LONG_MODULES: dict[str, str] = {
         " wake-ups, row locks), each dialect overriding a few of its class attributes; split, a"
         " part would import three modules to write one fenced row"
     ),
+    "selvedge_django.worker.runtime": (
+        "one worker's executions from lease to release, the workflow cache's parking among"
+        " them; attempts and their outcomes are already members of their own"
+    ),
     "selvedge_django.engine.execution": (
         "one run of workflow code against its history; wait_here came back from a module"
         " that read nine of Execution's attributes from outside"
