@@ -87,7 +87,10 @@ INPUTS: dict[str, Any] = {
     "child.basic": {"child_id": "cmp-named-child"},
     "child.duplicate": {"child_id": "cmp-child.echo"},
     "child.errors": {"catch": True},
-    "child.ready": {},
+    # An input its activity completes with at once ("" is no file): with {} the
+    # activity failed and retried with backoff, and how far each side got under load
+    # decided the comparison.
+    "child.ready": {"entry": "r", "hold_while": ""},
     "child.cancel_handle": None,
     "child.tree": 2,
     "child.leave_running": {"fail": False},
