@@ -54,7 +54,7 @@ else:
 
 # Project defaults throughout, so the figures describe an untuned install.
 SELVEDGE: dict[str, object] = {}
-# SELVEDGE_BENCH_CACHE=N turns the workflow cache on with N entries (off by default).
+# SELVEDGE_BENCH_CACHE=N gives the workflow cache N entries (0: off; on by default).
 if os.environ.get("SELVEDGE_BENCH_CACHE"):
     SELVEDGE["WORKFLOW_CACHE"] = {"MAX_ENTRIES": int(os.environ["SELVEDGE_BENCH_CACHE"])}
 # SELVEDGE_BENCH_PREPARED=0 turns off the engine's prepared statements (on by default).

@@ -35,11 +35,11 @@ __all__ = [
 ]
 
 DEFAULT_LEASE = {"TTL": 30.0, "RENEW_INTERVAL": 10.0, "MARGIN": 5.0, "MAX_SKEW": 1.0}
-# The worker's cache of suspended executions (docs/deployment.md, "Workflow cache"):
-# MAX_ENTRIES executions (0: no cache) of at most MAX_BYTES estimated together, each
+# The worker's cache of suspended executions, on by default (docs/deployment.md): MAX_ENTRIES
+# executions (0: none), a thread each, of at most MAX_BYTES estimated together, each
 # preferred by its worker's dispatcher for STICKY_WINDOW seconds after it suspended.
 DEFAULT_WORKFLOW_CACHE: dict[str, Any] = {
-    "MAX_ENTRIES": 0,
+    "MAX_ENTRIES": 100,
     "MAX_BYTES": 64 * 1024 * 1024,
     "STICKY_WINDOW": 2.0,
 }
@@ -158,7 +158,7 @@ class LeaseSettings:
 class WorkflowCacheSettings:
     """The worker's cache of suspended executions; ``max_entries`` 0 turns it off."""
 
-    max_entries: int = 0
+    max_entries: int = 100
     max_bytes: int = 64 * 1024 * 1024
     sticky_window: float = 2.0
 

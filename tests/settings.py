@@ -124,7 +124,8 @@ if os.environ.get("SELVEDGE_TEST_PAYLOAD_KEYS"):
     SELVEDGE["PAYLOAD_KEYS"] = os.environ["SELVEDGE_TEST_PAYLOAD_KEYS"].split(",")
     SELVEDGE["MODULES"] = ["tests.codec_workflows"]
 # The suite both ways: SELVEDGE_TEST_WORKFLOW_CACHE=N gives every worker (threads and
-# processes) a workflow cache of N entries; the default runs without one.
+# processes) a workflow cache of N entries (0: none); the default runs with the default
+# cache, as a project does.
 if os.environ.get("SELVEDGE_TEST_WORKFLOW_CACHE"):
     SELVEDGE["WORKFLOW_CACHE"] = {"MAX_ENTRIES": int(os.environ["SELVEDGE_TEST_WORKFLOW_CACHE"])}
 

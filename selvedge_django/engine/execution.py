@@ -274,17 +274,18 @@ class Execution:
         self.suspension = Frontier(why) if self.readonly else Suspend(why)
         return self.suspension
 
-    def wait_here(self, why: str) -> None:
+    def wait_here(self, why: str, sleep: float | None = None) -> None:
         """Park at a live wait that cannot complete; raise Suspend when not kept (or let go).
 
         Without a workflow cache, such a wait raises :class:`Suspend`: the code unwinds,
         the lease is released, and the next lease replays the code from its start. A
-        runtime that keeps executions (its ``park(execution, why)``, see
+        runtime that keeps executions (its ``park(execution, why, sleep)``, see
         :mod:`selvedge_django.worker.cache`) releases the lease itself and blocks this
         thread until the instance is leased to it again; ``wait_here`` then returns
         with the new fence, and the wait looks again for what arrived, exactly where a
         replay would look. Each live wait calls it in a loop (``while not ready:
-        execution.wait_here(...)``).
+        execution.wait_here(...)``). ``sleep`` is how many seconds the wait lasts by
+        itself (a timer's): the runtime may decline to keep a long sleep.
         """
         park = getattr(self.runtime, "park", None)
         if (
@@ -300,7 +301,7 @@ class Execution:
         ):
             raise self.suspend(why)
         # None: not kept (the lease still held), or let go after the release.
-        fence = park(self, why)
+        fence = park(self, why, sleep)
         if fence is None:
             raise self.suspend(why)
         self.fence = fence

@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any, Generic, TypeVar
 
 from .. import exceptions as exc
-from .codec import decode_time, error_from_envelope
+from .codec import decode_time, error_from_envelope, parse_time
 from .events import (
     CMD_ACTIVITY,
     CMD_CHILD,
@@ -220,6 +220,13 @@ class Timer(_Handle):
         """Return the recorded expiry (aware UTC), or raise the timer's cancellation."""
         return self._wait(batch=False)
 
+    def _remaining(self) -> float | None:
+        """Seconds of workflow time until the timer fires, from its reservation (or None)."""
+        expires = reservation_of(self._execution.history.get(self._key)).get("expires_at")
+        if not isinstance(expires, str):
+            return None
+        return (parse_time(expires) - self._execution.time_base()).total_seconds()
+
     def _wait(self, *, batch: bool) -> datetime:
         execution = self._execution
         if self._resolved is None:
@@ -228,7 +235,7 @@ class Timer(_Handle):
             if row is None and execution.live:
                 row = self._cancel_on_wait(batch=batch)
             while row is None:  # again after each wait the worker's cache continues
-                execution.wait_here(f"timer {self._key!r} has not fired")
+                execution.wait_here(f"timer {self._key!r} has not fired", self._remaining())
                 row = self._stored() or self._cancel_on_wait(batch=batch)
             self._resolve(row)
         row = self._resolved

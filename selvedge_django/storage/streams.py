@@ -40,12 +40,27 @@ from ..models import (
     WorkflowStreamEntry,
 )
 from . import sql
+from .clock import aware_utc
 from .db import Database
 from .operation import operation
 from .options import StoreOptions
 from .wakeups import stream_topic
 
 __all__ = ["StoredEntry", "StreamRead", "Streams"]
+
+# A reader's read, one statement (so one snapshot): a first row with seq 0 carries the
+# instance's status (NULL: no such instance) and whether stream %s is closed (NULL: no
+# stream row yet), then up to %s entries after seq %s in seq order (sv_stream_entry_seq_uniq).
+STREAM_READ = (
+    "SELECT seq, value, attempt, activity_id, written_at, status, closed FROM ("
+    "SELECT 0 AS seq, NULL AS value, NULL AS attempt, NULL AS activity_id,"
+    " NULL AS written_at, (SELECT status FROM {instance} WHERE instance_id = %s) AS status,"
+    " (SELECT closed FROM {stream} WHERE instance_id = %s AND key = %s) AS closed"
+    " UNION ALL SELECT * FROM (SELECT seq, value, attempt, activity_id, written_at, NULL,"
+    " CAST(NULL AS BOOLEAN)"
+    " FROM {stream_entry} WHERE instance_id = %s AND key = %s AND seq > %s"
+    " ORDER BY seq LIMIT %s) batch) found ORDER BY seq"
+)
 
 
 @dataclass(frozen=True)
@@ -64,8 +79,9 @@ class StoredEntry:
 class StreamRead:
     """What one read of a stream found: entries after a seq, and whether it had ended.
 
-    ``closed`` was read before the entries, so a closed stream's read holds every
-    entry it will ever have after ``after`` (up to the read's limit).
+    ``closed`` and the entries are read in one statement (one snapshot), so a closed
+    stream's read holds every entry it will ever have after ``after`` (up to the
+    read's limit).
     """
 
     entries: list[StoredEntry]
@@ -195,30 +211,21 @@ class Streams:
     def read(self, instance_id: str, key: str, after: int, limit: int) -> StreamRead:
         """Up to ``limit`` entries of stream ``key`` after ``after``, in seq order.
 
-        Raises :class:`WorkflowNotFound` for an unknown instance. Whether the stream
-        had ended is read first (see :class:`StreamRead`).
+        Raises :class:`WorkflowNotFound` for an unknown instance. One statement: the
+        instance's status, whether the stream is closed (see :class:`StreamRead`) and
+        the entries, without the ORM's query building (a reader runs it at every
+        wake-up).
         """
-        alias = self.db.alias
-        status = (
-            WorkflowInstance.objects.using(alias)
-            .filter(instance_id=instance_id)
-            .values_list("status", flat=True)
-            .first()
-        )
+        params = [instance_id, instance_id, key, instance_id, key, after, limit]
+        rows = self.db._fetch(STREAM_READ, params)
+        status, closed = rows[0][5:]
         if status is None:
             raise exc.WorkflowNotFound(instance_id)
-        closed = status != WorkflowStatus.RUNNING or (
-            WorkflowStream.objects.using(alias)
-            .filter(instance_id=instance_id, key=key, closed=True)
-            .exists()
-        )
-        rows = (
-            WorkflowStreamEntry.objects.using(alias)
-            .filter(instance_id=instance_id, key=key, seq__gt=after)
-            .order_by("seq")
-            .values_list("key", "seq", "value", "attempt", "activity_id", "written_at")[:limit]
-        )
-        return StreamRead([StoredEntry(*row) for row in rows], closed)
+        entries = [
+            StoredEntry(key, int(seq), value, attempt, activity_id, aware_utc(written_at))
+            for seq, value, attempt, activity_id, written_at, _, _ in rows[1:]
+        ]
+        return StreamRead(entries, status != WorkflowStatus.RUNNING or bool(closed))
 
     @operation
     def entries(self, instance_id: str, limit: int) -> list[StoredEntry]:

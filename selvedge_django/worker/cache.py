@@ -21,18 +21,23 @@ the instance is running without a cancel request, and the workflow name still
 names the same function. Anything else lets the execution go (it unwinds as a
 suspension does, writing nothing) and the new lease replays, as without a cache.
 
-Bounds: at most ``MAX_ENTRIES`` executions, estimated at most ``MAX_BYTES``
-together (least recently parked let go first). Each parked execution keeps its
-thread, so the resumption threads of a worker number at most
+Bounds: at most ``MAX_ENTRIES`` executions (100 by default), estimated at most
+``MAX_BYTES`` together (64 MiB; least recently parked let go first, once parked
+longer than ``STICKY_WINDOW``; a newcomer is declined rather than a younger
+entry let go). Each parked
+execution keeps its thread, so the resumption threads of a worker number at most
 ``MAX_CONCURRENT_RESUMPTIONS + MAX_ENTRIES``; a parked thread closes its
 database connections after :data:`CONNECTION_IDLE` seconds, so idle entries hold
-none. Hits, misses and let-go entries are counted (:meth:`WorkflowCache.stats`).
+none. A sleep parks only when its timer fires within ``STICKY_WINDOW``
+(:meth:`WorkflowCache.admit`): sleeping instances hold no thread. Hits, misses
+and let-go entries are counted (:meth:`WorkflowCache.stats`).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -70,7 +75,10 @@ CONNECTION_IDLE = 1.0
 _THREAD_WAIT = 0.5
 # The estimate of one cached execution: a base for its thread and frames, a cost per
 # history row and per signal position, plus the characters of the values it holds.
-_BASE_BYTES = 32 * 1024
+# The base is what bench/bench_parked.py measures a parked execution's thread to keep
+# resident (about 200 KiB: the stack pages the database driver touched, the thread's
+# Django connection wrapper, its frames), so MAX_BYTES bounds real memory.
+_BASE_BYTES = 192 * 1024
 _ROW_BYTES = 400
 _SIGNAL_BYTES = 200
 
@@ -92,6 +100,7 @@ class _Entry:
     fence: Fence  # the lease the execution released when it parked
     fn: Callable[..., Any]  # the function it runs: a redefinition is a code change
     size: int
+    parked_at: float = field(default_factory=time.monotonic)
     wake: threading.Event = field(default_factory=threading.Event)
     resumed: Fence | None = None  # the new lease it goes on under; None: let go
 
@@ -110,16 +119,29 @@ class WorkflowCache:
 
     # -- the parked thread's side -----------------------------------------------------
 
-    def admit(self, execution: Execution, fn: Callable[..., Any]) -> _Entry | None:
+    def admit(
+        self, execution: Execution, fn: Callable[..., Any], sleep: float | None = None
+    ) -> _Entry | None:
         """Take ``execution`` in (its lease still held), or None when it cannot be kept.
 
-        Makes room first, letting the least recently parked entries go. Declines when
-        the cache is closed, the caller is not a thread of the pool (an inline run) or
-        the execution alone is over ``MAX_BYTES``. The caller detaches its thread next
-        (:meth:`detach`), which may still decline at the thread bound.
+        A sleep (``sleep``: the seconds until its timer fires) is kept only when it
+        ends within ``STICKY_WINDOW``: a kept execution holds a thread, and after the
+        window any worker may take the instance, so a long sleep unwinds and costs no
+        thread.
+
+        Makes room first, letting the least recently parked entries go, but only those
+        parked longer than ``STICKY_WINDOW`` ago: a younger entry is likely to be leased
+        here again soon, and letting it go for a newcomer when more executions wait at
+        once than the cache holds would cost a thread and a replay for each and save
+        none. Declines when no room is left that way, when the cache is closed, the
+        caller is not a thread of the pool (an inline run) or the execution alone is
+        over ``MAX_BYTES``. The caller detaches its thread next (:meth:`detach`), which
+        may still decline at the thread bound.
         """
         settings = self.settings
         if not settings.enabled or not self.pool.in_pool_thread() or self.pool.inline:
+            return None
+        if sleep is not None and sleep > settings.sticky_window:
             return None
         size = estimate_size(execution)
         fence = execution.fence
@@ -135,16 +157,24 @@ class WorkflowCache:
             if stale is not None:
                 self._bytes -= stale.size
                 self._let_go(stale, "replaced")
+            young = time.monotonic() - settings.sticky_window
             while self._entries and (
                 len(self._entries) >= settings.max_entries
                 or self._bytes + size > settings.max_bytes
             ):
-                _, oldest = self._entries.popitem(last=False)
+                oldest = next(iter(self._entries.values()))
+                if oldest.parked_at > young:
+                    break
+                del self._entries[oldest.fence.instance_id]
                 self._bytes -= oldest.size
                 self._let_go(oldest, "evicted")
         entry = _Entry(execution, fence, fn, size)
         with self._lock:
-            if self._closed or len(self._entries) >= settings.max_entries:
+            if (
+                self._closed
+                or len(self._entries) >= settings.max_entries
+                or self._bytes + size > settings.max_bytes
+            ):
                 self._note("declined")
                 return None
             self._entries[fence.instance_id] = entry

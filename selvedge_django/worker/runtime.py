@@ -104,14 +104,14 @@ class WorkerRuntime:
             deadline = self._beliefs.get(fence)
         return deadline is not None and time.monotonic() < deadline
 
-    def park(self, execution: Execution, why: str) -> Fence | None:
+    def park(self, execution: Execution, why: str, sleep: float | None = None) -> Fence | None:
         """Keep a suspending execution in the workflow cache until its next lease here.
 
         Called by :meth:`~selvedge_django.engine.execution.Execution.wait_here` on the
         execution's thread with the lease held. Returns the new fence to go on under, or
         None: either not kept (the lease is still held and the suspension goes on as
         without a cache) or let go after the release (nothing is left to write:
-        :meth:`_execute` returns at once).
+        :meth:`_execute` returns at once). ``sleep``: see :meth:`WorkflowCache.admit`.
         """
         cache = self.cache
         fence = execution.fence
@@ -120,7 +120,7 @@ class WorkerRuntime:
         definition = get_workflow(execution.workflow_name)
         if definition is None:
             return None
-        entry = cache.admit(execution, definition.fn)
+        entry = cache.admit(execution, definition.fn, sleep)
         if entry is None:
             return None
         if not cache.detach(entry):
@@ -138,6 +138,10 @@ class WorkerRuntime:
                 cache.discard(entry)
                 return None
         execution.released = True
+        # An inline result no write took (the lease went with a reservation, or a pause
+        # fenced the execution out) is recorded now, as when an execution ends: a kept
+        # execution may wait far longer than its attempt's claim lasts.
+        self.attempts.outcomes.flush_inline_results(fence)
         self.drop(fence)
         handoff.finished(fence.instance_id)
         self.fire(

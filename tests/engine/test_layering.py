@@ -58,6 +58,10 @@ LONG_MODULES: dict[str, str] = {
         "the one settings object: each SELVEDGE key's default, validation and field side by"
         " side, so a new key is one reading of one module"
     ),
+    "selvedge_django.worker.runtime": (
+        "one worker's executions from lease to release, the workflow cache's parking among"
+        " them; attempts and their outcomes are already members of their own"
+    ),
     "selvedge_django.engine.execution": (
         "one run of workflow code against its history; wait_here came back from a module"
         " that read nine of Execution's attributes from outside"

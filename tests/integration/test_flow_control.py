@@ -278,16 +278,21 @@ def test_a_rate_limited_queue_claims_at_most_its_rate_per_sliding_window(
         start_span("plain")
         queue_tasks(clock)
         limited = store()
-        assert claim_and_complete(limited) == ["plain", "rl-0", "rl-1"]
+        # Which of rl-0..rl-4 go in each window follows the order the worker ran its
+        # dispatched batch in (PostgreSQL's RETURNING keeps no order); how many do not.
+        first = claim_and_complete(limited)
+        assert first[0] == "plain" and len(first) == 3
         assert claim_and_complete(limited) == []
         assert claim_and_complete(store()) == []  # the window is in the database
         clock.advance(30)
         assert claim_and_complete(store()) == []
         clock.advance(31)  # the first two claims left the window
-        assert claim_and_complete(limited) == ["rl-2", "rl-3"]
+        second = claim_and_complete(limited)
+        assert len(second) == 2
         assert claim_and_complete(limited) == []
         clock.advance(61)
-        assert claim_and_complete(limited) == ["rl-4"]
+        last = claim_and_complete(limited)
+        assert sorted([*first[1:], *second, *last]) == [f"rl-{n}" for n in range(5)]
         # Claims that left the window are forgotten by the next claim of the queue.
         assert QueueClaim.objects.filter(queue="rl").count() == 1
 

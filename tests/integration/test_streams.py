@@ -169,6 +169,36 @@ def test_after_timeout_and_unknown_ids(tdb: None) -> None:
         next(sv.read_stream(iid, "other", timeout=0.1))
 
 
+def test_a_read_is_one_statement_and_a_closed_stream_ends_after_its_last_batch(
+    tdb: None,
+) -> None:
+    """A reader's wake-up costs one round trip: the instance's status, whether the
+    stream is closed and a batch of entries, in seq order, read together."""
+    from django.test.utils import CaptureQueriesContext
+
+    from selvedge_django.operations import client_store
+
+    iid = sv.start_workflow(steps, 3)
+    run_until_idle(Worker())
+    store = client_store()
+    with CaptureQueriesContext(connection) as captured:
+        found = store.streams.read(iid, "steps", 1, 1)
+    assert len(captured.captured_queries) == 1
+    assert [(e.seq, json.loads(e.value)) for e in found.entries] == [(2, {"step": 1})]
+    assert not found.closed and found.entries[0].written_at.utcoffset() == timedelta(0)
+    assert store.streams.read(iid, "steps", 3, 10).entries == []
+    assert not store.streams.read(iid, "other", 0, 10).closed  # nobody wrote to it
+
+    sv.signal(iid, "go", None)
+    run_until_idle(Worker())
+    first = store.streams.read(iid, "steps", 0, 3)  # closed, but a full batch: more may follow
+    assert ([e.seq for e in first.entries], first.closed) == ([1, 2, 3], True)
+    assert [e.seq for e in store.streams.read(iid, "steps", 3, 3).entries] == [4]
+    assert [e.seq for e in sv.read_stream(iid, "steps", after=2)] == [3, 4]
+    with pytest.raises(sv.WorkflowNotFound):
+        store.streams.read("nobody", "steps", 0, 10)
+
+
 def test_a_waiting_reader_wakes_on_a_write_from_another_thread(tdb: None) -> None:
     iid = sv.start_workflow(steps, 1)
     run_until_idle(Worker())

@@ -9,6 +9,7 @@ some), and compares the recorded histories row by row.
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 import time
@@ -86,7 +87,10 @@ INPUTS: dict[str, Any] = {
     "child.basic": {"child_id": "cmp-named-child"},
     "child.duplicate": {"child_id": "cmp-child.echo"},
     "child.errors": {"catch": True},
-    "child.ready": {},
+    # An input its activity completes with at once ("" is no file): with {} the
+    # activity failed and retried with backoff, and how far each side got under load
+    # decided the comparison.
+    "child.ready": {"entry": "r", "hold_while": ""},
     "child.cancel_handle": None,
     "child.tree": 2,
     "child.leave_running": {"fail": False},
@@ -234,6 +238,44 @@ def test_without_the_cache_each_signal_replays(make_worker: Any) -> None:
     assert worker.workflow_cache_stats()["hits"] == 0
 
 
+def test_a_default_worker_keeps_suspended_executions(make_worker: Any) -> None:
+    # No WORKFLOW_CACHE setting (unless SELVEDGE_TEST_WORKFLOW_CACHE says otherwise).
+    if os.environ.get("SELVEDGE_TEST_WORKFLOW_CACHE"):
+        pytest.skip("SELVEDGE_TEST_WORKFLOW_CACHE replaces the default cache")
+    assert sv.conf.get_settings().workflow_cache.max_entries == 100
+    worker = make_worker()
+    iid = sv.start_workflow("wait.receive", {"channels": ["a"] * 3})
+    _receive(worker, iid, [0, 1, 2])
+    assert sv.wait_workflow(iid, timeout=20).output == [0, 1, 2]
+    assert worker.workflow_cache_stats()["hits"] == 3
+
+
+# -- sleeps ------------------------------------------------------------------------------
+
+
+def test_a_long_sleep_unwinds_and_keeps_no_thread(make_worker: Any) -> None:
+    worker = make_worker(workflow_cache=CACHE, **FAST)
+    threads = len(_resume_threads())
+    ids = [sv.start_workflow("status.nap", 3600) for _ in range(5)]
+    wait_until(lambda: TimerSubscription.objects.count() == 5 and all(_parked(i, 1) for i in ids))
+    stats = worker.workflow_cache_stats()
+    assert (stats["parked"], stats["entries"], stats["threads"]) == (0, 0, 0), stats
+    assert len(_resume_threads()) == threads
+    # The timers come due now: each instance replays to its end, as without a cache.
+    TimerSubscription.objects.update(fire_at_ms=0)
+    for iid in ids:
+        assert sv.wait_workflow(iid, timeout=20).output == "rested"
+    assert worker.workflow_cache_stats()["hits"] == 0
+
+
+def test_a_sleep_within_the_sticky_window_stays_parked(make_worker: Any) -> None:
+    worker = make_worker(workflow_cache={**CACHE, "STICKY_WINDOW": 5.0}, **FAST)
+    iid = sv.start_workflow("status.nap", 0.5)
+    assert sv.wait_workflow(iid, timeout=20).output == "rested"
+    stats = worker.workflow_cache_stats()
+    assert (stats["parked"], stats["hits"]) == (1, 1), stats
+
+
 # -- what lets a parked execution go -----------------------------------------------------
 
 
@@ -277,7 +319,8 @@ def test_a_redefined_workflow_replays(make_worker: Any, redefine: Any) -> None:
 
 
 def test_terminate_while_parked_closes_and_the_entry_is_let_go_later(make_worker: Any) -> None:
-    worker = make_worker(workflow_cache={"MAX_ENTRIES": 1})
+    # No sticky window: an entry may be let go for a newcomer as soon as it parked.
+    worker = make_worker(workflow_cache={"MAX_ENTRIES": 1, "STICKY_WINDOW": 0})
     first = sv.start_workflow("wait.receive", {"channels": ["a"]})
     wait_until(lambda: _parked(first, 1))
     sv.terminate_workflow(first, "enough")
@@ -310,6 +353,23 @@ def test_threads_stay_within_resumptions_plus_entries(make_worker: Any) -> None:
         assert sv.wait_workflow(iid, timeout=30).output == [0, 1]
     assert len(_resume_threads()) <= 2 + 3
     assert worker.workflow_cache_stats()["hits"] >= 1
+
+
+def test_more_waiting_at_once_than_entries_declines_newcomers_instead_of_thrashing(
+    make_worker: Any,
+) -> None:
+    worker = make_worker(workflow_cache={"MAX_ENTRIES": 2, "STICKY_WINDOW": 30})
+    ids = [sv.start_workflow("wait.receive", {"channels": ["a"]}) for _ in range(4)]
+    for iid in ids:
+        wait_until(lambda iid=iid: _parked(iid, 1))  # type: ignore[misc]
+    stats = worker.workflow_cache_stats()
+    # The first two parked are kept (younger than the window); the others unwound.
+    assert (stats["parked"], stats["declined"], stats["entries"]) == (2, 2, 2), stats
+    assert stats.get("let_go_evicted", 0) == 0, stats
+    for n, iid in enumerate(ids):
+        sv.signal(iid, "a", n)
+    assert [sv.wait_workflow(iid, timeout=20).output for iid in ids] == [[0], [1], [2], [3]]
+    assert worker.workflow_cache_stats()["hits"] == 2
 
 
 def test_an_execution_over_max_bytes_is_not_kept(make_worker: Any) -> None:
