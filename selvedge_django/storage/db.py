@@ -137,17 +137,12 @@ class Database:
 
     @operation
     def now_sql(self, plus_seconds: float = 0.0) -> Sql:
-        """The database clock in milliseconds (plus ``plus_seconds``) as a SQL value, its
-        clock offset (and milliseconds) bound by position: a row :meth:`_insert` writes
-        names them after its column (:meth:`Sql.named`), and the multi-row statements of
-        bulk starts, which bind by position, take them as they are."""
-        now = sql.positional(self.NOW_MS)
+        """The database clock in ms (plus ``plus_seconds``) as a SQL value bound by position
+        (an _insert row names its values after the column: :meth:`Sql.named`)."""
+        now, offset = sql.positional(self.NOW_MS), clock_offset_ms()
         if plus_seconds:
-            return Sql(
-                sql.compose(sql.PLUS_MS, value=now),
-                [clock_offset_ms(), round(plus_seconds * 1000)],
-            )
-        return Sql(now, [clock_offset_ms()])
+            return Sql(sql.compose(sql.PLUS_MS, value=now), [offset, round(plus_seconds * 1000)])
+        return Sql(now, [offset])
 
     @operation
     @contextlib.contextmanager
