@@ -21,6 +21,7 @@ from .. import exceptions as exc
 from .. import hooks as hooks_module
 from .. import signals
 from ..conf import get_settings
+from ..engine.attributes import check_attributes
 from ..engine.commands import activity_task
 from ..engine.events import CMD_ACTIVITY, HistoryRow
 from ..engine.options import ActivityOptions
@@ -38,7 +39,9 @@ __all__ = [
 ]
 
 #: The options an item of :func:`start_workflows` may carry (those of start_workflow).
-START_OPTIONS = frozenset({"instance_id", "execution_timeout", "if_exists", "priority"})
+START_OPTIONS = frozenset(
+    {"instance_id", "execution_timeout", "if_exists", "priority", "attributes"}
+)
 
 
 def start_workflows(
@@ -51,16 +54,19 @@ def start_workflows(
 
     Each item is ``(workflow, input)`` or ``(workflow, input, options)``, ``workflow``
     a definition or a name and ``options`` a dict of :func:`start_workflow`'s keyword
-    arguments (``instance_id``, ``execution_timeout``, ``if_exists``, ``priority``).
-    Every item is validated first, as a single start is: a bad one raises
-    :class:`WorkflowStartRejected` naming its position, with nothing written. Then
+    arguments (``instance_id``, ``execution_timeout``, ``if_exists``, ``priority``,
+    ``attributes``). Every item is validated first, as a single start is: a bad one
+    raises :class:`WorkflowStartRejected` (or, for bad ``attributes``, ``ValueError``)
+    naming its position, with nothing written. Then
     all the instances are inserted in one transaction, one statement per batch (as
     many rows as one statement binds): inside ``transaction.atomic()`` they commit or
     roll back with the caller's transaction. A taken id raises
     :class:`WorkflowAlreadyStarted` and nothing of the call is written, unless its
     item says ``if_exists="return"`` and the instance is of the same workflow: then
-    its id is returned and that instance is left as it is. An id given twice in one
-    call is taken by its first item. Workers are woken once, after commit.
+    its id is returned and that instance is left as it is (its attributes too). An
+    id given twice in one call is taken by its first item. The attributes of the new
+    instances are inserted in the same transaction, one statement per batch. Workers
+    are woken once, after commit.
     """
     items = list(starts)
     new: list[NewInstance] = []
@@ -78,6 +84,10 @@ def start_workflows(
             priority = _start_priority(options.get("priority", 0))
         except exc.WorkflowStartRejected as error:
             raise exc.WorkflowStartRejected(f"start #{index}: {error}") from error
+        try:
+            checked = check_attributes(options.get("attributes") or {})
+        except ValueError as error:
+            raise ValueError(f"start #{index}: {error}") from error
         new.append(
             NewInstance(
                 instance_id=instance_id,
@@ -89,6 +99,7 @@ def start_workflows(
                     settings.hooks, "start", instance_id=instance_id, workflow_name=name
                 ),
                 priority=priority,
+                attributes={k: v for k, v in checked.items() if v is not None},
             )
         )
     _check_repeated(new)

@@ -5,14 +5,15 @@ their instances here: the instance rows of a batch in one ``INSERT ... ON CONFLI
 (instance_id) DO NOTHING`` (the primary key decides between racing starts of one
 id, as for a single start), then, for the starts that record their first command
 (a task due now), the history rows of the batch in one statement and the queued
-tasks in another. A batch is as many rows as one statement may bind. Every batch
+tasks in another; the search attributes of the new instances, one statement per
+batch too. A batch is as many rows as one statement may bind. Every batch
 commits in one transaction (the caller's, when there is one): an id found taken
 that may not be returned rolls the whole call back.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -21,6 +22,7 @@ from django.db import models
 from django.utils import timezone
 
 from .. import exceptions as exc
+from ..engine.attributes import AttributeValue
 from ..engine.events import Fence, HistoryRow
 from ..engine.ports import TaskSpec
 from ..models import (
@@ -31,6 +33,7 @@ from ..models import (
     WorkflowStatus,
 )
 from . import sql
+from .attributes import ATTRIBUTE_ROW, columns_of
 from .db import Database, Sql
 from .operation import operation
 from .task_rows import task_fields
@@ -46,6 +49,12 @@ INSERT_INSTANCES = (
 )
 # The first history rows or the queued tasks of the new instances ({table}).
 INSERT_ROWS = "INSERT INTO {table} ({columns}) VALUES {rows}"
+# The search attributes of the new instances ({rows}: ATTRIBUTE_ROW each); the
+# instances are new, so no row of theirs exists yet.
+INSERT_ATTRIBUTES = (
+    "INSERT INTO {attribute} (instance_id, name, kind, text_value, number_value, time_value)"
+    " VALUES {rows}"
+)
 # The workflows of the ids a bulk start found taken ({ids}: marks).
 SELECT_WORKFLOW_NAMES = (
     "SELECT instance_id, workflow_name FROM {instance} WHERE instance_id IN ({ids})"
@@ -69,7 +78,9 @@ class NewInstance:
     ``if_exists`` is ``"fail"`` or ``"return"`` (an id taken by an instance of the
     same workflow is then no error); ``first_task`` is the history reservation of
     the workflow's first command, an activity, and its task (the start records it,
-    as ``Starts.create_instance`` does with ``first_task``).
+    as ``Starts.create_instance`` does with ``first_task``); ``attributes`` are the
+    instance's first search attributes, checked by the caller (no ``None`` value),
+    written only when this start creates the instance.
     """
 
     instance_id: str
@@ -81,6 +92,7 @@ class NewInstance:
     priority: int = 0
     started_at: datetime | None = None
     first_task: tuple[HistoryRow, TaskSpec] | None = None
+    attributes: Mapping[str, AttributeValue] | None = None
 
 
 class BulkStarts:
@@ -120,9 +132,17 @@ class BulkStarts:
                 self.db.after_commit(TOPIC_TASK)
             if any(s.first_task is None and s.instance_id in created for s in starts):
                 self.db.after_commit(TOPIC_RUNNABLE)
+            flags = self._created_flags(starts, created)
+            self._insert_attributes([s for s, made in zip(starts, flags, strict=True) if made])
+        return flags
+
+    @staticmethod
+    def _created_flags(starts: Sequence[NewInstance], created: set[str]) -> list[bool]:
+        """Whether each start created its instance: an id given twice creates its
+        instance once, the first time."""
         seen: set[str] = set()
         flags = []
-        for start in starts:  # an id given twice creates its instance once, the first time
+        for start in starts:
             flags.append(start.instance_id in created and start.instance_id not in seen)
             seen.add(start.instance_id)
         return flags
@@ -240,6 +260,22 @@ class BulkStarts:
             tasks.append(fields)
         self._insert_rows(HistoryEvent, *self._rows(HistoryEvent, history))
         self._insert_rows(ActivityTask, *self._rows(ActivityTask, tasks))
+
+    def _insert_attributes(self, starts: Sequence[NewInstance]) -> None:
+        """The search attribute rows of the instances ``starts`` created: one statement
+        per batch."""
+        rows: list[tuple[str, list[Any]]] = []
+        now_param = self.db._now_param
+        for start in starts:
+            for name, value in (start.attributes or {}).items():
+                kind, text, number, when = columns_of(value)
+                when_param = None if when is None else now_param(when)
+                rows.append(
+                    (ATTRIBUTE_ROW, [start.instance_id, name, kind, text, number, when_param])
+                )
+        for batch in self._batches_of(rows, 6):
+            statement = sql.compose(INSERT_ATTRIBUTES, rows=", ".join(marks for marks, _ in batch))
+            self.db._execute(statement, [value for _, values in batch for value in values])
 
     def _rows(
         self, model: Any, rows: list[dict[str, Any]]

@@ -9,7 +9,7 @@ instances run like single starts under a real worker.
 from __future__ import annotations
 
 import importlib.util
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -148,6 +148,116 @@ def test_a_bad_item_is_a_typed_error_naming_it_and_nothing_is_written(
     assert message in str(raised.value)
     assert "start #2" in str(raised.value)
     assert WorkflowInstance.objects.count() == 0
+
+
+def test_attributes_are_written_with_the_instances_and_found_by_them() -> None:
+    from selvedge_django.models import WorkflowAttribute
+
+    when = timezone.now().replace(microsecond=0)
+    starts: list[Any] = [
+        (echo, n, {"attributes": {"tenant": "acme" if n % 2 else "globex", "amount": n}})
+        for n in range(20)
+    ]
+    starts.append(
+        (
+            echo,
+            "typed",
+            {
+                "instance_id": "bulk-typed",
+                "attributes": {"paid": True, "ratio": 0.5, "due": when, "gone": None},
+            },
+        )
+    )
+    starts.append((echo, "bare"))
+    with CaptureQueriesContext(connections["default"]) as queries:
+        ids = sv.start_workflows(starts)
+    assert inserts(queries, WorkflowAttribute._meta.db_table) == 1
+    acme = sv.find_instances(attributes={"tenant": "acme"}, limit=100).instances
+    assert sorted(i.instance_id for i in acme) == sorted(ids[1:20:2])
+    big = sv.find_instances(attributes={"amount__gte": 15}, limit=100).instances
+    assert sorted(i.instance_id for i in big) == sorted(ids[15:20])
+    assert sv.describe("bulk-typed").attributes == {"paid": True, "ratio": 0.5, "due": when}
+    assert sv.describe(ids[-1]).attributes == {}
+    both = sv.find_instances(attributes={"paid": True, "due__lte": when}, limit=10).instances
+    assert [i.instance_id for i in both] == ["bulk-typed"]
+
+
+def test_attributes_past_one_statement_are_split_into_batches() -> None:
+    from selvedge_django.models import WorkflowAttribute
+    from selvedge_django.operations import client_store
+
+    per_start = 10
+    count = client_store().bulk_starts._max_params() // (6 * per_start) + 5
+    attributes = {f"a{n}": n for n in range(per_start)}
+    with CaptureQueriesContext(connections["default"]) as queries:
+        ids = sv.start_workflows([(echo, n, {"attributes": attributes}) for n in range(count)])
+    assert inserts(queries, WorkflowAttribute._meta.db_table) == 2
+    assert WorkflowAttribute.objects.count() == count * per_start
+    rows = WorkflowAttribute.objects.filter(name="a9", number_value=9)
+    assert sorted(rows.values_list("instance_id", flat=True)) == sorted(ids)
+    found = sv.find_instances(attributes={"a9": 9, "a0__lt": 1}, limit=1000)
+    assert len(found.instances) == min(count, 1000)
+
+
+@pytest.mark.parametrize(
+    "attributes",
+    [
+        {"Tenant": "acme"},
+        {"tenant": "x" * 256},
+        {"when": datetime(2030, 1, 1)},  # naive
+        {"tenant": ["acme"]},
+        ["tenant"],
+    ],
+)
+def test_bad_attributes_are_a_value_error_naming_the_item_and_nothing_is_written(
+    attributes: Any,
+) -> None:
+    from selvedge_django.models import WorkflowAttribute
+
+    with pytest.raises(ValueError, match="start #1"):
+        sv.start_workflows(
+            [(echo, 0, {"attributes": {"tenant": "ok"}}), (echo, 1, {"attributes": attributes})]
+        )
+    assert WorkflowInstance.objects.count() == 0
+    assert WorkflowAttribute.objects.count() == 0
+
+
+def test_a_returned_id_gets_no_attributes_from_the_call() -> None:
+    sv.start_workflow(echo, "old", instance_id="bulk-kept", attributes={"tenant": "acme"})
+    ids = sv.start_workflows(
+        [
+            (echo, 1, {"attributes": {"tenant": "globex"}}),
+            (
+                echo,
+                "new",
+                {"instance_id": "bulk-kept", "if_exists": "return", "attributes": {"x": 1}},
+            ),
+            (echo, 2, {"instance_id": "bulk-twice", "attributes": {"tenant": "first"}}),
+            (
+                echo,
+                3,
+                {
+                    "instance_id": "bulk-twice",
+                    "if_exists": "return",
+                    "attributes": {"tenant": "second", "y": 2},
+                },
+            ),
+        ]
+    )
+    assert ids[1:] == ["bulk-kept", "bulk-twice", "bulk-twice"]
+    assert sv.describe("bulk-kept").attributes == {"tenant": "acme"}
+    assert sv.describe("bulk-twice").attributes == {"tenant": "first"}
+    assert sv.describe(ids[0]).attributes == {"tenant": "globex"}
+    assert sv.find_instances(attributes={"x": 1}).instances == []
+    # A taken id that may not be returned rolls back the attributes of the others too.
+    with pytest.raises(sv.WorkflowAlreadyStarted):
+        sv.start_workflows(
+            [
+                (echo, 4, {"attributes": {"tenant": "rolled-back"}}),
+                (echo, 5, {"instance_id": "bulk-kept"}),
+            ]
+        )
+    assert sv.find_instances(attributes={"tenant": "rolled-back"}).instances == []
 
 
 def test_an_empty_call_writes_nothing() -> None:
