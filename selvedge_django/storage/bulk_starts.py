@@ -29,11 +29,12 @@ from ..models import (
     ActivityTask,
     ActivityTaskStatus,
     HistoryEvent,
+    WorkflowAttribute,
     WorkflowInstance,
     WorkflowStatus,
 )
 from . import sql
-from .attributes import ATTRIBUTE_ROW, columns_of
+from .attributes import columns_of
 from .db import Database, Sql
 from .operation import operation
 from .task_rows import task_fields
@@ -49,12 +50,6 @@ INSERT_INSTANCES = (
 )
 # The first history rows or the queued tasks of the new instances ({table}).
 INSERT_ROWS = "INSERT INTO {table} ({columns}) VALUES {rows}"
-# The search attributes of the new instances ({rows}: ATTRIBUTE_ROW each); the
-# instances are new, so no row of theirs exists yet.
-INSERT_ATTRIBUTES = (
-    "INSERT INTO {attribute} (instance_id, name, kind, text_value, number_value, time_value)"
-    " VALUES {rows}"
-)
 # The workflows of the ids a bulk start found taken ({ids}: marks).
 SELECT_WORKFLOW_NAMES = (
     "SELECT instance_id, workflow_name FROM {instance} WHERE instance_id IN ({ids})"
@@ -209,8 +204,18 @@ class BulkStarts:
                 "trace_context": start.trace_context,
             }
             values_list.append(values)
+        return self._write_instances(values_list)
+
+    def _write_instances(self, values_list: list[dict[str, Any]]) -> list[str]:
+        """One INSERT of instance rows (their column values) that skips taken ids; the
+        ids it inserted."""
         columns, rows = self._rows(WorkflowInstance, values_list)
-        return db._insert_new(sql.compose(INSERT_INSTANCES, columns=columns), rows)
+        return self.db._insert_new(sql.compose(INSERT_INSTANCES, columns=columns), rows)
+
+    def _write_rows(self, model: Any, rows: list[dict[str, Any]]) -> None:
+        """INSERT ``rows`` (their column values) into ``model``'s table, one statement
+        per batch."""
+        self._insert_rows(model, *self._rows(model, rows))
 
     def _check_taken(self, taken: Sequence[NewInstance]) -> None:
         """Raise WorkflowAlreadyStarted for the first id found taken that may not be
@@ -258,24 +263,28 @@ class BulkStarts:
                 None if schedule_ms is None else db.now_sql(plus_seconds=schedule_ms / 1000)
             )
             tasks.append(fields)
-        self._insert_rows(HistoryEvent, *self._rows(HistoryEvent, history))
-        self._insert_rows(ActivityTask, *self._rows(ActivityTask, tasks))
+        self._write_rows(HistoryEvent, history)
+        self._write_rows(ActivityTask, tasks)
 
     def _insert_attributes(self, starts: Sequence[NewInstance]) -> None:
         """The search attribute rows of the instances ``starts`` created: one statement
         per batch."""
-        rows: list[tuple[str, list[Any]]] = []
-        now_param = self.db._now_param
+        rows: list[dict[str, Any]] = []
         for start in starts:
             for name, value in (start.attributes or {}).items():
                 kind, text, number, when = columns_of(value)
-                when_param = None if when is None else now_param(when)
                 rows.append(
-                    (ATTRIBUTE_ROW, [start.instance_id, name, kind, text, number, when_param])
+                    {
+                        "instance_id": start.instance_id,
+                        "name": name,
+                        "kind": kind,
+                        "text_value": text,
+                        "number_value": number,
+                        "time_value": when,
+                    }
                 )
-        for batch in self._batches_of(rows, 6):
-            statement = sql.compose(INSERT_ATTRIBUTES, rows=", ".join(marks for marks, _ in batch))
-            self.db._execute(statement, [value for _, values in batch for value in values])
+        if rows:
+            self._write_rows(WorkflowAttribute, rows)
 
     def _rows(
         self, model: Any, rows: list[dict[str, Any]]
