@@ -182,7 +182,7 @@ def test_attributes_are_written_with_the_instances_and_found_by_them() -> None:
     assert [i.instance_id for i in both] == ["bulk-typed"]
 
 
-def test_attributes_past_one_statement_are_split_into_batches() -> None:
+def test_more_attributes_than_one_statement_binds_are_all_written() -> None:
     from selvedge_django.models import WorkflowAttribute
     from selvedge_django.operations import client_store
 
@@ -191,7 +191,10 @@ def test_attributes_past_one_statement_are_split_into_batches() -> None:
     attributes = {f"a{n}": n for n in range(per_start)}
     with CaptureQueriesContext(connections["default"]) as queries:
         ids = sv.start_workflows([(echo, n, {"attributes": attributes}) for n in range(count)])
-    assert inserts(queries, WorkflowAttribute._meta.db_table) == 2
+    # Two batches of marks on SQLite; one array per column on PostgreSQL.
+    assert inserts(queries, WorkflowAttribute._meta.db_table) == (
+        1 if connections["default"].vendor == "postgresql" else 2
+    )
     assert WorkflowAttribute.objects.count() == count * per_start
     rows = WorkflowAttribute.objects.filter(name="a9", number_value=9)
     assert sorted(rows.values_list("instance_id", flat=True)) == sorted(ids)
@@ -220,6 +223,26 @@ def test_bad_attributes_are_a_value_error_naming_the_item_and_nothing_is_written
         )
     assert WorkflowInstance.objects.count() == 0
     assert WorkflowAttribute.objects.count() == 0
+
+
+def test_awkward_text_is_stored_exactly_as_given() -> None:
+    awkward = 'a "quoted" \\ back\\slash, {brace} NULL\n\t é ☃ \\"'
+    inputs: list[Any] = [
+        {"text": awkward, awkward: [awkward, None, 1.5, True]},
+        awkward,
+        "NULL",
+        "",
+        None,
+        [],
+        {},
+    ]
+    note = awkward.replace("\n", " ").replace("\t", " ")  # no control characters
+    ids = sv.start_workflows([(echo, value, {"attributes": {"note": note}}) for value in inputs])
+    stored = {i.instance_id: i.input for i in WorkflowInstance.objects.filter(instance_id__in=ids)}
+    assert [stored[i] for i in ids] == inputs
+    assert all(sv.describe(i).attributes == {"note": note} for i in ids)
+    found = sv.find_instances(attributes={"note": note}, limit=100).instances
+    assert len(found) == len(inputs)
 
 
 def test_a_returned_id_gets_no_attributes_from_the_call() -> None:
@@ -296,6 +319,17 @@ def test_execution_timeout_and_started_hooks_follow_the_commit(worker: Any) -> N
     assert timed.execution_timeout_ms == 3_600_000
     assert timed.execution_deadline_ms is not None
     assert WorkflowInstance.objects.get(instance_id="hooked").execution_deadline_ms is None
+
+
+def test_starts_of_one_timeout_share_the_deadline_a_single_start_gets() -> None:
+    single = sv.start_workflow(echo, 0, execution_timeout=60)
+    ids = sv.start_workflows([(echo, n, {"execution_timeout": 60}) for n in range(5)])
+    expected = WorkflowInstance.objects.get(instance_id=single).execution_deadline_ms
+    assert expected is not None
+    for instance in WorkflowInstance.objects.filter(instance_id__in=ids):
+        assert instance.execution_timeout_ms == 60_000
+        assert instance.execution_deadline_ms is not None
+        assert 0 <= instance.execution_deadline_ms - expected < 5_000
 
 
 # -- django.tasks -----------------------------------------------------------------------------

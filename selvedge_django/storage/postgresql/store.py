@@ -34,6 +34,7 @@ from ..operation import operation
 from ..starts import Starts
 from ..store import Store
 from ..wakeups import TOPIC_RUNNABLE, TOPIC_TASK, closed_topic
+from .bulk_starts import PostgresBulkStarts
 from .db import PostgresDatabase
 from .inbox import PostgresWaits
 from .sql import (
@@ -225,6 +226,7 @@ class PostgresStore(Store):
     database = PostgresDatabase
     instances_class = PostgresInstances
     starts_class = PostgresStarts
+    bulk_starts_class = PostgresBulkStarts
     waits_class = PostgresWaits
     tasks_class = PostgresTasks
     sole_activity_class = PostgresSoleActivity
