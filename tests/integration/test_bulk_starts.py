@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from django.db import connections, transaction
+from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -225,7 +226,19 @@ def test_bad_attributes_are_a_value_error_naming_the_item_and_nothing_is_written
     assert WorkflowAttribute.objects.count() == 0
 
 
-def test_awkward_text_is_stored_exactly_as_given() -> None:
+@pytest.mark.parametrize("prepared", [True, False], ids=["prepared", "not-prepared"])
+def test_awkward_text_is_stored_exactly_as_given(prepared: bool) -> None:
+    # Bound on the server or quoted by the driver (PREPARED_STATEMENTS off), the same.
+    from django.conf import settings
+
+    connections["default"].close()
+    with override_settings(
+        SELVEDGE={**getattr(settings, "SELVEDGE", {}), "PREPARED_STATEMENTS": prepared}
+    ):
+        _start_awkward_text()
+
+
+def _start_awkward_text() -> None:
     awkward = 'a "quoted" \\ back\\slash, {brace} NULL\n\t é ☃ \\"'
     inputs: list[Any] = [
         {"text": awkward, awkward: [awkward, None, 1.5, True]},
