@@ -32,7 +32,7 @@ from ..models import WorkflowInstance
 from .base import APP, PERM_PAUSE, ReadOnlyAdmin, has_permission
 from .display import ID_CHARS, VALUE_CHARS, admin_reads, truncate
 from .forms import ConfirmForm, PauseForm
-from .pages import action_object, bulk_action, render_action_page
+from .pages import bulk_action, instance_action_view
 
 __all__ = [
     "QUEUES_TEMPLATE",
@@ -64,46 +64,39 @@ def pause_view(
     model_admin: ReadOnlyAdmin, request: HttpRequest, object_id: str
 ) -> HttpResponseBase:
     """Ask for a reason (GET), then pause the instance (POST)."""
-    return _instance_view(model_admin, request, object_id, pause=True)
+    return instance_action_view(
+        model_admin,
+        request,
+        object_id,
+        permission=PERM_PAUSE,
+        form_class=PauseForm,
+        perform=perform_pause,
+        done=lambda obj, data, shown: (
+            gettext("Paused %(id)s.") % {"id": truncate(obj.instance_id, ID_CHARS)}
+        ),
+        title=gettext("Pause workflow instance"),
+        intro=str(PAUSE_INTRO),
+        submit=gettext("Pause"),
+    )
 
 
 def unpause_view(
     model_admin: ReadOnlyAdmin, request: HttpRequest, object_id: str
 ) -> HttpResponseBase:
     """Confirm (GET), then unpause the instance (POST)."""
-    return _instance_view(model_admin, request, object_id, pause=False)
-
-
-def _instance_view(
-    model_admin: ReadOnlyAdmin, request: HttpRequest, object_id: str, *, pause: bool
-) -> HttpResponseBase:
-    if request.method not in ("GET", "POST"):
-        return HttpResponseNotAllowed(["GET", "POST"])
-    obj = action_object(model_admin, request, object_id, PERM_PAUSE)
-    data = request.POST if request.method == "POST" else None
-    form = PauseForm(data) if pause else ConfirmForm(data)
-    if form.is_bound and form.is_valid():
-        try:
-            (perform_pause if pause else perform_unpause)(
-                model_admin, request, obj, form.cleaned_data
-            )
-        except exc.SelvedgeError as error:
-            form.add_error(None, truncate(str(error), VALUE_CHARS))
-        else:
-            done = gettext("Paused %(id)s.") if pause else gettext("Unpaused %(id)s.")
-            model_admin.message_user(
-                request, done % {"id": truncate(obj.instance_id, ID_CHARS)}, messages.SUCCESS
-            )
-            return HttpResponseRedirect(model_admin.instance_url(obj.instance_id))
-    return render_action_page(
+    return instance_action_view(
         model_admin,
         request,
-        form,
-        title=gettext("Pause workflow instance") if pause else gettext("Unpause workflow instance"),
-        intro=str(PAUSE_INTRO if pause else UNPAUSE_INTRO),
-        submit=gettext("Pause") if pause else gettext("Unpause"),
-        objects=[obj],
-        object_url=model_admin.instance_url(obj.instance_id),
+        object_id,
+        permission=PERM_PAUSE,
+        form_class=ConfirmForm,
+        perform=perform_unpause,
+        done=lambda obj, data, shown: (
+            gettext("Unpaused %(id)s.") % {"id": truncate(obj.instance_id, ID_CHARS)}
+        ),
+        title=gettext("Unpause workflow instance"),
+        intro=str(UNPAUSE_INTRO),
+        submit=gettext("Unpause"),
     )
 
 
