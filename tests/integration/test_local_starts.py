@@ -155,18 +155,19 @@ def test_starts_fall_back_to_dispatch(
     make_worker: Callable[..., Any], scratch_name: str, case: str
 ) -> None:
     name = "test.sum3"
-    with ExitStack() as stack:
-        if case == "stopped":
-            make_worker().stop(timeout=10)
-        elif case == "setting off":
-            worker = make_worker(run_local_starts=False, max_concurrent_resumptions=1)
-            # Its dispatcher would lease the runnable start at once: keep it from that
-            # until the row has been checked.
-            stack.enter_context(all_threads_busy(worker))
-        else:
-            make_worker()
-            name = scratch_name  # started by name; no definition in this process
+    if case == "stopped":
+        make_worker().stop(timeout=10)
+    elif case == "setting off":
+        make_worker(run_local_starts=False, max_concurrent_resumptions=1)
+    else:
+        make_worker()
+        name = scratch_name  # started by name; no definition in this process
+    with transaction.atomic():
         instance_id = sv.start_workflow(name, {"a": 1, "b": 1, "c": 1})
+        # Read before the commit, so that no dispatcher can have leased it yet: the
+        # row is as the start wrote it (a local start leases it in its INSERT).
+        # Keeping the worker's threads busy instead raced with a dispatch round
+        # already under way on a loaded machine.
         assert leased_rows()[instance_id] == ("", 0, True)
     if case == "setting off":
         assert sv.wait_workflow(instance_id, timeout=20).output == 3
