@@ -62,11 +62,19 @@ SQLITE_POLL = 0.1  # seconds: the polling of worker processes that share a SQLit
 class WorkerProcess:
     """A ``runselvedge worker`` process on the benchmark database."""
 
-    def __init__(self, db: str, worker_id: str, *args: str) -> None:
+    def __init__(
+        self,
+        db: str,
+        worker_id: str,
+        *args: str,
+        settings: str = "bench.scale_settings",
+        env: dict[str, str] | None = None,
+    ) -> None:
         env = {
             **os.environ,
-            "DJANGO_SETTINGS_MODULE": "bench.scale_settings",
+            "DJANGO_SETTINGS_MODULE": settings,
             "PYTHONPATH": str(REPO_ROOT),
+            **(env or {}),
         }
         if db == "sqlite":
             env["SELVEDGE_BENCH_POLL"] = str(SQLITE_POLL)

@@ -18,7 +18,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -45,11 +45,26 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class PrivateCluster:
-    """One PostgreSQL server of the test's own: ``start``, ``restart``, ``stop``, ``remove``."""
+# The server settings of a test's cluster: durability off (a throwaway cluster), few
+# connections. A benchmark's cluster (bench/scale_out.py) overrides them.
+TEST_SETTINGS = {
+    "fsync": "off",
+    "synchronous_commit": "off",
+    "full_page_writes": "off",
+    "max_connections": "60",
+}
 
-    def __init__(self, bin_dir: Path) -> None:
+
+class PrivateCluster:
+    """One PostgreSQL server of the test's own: ``start``, ``restart``, ``stop``, ``remove``.
+
+    ``settings`` (server settings, ``-c name=value``) are added to, or override,
+    :data:`TEST_SETTINGS`.
+    """
+
+    def __init__(self, bin_dir: Path, settings: Mapping[str, str] | None = None) -> None:
         self.bin_dir = bin_dir
+        self.settings = {**TEST_SETTINGS, **(settings or {})}
         self.port = _free_port()
         self.host = "127.0.0.1"
         self.root = Path(tempfile.mkdtemp(prefix="selvedge-pg-"))
@@ -88,11 +103,8 @@ class PrivateCluster:
         )
 
     def _pg_ctl(self, action: str) -> None:
-        options = (
-            f"-p {self.port} -c listen_addresses={self.host} -k {self.root}"
-            " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
-            " -c max_connections=60"
-        )
+        options = f"-p {self.port} -c listen_addresses={self.host} -k {self.root}"
+        options += "".join(f" -c {name}={value}" for name, value in self.settings.items())
         self._run(
             str(self.bin_dir / "pg_ctl"),
             "-D",
@@ -134,12 +146,13 @@ class PrivateCluster:
 
 
 @contextmanager
-def private_cluster() -> Iterator[PrivateCluster]:
-    """A started cluster, stopped and deleted afterwards."""
+def private_cluster(settings: Mapping[str, str] | None = None) -> Iterator[PrivateCluster]:
+    """A started cluster (``settings`` as :class:`PrivateCluster` takes them), stopped and
+    deleted afterwards."""
     bin_dir = server_bin_dir()
     if bin_dir is None:
         raise RuntimeError("no PostgreSQL server binaries (initdb, pg_ctl) installed")
-    cluster = PrivateCluster(bin_dir)
+    cluster = PrivateCluster(bin_dir, settings)
     try:
         cluster.init()
         cluster.start()

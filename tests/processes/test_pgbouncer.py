@@ -17,11 +17,7 @@ let a healthy worker's leases and claims lapse.
 from __future__ import annotations
 
 import os
-import pwd
-import shutil
-import socket
 import subprocess
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -34,13 +30,10 @@ from django.test import override_settings
 import selvedge_django as sv
 from selvedge_django.models import ActivityTask, WorkflowInstance
 from tests.conftest import WorkerProcess, wait_until
+from tests.pgbouncer import PGBOUNCER, Bouncer
 from tests.testapp.models import Ledger
 
 from .test_scale import four_processes_share_workflows
-
-PGBOUNCER = os.environ.get("SELVEDGE_PGBOUNCER") or shutil.which("pgbouncer")
-if PGBOUNCER is None and os.path.exists("/usr/sbin/pgbouncer"):
-    PGBOUNCER = "/usr/sbin/pgbouncer"
 
 pytestmark = [
     pytest.mark.skipif(connection.vendor != "postgresql", reason="pgbouncer is for PostgreSQL"),
@@ -53,101 +46,22 @@ pytestmark = [
 POOL_SIZE = 8  # server connections for the test database, shared by every worker
 
 
-class Bouncer:
-    """A pgbouncer process in transaction mode in front of the test's PostgreSQL."""
-
-    def __init__(self, pool_size: int = POOL_SIZE) -> None:
-        settings = connection.settings_dict
-        self.dbname = str(settings["NAME"])
-        self.user = str(settings["USER"])
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
-        # pgbouncer refuses to run as root: as root it is told to switch to the
-        # server's own account, which must be able to read and write this folder.
-        self.dir = Path(tempfile.mkdtemp(prefix="selvedge-pgbouncer-"))
-        self.dir.chmod(0o777)
-        target = f"host={settings['HOST'] or '127.0.0.1'} port={settings['PORT'] or 5432}"
-        target += f" user={self.user}"
-        if settings.get("PASSWORD"):
-            target += f" password={settings['PASSWORD']}"
-        self.ini = self.dir / "pgbouncer.ini"
-        self.ini.write_text(
-            "[databases]\n"
-            f"* = {target}\n"
-            "[pgbouncer]\n"
-            "listen_addr = 127.0.0.1\n"
-            f"listen_port = {self.port}\n"
-            "unix_socket_dir =\n"
-            "auth_type = any\n"
-            f"admin_users = {self.user}\n"
-            "pool_mode = transaction\n"
-            f"default_pool_size = {pool_size}\n"
-            "max_client_conn = 1000\n"
-            "ignore_startup_parameters = extra_float_digits,options\n"
-            f"logfile = {self.dir / 'pgbouncer.log'}\n"
-        )
-        self.ini.chmod(0o644)
-        command = [str(PGBOUNCER)]
-        if os.geteuid() == 0:
-            account = "postgres"
-            try:
-                pwd.getpwnam(account)
-            except KeyError:
-                account = "nobody"
-            command += ["-u", account]
-        self.proc = subprocess.Popen(
-            [*command, str(self.ini)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
-        )
-        wait_until(self._answers, timeout=20, interval=0.1)
-
-    def connect(self, dbname: str) -> object:
-        import psycopg
-
-        return psycopg.connect(
-            host="127.0.0.1",
-            port=self.port,
-            dbname=dbname,
-            user=self.user,
-            autocommit=True,
-            connect_timeout=5,
-        )
-
-    def _answers(self) -> bool:
-        if self.proc.poll() is not None:
-            log = (self.dir / "pgbouncer.log").read_text(errors="replace")
-            raise AssertionError(f"pgbouncer exited ({self.proc.returncode}):\n{log}")
-        try:
-            with self.connect(self.dbname) as conn:  # type: ignore[attr-defined]
-                conn.execute("SELECT 1")
-            return True
-        except Exception:
-            return False
-
-    def transactions(self) -> int:
-        """Transactions pgbouncer passed to the test database so far (``SHOW STATS``)."""
-        with self.connect("pgbouncer") as conn:  # type: ignore[attr-defined]
-            cursor = conn.execute("SHOW STATS")
-            columns = [c.name for c in cursor.description]
-            for row in cursor.fetchall():
-                stats = dict(zip(columns, row, strict=True))
-                if stats["database"] == self.dbname:
-                    return int(stats["total_xact_count"])
-        return 0
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
-        shutil.rmtree(self.dir, ignore_errors=True)
+def bouncer_for_test_database(pool_size: int = POOL_SIZE) -> Bouncer:
+    """A pgbouncer in transaction mode in front of the test's PostgreSQL."""
+    settings = connection.settings_dict
+    return Bouncer(
+        host=str(settings["HOST"] or "127.0.0.1"),
+        port=str(settings["PORT"] or 5432),
+        user=str(settings["USER"]),
+        password=str(settings.get("PASSWORD") or ""),
+        dbname=str(settings["NAME"]),
+        pool_size=pool_size,
+    )
 
 
 @pytest.fixture
 def pgbouncer(tdb: None) -> Iterator[Bouncer]:
-    bouncer = Bouncer()
+    bouncer = bouncer_for_test_database()
     try:
         yield bouncer
     finally:
@@ -157,7 +71,7 @@ def pgbouncer(tdb: None) -> Iterator[Bouncer]:
 @pytest.fixture
 def small_pgbouncer(tdb: None) -> Iterator[Bouncer]:
     """A pool of 3 server connections: a few transactional activities take all of them."""
-    bouncer = Bouncer(pool_size=3)
+    bouncer = bouncer_for_test_database(pool_size=3)
     try:
         yield bouncer
     finally:
