@@ -161,15 +161,11 @@ def read_statements(enabled: bool, dbname: str) -> list[dict[str, Any]]:
 
 def statement_of(rows: list[dict[str, Any]], kind: str) -> dict[str, Any] | None:
     """The dispatch or claim statement among ``rows`` (the one with the most calls)."""
-    marks = {
-        "dispatch": ("FOR UPDATE SKIP LOCKED", "workflowinstance"),
-        "claims": ("FOR UPDATE SKIP LOCKED", "activitytask"),
-    }[kind]
-    found = [r for r in rows if all(m in r["query"] for m in marks)]
-    if kind == "dispatch":
-        found = [r for r in found if "UPDATE selvedge_django_workflowinstance SET" in r["query"]]
-    else:
-        found = [r for r in found if "lease_owner" not in r["query"]]
+    locking = [r for r in rows if "SKIP LOCKED" in r["query"]]
+    if kind == "dispatch":  # storage/postgresql/sql.py LEASE_BATCH
+        found = [r for r in locking if r["query"].startswith("WITH e AS")]
+    else:  # the claim's pick, storage/sql.py CLAIM_PICK (not its probe, CLAIM_PROBE)
+        found = [r for r in locking if r["query"].startswith("WITH n (name) AS")]
     return max(found, key=lambda r: r["calls"]) if found else None
 
 
@@ -318,12 +314,12 @@ def run_window(
     server: dict[str, Any],
     bouncer: Any,
     pgss: bool,
+    baseline: int,
 ) -> dict[str, Any]:
     """One window: ``n`` rows made ready at once; measure until the window ends or the
     ready rows fall below a fifth (then a short answer may be an empty queue)."""
     from django.db import connection
 
-    baseline = client_backends(dbname)  # this process's own
     reset_statements(pgss)
     cpu_workers = sum(process_cpu_seconds(p.proc.pid) for p in procs)
     cpu_server = server_cpu_seconds(server)
@@ -352,6 +348,14 @@ def run_window(
     cpu_server = server_cpu_seconds(server) - cpu_server
     statements = read_statements(pgss, dbname)
     _retire_leftovers(kind)
+    from selvedge_django.models import WorkflowInstance
+
+    failed = WorkflowInstance.objects.filter(status="failed")
+    if failed.exists():
+        print(
+            f"  ({failed.count()} instances failed, the figures are not of the intended work:"
+            f" {failed.values_list('error', flat=True)[0][:300]})"
+        )
     return {
         "kind": kind,
         "t0": t0,
@@ -395,6 +399,7 @@ def summarise_window(window: dict[str, Any], probes: list[dict[str, Any]], procs
         "p95_ms": percentile(latencies, 0.95),
         "p99_ms": percentile(latencies, 0.99),
         "server_mean_ms": stmt["mean_ms"] if stmt else None,
+        "server_statement": stmt["query"][:200] if stmt else None,
         "server_calls": stmt["calls"] if stmt else None,
         "server_statements_per_s": total_calls / span if window["statements"] else None,
         "connections_per_worker": window["peak_server_connections"] / procs,
@@ -402,6 +407,11 @@ def summarise_window(window: dict[str, Any], probes: list[dict[str, Any]], procs
         "worker_cores": window["worker_cpu_s"] / span,
         "server_cores": window["server_cpu_s"] / span,
         "ran_low": window["ran_low"],
+        "top_statements": [
+            {k: r[k] for k in ("calls", "total_ms", "mean_ms", "rows")}
+            | {"query": r["query"][:400]}
+            for r in window["statements"][:8]
+        ],
     }
 
 
@@ -429,6 +439,7 @@ def measure_workers(args: argparse.Namespace, dbname: str, server: dict[str, Any
     pgss = statements_available()
     print(WORKER_HEADER)
     out = []
+    baseline = client_backends(dbname)  # this process's own connections
     for via in args.via:
         for count in args.processes:
             with tempfile.TemporaryDirectory(prefix="selvedge-probe-") as probe_dir:
@@ -450,6 +461,7 @@ def measure_workers(args: argparse.Namespace, dbname: str, server: dict[str, Any
                                     server,
                                     bouncer,
                                     pgss,
+                                    baseline,
                                 )
                             )
                     probes = read_probes(Path(probe_dir))

@@ -25,7 +25,12 @@ SELVEDGE: dict[str, object] = {
     **_BASE,
     "MODULES": ["bench.workloads", "bench.scaleout_workloads"],
 }
-TASKS = {"default": {"BACKEND": "selvedge_django.tasks.SelvedgeBackend"}}
+TASKS = {
+    "default": {
+        "BACKEND": "selvedge_django.tasks.SelvedgeBackend",
+        "OPTIONS": {"task_modules": ["bench.tasks_bulk"]},
+    }
+}
 
 if os.environ.get("SELVEDGE_BENCH_PGBOUNCER_PORT"):
     DATABASES["direct"] = dict(DATABASES["default"])
