@@ -594,6 +594,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--notifications", type=int, default=None)
     parser.add_argument("--instances", type=int, default=None, help="tables: default 10000000")
     parser.add_argument("--live-share", type=float, default=0.01, help="tables: running share")
+    parser.add_argument("--chunk", type=int, default=None, help="tables: starts per bulk call")
+    parser.add_argument(
+        "--seed", type=int, default=None, help="tables: instances made by bulk starts"
+    )
     parser.add_argument("--fillfactor", type=int, default=80, help="tables: the value tried")
     parser.add_argument("--shared", action="store_true", help="the SELVEDGE_PG_* server")
     parser.add_argument("--json", default=None, metavar="PATH", help="write the figures here")
@@ -602,13 +606,13 @@ def main(argv: list[str] | None = None) -> int:
     if set(args.only) - set(SECTIONS):
         parser.error(f"unknown sections: {', '.join(sorted(set(args.only) - set(SECTIONS)))}")
     quick = args.quick
-    args.processes = args.processes or ([1, 2] if quick else [1, 2, 4, 8, 16, 32])
+    args.processes = args.processes or ([2] if quick else [1, 2, 4, 8, 16, 32])
     args.seconds = args.seconds or (2.0 if quick else 10.0)
-    args.workflows = args.workflows or (1500 if quick else 20_000)
+    args.workflows = args.workflows or (1000 if quick else 20_000)
     args.via = (args.via or ("direct,pgbouncer")).split(",")
     args.listeners = args.listeners or ([2] if quick else [1, 2, 4, 8, 16, 32])
-    args.notifications = args.notifications or (20 if quick else 200)
-    args.instances = args.instances or (20_000 if quick else 10_000_000)
+    args.notifications = args.notifications or (20 if quick else 100)
+    args.instances = args.instances or (10_000 if quick else 10_000_000)
 
     results: dict[str, Any] = {}
     with benchmark_server(args.shared) as server:
