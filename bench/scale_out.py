@@ -3,8 +3,9 @@
 
     python bench/scale_out.py [--quick] [--only SECTION,...] [--processes 1,2,4,8,16,32]
                               [--seconds S] [--workflows N] [--via direct,pgbouncer]
-                              [--pool-size N] [--listeners 1,4,16] [--instances N]
-                              [--live-share F] [--fillfactor N] [--shared] [--json PATH]
+                              [--pool-size N] [--listeners 1,4,16] [--notifications K]
+                              [--instances N] [--seed N] [--chunk N] [--live-share F]
+                              [--fillfactor N] [--shared] [--json PATH]
 
 Sections (``--only`` picks some; ``--quick`` runs every one small, in under a minute):
 
@@ -23,12 +24,14 @@ notify    L idle worker processes listening; notifications of the ``runnable`` t
           (what every start sends) at a steady pace: the sender's commit time against
           L, and per listening process the statements and CPU time each notification
           costs it (every dispatcher wakes and polls; one of them would win).
-tables    N instances (default 10,000,000) made through the bulk starts (mostly closed
-          as a retained table holds them, with their history and tasks, and a share
-          live), then the latency of dispatch, claims, ``find_instances``, the admin
-          changelist and ``prune``; table and index sizes; the share of HOT updates on
-          the hot tables under a live workload, with the tables' fillfactor as it is
-          and then lowered (``--fillfactor``). See ``bench/scale_out_tables.py``.
+tables    N instances (default 10,000,000): a seed made through the bulk starts
+          (``enqueue_many`` and ``sv.start_workflows``), mostly closed as a retained
+          table holds them, with their history and tasks, and a share live; the rest
+          copies of the seed's closed rows. Then the latency of dispatch, claims,
+          ``find_instances``, the admin changelist and ``prune``; table and index
+          sizes; the share of HOT updates on the hot tables under a live workload,
+          with the tables' fillfactor as it is and then lowered (``--fillfactor``).
+          See ``bench/scale_out_tables.py``.
 
 By default the benchmark runs its own PostgreSQL cluster (``initdb`` on a free port,
 ``tests/pgcluster.py``), with ``pg_stat_statements`` loaded, autovacuum on, room for
