@@ -410,6 +410,7 @@ def summarise_window(window: dict[str, Any], probes: list[dict[str, Any]], procs
         "worker_cores": window["worker_cpu_s"] / span,
         "server_cores": window["server_cpu_s"] / span,
         "ran_low": window["ran_low"],
+        "load_average": os.getloadavg()[0],
         "top_statements": [
             {k: r[k] for k in ("calls", "total_ms", "mean_ms", "rows")}
             | {"query": r["query"][:400]}
@@ -421,7 +422,7 @@ def summarise_window(window: dict[str, Any], probes: list[dict[str, Any]], procs
 WORKER_HEADER = (
     f"  {'via':<10}{'P':>3} {'window':<9}{'rows/s':>8}{'calls':>7}{'short':>7}{'missed':>8}"
     f"{'empty':>7}{'p50 ms':>8}{'p95 ms':>8}{'p99 ms':>8}{'srv ms':>8}{'conn/P':>7}"
-    f"{'pool/P':>7}{'cores W':>8}{'cores S':>8}"
+    f"{'pool/P':>7}{'cores W':>8}{'cores S':>8}{'load':>6}"
 )
 
 
@@ -433,7 +434,8 @@ def print_worker_row(via: str, row: dict[str, Any]) -> None:
         f"{row['empty_calls']:>7}{row['p50_ms']:>8.2f}{row['p95_ms']:>8.2f}{row['p99_ms']:>8.2f}"
         f"{(f'{srv:.2f}' if srv is not None else '-'):>8}{row['connections_per_worker']:>7.1f}"
         f"{(row['pgbouncer_clients_per_worker'] or 0):>7.1f}{row['worker_cores']:>8.2f}"
-        f"{row['server_cores']:>8.2f}" + ("  (ran low)" if row["ran_low"] else ""),
+        f"{row['server_cores']:>8.2f}{row['load_average']:>6.1f}"
+        + ("  (ran low)" if row["ran_low"] else ""),
         flush=True,
     )
 
@@ -480,7 +482,8 @@ def measure_workers(args: argparse.Namespace, dbname: str, server: dict[str, Any
         " the worker timed it; srv ms: its mean execution time (pg_stat_statements);"
         " conn/P: peak server connections per worker process (through pgbouncer: the"
         " pool's and the direct LISTEN and renewal ones); pool/P: pgbouncer client"
-        " connections per worker; cores W/S: CPU used by the workers / by the server"
+        " connections per worker; cores W/S: CPU used by the workers / by the server;"
+        " load: the machine's 1-minute load average (everything on it, 2 cores)"
     )
     return out
 

@@ -30,6 +30,7 @@ leave it (100) and then lowered to ``--fillfactor`` on the instance and task tab
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -429,6 +430,7 @@ def latencies(runs: int) -> dict[str, Any]:
 
     store = store_for("default", Codec())
     out: dict[str, Any] = {}
+    print(f"  (machine load average {os.getloadavg()[0]:.1f})")
     print(f"  {'operation':<44}{'median ms':>10}{'p95 ms':>10}{'runs':>6}")
     timed(
         "dispatch: lease_batch, 10 rows",
