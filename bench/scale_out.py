@@ -45,9 +45,12 @@ unless it preloads ``pg_stat_statements``). See bench/README.md.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -241,7 +244,14 @@ def worker_set(count: int, prefix: str, env: dict[str, str]) -> Iterator[list[Wo
             procs.append(WorkerProcess("postgres", f"{prefix}-{index}", settings=SETTINGS, env=env))
         yield procs
     finally:
+        # Every process finishes its in-flight work at once (one SIGTERM each; a second
+        # would exit at once, without the probe's records), then each is reaped.
         for proc in procs:
+            if proc.proc.poll() is None:
+                proc.proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            with suppress(subprocess.TimeoutExpired):
+                proc.proc.wait(60)
             proc.stop()
 
 
@@ -523,12 +533,33 @@ def _notify_commits(k: int, pace: float) -> list[float]:
     return times
 
 
-def measure_notify(args: argparse.Namespace) -> list[dict[str, Any]]:
+def _server_statements(pgss: bool, dbname: str) -> int:
+    """Statements the database ran since the last reset, the benchmark's own left out."""
+    rows = read_statements(pgss, dbname)
+    return sum(
+        r["calls"] for r in rows if "pg_notify" not in r["query"] and "pg_stat" not in r["query"]
+    )
+
+
+def per_notification(
+    busy: float, idle: float, *, spans: tuple[float, float], k: int, listening: int
+) -> float:
+    """What ``k`` notifications cost each listening process: the notifying window's
+    figure less the idle window's rate over as long, per notification and process."""
+    busy_span, idle_span = spans
+    extra = busy - idle * busy_span / idle_span
+    return extra / k / listening if listening else 0.0
+
+
+def measure_notify(
+    args: argparse.Namespace, dbname: str, server: dict[str, Any]
+) -> list[dict[str, Any]]:
     """Per listening process, what one notification costs it; and the sender's commit."""
+    pgss = statements_available()
     k, pace = args.notifications, 0.05
     print(
-        f"  {'listening':>9}{'commit p50 ms':>15}{'p95 ms':>8}{'stmts/notif/proc':>18}"
-        f"{'CPU ms/notif/proc':>19}{'idle stmts/s/proc':>19}"
+        f"  {'listening':>9}{'commit p50':>11}{'p95 ms':>8}{'polls/notif':>12}"
+        f"{'stmts/notif':>12}{'CPU ms/notif':>13}{'server CPU ms':>14}{'idle stmts/s':>13}"
     )
     out = []
     for count in [0, *args.listeners]:
@@ -536,50 +567,62 @@ def measure_notify(args: argparse.Namespace) -> list[dict[str, Any]]:
             env = {"SELVEDGE_BENCH_PROBE_DIR": probe_dir}
             with worker_set(count, f"listen{count}", env) as procs:
                 time.sleep(2.0)  # every loop has polled once and sleeps
-                span = k * pace
-                # An idle window as long as the notifying one: the polls the workers make anyway.
+                span = k * pace + 0.5
+                # An idle window as long as the notifying one: what the workers do anyway.
+                reset_statements(pgss)
                 cpu0 = sum(process_cpu_seconds(p.proc.pid) for p in procs)
+                srv0 = server_cpu_seconds(server)
                 i0 = time.time()
                 time.sleep(span)
                 i1 = time.time()
                 cpu1 = sum(process_cpu_seconds(p.proc.pid) for p in procs)
+                srv1 = server_cpu_seconds(server)
+                idle_statements = _server_statements(pgss, dbname)
+                reset_statements(pgss)
                 n0 = time.time()
                 commits = _notify_commits(k, pace)
                 time.sleep(0.5)  # the last wake-ups are served
                 n1 = time.time()
                 cpu2 = sum(process_cpu_seconds(p.proc.pid) for p in procs)
+                srv2 = server_cpu_seconds(server)
+                busy_statements = _server_statements(pgss, dbname)
             probes = read_probes(Path(probe_dir))
 
-        def in_window(a: float, b: float, probes: list[dict[str, Any]] = probes) -> int:
+        def polls(a: float, b: float, probes: list[dict[str, Any]] = probes) -> int:
             return sum(
-                v for p in probes for s, v in p["statements"].items() if a <= int(s) + 0.5 < b
+                1 for p in probes for c in p["calls"] if c[0] == "lease_batch" and a <= c[1] < b
             )
 
-        idle_rate = in_window(i0, i1) / (i1 - i0)
-        busy = in_window(n0, n1) - idle_rate * (n1 - n0)
-        cpu_idle_rate = (cpu1 - cpu0) / (i1 - i0)
-        cpu_busy = (cpu2 - cpu1) - cpu_idle_rate * (n1 - n0)
+        net = functools.partial(per_notification, spans=(n1 - n0, i1 - i0), k=k, listening=count)
         row = {
             "listeners": count,
             "notifications": k,
             "commit_p50_ms": percentile(commits, 0.5),
             "commit_p95_ms": percentile(commits, 0.95),
-            "statements_per_notification_per_process": busy / k / count if count else 0.0,
-            "cpu_ms_per_notification_per_process": cpu_busy * 1000 / k / count if count else 0.0,
-            "idle_statements_per_s_per_process": idle_rate / count if count else 0.0,
+            "polls_per_notification_per_process": net(polls(n0, n1), polls(i0, i1)),
+            "statements_per_notification_per_process": net(busy_statements, idle_statements),
+            "cpu_ms_per_notification_per_process": net(cpu2 - cpu1, cpu1 - cpu0) * 1000,
+            "server_cpu_ms_per_notification_per_process": net(srv2 - srv1, srv1 - srv0) * 1000,
+            "idle_statements_per_s_per_process": idle_statements / (i1 - i0) / count
+            if count
+            else 0.0,
         }
         out.append(row)
         print(
-            f"  {count:>9}{row['commit_p50_ms']:>15.3f}{row['commit_p95_ms']:>8.3f}"
-            f"{row['statements_per_notification_per_process']:>18.2f}"
-            f"{row['cpu_ms_per_notification_per_process']:>19.2f}"
-            f"{row['idle_statements_per_s_per_process']:>19.2f}",
+            f"  {count:>9}{row['commit_p50_ms']:>11.3f}{row['commit_p95_ms']:>8.3f}"
+            f"{row['polls_per_notification_per_process']:>12.2f}"
+            f"{row['statements_per_notification_per_process']:>12.2f}"
+            f"{row['cpu_ms_per_notification_per_process']:>13.2f}"
+            f"{row['server_cpu_ms_per_notification_per_process']:>14.2f}"
+            f"{row['idle_statements_per_s_per_process']:>13.2f}",
             flush=True,
         )
     print(
-        f"  {k} notifications of the runnable topic (what a start sends), one every {pace} s,"
-        " nothing to dispatch; statements and CPU net of an idle window as long (statements"
-        " counted by second, so +-1 s of idle polling at the edges)"
+        f"  {k} notifications of the runnable topic (what a start sends) one every {pace} s,"
+        " with nothing to dispatch; per notification and listening process, net of an idle"
+        " window as long: polls = dispatcher lease_batch calls (the probe), stmts = statements"
+        " the server ran (pg_stat_statements), CPU of the worker processes and of the server."
+        " commit: the sender's pg_notify in autocommit"
     )
     return out
 
@@ -651,7 +694,7 @@ def main(argv: list[str] | None = None) -> int:
                     results["workers"] = measure_workers(args, dbname, server)
                 if "notify" in args.only:
                     print("\nNOTIFY fan-out to idle worker processes", flush=True)
-                    results["notify"] = measure_notify(args)
+                    results["notify"] = measure_notify(args, dbname, server)
                 if "tables" in args.only:
                     from bench.scale_out_tables import measure_tables
 

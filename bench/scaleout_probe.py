@@ -11,10 +11,10 @@ trip and the statement), how many rows it asked for and how many it got. With mo
 ready rows than every worker asks for, a call that gets fewer than it asked lost them
 to ``SKIP LOCKED``: rows another worker held, or took between the snapshot and the lock.
 
-It also counts, per second of wall time, every statement the process sends (an execute
-wrapper on every connection), so that the benchmark can charge idle polls and wake-ups
-to a window. At exit the records are written as JSON to
-``$SELVEDGE_BENCH_PROBE_DIR/<pid>.json``.
+At exit the records, and the process's CPU time, are written as JSON to
+``$SELVEDGE_BENCH_PROBE_DIR/<pid>.json``. (Statements are counted on the server, with
+``pg_stat_statements``: the engine's prepared statements do not pass Django's execute
+wrappers.)
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import json
 import os
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,6 @@ from django.apps import AppConfig
 _lock = threading.Lock()
 # (method, started at (wall clock), seconds, rows asked, rows got)
 CALLS: list[tuple[str, float, float, int, int]] = []
-STATEMENTS: Counter[int] = Counter()  # statements sent, by second of wall time
 
 
 def _recorded(name: str, fn: Callable[..., Any], limit_at: int) -> Callable[..., Any]:
@@ -53,19 +51,6 @@ def _recorded(name: str, fn: Callable[..., Any], limit_at: int) -> Callable[...,
     return wrapper
 
 
-def _count(execute: Callable[..., Any], sql: str, params: Any, many: bool, ctx: Any) -> Any:
-    second = int(time.time())
-    with _lock:
-        STATEMENTS[second] += 1
-    return execute(sql, params, many, ctx)
-
-
-def _instrument(sender: Any, connection: Any, **kwargs: Any) -> None:
-    if not getattr(connection, "_scaleout_probe", False):
-        connection._scaleout_probe = True
-        connection.execute_wrappers.append(_count)
-
-
 def dump() -> None:
     """Write this process's records to ``$SELVEDGE_BENCH_PROBE_DIR/<pid>.json``."""
     folder = os.environ.get("SELVEDGE_BENCH_PROBE_DIR")
@@ -76,7 +61,6 @@ def dump() -> None:
         data = {
             "pid": os.getpid(),
             "calls": CALLS,
-            "statements": {str(k): v for k, v in STATEMENTS.items()},
             "cpu_seconds": times.user + times.system,
         }
     Path(folder, f"{os.getpid()}.json").write_text(json.dumps(data))
@@ -88,9 +72,6 @@ class ProbeConfig(AppConfig):
     verbose_name = "scale-out benchmark probe"
 
     def ready(self) -> None:
-        from django.db import connections
-        from django.db.backends.signals import connection_created
-
         from selvedge_django.storage.postgresql.store import PostgresInstances
         from selvedge_django.storage.postgresql.tasks import PostgresTasks
 
@@ -100,7 +81,4 @@ class ProbeConfig(AppConfig):
             (PostgresTasks, "claim_tasks", 2),
         ):
             setattr(cls, name, _recorded(name, getattr(cls, name), limit_at))
-        connection_created.connect(_instrument, weak=False, dispatch_uid="scaleout-probe")
-        for conn in connections.all(initialized_only=True):
-            _instrument(None, conn)
         atexit.register(dump)
