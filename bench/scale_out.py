@@ -73,7 +73,7 @@ SERVER_SETTINGS = {
     "fsync": "on",
     "synchronous_commit": "on",
     "full_page_writes": "on",
-    "max_connections": "800",
+    "max_connections": "1000",
     "shared_buffers": "2GB",
     "work_mem": "16MB",
     "maintenance_work_mem": "512MB",
