@@ -367,7 +367,7 @@ def run_window(
     if failed.exists():
         print(
             f"  ({failed.count()} instances failed, the figures are not of the intended work:"
-            f" {failed.values_list('error', flat=True)[0][:300]})"
+            f" {(failed.values_list('error', flat=True)[0] or '')[:300]})"
         )
     return {
         "kind": kind,

@@ -250,7 +250,7 @@ def copy_closed(target: int) -> dict[str, Any]:
     while have + copied < target:
         rnd += 1
         m = min(closed, target - have - copied)
-        params = {"suffix": f"-c{rnd}", "m": m}
+        params: dict[str, str | int] = {"suffix": f"-c{rnd}", "m": m}
         with connection.cursor() as cursor:
             cursor.execute("SET synchronous_commit TO off")
             cursor.execute(

@@ -14,6 +14,7 @@ connection (alias ``direct``) for LISTEN and for lease and claim renewals.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from bench.settings import DATABASES
 from bench.settings import SELVEDGE as _BASE
@@ -21,10 +22,7 @@ from bench.settings_admin import *  # noqa: F403 - the same database, logging an
 from bench.settings_admin import INSTALLED_APPS
 
 INSTALLED_APPS = [*INSTALLED_APPS, "bench.scaleout_probe.ProbeConfig"]
-SELVEDGE: dict[str, object] = {
-    **_BASE,
-    "MODULES": ["bench.workloads", "bench.scaleout_workloads"],
-}
+SELVEDGE = {**_BASE, "MODULES": ["bench.workloads", "bench.scaleout_workloads"]}
 TASKS = {
     "default": {
         "BACKEND": "selvedge_django.tasks.SelvedgeBackend",
@@ -33,8 +31,9 @@ TASKS = {
 }
 
 if os.environ.get("SELVEDGE_BENCH_PGBOUNCER_PORT"):
-    DATABASES["direct"] = dict(DATABASES["default"])
-    DATABASES["default"]["PORT"] = os.environ["SELVEDGE_BENCH_PGBOUNCER_PORT"]
-    DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
-    DATABASES["default"].pop("OPTIONS", None)
+    _pooled: dict[str, Any] = DATABASES["default"]
+    DATABASES["direct"] = dict(_pooled)
+    _pooled["PORT"] = os.environ["SELVEDGE_BENCH_PGBOUNCER_PORT"]
+    _pooled["DISABLE_SERVER_SIDE_CURSORS"] = True
+    _pooled.pop("OPTIONS", None)
     SELVEDGE.update(PREPARED_STATEMENTS=False, LISTEN_DATABASE="direct", RENEWAL_DATABASE="direct")
