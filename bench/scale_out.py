@@ -617,13 +617,67 @@ def measure_notify(
             f"{row['idle_statements_per_s_per_process']:>13.2f}",
             flush=True,
         )
+    out += _raw_listeners(args.raw_listeners, k, pace, server)
     print(
         f"  {k} notifications of the runnable topic (what a start sends) one every {pace} s,"
         " with nothing to dispatch; per notification and listening process, net of an idle"
         " window as long: polls = dispatcher lease_batch calls (the probe), stmts = statements"
         " the server ran (pg_stat_statements), CPU of the worker processes and of the server."
-        " commit: the sender's pg_notify in autocommit"
+        " commit: the sender's pg_notify in autocommit; 'raw': plain connections that only"
+        " LISTEN (no worker behind them), the server's share of the fan-out alone"
     )
+    return out
+
+
+def _raw_listeners(
+    counts: list[int], k: int, pace: float, server: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """The sender's commit and the server's CPU with ``L`` plain LISTEN connections."""
+    import psycopg
+
+    from selvedge_django.storage.wakeups import NOTIFY_CHANNEL
+
+    out = []
+    for count in counts:
+        conns = []
+        try:
+            for _ in range(count):
+                conn = psycopg.connect(
+                    host=os.environ["SELVEDGE_PG_HOST"],
+                    port=os.environ["SELVEDGE_PG_PORT"],
+                    user=os.environ.get("SELVEDGE_PG_USER", "postgres"),
+                    dbname=os.environ["SELVEDGE_BENCH_PG_NAME"],
+                    autocommit=True,
+                )
+                conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                conns.append(conn)
+            span = k * pace + 0.5
+            srv0 = server_cpu_seconds(server)
+            time.sleep(span)
+            srv1 = server_cpu_seconds(server)
+            commits = _notify_commits(k, pace)
+            time.sleep(0.5)
+            srv2 = server_cpu_seconds(server)
+            for conn in conns:  # read what arrived, so nothing is left queued
+                for _ in conn.notifies(timeout=0.01, stop_after=k):
+                    pass
+        finally:
+            for conn in conns:
+                conn.close()
+        server_ms = ((srv2 - srv1) - (srv1 - srv0)) * 1000 / k / count
+        row = {
+            "raw_listeners": count,
+            "notifications": k,
+            "commit_p50_ms": percentile(commits, 0.5),
+            "commit_p95_ms": percentile(commits, 0.95),
+            "server_cpu_ms_per_notification_per_process": server_ms,
+        }
+        out.append(row)
+        print(
+            f"  {str(count) + ' raw':>9}{row['commit_p50_ms']:>11.3f}{row['commit_p95_ms']:>8.3f}"
+            f"{'-':>12}{'-':>12}{'-':>13}{server_ms:>14.3f}{'-':>13}",
+            flush=True,
+        )
     return out
 
 
@@ -640,6 +694,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--via", default=None, help="direct,pgbouncer")
     parser.add_argument("--pool-size", type=int, default=20, help="pgbouncer server connections")
     parser.add_argument("--listeners", type=_ints, default=None, help="e.g. 1,4,16,32")
+    parser.add_argument("--raw-listeners", type=_ints, default=None, help="e.g. 100,500")
     parser.add_argument("--notifications", type=int, default=None)
     parser.add_argument("--instances", type=int, default=None, help="tables: default 10000000")
     parser.add_argument("--live-share", type=float, default=0.01, help="tables: running share")
@@ -660,6 +715,7 @@ def main(argv: list[str] | None = None) -> int:
     args.workflows = args.workflows or (1000 if quick else 20_000)
     args.via = (args.via or ("direct,pgbouncer")).split(",")
     args.listeners = args.listeners or ([2] if quick else [1, 2, 4, 8, 16, 32])
+    args.raw_listeners = args.raw_listeners or ([50] if quick else [100, 250, 500])
     args.notifications = args.notifications or (20 if quick else 100)
     args.instances = args.instances or (10_000 if quick else 10_000_000)
 
