@@ -6,7 +6,7 @@ a consistent read runs at ``REPEATABLE READ``; arrivals lock the instance row fi
 advisory lock per queue and key; wake-ups reach other processes through ``NOTIFY``
 (skipped while the notification queue is half full), sent in the writing
 transaction. The connection set-up guards server-side prepared statements behind
-a pooler, and the system checks warn when autovacuum is off.
+a pooler, and the system checks warn when autovacuum is off (both in :mod:`.setup`).
 """
 
 from __future__ import annotations
@@ -17,14 +17,13 @@ import logging
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from django.core.checks import CheckMessage, Warning
 from django.db import DatabaseError, transaction
 
 from .. import sql
 from ..db import Database
-from ..errors import guard_prepared_statements
 from ..operation import operation
 from ..wakeups import NOTIFY_CHANNEL, NOTIFY_QUEUE_CEILING, notify_payload
+from . import setup
 from .sql import (
     DUE_TIMERS_LOCK,
     IDLE_TIMEOUT_SETTING,
@@ -38,7 +37,6 @@ from .sql import (
     QUEUE_LOCK_CLASS,
     RENEW_BATCH,
     SET_IDLE_TIMEOUT,
-    SHOW_AUTOVACUUM,
     SNAPSHOT_ISOLATION,
 )
 
@@ -85,34 +83,6 @@ class PostgresDatabase(Database):
         """Whether a fenced write may run as one statement: outside any transaction."""
         return not self.connection.in_atomic_block
 
-    @classmethod
-    def connection_created(cls, connection: Any) -> None:
-        """Name the pooler when a prepared statement is missing from a session.
-
-        A connection of the engine's aliases (``DATABASE``, ``RENEWAL_DATABASE``)
-        whose statements may be prepared (the engine's own, with ``PREPARED_STATEMENTS``;
-        all of them with ``OPTIONS["server_side_binding"]``) runs its statements through
-        :func:`~selvedge_django.storage.errors.guard_prepared_statements`; a connection
-        that prepares nothing is left alone.
-        """
-        from django.core.exceptions import ImproperlyConfigured
-
-        from ...conf import get_settings
-
-        options = connection.settings_dict.get("OPTIONS") or {}
-        try:
-            settings = get_settings()
-        except ImproperlyConfigured:
-            return  # the system checks report it; never break a connection over it
-        if not (options.get("server_side_binding") or settings.prepared_statements):
-            return
-        if connection.alias not in (settings.database, settings.renewal_database):
-            return
-        if guard_prepared_statements not in connection.execute_wrappers:
-            # First, so outermost, and out of the way of a wrapper installed for a
-            # moment (``execute_wrapper()`` pops the last one when it ends).
-            connection.execute_wrappers.insert(0, guard_prepared_statements)
-
     def _cursor(self) -> Any:
         """A cursor that binds on the server, so psycopg prepares the engine's statements.
 
@@ -149,31 +119,6 @@ class PostgresDatabase(Database):
         from ...conf import get_settings
 
         return get_settings().prepared_statements
-
-    @classmethod
-    def server_checks(cls, alias: str, connection: Any) -> list[CheckMessage]:
-        """selvedge.W006: the server runs without autovacuum.
-
-        Every lease, release and claim rewrites an instance or task row, so the
-        partial indexes dispatch and claims walk fill with dead entries that only
-        vacuum removes, and the planner works without statistics: each poll slows
-        as the tables grow.
-        """
-        with connection.cursor() as cursor:
-            cursor.execute(SHOW_AUTOVACUUM)
-            (value,) = cursor.fetchone()
-        if str(value).lower() == "on":
-            return []
-        return [
-            Warning(
-                f"autovacuum is {value} on the PostgreSQL server of database {alias!r}: the "
-                "engine's tables and indexes fill with dead rows and lose their statistics, "
-                "and dispatch and claims slow down as they grow.",
-                hint="Turn autovacuum on (see docs/deployment.md), or VACUUM ANALYZE the "
-                "selvedge_django tables on a schedule.",
-                id="selvedge.W006",
-            )
-        ]
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -275,3 +220,8 @@ class PostgresDatabase(Database):
         key = columns.split(",")[0].strip()
         statement = sql.compose(RENEW_BATCH, where=where, set=set_sql, columns=columns, key=key)
         return self._fetch(sql.compose(statement, table=table), params)
+
+    # -- set-up and checks (setup.py) -------------------------------------------------------
+
+    connection_created = staticmethod(setup.connection_created)
+    server_checks = staticmethod(setup.server_checks)
