@@ -409,11 +409,14 @@ class Database:
         *,
         release: bool = False,
         uncancelled: bool = False,
+        parked: tuple[int, str] | None = None,
     ) -> tuple[str, dict[str, Any]]:
         """The fence check: an UPDATE that must touch exactly the writer's instance row.
 
         ``release`` also gives the lease up in the same update (the last write of an
-        execution that suspends after it); ``runnable`` is left as it is.
+        execution that suspends after it); ``runnable`` is left as it is. ``parked``
+        (seq, key), with ``release``: the command the execution waits at, recorded as
+        a release records it, so the next lease reads its value with the row.
         ``uncancelled`` also requires that no cancel request is recorded (a write that
         must not happen after one, such as an inline claim). Its values are named
         ``fence_*``, apart from the parts a statement chains it with.
@@ -429,10 +432,14 @@ class Database:
             params["fence_step"] = current_step[:255]
         if uncancelled:
             params["fence_cancelled"] = False
+        released = sql.FENCE_SET_RELEASE if release else ""
+        if release and parked is not None:
+            released += sql.FENCE_SET_PARKED
+            params.update(fence_parked_seq=parked[0], fence_parked_key=parked[1])
         statement = sql.compose(
             sql.FENCE_UPDATE,
             step=sql.FENCE_SET_STEP if current_step is not None else "",
-            release=sql.FENCE_SET_RELEASE if release else "",
+            release=released,
             uncancelled=sql.FENCE_UNCANCELLED if uncancelled else "",
         )
         return statement, params
@@ -444,16 +451,18 @@ class Database:
         *,
         release: bool = False,
         uncancelled: bool = False,
+        parked: tuple[int, str] | None = None,
     ) -> None:
         """The fence check: the first statement of every fenced transaction.
 
         ``current_step`` (the command being issued) is recorded in the same update,
         so operators see where an instance is at no extra cost. With ``release`` the
-        update also releases the lease, and dispatchers are woken after commit when
-        input arrived during the execution (the instance is still runnable).
+        update also releases the lease (and records ``parked``, see :meth:`_fence_sql`),
+        and dispatchers are woken after commit when input arrived during the execution
+        (the instance is still runnable).
         """
         statement, params = self._fence_sql(
-            fence, current_step, release=release, uncancelled=uncancelled
+            fence, current_step, release=release, uncancelled=uncancelled, parked=parked
         )
         if not release:
             if self._execute(statement, params) != 1:

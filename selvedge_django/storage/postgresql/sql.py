@@ -68,8 +68,8 @@ LEASE_BATCH = (
     " FROM e UNION ALL SELECT instance_id, 1, since, seq FROM r) u"
     " ORDER BY part, since, seq LIMIT %(limit)s)"
     f" {sql.LEASE_SET} WHERE instance_id IN (SELECT instance_id FROM c)"
-    f" RETURNING instance_id, lease_epoch, {sql.HEAD_COLUMNS}, ready_ms, lease_expires_ms,"
-    " instance_id IN (SELECT instance_id FROM e)"
+    f" RETURNING instance_id, lease_epoch, {sql.HEAD_COLUMNS}, {sql.LEASED_PARKED_VALUE},"
+    " ready_ms, lease_expires_ms, instance_id IN (SELECT instance_id FROM e)"
 )
 # Renew a batch: the locking read skips held rows; the outer reads see the statement's
 # snapshot, where a skipped row still matches: reported as busy (0), not lost.

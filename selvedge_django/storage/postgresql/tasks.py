@@ -136,7 +136,11 @@ class PostgresTasks(Tasks):
         """
         queued = fields["status"] == ActivityTaskStatus.QUEUED
         fence_sql, fence_params = self.db._fence_sql(
-            fence, current_step, release=release, uncancelled=uncancelled
+            fence,
+            current_step,
+            release=release,
+            uncancelled=uncancelled,
+            parked=self._parked_at(row),
         )
         history_sql, history_params = self.db._history_insert_sql(fence.instance_id, row, "f")
         columns, values, task_params = self.db._insert_parts(
