@@ -31,7 +31,7 @@ from . import sql
 from .db import Database
 from .flow_control import Limits
 from .inline import Inline
-from .lapses import lapse_error_data, lapse_timeout
+from .lapses import lapsed_task_error
 from .operation import operation
 from .options import StoreOptions
 from .task_rows import task_fields, waited_ms
@@ -249,7 +249,7 @@ class Tasks:
                 claim_expires_ms=self.db.now_expr(ttl),
                 attempt_deadline_ms=self.db.now_expr(start_to_close) if start_to_close else None,
                 failures=F("failures") + 1,
-                last_error=self._lapse_envelope(task, task.attempts),
+                last_error=lapsed_task_error(task, task.attempts),
             )
         for (ttl, start_to_close), group in fresh.items():
             # The tasks no claim held before: one update for those of one claim length.
@@ -385,8 +385,14 @@ class Tasks:
         output: str,
         *,
         inline_fence: Fence | None = None,
+        if_free: bool = False,
     ) -> bool:
-        """Record a successful attempt; False when the claim was lost (late result)."""
+        """Record a successful attempt; False when the claim was lost (late result).
+
+        ``if_free`` (one of several writes in one transaction, the worker's group
+        commit): raise RowBusy, writing nothing, rather than wait for a row another
+        transaction holds (databases with row locks); the attempt then writes alone.
+        """
         complete, params = self._complete_sql(claim)
         with self.db.atomic():
             self.db._lock_instance(claim.instance_id)
@@ -579,14 +585,3 @@ class Tasks:
         record, record_params = self._arrive_record(claim, EV_ACTIVITY_COMPLETED, output)
         self.db._execute(record, record_params)
         return True
-
-    def _lapse_envelope(self, task: ActivityTask, attempt: int) -> str:
-        """The error of a lapsed claim (attempt ``attempt``) taken over by a new one."""
-        timeout = lapse_timeout(
-            task.name,
-            attempt,
-            task.attempt_deadline_ms,
-            task.heartbeat_timeout_ms,
-            task.claim_expires_ms,
-        )
-        return lapse_error_data(timeout, task.claim_owner, task.last_error)

@@ -98,15 +98,18 @@ NOT_HELD_BY_LOCKED = (
     " AND EXISTS (SELECT 1 FROM i WHERE NOT (i.lease_owner = %(held_owner)s"
     " AND i.lease_epoch = %(held_epoch)s))"
 )
-# complete_task in one statement: the instance row first (i), then the claim-checked
-# task update (t), the history value (h) and the wake (w), then the NOTIFY.
+# complete_task in one statement: the instance row first (i; {skip}: SKIP LOCKED in a
+# batch, which then leaves a busy row to a write of its own), then the claim-checked
+# task update (t), the history value (h) and the wake (w), then the NOTIFY, and whether
+# the instance row was locked.
 COMPLETE_TASK = (
     "WITH i AS (SELECT instance_id, lease_owner, lease_epoch FROM {instance}"
-    " WHERE instance_id = %(lock_instance_id)s FOR NO KEY UPDATE),"
+    " WHERE instance_id = %(lock_instance_id)s FOR NO KEY UPDATE{skip}),"
     " t AS ({complete} AND EXISTS (SELECT 1 FROM i) RETURNING id),"
     " h AS ({record} AND EXISTS (SELECT 1 FROM t) RETURNING id),"
     " w AS ({wake} AND EXISTS (SELECT 1 FROM t) RETURNING instance_id)"
-    " SELECT (SELECT count(*) FROM t), (SELECT count(*) FROM w), {notify}"
+    " SELECT (SELECT count(*) FROM t), (SELECT count(*) FROM w), {notify},"
+    " (SELECT count(*) FROM i)"
 )
 # reserve_activity in one statement: fence (f), history row (h), task (t), then whether
 # the released instance is still runnable (r), and the NOTIFYs.
