@@ -20,8 +20,9 @@ that found nothing (``claim_tasks (nothing)``: an idle claim poll):
 2. **threads**: both workers started with the defaults, workflows started and awaited
    one at a time; what a step costs with the loops' own polls, renewals and NOTIFY
    wake-ups, as in a deployment.
-3. **throughput**: N workflows started up front, then both workers; workflows/s, and
-   the same counts where several claims and completions wait at once.
+3. **throughput**: N workflows (at most ``THROUGHPUT_MAX``) started up front, then
+   both workers; workflows/s, and the same counts where several claims and
+   completions wait at once.
 
 Per step, 1 and 2 subtract a workflow of no steps from one of ``--steps`` steps (so
 the start, the first dispatch and the close drop out) and divide by the steps; 3
@@ -43,6 +44,11 @@ from typing import Any
 from bench.harness import UNTRACKED, SqlCounter, store_classes, transactions
 
 BACKGROUND_QUEUE = "bench-background"
+# At most this many workflows in the throughput part: each execution waiting for its
+# step is kept by the workflow cache with its thread, and that thread's connection stays
+# open for a second (worker/cache.py), so 100 waiting at once need more connections than
+# PostgreSQL's default max_connections (100) allows.
+THROUGHPUT_MAX = 40
 
 # Methods whose empty result is a poll that found nothing.
 POLLS = {"claim_tasks", "claim_task", "lease_batch"}

@@ -423,7 +423,7 @@ def run_background(db: str, n: int, steps: int) -> None:
     with bench_database(db) as info:
         from bench import background
 
-        background.run(db, info, n, steps, throughput_n=n)
+        background.run(db, info, n, steps, throughput_n=min(n, background.THROUGHPUT_MAX))
 
 
 def main(argv: list[str] | None = None) -> int:
