@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from django.core.checks import CheckMessage, Warning
@@ -24,6 +24,7 @@ from .. import sql
 from ..db import Database
 from ..errors import guard_prepared_statements
 from ..operation import operation
+from ..wakeups import TOPIC_RUNNABLE
 from .notify import Notifier
 from .sql import (
     DUE_TIMERS_LOCK,
@@ -37,6 +38,7 @@ from .sql import (
     SET_IDLE_TIMEOUT,
     SHOW_AUTOVACUUM,
     SNAPSHOT_ISOLATION,
+    WAKE_NOTIFYING,
 )
 
 __all__ = ["PostgresDatabase"]
@@ -215,6 +217,22 @@ class PostgresDatabase(Database):
 
     def _notify(self, topics: Sequence[str] | set[str]) -> None:
         self.notifier.send(topics)
+
+    def _wake(
+        self, instance_id: str, condition: str = "", params: Mapping[str, Any] | None = None
+    ) -> int:
+        """See :meth:`Database._wake`; the NOTIFY rides in the update's own statement, so
+        a signal or an activity outcome takes one round trip less (it is still sent only
+        if the transaction commits)."""
+        if not self.notify_enabled:
+            return super()._wake(instance_id, condition, params)
+        update, values = self._wake_sql(instance_id, condition, params)
+        notify, notify_params = self.notifier.from_cte("w", [TOPIC_RUNNABLE])
+        statement = sql.compose(WAKE_NOTIFYING, update=update, notify=notify)
+        woken = int(self._fetch(statement, sql.bind(values, notify_params))[0][0])
+        if woken:  # local loops only: the NOTIFY is in the statement
+            transaction.on_commit(lambda: self.bus.publish(TOPIC_RUNNABLE), using=self.alias)
+        return woken
 
     def _lock_instance(self, instance_id: str, *, skip_locked: bool = False) -> bool:
         """``FOR NO KEY UPDATE`` is the lock a fence update takes: it queues behind fenced
