@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from functools import update_wrapper
 from typing import Any, ClassVar
 
 from django.contrib import admin
@@ -24,7 +23,7 @@ from django.contrib.admin.utils import quote
 from django.contrib.admin.views.main import ChangeList
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
-from django.urls import URLPattern, path, reverse
+from django.urls import URLPattern, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext
@@ -47,6 +46,7 @@ from .base import (
     PERM_SIGNAL,
     PERM_TERMINATE,
     ReadOnlyAdmin,
+    extra_view,
     has_permission,
     may_view_payloads,
 )
@@ -422,14 +422,8 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
     # -- the extra views ------------------------------------------------------------------
 
     def get_urls(self) -> list[URLPattern]:
-        prefix = f"{self.opts.app_label}_{self.opts.model_name}"
-
         def route(pattern: str, view: Callable[..., HttpResponseBase], name: str) -> URLPattern:
-            def bound(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-                return view(self, request, *args, **kwargs)
-
-            update_wrapper(bound, view)
-            return path(pattern, self.admin_site.admin_view(bound), name=f"{prefix}_{name}")
+            return extra_view(self, pattern, view, name)
 
         # Before the defaults: their "<path:object_id>/" catch-all would match first.
         # "dashboard/" and "start/" before every "<path:object_id>/..." pattern (an

@@ -50,7 +50,7 @@ from ..engine.replay import query_handler_names as list_query_handlers
 from ..models import WorkflowInstance
 from ..registry import get_workflow, registered_workflow_names
 from ..storage import Store, client_codec
-from .base import client_store, known_id
+from .base import known_id, read_store
 
 __all__ = [
     "REDACTED",
@@ -171,7 +171,7 @@ def _export(instance_id: str, *, redact: bool, archived: bool) -> RecordedHistor
     would otherwise grow what it reads without bound)."""
     known_id(instance_id)
     settings = get_settings()
-    store = client_store()
+    store = read_store()
     codec = store.codec
 
     def clear(text: str | None) -> Any:
@@ -326,7 +326,7 @@ def replay_check(
 
 
 def _replay_candidates(recent: timedelta, limit: int) -> list[str]:
-    reads = client_store().operator_reads
+    reads = read_store().operator_reads
     names = registered_workflow_names()
     ids = reads.running_ids(names, limit)
     if recent.total_seconds() > 0:

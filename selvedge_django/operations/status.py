@@ -39,7 +39,7 @@ from ..conf import get_settings
 from ..storage import Store
 from ..storage.status_reads import StatusReads
 from ..worker.leader import LEADER_LOCK
-from .base import client_store
+from .base import client_store, read_store
 
 __all__ = [
     "COUNT_LIMIT",
@@ -116,7 +116,7 @@ def status_report(*, stuck_after: float = STUCK_AFTER) -> dict[str, Any]:
     people). Raises the database's error when it does not answer.
     """
     settings = get_settings()
-    store = client_store()
+    store = read_store()
     alias = store.alias
     reads = store.status
     now = store.now_ms()
