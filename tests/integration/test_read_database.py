@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,6 +28,7 @@ from selvedge_django.operations import iter_instances, status_report
 from selvedge_django.operations.base import primary_reads, read_alias
 from selvedge_django.operations.versions import running_versions
 from tests.conftest import extra_database
+from tests.integration.test_settings import _check_in_subprocess as check_in_subprocess
 
 CHANGELIST = "/admin/selvedge_django/workflowinstance/"
 # The engine's tables, as both databases quote them (parameters are single-quoted).
@@ -183,3 +185,58 @@ def test_without_a_read_database_the_admin_leaves_the_session_alone(
     terminate = reverse("admin:selvedge_django_workflowinstance_terminate", args=(quote(iid),))
     assert client.post(terminate, {"reason": ""}).status_code == 302
     assert "selvedge_acted_at" not in client.session
+
+
+# -- the system checks ---------------------------------------------------------------------
+
+_SQLITE = '"ENGINE": "django.db.backends.sqlite3", "OPTIONS": {"transaction_mode": "IMMEDIATE"}'
+_PG = '"ENGINE": "django.db.backends.postgresql", "NAME": "app", "HOST": "db"'
+
+
+@pytest.mark.parametrize(
+    ("databases", "expected"),
+    [
+        pytest.param(
+            f'{{"default": {{{_SQLITE}, "NAME": "app.sqlite3"}},'
+            f' "reader": {{{_SQLITE}, "NAME": "app.sqlite3"}}}}',
+            None,
+            id="sqlite-same-file",
+        ),
+        pytest.param(
+            f'{{"default": {{{_SQLITE}, "NAME": "app.sqlite3"}},'
+            f' "reader": {{{_SQLITE}, "NAME": "copy.sqlite3"}}}}',
+            "selvedge.E010",
+            id="sqlite-another-file",
+        ),
+        pytest.param(
+            f'{{"default": {{{_SQLITE}, "NAME": "app.sqlite3"}},'
+            f' "reader": {{{_PG}, "PORT": "5432"}}}}',
+            "selvedge.E010",
+            id="sqlite-with-a-postgresql-reader",
+        ),
+        pytest.param(
+            f'{{"default": {{{_PG}, "PORT": "5432"}},'
+            f' "reader": {{{_PG}, "HOST": "replica", "PORT": "5432"}}}}',
+            None,
+            id="postgresql-replica",
+        ),
+        pytest.param(
+            f'{{"default": {{{_PG}, "PORT": "5432", "ATOMIC_REQUESTS": True}},'
+            f' "reader": {{{_PG}, "HOST": "replica", "PORT": "5432"}}}}',
+            "selvedge.W012",
+            id="atomic-requests",
+        ),
+    ],
+)
+def test_read_database_checks(tmp_path: Path, databases: str, expected: str | None) -> None:
+    """E010: READ_DATABASE is another kind of database, or another SQLite file; W012:
+    ATOMIC_REQUESTS on the engine's database keeps every request's reads there."""
+    result = check_in_subprocess(tmp_path, databases, '{"READ_DATABASE": "reader"}')
+    output = result.stdout + result.stderr
+    found = set(re.findall(r"selvedge\.[EW]\d{3}", output))
+    assert found == ({expected} if expected else set()), output
+    assert (result.returncode != 0) == (expected == "selvedge.E010"), output
+    if expected == "selvedge.E010":
+        assert "READ_DATABASE" in output and "not a copy" in output, output
+    if expected == "selvedge.W012":
+        assert "ATOMIC_REQUESTS" in output, output
