@@ -240,6 +240,13 @@ class SelvedgeSettings:
     # ... and as written, for to_raw().
     queue_rate_limits_raw: Mapping[str, str] = field(default_factory=dict)
 
+    @property
+    def engine_aliases(self) -> tuple[str, ...]:
+        """The ``DATABASES`` aliases the engine connects through: ``DATABASE`` and the
+        ``RENEWAL_DATABASE`` and ``READ_DATABASE`` set apart."""
+        others = (self.renewal_database, self.read_database)
+        return (self.database, *(alias for alias in others if alias not in (None, self.database)))
+
     def with_overrides(self, **overrides: Any) -> SelvedgeSettings:
         """Return a copy with lower-case ``SELVEDGE`` keys overridden and revalidated."""
         raw = self.to_raw()

@@ -11,9 +11,10 @@ answer needs ``view_payloads``, a replay check ``export_history``.
 
 Which database a page reads (:class:`FreshReadsAdmin`, :func:`reads_for`): with a
 ``SELVEDGE["READ_DATABASE"]`` set apart, pages read that replica, except a request
-that acts (a POST: its reads decide what it writes) and every
-page of the same session for :data:`FRESH_AFTER_ACTION` seconds after one, so the
-page an operator lands on after "cancel" shows the cancel.
+that acts (a POST: its reads decide what it writes) and every page of the same
+session for :data:`FRESH_AFTER_ACTION` seconds after one, so the page an operator
+lands on after "cancel" shows the cancel. A POST that only reads (a query, a replay
+check, an export) reads the replica as a page does.
 """
 
 from __future__ import annotations
@@ -70,18 +71,22 @@ FRESH_AFTER_ACTION = 10.0
 # The session key holding when the session last acted (Unix seconds).
 ACTED_AT = "selvedge_acted_at"
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS", "TRACE")
+# The changelist actions that only read (their POST acts on nothing).
+READING_ACTIONS = frozenset({"export_instances"})
 
 
-def reads_primary(request: HttpRequest) -> bool:
+def reads_primary(request: HttpRequest, *, reading: bool = False) -> bool:
     """Whether ``request``'s reads must see the writes just made: it acts, or its
     session acted less than :data:`FRESH_AFTER_ACTION` seconds ago. An acting request
-    marks its session. Always False without a read database set apart (and the
-    session is left alone)."""
+    marks its session; a ``reading`` view's POST (or a changelist action of
+    :data:`READING_ACTIONS`) does not act. Always False without a read database set
+    apart (and the session is left alone)."""
     settings = get_settings()
     if settings.read_database in (None, settings.database):
         return False
     session = getattr(request, "session", None)
-    if request.method not in SAFE_METHODS:
+    reading = reading or request.POST.get("action") in READING_ACTIONS
+    if request.method not in SAFE_METHODS and not reading:
         if session is not None:
             session[ACTED_AT] = time.time()
         return True
@@ -89,13 +94,16 @@ def reads_primary(request: HttpRequest) -> bool:
     return isinstance(acted, int | float) and 0 <= time.time() - acted < FRESH_AFTER_ACTION
 
 
-def reads_for(view: Callable[..., HttpResponseBase]) -> Callable[..., HttpResponseBase]:
+def reads_for(
+    view: Callable[..., HttpResponseBase], *, reading: bool = False
+) -> Callable[..., HttpResponseBase]:
     """Wrap an admin view so that its reads, and those of rendering its template later,
-    read the primary when :func:`reads_primary` says so (else the read database)."""
+    read the primary when :func:`reads_primary` says so (else the read database);
+    ``reading``: the view writes nothing, whatever the method."""
 
     @functools.wraps(view)
     def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-        if not reads_primary(request):
+        if not reads_primary(request, reading=reading):
             return view(request, *args, **kwargs)
         with primary_reads():
             response = view(request, *args, **kwargs)
@@ -114,10 +122,15 @@ def reads_for(view: Callable[..., HttpResponseBase]) -> Callable[..., HttpRespon
 
 
 def extra_view(
-    model_admin: admin.ModelAdmin, pattern: str, view: Callable[..., HttpResponseBase], name: str
+    model_admin: admin.ModelAdmin,
+    pattern: str,
+    view: Callable[..., HttpResponseBase],
+    name: str,
+    *,
+    reading: bool = False,
 ) -> URLPattern:
     """The URL of one of a model admin's own views, ``view(model_admin, request, ...)``,
-    behind the admin site's login and :func:`reads_for`."""
+    behind the admin site's login and :func:`reads_for` (``reading``: it writes nothing)."""
 
     def bound(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
         return view(model_admin, request, *args, **kwargs)
@@ -126,7 +139,7 @@ def extra_view(
     opts = model_admin.opts
     return path(
         pattern,
-        model_admin.admin_site.admin_view(reads_for(bound)),
+        model_admin.admin_site.admin_view(reads_for(bound, reading=reading)),
         name=f"{opts.app_label}_{opts.model_name}_{name}",
     )
 

@@ -422,8 +422,10 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
     # -- the extra views ------------------------------------------------------------------
 
     def get_urls(self) -> list[URLPattern]:
-        def route(pattern: str, view: Callable[..., HttpResponseBase], name: str) -> URLPattern:
-            return extra_view(self, pattern, view, name)
+        def route(
+            pattern: str, view: Callable[..., HttpResponseBase], name: str, reading: bool = False
+        ) -> URLPattern:
+            return extra_view(self, pattern, view, name, reading=reading)
 
         # Before the defaults: their "<path:object_id>/" catch-all would match first.
         # "dashboard/" and "start/" before every "<path:object_id>/..." pattern (an
@@ -432,8 +434,14 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
             route("dashboard/", dashboard.dashboard_view, "dashboard"),
             route("start/", console.start_view, "start"),
             route("queues/", pauses.queues_view, "queues"),
-            route("<path:object_id>/query/", console.query_view, "query"),
-            route("<path:object_id>/replay-check/", console.replay_check_view, "replay_check"),
+            # These POSTs only read: a query, a replay check and an export read the replica.
+            route("<path:object_id>/query/", console.query_view, "query", reading=True),
+            route(
+                "<path:object_id>/replay-check/",
+                console.replay_check_view,
+                "replay_check",
+                reading=True,
+            ),
             route("<path:object_id>/resume/", recovery.resume_view, "resume"),
             route("<path:object_id>/fork/", recovery.fork_view, "fork"),
             route("<path:object_id>/cancel/", instance_actions.cancel_view, "cancel"),
@@ -441,7 +449,7 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
             route("<path:object_id>/pause/", pauses.pause_view, "pause"),
             route("<path:object_id>/unpause/", pauses.unpause_view, "unpause"),
             route("<path:object_id>/signal/", instance_actions.signal_view, "signal"),
-            route("<path:object_id>/export/", instance_actions.export_view, "export"),
+            route("<path:object_id>/export/", instance_actions.export_view, "export", reading=True),
             route("<path:object_id>/stream-events/", streams.stream_events_view, "stream_events"),
             *super().get_urls(),
         ]

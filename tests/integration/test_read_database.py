@@ -69,7 +69,7 @@ def operator(django_user_model: Any) -> Callable[[], Client]:
         nonlocal made
         made += 1
         user = django_user_model.objects.create_user(username=f"reader{made}", is_staff=True)
-        for codename in ("view_workflowinstance", "terminate_workflowinstance"):
+        for codename in ("view_workflowinstance", "terminate_workflowinstance", "export_history"):
             user.user_permissions.add(
                 Permission.objects.get(content_type__app_label="selvedge_django", codename=codename)
             )
@@ -159,6 +159,14 @@ def test_admin_pages_read_the_read_database_until_an_action(
             assert client.get(shown).status_code == 200
         assert on_engine_tables(replica), shown
         assert not on_engine_tables(primary), (shown, on_engine_tables(primary))
+
+    # An export is a POST that only reads: the read database, and the session is no fresher.
+    export = reverse("admin:selvedge_django_workflowinstance_export", args=(quote(iid),))
+    with engine_reads("default") as primary, engine_reads(reader) as replica:
+        assert client.post(export).status_code == 200
+    assert on_engine_tables(replica)
+    assert not on_engine_tables(primary), on_engine_tables(primary)
+    assert "selvedge_acted_at" not in client.session
 
     # The action reads and writes the engine's database; so does the page it lands on.
     with engine_reads("default") as primary, engine_reads(reader) as replica:
