@@ -6,10 +6,15 @@ primary, the read database the standby. Pausing the standby's WAL replay makes i
 stale on purpose (no timing involved): an operator's list then shows what the replica
 has, while the reads that must see a write just made (the admin's page after the
 action, ``describe``) show the primary's.
+
+It runs on the PostgreSQL passes. Without the server binaries (``initdb``, ``pg_ctl``,
+``pg_basebackup``) it is skipped with that reason, or fails when
+``SELVEDGE_REPLICA_REQUIRED=1`` (CI sets it, so a missing binary cannot pass unnoticed).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -34,15 +39,19 @@ NAME = "selvedge_replica"
 CHANGELIST = "/admin/selvedge_django/workflowinstance/"
 BIN_DIR = server_bin_dir()
 
-pytestmark = [
-    pytest.mark.skipif(
-        not ON_POSTGRES, reason="a PostgreSQL streaming replica: the PostgreSQL passes run it"
-    ),
-    pytest.mark.skipif(
-        BIN_DIR is None or not (BIN_DIR / "pg_basebackup").exists(),
-        reason="needs the PostgreSQL server binaries (initdb, pg_ctl, pg_basebackup)",
-    ),
-]
+pytestmark = pytest.mark.skipif(
+    not ON_POSTGRES, reason="a PostgreSQL streaming replica: the PostgreSQL passes run it"
+)
+
+
+def require_server_binaries() -> None:
+    """Skip (fail with SELVEDGE_REPLICA_REQUIRED=1) without the binaries a replica needs."""
+    if BIN_DIR is not None and (BIN_DIR / "pg_basebackup").exists():
+        return
+    reason = "needs the PostgreSQL server binaries (initdb, pg_ctl, pg_basebackup)"
+    if os.environ.get("SELVEDGE_REPLICA_REQUIRED") == "1":
+        pytest.fail(f"SELVEDGE_REPLICA_REQUIRED is set, but the test {reason}")
+    pytest.skip(reason)
 
 
 @sv.workflow(name="test.read_replica.waiter")
@@ -80,6 +89,7 @@ def alias_settings(cluster: PrivateCluster) -> dict[str, Any]:
 @pytest.fixture
 def replicated(tdb: None) -> Iterator[tuple[PrivateCluster, PrivateCluster]]:
     """The engine's database on a primary of the test's own, READ_DATABASE its standby."""
+    require_server_binaries()
     with private_cluster() as primary:
         import psycopg
 
