@@ -237,9 +237,9 @@ def _read_database(resolved: SelvedgeSettings, store: type[Any]) -> list[CheckMe
     from .storage import store_class
 
     main, other = connections[resolved.database], connections[read]
-    if store_class(read) is not store or (
-        store.single_writer and other.settings_dict.get("NAME") != main.settings_dict.get("NAME")
-    ):
+    # A NAME may be a Path on one alias and a string on the other.
+    same_file = str(other.settings_dict.get("NAME")) == str(main.settings_dict.get("NAME"))
+    if store_class(read) is not store or (store.single_writer and not same_file):
         return [
             Error(
                 f"SELVEDGE['READ_DATABASE'] {read!r} ({other.vendor}, "

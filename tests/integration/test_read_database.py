@@ -205,7 +205,7 @@ _PG = '"ENGINE": "django.db.backends.postgresql", "NAME": "app", "HOST": "db"'
     ("databases", "expected"),
     [
         pytest.param(
-            f'{{"default": {{{_SQLITE}, "NAME": "app.sqlite3"}},'
+            f'{{"default": {{{_SQLITE}, "NAME": Path("app.sqlite3")}},'
             f' "reader": {{{_SQLITE}, "NAME": "app.sqlite3"}}}}',
             None,
             id="sqlite-same-file",
