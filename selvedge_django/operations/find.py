@@ -219,6 +219,9 @@ def find_instances(
     by AND; each is answered from an index. Numbers compare by value (``5`` matches
     ``5.0``), never with strings or bools; strings compare in the database's
     order. A bad name, value or lookup raises ``ValueError``.
+
+    It reads ``SELVEDGE["READ_DATABASE"]`` when one is set (a replica, which may lag;
+    :func:`~selvedge_django.operations.base.read_store`).
     """
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
         raise ValueError("limit must be an integer from 1 to 1000")

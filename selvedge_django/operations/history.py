@@ -149,6 +149,9 @@ def _redacted_text(text: str) -> str:
 def export_history(instance_id: str, *, redact: bool = False) -> RecordedHistory:
     """Read one consistent snapshot of an instance as a portable history.
 
+    The snapshot is of ``SELVEDGE["READ_DATABASE"]`` when one is set (a replica, which
+    may lag); queries and replay checks read their histories the same way.
+
     Every recorded value is in it, consumed signal payloads included (in
     ``events[].data``), and the instance's stream entries (``streams[]``). With
     ``redact=True`` each value (input, output or error, every event's ``data`` and

@@ -114,6 +114,9 @@ def status_report(*, stuck_after: float = STUCK_AFTER) -> dict[str, Any]:
     ``oldest_due_timer_age_s``, ``history_warning_threshold``,
     ``long_histories``, ``stuck``, ``hot_loops`` and ``warnings`` (sentences for
     people). Raises the database's error when it does not answer.
+
+    It reads ``SELVEDGE["READ_DATABASE"]`` when one is set (``database`` names the alias
+    read): a replica lagging past a worker's heartbeat shows that worker as lost.
     """
     settings = get_settings()
     store = read_store()
