@@ -11,7 +11,8 @@ of N units and one of none run step by step in this thread, as ``bench_scale.py
 statements and transactions (counted on the connection, as ``bench/harness.py`` does),
 the rows each hot table had inserted, updated (and of those, HOT updates: no index
 entry written) and deleted (``pg_stat_user_tables``), and the WAL written
-(``pg_current_wal_insert_lsn``).
+(``pg_current_wal_insert_lsn``). Last it runs ``--fill`` more workflows of three inline
+steps and prints the heap and index bytes per row kept, after ``VACUUM``.
 
 By default the run starts a throwaway PostgreSQL cluster of its own
 (``tests/pgcluster.py``: ``fsync``, ``synchronous_commit`` and ``full_page_writes``
@@ -167,6 +168,41 @@ def measure(units: int) -> dict[str, dict[str, float]]:
     return out
 
 
+def fill(count: int) -> None:
+    """Run ``count`` more workflows of three inline steps to completion, for the sizes."""
+    import selvedge_django as sv
+    from selvedge_django.worker import Worker
+
+    worker = Worker(worker_id="bench-rows-fill")  # never started: driven from this thread
+    worker.resumptions.inline = True
+    worker.activities.inline = True
+    for start in range(0, count, 1000):
+        batch = min(1000, count - start)
+        sv.start_workflows([("bench.scale.units", {"kind": "inline", "count": 3})] * batch)
+        while worker.dispatcher.run_once():
+            pass
+
+
+def sizes() -> list[tuple[str, int, float, float]]:
+    """Per hot table after the run (vacuumed): live rows, and heap and index bytes per row."""
+    from django.db import connection
+
+    out = []
+    with connection.cursor() as cursor:
+        for table, short in TABLES:
+            name = f"selvedge_django_{table}"
+            cursor.execute(f"VACUUM ANALYZE {name}")
+            cursor.execute(
+                "SELECT (SELECT count(*) FROM " + name + "), pg_table_size(%s),"
+                " pg_indexes_size(%s)",
+                [name, name],
+            )
+            rows, heap, indexes = cursor.fetchone()
+            if rows:
+                out.append((short, rows, heap / rows, indexes / rows))
+    return out
+
+
 def report(out: dict[str, dict[str, float]]) -> None:
     print(f"  {'':<44}{'queries':>8}{'transactions':>13}{'WAL bytes':>11}")
     for kind, label in KINDS:
@@ -190,6 +226,12 @@ def main() -> int:
     parser.add_argument(
         "--shared", action="store_true", help="use the SELVEDGE_PG_* server, not a private one"
     )
+    parser.add_argument(
+        "--fill",
+        type=int,
+        default=5000,
+        help="workflows of three inline steps run before the sizes are read (default 5000)",
+    )
     args = parser.parse_args()
     os.environ.setdefault("SELVEDGE_BENCH_PG_NAME", f"selvedge_bench_rows_{os.getpid()}")
     with server(args.shared), bench_database("postgres") as info:
@@ -197,6 +239,13 @@ def main() -> int:
 
         print(f"== postgres: {info['version']}, {args.units} units a kind ==")
         report(measure(args.units))
+        fill(args.fill)
+        print(
+            f"  bytes per row kept (heap with TOAST / indexes), after VACUUM, with {args.fill}"
+            " more workflows of three inline steps:"
+        )
+        for short, rows, heap, indexes in sizes():
+            print(f"  {short:<10}{rows:>8} rows {heap:>8.0f} B / {indexes:>6.0f} B")
     return 0
 
 
