@@ -9,6 +9,8 @@ step; a background step claimed by the activity loop; a sleep; a signal) a workf
 of N units and one of none run step by step in this thread, as ``bench_scale.py
 --only counts`` drives them; the difference over N is one unit. Per unit it prints the
 statements and transactions (counted on the connection, as ``bench/harness.py`` does),
+the statements that may send a ``NOTIFY`` (their text calls ``pg_notify``; a one-statement
+write sends it only when its write happened),
 the rows each hot table had inserted, updated (and of those, HOT updates: no index
 entry written) and deleted (``pg_stat_user_tables``), and the WAL written
 (``pg_current_wal_insert_lsn``). Last it runs ``--fill`` more workflows of three inline
@@ -126,10 +128,24 @@ def measure(units: int) -> dict[str, dict[str, float]]:
     workflows = inline_worker(worker_id="bench-rows-wf", activity_queues=["-"])
     activities = inline_worker(worker_id="bench-rows-act", activity_queues=[BACKGROUND_QUEUE])
 
+    notifying = Counter[str]()
+
+    def count_notify(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if "pg_notify" in sql:
+            notifying["statements"] += 1
+        return execute(sql, params, many, context)
+
     def run(kind: str, count: int) -> Counter[str]:
+        from django.db import connection
+
+        with connection.execute_wrapper(count_notify):
+            return run_counted(kind, count)
+
+    def run_counted(kind: str, count: int) -> Counter[str]:
         unit = "inline" if kind == "workflow" else kind
         before, lsn = table_rows(), wal_lsn()
         counter.reset()
+        notifying.clear()
         instance_id = sv.start_workflow("bench.scale.units", {"kind": unit, "count": count})
         worker = workflows if unit == "background" else runner
         worker.dispatcher.run_once()
@@ -148,6 +164,7 @@ def measure(units: int) -> dict[str, dict[str, float]]:
         for c in counter.snapshot()[0].values():
             total.update(c)
         total["transactions"] = transactions(total)
+        total["notify"] = notifying["statements"]
         total["wal"] = wal_lsn() - lsn
         after = table_rows()
         for table, _ in TABLES:
@@ -204,10 +221,13 @@ def sizes() -> list[tuple[str, int, float, float]]:
 
 
 def report(out: dict[str, dict[str, float]]) -> None:
-    print(f"  {'':<44}{'queries':>8}{'transactions':>13}{'WAL bytes':>11}")
+    print(f"  {'':<44}{'queries':>8}{'transactions':>13}{'may notify':>11}{'WAL bytes':>11}")
     for kind, label in KINDS:
         c = out[kind]
-        print(f"  {label:<44}{c['queries']:>8.2f}{c['transactions']:>13.2f}{c['wal']:>11.0f}")
+        print(
+            f"  {label:<44}{c['queries']:>8.2f}{c['transactions']:>13.2f}{c['notify']:>11.2f}"
+            f"{c['wal']:>11.0f}"
+        )
     print("  rows per unit: inserted / updated (HOT) / deleted")
     print(f"  {'':<44}" + "".join(f"{short:>18}" for _, short in TABLES))
     for kind, label in KINDS:
