@@ -14,11 +14,15 @@ a hot table in it, how that reference finds its rows:
     column list carries ``instance_id``;
 ``queue``
     a condition on ``queue`` or ``concurrency_key``: the flow-control reads of one
-    queue or one key, which span instances by design;
+    queue or one key, which span instances by design (and an insert of a per-queue
+    row, whose column list carries ``queue``);
 ``head``
     no key, but bounded (``LIMIT``, or the body of ``EXISTS``): the head of one of the
     engine's queue indexes (ready instances, expired leases, queued tasks, due
     timers, deadlines). Only the operations listed as queue readers may do this;
+``parent``
+    ``parent_instance_id``: the children of one instance. Each child is a row of its own
+    instance, so a table partitioned by ``instance_id`` finds them in every partition;
 ``id``
     the row's own surrogate ``id`` and nothing else: one row, but a table partitioned
     by ``instance_id`` has to look for it in every partition;
@@ -89,7 +93,7 @@ class Access:
 
     table: str
     alias: str
-    kind: str  # "instance", "queue", "head", "id" or "scan"
+    kind: str  # "instance", "queue", "head", "parent", "id" or "scan"
     clause: str  # the condition (or column list) the decision was read from
 
 
@@ -149,13 +153,10 @@ def classify_condition(condition: str, alias: str, table: str, scope: Scope) -> 
         return "scan"
     branches = _split_top(condition, "or")
     kinds = [_branch_kind(branch, alias, table, scope) for branch in branches]
-    for kind in ("scan", "id", "queue", "instance"):
-        if kind in kinds:
-            return kind  # the weakest branch decides
-    return "scan"
+    return min(kinds, key=_RANK.__getitem__)  # the weakest branch decides
 
 
-_RANK = {"instance": 3, "queue": 2, "id": 1, "scan": 0}
+_RANK = {"instance": 4, "queue": 3, "parent": 2, "id": 1, "scan": 0}
 
 
 def _branch_kind(branch: str, alias: str, table: str, scope: Scope) -> str:
@@ -183,6 +184,8 @@ def _term_kind(term: str, alias: str, table: str, scope: Scope) -> str:
         return "instance"
     if re.match(rf"^{column}(queue|concurrency_key)\s*(=|in\b)", term):
         return "queue"
+    if re.match(rf"^{column}parent_instance_id\s*(=|in\b)", term):
+        return "parent"
     if re.match(rf"^{column}id\s*(=|in\b)", term):
         return "id"
     return "scan"
@@ -224,8 +227,11 @@ def _access(
     if verb == "into":
         columns = re.match(r"^\s*\(#(\d+)\)", part[end:])
         listed = scope.children[int(columns.group(1))].text if columns else ""
-        carries = re.search(r"\binstance_id\b", listed) is not None
-        return Access(table, alias, "instance" if carries else "scan", listed)
+        if re.search(r"\binstance_id\b", listed):
+            return Access(table, alias, "instance", listed)
+        if re.search(r"\bqueue\b", listed):  # a per-queue row (a rate-limited queue's claim)
+            return Access(table, alias, "queue", listed)
+        return Access(table, alias, "scan", listed)
     conditions = [_where(part)]
     if verb == "join":
         on = re.search(r"\bon\b", part[end:])
