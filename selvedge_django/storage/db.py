@@ -43,7 +43,7 @@ from . import sql
 from .clock import DbNowMs, clock_offset_ms
 from .operation import operation
 from .sql import Params, Sql
-from .wakeups import TOPIC_RUNNABLE, Bus, bus_for
+from .wakeups import TOPIC_RUNNABLE, Bus, bus_for, is_waiter_hint
 
 __all__ = ["Database", "Sql"]
 
@@ -210,7 +210,8 @@ class Database:
         """Wake local loops once the current transaction commits; NOTIFY other processes.
 
         The NOTIFY (on databases that have it) is issued inside the transaction, at
-        the end of the outermost store transaction; outside one, at once.
+        the end of the outermost store transaction; outside one, at once. Hints to
+        waiters go out after the commit instead (:func:`~.wakeups.is_waiter_hint`).
         """
 
         def send() -> None:
@@ -220,10 +221,14 @@ class Database:
         transaction.on_commit(send, using=self.alias)
         if not (self.notify_enabled and topics):
             return
-        if getattr(self._tx, "depth", 0) > 0:
-            self._tx.pending.update(topics)
-        else:
-            self._notify(topics)
+        hints = [topic for topic in topics if is_waiter_hint(topic)]
+        if hints:  # after the commit, on its own (see is_waiter_hint)
+            transaction.on_commit(lambda: self._notify(hints), using=self.alias, robust=True)
+        work = [topic for topic in topics if not is_waiter_hint(topic)]
+        if work and getattr(self._tx, "depth", 0) > 0:
+            self._tx.pending.update(work)
+        elif work:
+            self._notify(work)
 
     def _notify(self, topics: Sequence[str] | set[str]) -> None:
         """Send ``topics`` to other processes in the current transaction (PostgreSQL)."""

@@ -14,7 +14,7 @@ from datetime import datetime
 from operator import attrgetter
 from typing import Any
 
-from django.db.models import F, Q
+from django.db.models import Exists, F, OuterRef, Q
 
 from .. import exceptions as exc
 from ..engine.codec import envelope_type
@@ -509,9 +509,13 @@ class Instances:
         whose parent is still running is kept; ``workflow_name`` is an exact name.
         """
         instances = WorkflowInstance.objects.using(self.db.alias)
-        running = instances.filter(status=WorkflowStatus.RUNNING)
-        qs = instances.filter(status__in=sorted(statuses), closed_at__lt=closed_before).exclude(
-            parent_instance_id__in=running.values("instance_id")
+        # The parent's row by its key, per candidate (NOT EXISTS): not a NOT IN over every
+        # running instance, which read the whole running set for each batch.
+        running_parent = instances.filter(
+            instance_id=OuterRef("parent_instance_id"), status=WorkflowStatus.RUNNING
+        )
+        qs = instances.filter(
+            ~Exists(running_parent), status__in=sorted(statuses), closed_at__lt=closed_before
         )
         if workflow_name:
             qs = qs.filter(workflow_name=workflow_name)

@@ -4,9 +4,9 @@ Only what differs from the portable :class:`~selvedge_django.storage.db.Database
 a consistent read runs at ``REPEATABLE READ``; arrivals lock the instance row first
 (``FOR NO KEY UPDATE``), the lock order of every write path; flow control takes one
 advisory lock per queue and key; wake-ups reach other processes through ``NOTIFY``
-(skipped while the notification queue is half full), sent in the writing
-transaction. The connection set-up guards server-side prepared statements behind
-a pooler, and the system checks warn when autovacuum is off (both in :mod:`.setup`).
+(:mod:`.notify`), sent in the writing transaction, or after it for a waiter's
+hint. The connection set-up guards server-side prepared statements behind a pooler,
+and the system checks warn when autovacuum is off (both in :mod:`.setup`).
 """
 
 from __future__ import annotations
@@ -14,16 +14,17 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from django.db import DatabaseError, transaction
+from django.db import transaction
 
 from .. import sql
 from ..db import Database
 from ..operation import operation
-from ..wakeups import NOTIFY_CHANNEL, NOTIFY_QUEUE_CEILING, notify_payload
+from ..wakeups import TOPIC_RUNNABLE
 from . import setup
+from .notify import Notifier
 from .sql import (
     DUE_TIMERS_LOCK,
     IDLE_TIMEOUT_SETTING,
@@ -31,13 +32,11 @@ from .sql import (
     LOCK_INSTANCE,
     LOCK_LIMITS,
     LOCK_TASK,
-    NOTIFY_ALL,
-    NOTIFY_CALL,
-    NOTIFY_FROM,
     QUEUE_LOCK_CLASS,
     RENEW_BATCH,
     SET_IDLE_TIMEOUT,
     SNAPSHOT_ISOLATION,
+    WAKE_NOTIFYING,
 )
 
 __all__ = ["PostgresDatabase"]
@@ -77,6 +76,11 @@ class PostgresDatabase(Database):
     can_notify = True
     DUE_TIMERS_LOCK = DUE_TIMERS_LOCK
     CLAIM_LOCK = " FOR UPDATE SKIP LOCKED"
+
+    @functools.cached_property
+    def notifier(self) -> Notifier:
+        """The NOTIFY statements (sent, or carried by a one-statement write)."""
+        return Notifier(self)
 
     @property
     def one_statement(self) -> bool:
@@ -157,38 +161,23 @@ class PostgresDatabase(Database):
         self._execute(SET_IDLE_TIMEOUT, {"ms": str(wanted)})
 
     def _notify(self, topics: Sequence[str] | set[str]) -> None:
-        """Send ``topics`` in one statement, unless the notification queue is half full
-        (``NOTIFY_QUEUE_CEILING``), so that a full queue cannot fail the commit."""
-        calls, params = self._notify_calls("notify", sorted(topics))
-        statement = sql.compose(NOTIFY_ALL, calls=calls)
-        params["notify_ceiling"] = NOTIFY_QUEUE_CEILING
-        try:
-            with self._cursor() as cursor:
-                cursor.execute(statement, params)
-        except DatabaseError:  # a hint only: pollers will find the work
-            logger.debug("NOTIFY failed", exc_info=True)
-            if self.connection.in_atomic_block:
-                raise
+        self.notifier.send(topics)
 
-    def _notify_from(self, source: str, topics: Sequence[str]) -> tuple[str, dict[str, Any]]:
-        """A scalar subquery sending ``topics`` once if the CTE ``source`` has a row; its
-        values are named after ``source`` (``c_notify_0_channel``, ``c_ceiling``), so that
-        one statement can send from several CTEs."""
-        if not (self.notify_enabled and topics):
-            return "0", {}
-        calls, params = self._notify_calls(f"{source}_notify", topics)
-        params[f"{source}_ceiling"] = NOTIFY_QUEUE_CEILING
-        return sql.compose(NOTIFY_FROM, calls=calls, source=source), params
-
-    @staticmethod
-    def _notify_calls(name: str, topics: Sequence[str]) -> tuple[str, dict[str, Any]]:
-        """NOTIFY_CALL once per topic (``name_0``, ...) and the values they bind."""
-        calls, params = [], {}
-        for i, topic in enumerate(topics):
-            calls.append(sql.compose(NOTIFY_CALL, name=f"{name}_{i}"))
-            params[f"{name}_{i}_channel"] = NOTIFY_CHANNEL
-            params[f"{name}_{i}_payload"] = notify_payload(topic)
-        return ", ".join(calls), params
+    def _wake(
+        self, instance_id: str, condition: str = "", params: Mapping[str, Any] | None = None
+    ) -> int:
+        """See :meth:`Database._wake`; the NOTIFY rides in the update's own statement, so
+        a signal or an activity outcome takes one round trip less (it is still sent only
+        if the transaction commits)."""
+        if not self.notify_enabled:
+            return super()._wake(instance_id, condition, params)
+        update, values = self._wake_sql(instance_id, condition, params)
+        notify, notify_params = self.notifier.from_cte("w", [TOPIC_RUNNABLE])
+        statement = sql.compose(WAKE_NOTIFYING, update=update, notify=notify)
+        woken = int(self._fetch(statement, sql.bind(values, notify_params))[0][0])
+        if woken:  # local loops only: the NOTIFY is in the statement
+            transaction.on_commit(lambda: self.bus.publish(TOPIC_RUNNABLE), using=self.alias)
+        return woken
 
     def _lock_instance(self, instance_id: str, *, skip_locked: bool = False) -> bool:
         """``FOR NO KEY UPDATE`` is the lock a fence update takes: it queues behind fenced

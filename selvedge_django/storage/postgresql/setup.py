@@ -20,7 +20,7 @@ __all__ = ["connection_created", "server_checks"]
 def connection_created(connection: Any) -> None:
     """Name the pooler when a prepared statement is missing from a session.
 
-    A connection of the engine's aliases (``DATABASE``, ``RENEWAL_DATABASE``)
+    A connection of an engine alias (``DATABASE``, ``RENEWAL_DATABASE``, ``READ_DATABASE``)
     whose statements may be prepared (the engine's own, with ``PREPARED_STATEMENTS``;
     all of them with ``OPTIONS["server_side_binding"]``) runs its statements through
     :func:`~selvedge_django.storage.errors.guard_prepared_statements`; a connection
@@ -37,7 +37,7 @@ def connection_created(connection: Any) -> None:
         return  # the system checks report it; never break a connection over it
     if not (options.get("server_side_binding") or settings.prepared_statements):
         return
-    if connection.alias not in (settings.database, settings.renewal_database):
+    if connection.alias not in settings.engine_aliases:
         return
     if guard_prepared_statements not in connection.execute_wrappers:
         # First, so outermost, and out of the way of a wrapper installed for a

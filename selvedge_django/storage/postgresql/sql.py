@@ -35,6 +35,7 @@ __all__ = [
     "START_WITH_ATTRIBUTES",
     "START_WITH_TASK",
     "STREAM_WRITE_LIVE",
+    "WAKE_NOTIFYING",
 ]
 
 # One consistent read of several statements.
@@ -254,3 +255,7 @@ STREAM_WRITE_LIVE = (
     " written_at) SELECT %s, %s, last_seq, %s, %s, %s, %s FROM n RETURNING seq)"
     " SELECT (SELECT seq FROM e), (SELECT count(*) FROM c), {notify}"
 )
+
+# An arrival's wake ({update}: WAKE_RUNNING) carrying its own NOTIFY ({notify}, from w):
+# the transaction needs no NOTIFY statement of its own at the end.
+WAKE_NOTIFYING = "WITH w AS ({update} RETURNING 1) SELECT (SELECT count(*) FROM w), {notify}"

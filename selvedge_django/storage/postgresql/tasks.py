@@ -77,7 +77,7 @@ class PostgresTasks(Tasks):
         (record, record_params), (wake, wake_params) = self._arrive_locked_sql(
             claim, output, inline_fence
         )
-        notify, notify_params = self.db._notify_from("w", [] if deferred else [TOPIC_RUNNABLE])
+        notify, notify_params = self.db.notifier.from_cte("w", [] if deferred else [TOPIC_RUNNABLE])
         statement = sql.compose(
             COMPLETE_TASK,
             complete=complete,
@@ -179,10 +179,10 @@ class PostgresTasks(Tasks):
         columns, values, task_params = self.db._insert_parts(
             ActivityTask, fields, skip_pk=True, name="task"
         )
-        notify, notify_params = self.db._notify_from(
+        notify, notify_params = self.db.notifier.from_cte(
             "t", [TOPIC_TASK] if queued and not deferred else []
         )
-        wake, wake_params = self.db._notify_from(
+        wake, wake_params = self.db.notifier.from_cte(
             "r", [TOPIC_RUNNABLE] if release and not deferred else []
         )
         parts = {"fence": fence_sql, "columns": columns, "values": values, "notify": notify}
@@ -239,7 +239,7 @@ class PostgresTasks(Tasks):
         (record, record_params), (wake, wake_params) = self._arrive_locked_sql(
             carried.claim, carried.output, fence
         )
-        woken, woken_params = self.db._notify_from("w", [TOPIC_RUNNABLE])
+        woken, woken_params = self.db.notifier.from_cte("w", [TOPIC_RUNNABLE])
         parts = {"complete": complete, "record": record, "wake": wake, "woken": woken}
         lock = {"lock_instance_id": fence.instance_id}
         return parts, sql.bind(lock, complete_params, record_params, wake_params, woken_params)
@@ -279,8 +279,9 @@ class PostgresSoleActivity(SoleActivity):
         row_sql, row_params = self.db._history_insert_sql(iid, self._close_record(output), "c")
         wake, wake_params = self.db._wake_sql(iid)
         topic = closed_topic(iid)
-        notify, notify_params = self.db._notify_from("c", [topic])
-        woken, woken_params = self.db._notify_from("w", [TOPIC_RUNNABLE])
+        # The close's wake-up is a waiter's hint, sent after the commit (is_waiter_hint).
+        notify, notify_params = self.db.notifier.from_cte("c", [])
+        woken, woken_params = self.db.notifier.from_cte("w", [TOPIC_RUNNABLE])
         statement = sql.compose(
             COMPLETE_CLOSING,
             complete=complete,
@@ -300,7 +301,7 @@ class PostgresSoleActivity(SoleActivity):
             return None
         if closed:
             self.db._closed(iid)
-            self.db._publish_now(topic)
+            self.db.after_commit(topic)
             return True
         if woke:
             self.db._publish_now(TOPIC_RUNNABLE)
