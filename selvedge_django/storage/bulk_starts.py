@@ -19,6 +19,7 @@ row (``executemany``), on PostgreSQL one array per column (``unnest``).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -47,7 +48,7 @@ from .operation import operation
 from .task_rows import task_fields
 from .wakeups import TOPIC_RUNNABLE, TOPIC_TASK
 
-__all__ = ["BulkStarts", "Column", "Const", "NewInstance", "Plus"]
+__all__ = ["BulkStarts", "Column", "Const", "NewInstance", "Plus", "Prepared"]
 
 # The statements of this part alone, beside it. ({columns}, {rows}): the new
 # instances, one statement per batch; an id already taken is left alone
@@ -108,9 +109,12 @@ class NewInstance:
     the workflow's first command, an activity, and its task (the start records it,
     as ``Starts.create_instance`` does with ``first_task``); ``attributes`` are the
     instance's first search attributes, checked by the caller (no ``None`` value),
-    written only when this start creates the instance. Starts of one call that share
-    a value may share the object (one workflow name, one first-task reservation):
-    the columns of those rows are then converted once.
+    written only when this start creates the instance. ``input_text``, when given, is
+    the input as stored JSON text (the codec's) and ``input_value`` is not read;
+    ``task_input``, when given, is the first task's input instead of its spec's.
+    Starts of one call that share a value may share the object (one workflow name,
+    one first task's reservation and spec): the columns of those rows are then
+    converted once.
     """
 
     instance_id: str
@@ -123,6 +127,12 @@ class NewInstance:
     started_at: datetime | None = None
     first_task: tuple[HistoryRow, TaskSpec] | None = None
     attributes: Mapping[str, AttributeValue] | None = None
+    input_text: str | None = None
+    task_input: str | None = None
+
+
+class Prepared(list[Any]):
+    """Each row's value of a column, already as the database takes it (not converted)."""
 
 
 class BulkStarts:
@@ -187,6 +197,14 @@ class BulkStarts:
         """The creation numbers of a batch's ``count`` rows (a sequence: one query each)."""
         return Sql(self.db._tables(self.db.NEXT_SEQ))
 
+    def _input_column(self, batch: Sequence[NewInstance]) -> list[Any]:
+        """The instances' input column: each start's value (its stored text decoded),
+        for the field to convert."""
+        return [
+            start.input_value if start.input_text is None else json.loads(start.input_text)
+            for start in batch
+        ]
+
     def _write_instances(self, columns: dict[str, Column], count: int) -> list[str]:
         """One INSERT of ``count`` instance rows (their columns) that skips taken ids; the
         ids it inserted."""
@@ -242,7 +260,7 @@ class BulkStarts:
             "instance_id": [start.instance_id for start in batch],
             "workflow_name": [start.workflow_name for start in batch],
             "status": Const(str(WorkflowStatus.RUNNING)),
-            "input": [start.input_value for start in batch],
+            "input": self._input_column(batch),
             "runnable": [start.first_task is None for start in batch],
             "ready_ms": db.now_sql(),
             "priority": [start.priority for start in batch],
@@ -313,7 +331,11 @@ class BulkStarts:
             name: [fields[name] for fields in fields_list] for name in fields_list[0]
         }
         tasks["instance_id"] = ids
-        tasks["input"] = [first[1].input for first in firsts if first is not None]
+        tasks["input"] = [
+            start.task_input if start.task_input is not None else start.first_task[1].input
+            for start in starts
+            if start.first_task is not None
+        ]
         # Ready now, on the database clock; a schedule-to-start timeout counts from then.
         tasks["not_before_ms"] = now_ms
         waits = tasks["schedule_to_start_ms"]
@@ -365,7 +387,9 @@ class BulkStarts:
                 columns[f.column] = Const(f.get_db_prep_save(default, conn))
                 continue
             column = values[key]
-            if isinstance(column, list):
+            if isinstance(column, Prepared):
+                pass
+            elif isinstance(column, list):
                 column = _column(f, column, conn)
             elif isinstance(column, Const):
                 column = Const(_prepared(f, column.value, conn))
