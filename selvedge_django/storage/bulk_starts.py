@@ -205,6 +205,21 @@ class BulkStarts:
             for start in batch
         ]
 
+    @staticmethod
+    def _stored_texts(batch: Sequence[NewInstance]) -> Prepared | None:
+        """The starts' stored JSON texts, to bind as they are; None when a start gave a
+        value, or when a text is not UTF-8 (a lone surrogate, which the field's
+        conversion escapes: the database then takes or refuses it as it does the
+        value of a single start)."""
+        texts = [start.input_text for start in batch]
+        if None in texts:
+            return None
+        try:
+            "".join(texts).encode("utf-8")  # type: ignore[arg-type]
+        except UnicodeEncodeError:
+            return None
+        return Prepared(texts)
+
     def _write_instances(self, columns: dict[str, Column], count: int) -> list[str]:
         """One INSERT of ``count`` instance rows (their columns) that skips taken ids; the
         ids it inserted."""

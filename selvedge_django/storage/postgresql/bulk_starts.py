@@ -23,7 +23,7 @@ from typing import Any
 
 from ...models import WorkflowInstance
 from .. import sql
-from ..bulk_starts import _NOTHING, BulkStarts, Column, Const, NewInstance, Plus, Prepared
+from ..bulk_starts import _NOTHING, BulkStarts, Column, Const, NewInstance, Plus
 from ..db import Sql
 
 __all__ = ["PostgresBulkStarts"]
@@ -43,17 +43,9 @@ class PostgresBulkStarts(BulkStarts):
     """Bulk starts on PostgreSQL: ``unnest`` of one array per column."""
 
     def _input_column(self, batch: Sequence[NewInstance]) -> list[Any]:
-        """The stored JSON texts as they are (jsonb reads the text), unless a start
-        gave a value or a text is not UTF-8 (a lone surrogate: the field's conversion
-        then escapes it, and the database refuses it as it would from a single start)."""
-        texts = [start.input_text for start in batch]
-        if None in texts:
-            return super()._input_column(batch)
-        try:
-            "".join(texts).encode("utf-8")  # type: ignore[arg-type]
-        except UnicodeEncodeError:
-            return super()._input_column(batch)
-        return Prepared(texts)
+        # jsonb reads the stored JSON text as it is.
+        texts = self._stored_texts(batch)
+        return super()._input_column(batch) if texts is None else texts
 
     def _write_instances(self, columns: dict[str, Column], count: int) -> list[str]:
         statement, params = self._columnar(WorkflowInstance, columns, count)

@@ -12,11 +12,12 @@ batch's). The creation numbers follow that rowid too, read once per batch.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Sequence
 from typing import Any
 
 from ...models import WorkflowInstance
 from .. import sql
-from ..bulk_starts import INSERT_INSTANCES, INSERT_ROWS, BulkStarts, Column, Const
+from ..bulk_starts import INSERT_INSTANCES, INSERT_ROWS, BulkStarts, Column, Const, NewInstance
 
 __all__ = ["SQLiteBulkStarts"]
 
@@ -43,6 +44,12 @@ class SQLiteBulkStarts(BulkStarts):
         insert slower with every row it adds."""
         (base,) = self.db._fetch(MAX_ROWID, [])[0]
         return [int(base or 0) + offset + 1 for offset in range(count)]
+
+    def _input_column(self, batch: Sequence[NewInstance]) -> list[Any]:
+        # A JSON column is text here: the stored JSON text as it is (compact, where the
+        # field would write spaces; a reader decodes either the same).
+        texts = self._stored_texts(batch)
+        return super()._input_column(batch) if texts is None else texts
 
     def _write_instances(self, columns: dict[str, Column], count: int) -> list[str]:
         # _next_seqs: the largest rowid read, plus 1, 2, ... (one row: a Const).
