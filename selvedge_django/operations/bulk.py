@@ -295,6 +295,10 @@ def _create(new: list[NewInstance]) -> None:
     hooks = settings.hooks
 
     def fire() -> None:
+        # Nothing listening (the usual bulk start): no event to build for each start.
+        event = "on_workflow_started"
+        if not (hooks_module.listened(hooks, event) or signals.has_receivers(event)):
+            return
         for instance_id, name in started:
             hooks_module.fire(
                 hooks, "on_workflow_started", instance_id=instance_id, workflow_name=name

@@ -185,6 +185,8 @@ class SelvedgeBackend(compat.BaseTaskBackend):
         sender = type(self)
 
         def send() -> None:
+            if not compat.task_enqueued.receivers:  # none to tell (checked at commit)
+                return
             for result in results:
                 compat.task_enqueued.send(sender, task_result=result)
 
