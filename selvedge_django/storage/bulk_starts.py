@@ -207,8 +207,8 @@ class BulkStarts:
 
     @staticmethod
     def _stored_texts(batch: Sequence[NewInstance]) -> Prepared | None:
-        """The starts' stored JSON texts, to bind as they are; None when a start gave a
-        value, or when a text is not UTF-8 (a lone surrogate, which the field's
+        """The starts' stored JSON texts, to bind as they are (JSON ``null`` as SQL NULL);
+        None when a start gave a value, or when a text is not UTF-8 (a lone surrogate, which the field's
         conversion escapes: the database then takes or refuses it as it does the
         value of a single start)."""
         texts = [start.input_text for start in batch]
@@ -218,6 +218,8 @@ class BulkStarts:
             "".join(texts).encode("utf-8")  # type: ignore[arg-type]
         except UnicodeEncodeError:
             return None
+        if "null" in texts:  # an input of None is SQL NULL, as the field stores it
+            return Prepared([None if text == "null" else text for text in texts])
         return Prepared(texts)
 
     def _write_instances(self, columns: dict[str, Column], count: int) -> list[str]:

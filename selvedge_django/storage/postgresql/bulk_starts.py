@@ -6,11 +6,13 @@ call's time, measured with bench/bench_bulk.py) and whose text changes with ever
 batch size. ``INSERT ... SELECT ... FROM unnest(%s::type[], ...)`` binds one array
 per column instead: one short statement text whatever the number of rows, parsed
 once and prepared like the engine's other statements. The arrays go as array
-literals built here (str.replace per value): the driver's own array dumping escapes
-each element with a regular expression, which cost as much as the statement. A
-column whose value is SQL (the clock, the next creation number) is written once in
-the select list when every row has the same one; rows that differ there take the
-``VALUES`` list.
+literals built here (a column of text or of integers joined in one pass, others
+element by element): the driver's own array dumping escapes each element with a
+regular expression, which cost as much as the statement. A column of one value for
+every row (the workflow, the status, the start time) and a column whose value is SQL
+(the clock, the next creation number) are written once in the select list; a
+deadline is the clock there plus each row's number from an array. The input goes as
+the codec's JSON text, which jsonb reads as it is.
 """
 
 from __future__ import annotations
