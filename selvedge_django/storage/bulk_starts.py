@@ -207,10 +207,10 @@ class BulkStarts:
 
     @staticmethod
     def _stored_texts(batch: Sequence[NewInstance]) -> Prepared | None:
-        """The starts' stored JSON texts, to bind as they are (JSON ``null`` as SQL NULL);
-        None when a start gave a value, or when a text is not UTF-8 (a lone surrogate, which the field's
-        conversion escapes: the database then takes or refuses it as it does the
-        value of a single start)."""
+        """The starts' stored JSON texts, to bind as they are (JSON ``null`` as SQL
+        NULL); None when a start gave a value, or when a text is not UTF-8 (a lone
+        surrogate, which the field's conversion escapes: the database then takes or
+        refuses it as it does the value of a single start)."""
         texts = [start.input_text for start in batch]
         if None in texts:
             return None
