@@ -134,7 +134,7 @@ def last_step(operation: str, run: Callable[[], object]) -> int:
             s.step
             for s in injector.statements
             if s.operation == operation
-            and not (s.sql.startswith("SELECT pg_notify") and "closed:" in s.params)
+            and not s.waiter_hint
         )
     finally:
         injector.uninstall()
