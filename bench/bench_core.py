@@ -2,6 +2,7 @@
 """Core benchmark: SQL per durable operation, and worker throughput, per database.
 
     python bench/bench_core.py [--db sqlite|postgres|all] [--workflows N] [--sql] [--futures]
+    python bench/bench_core.py --background [--db ...] [--workflows N] [--steps S]
 
 The workload is one workflow of three trivial activities run with
 ``act.execute(ctx, x)`` (the inline path: reserve and claim in one transaction,
@@ -18,6 +19,11 @@ concurrently. Two measurements per database:
 2. Throughput: N workflows started up front, then one in-process ``Worker``
    with the default settings; the clock runs from the first start to the last
    close (the latest ``closed_at``).
+
+With ``--background`` the activities run on a second worker instead of the
+workflow's thread (``bench/background.py`` says how): statements and
+transactions per background step by store method, idle polls included, and the
+throughput of such workflows.
 
 See bench/README.md for how to read the output.
 """
@@ -412,6 +418,14 @@ def run_one(db: str, n: int, trace: bool, resumptions: int | None, futures: bool
         print(flush=True)
 
 
+def run_background(db: str, n: int, steps: int) -> None:
+    """``--background``: the counts and throughput of background steps (bench/background.py)."""
+    with bench_database(db) as info:
+        from bench import background
+
+        background.run(db, info, n, steps, throughput_n=min(n, background.THROUGHPUT_MAX))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--db", choices=("sqlite", "postgres", "all"), default="all")
@@ -428,11 +442,28 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help=f"benchmark {FUTURES_PER_WORKFLOW} concurrent futures per workflow instead",
     )
+    parser.add_argument(
+        "--background",
+        action="store_true",
+        help="benchmark background steps (activities run by a second worker) instead",
+    )
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=ACTIVITIES_PER_WORKFLOW,
+        metavar="S",
+        help=f"background steps per workflow with --background (default {ACTIVITIES_PER_WORKFLOW})",
+    )
     args = parser.parse_args(argv)
     if args.workflows < 1:
         parser.error("--workflows must be at least 1")
     if args.resumptions is not None and args.resumptions < 1:
         parser.error("--resumptions must be at least 1")
+    if args.steps < 1:
+        parser.error("--steps must be at least 1")
+    if args.background and args.db != "all":
+        run_background(args.db, args.workflows, args.steps)
+        return 0
     if args.db != "all":
         run_one(args.db, args.workflows, args.sql, args.resumptions, args.futures)
         return 0
@@ -441,6 +472,8 @@ def main(argv: list[str] | None = None) -> int:
         options += ["--resumptions", str(args.resumptions)]
     if args.futures:
         options.append("--futures")
+    if args.background:
+        options += ["--background", "--steps", str(args.steps)]
     return each_database(__file__, options)
 
 

@@ -3,7 +3,8 @@
 
     python bench/run_all.py [--quick] [--only NAME,...] [--skip NAME,...]
 
-Runs, when present: limit.py (the machine's own commit ceiling), bench_core.py,
+Runs, when present: limit.py (the machine's own commit ceiling), bench_core.py (also
+with --background),
 bench_scale.py, bench_signals.py, bench_queries.py, bench_admin.py,
 explain_plans.py and compare_dbos.py, each in
 its own process with a database of its own (created and dropped by the script),
@@ -45,6 +46,7 @@ class Step:
 STEPS = [
     Step("limit", "limit.py", quick=["--seconds", "1", "--connections", "1,8"], json=True),
     Step("core", "bench_core.py", quick=["--workflows", "50"]),
+    Step("core-background", "bench_core.py", ["--background"], quick=["--workflows", "20"]),
     Step("scale", "bench_scale.py", quick=["--quick"], json=True),
     Step("signals", "bench_signals.py", quick=["--signals", "30"]),
     Step("queries", "bench_queries.py"),
@@ -154,6 +156,36 @@ def core_rows(out: Outcome) -> list[Row]:
             "workflows/s",
         )
     )
+    return rows
+
+
+def core_background_rows(out: Outcome) -> list[Row]:
+    """Transactions per background step (polls included) from ``bench_core.py --background``."""
+    rows: list[Row] = []
+    labels = (
+        ("driven by run_once()", "background step, driven (no cache, no polls)"),
+        ("two started workers", "background step, started workers, polls included"),
+    )
+    for marker, figure in labels:
+        cells: dict[str, str] = {}
+        for db, text in _blocks(out.output).items():
+            part = text.split(marker, 1)[1] if marker in text else ""
+            match = re.search(
+                r"^  = background step, polls included\s+([\d.]+)\s+[\d.]+\s+[\d.]+\s+([\d.]+)$",
+                part,
+                re.MULTILINE,
+            )
+            if match:
+                cells[db] = f"{float(match.group(1)):g} / {float(match.group(2)):g}"
+        rows.append(
+            (
+                "SQL (bench_core --background)",
+                figure,
+                cells.get("sqlite", "-"),
+                cells.get("postgres", "-"),
+                "queries / transactions",
+            )
+        )
     return rows
 
 
@@ -316,6 +348,7 @@ def dbos_rows(out: Outcome) -> list[Row]:
 EXTRACT = {
     "limit": limit_rows,
     "core": core_rows,
+    "core-background": core_background_rows,
     "scale": scale_rows,
     "signals": signals_rows,
     "plans": plans_rows,

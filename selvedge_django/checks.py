@@ -90,6 +90,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         return messages
     messages += database_checks(resolved.database)
     messages += _renewal_database(resolved, store)
+    messages += _read_database(resolved, store)
     messages += _prepared_behind_a_pooler(resolved, store)
     if store.single_writer:
         messages += _transactional_on_single_writer(resolved.database)
@@ -221,6 +222,48 @@ def _renewal_database(resolved: SelvedgeSettings, store: type[Any]) -> list[Chec
                 "still wait in its queue behind the worker's own transactions.",
                 hint="Give RENEWAL_DATABASE PostgreSQL's own host and port, past the pooler.",
                 id="selvedge.W009",
+            )
+        ]
+    return []
+
+
+def _read_database(resolved: SelvedgeSettings, store: type[Any]) -> list[CheckMessage]:
+    """selvedge.E010 (READ_DATABASE is not a copy of the engine's database: another kind
+    of database, or another SQLite file) and selvedge.W012 (ATOMIC_REQUESTS on the
+    engine's database keeps every request's reads there)."""
+    read = resolved.read_database
+    if read is None or read == resolved.database:
+        return []
+    from .storage import store_class
+
+    main, other = connections[resolved.database], connections[read]
+    # A NAME may be a Path on one alias and a string on the other.
+    same_file = str(other.settings_dict.get("NAME")) == str(main.settings_dict.get("NAME"))
+    if store_class(read) is not store or (store.single_writer and not same_file):
+        return [
+            Error(
+                f"SELVEDGE['READ_DATABASE'] {read!r} ({other.vendor}, "
+                f"{other.settings_dict.get('NAME')!r}) is not a copy of SELVEDGE['DATABASE'] "
+                f"{resolved.database!r} ({main.vendor}, {main.settings_dict.get('NAME')!r}): "
+                "the admin, status, find_instances, exports and queries would read rows the "
+                "engine never wrote.",
+                hint="Point READ_DATABASE at a read replica of the engine's database (on "
+                "PostgreSQL, a streaming replica's host; on SQLite, the same file), or "
+                "remove it to read the engine's database.",
+                id="selvedge.E010",
+            )
+        ]
+    if main.settings_dict.get("ATOMIC_REQUESTS"):
+        return [
+            Warning(
+                f"SELVEDGE['READ_DATABASE'] is {read!r}, but the engine's database "
+                f"{resolved.database!r} has ATOMIC_REQUESTS: every request runs in a "
+                "transaction there, and a read inside one must see its writes, so the "
+                "admin and the views never read the replica.",
+                hint="Turn ATOMIC_REQUESTS off for that alias (wrap the views that need it "
+                "in transaction.atomic()), or silence with SILENCED_SYSTEM_CHECKS = "
+                "['selvedge.W012'] if only commands and scripts should read the replica.",
+                id="selvedge.W012",
             )
         ]
     return []

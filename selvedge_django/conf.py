@@ -67,6 +67,7 @@ DEFAULTS: dict[str, Any] = {
     "LISTEN_NOTIFY": None,
     "LISTEN_DATABASE": None,
     "RENEWAL_DATABASE": None,
+    "READ_DATABASE": None,
     "PREPARED_STATEMENTS": True,
     "RUN_LOCAL_STARTS": True,
     "SHUTDOWN_TIMEOUT": 30.0,
@@ -199,6 +200,10 @@ class SelvedgeSettings:
     # connections when DATABASE goes through a transaction-pooling proxy (pgbouncer).
     listen_database: str | None = None
     renewal_database: str | None = None
+    # The alias of the operator's reads (None: DATABASE): a read replica of DATABASE, whose
+    # lag the admin's lists, the dashboard, status, find_instances, exports and queries
+    # accept; writes, and reads that must see them, stay on DATABASE (operations/base.py).
+    read_database: str | None = None
     # The engine's own statements prepared on PostgreSQL (off behind a pooler that can't).
     prepared_statements: bool = True
     run_local_starts: bool = True
@@ -234,6 +239,13 @@ class SelvedgeSettings:
     queue_rate_limits: Mapping[str, tuple[int, int]] = field(default_factory=dict)
     # ... and as written, for to_raw().
     queue_rate_limits_raw: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def engine_aliases(self) -> tuple[str, ...]:
+        """The ``DATABASES`` aliases the engine connects through: ``DATABASE`` and the
+        ``RENEWAL_DATABASE`` and ``READ_DATABASE`` set apart."""
+        others = (self.renewal_database, self.read_database)
+        return (self.database, *(alias for alias in others if alias not in (None, self.database)))
 
     def with_overrides(self, **overrides: Any) -> SelvedgeSettings:
         """Return a copy with lower-case ``SELVEDGE`` keys overridden and revalidated."""
@@ -278,6 +290,7 @@ class SelvedgeSettings:
             "LISTEN_NOTIFY": self.listen_notify,
             "LISTEN_DATABASE": self.listen_database,
             "RENEWAL_DATABASE": self.renewal_database,
+            "READ_DATABASE": self.read_database,
             "PREPARED_STATEMENTS": self.prepared_statements,
             "RUN_LOCAL_STARTS": self.run_local_starts,
             "SHUTDOWN_TIMEOUT": self.shutdown_timeout,
@@ -501,7 +514,8 @@ def resolve_settings(raw_in: Mapping[str, Any] | None) -> SelvedgeSettings:
     listen = raw["LISTEN_NOTIFY"]
     if listen is not None and not isinstance(listen, bool):
         raise ImproperlyConfigured("SELVEDGE['LISTEN_NOTIFY'] must be None, True or False")
-    for key in ("DATABASE", "LISTEN_DATABASE", "RENEWAL_DATABASE"):  # Django aliases
+    # Django aliases
+    for key in ("DATABASE", "LISTEN_DATABASE", "RENEWAL_DATABASE", "READ_DATABASE"):
         alias = raw[key]
         if (alias is not None or key == "DATABASE") and (
             not isinstance(alias, str) or alias not in django_settings.DATABASES
@@ -564,6 +578,7 @@ def resolve_settings(raw_in: Mapping[str, Any] | None) -> SelvedgeSettings:
         listen_notify=listen,
         listen_database=raw["LISTEN_DATABASE"],
         renewal_database=raw["RENEWAL_DATABASE"],
+        read_database=raw["READ_DATABASE"],
         prepared_statements=prepared,
         run_local_starts=run_local,
         shutdown_timeout=durations["SHUTDOWN_TIMEOUT"],

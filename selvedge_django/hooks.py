@@ -28,6 +28,7 @@ __all__ = [
     "WorkflowHooks",
     "capture_trace_context",
     "fire",
+    "listened",
     "parse_trace_context",
     "schedule_trace",
 ]
@@ -154,6 +155,12 @@ def fire(hooks: Any, name: str, **fields: Any) -> None:
         callback(HookEvent(**fields))
     except Exception:
         logger.exception("hook %s raised; ignored", name)
+
+
+def listened(hooks: Any, name: str) -> bool:
+    """Whether :func:`fire` for ``name`` does anything: the metrics count it, or
+    ``hooks`` defines it. (A caller firing many events may skip them all when not.)"""
+    return metrics.enabled() or getattr(hooks, name, None) is not None
 
 
 def capture_trace_context(hooks: Any, operation: str, **fields: Any) -> str | None:

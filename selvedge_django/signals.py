@@ -17,6 +17,7 @@ from typing import Any
 from django.dispatch import Signal
 
 __all__ = [
+    "has_receivers",
     "send",
     "workflow_cancelled",
     "workflow_completed",
@@ -85,6 +86,12 @@ _BY_HOOK = {
     "on_workflow_failed": workflow_failed,
     "on_workflow_cancelled": workflow_cancelled,
 }
+
+
+def has_receivers(hook: str) -> bool:
+    """Whether :func:`send` for ``hook`` may reach a receiver (one is connected)."""
+    signal = _BY_HOOK.get(hook)
+    return signal is not None and bool(signal.receivers)
 
 
 def send(hook: str, **fields: Any) -> None:

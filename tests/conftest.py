@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, connections
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -108,6 +109,42 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 @pytest.fixture
 def tdb(transactional_db: None) -> None:
     """A real (transactional) test database that worker threads and processes can see."""
+
+
+@contextlib.contextmanager
+def extra_database(alias: str, settings_dict: dict[str, Any]) -> Iterator[None]:
+    """Declare the ``DATABASES`` alias ``alias`` for the block (Django's defaults filled in).
+
+    Declared after the test's databases were set up, the alias is neither created
+    nor flushed by the test case: the block points it at a database that exists, and
+    removes it before the test case's teardown walks the aliases. The test case
+    refuses to open a connection of an alias it was not told about, so the block
+    opens this one at once (Django's own ``connect()``) and keeps it open (the test
+    client does not close connections after a request).
+    """
+    from django.conf import settings
+
+    filled = connections.configure_settings(
+        {
+            "default": dict(connections["default"].settings_dict),
+            alias: {**settings_dict, "CONN_MAX_AGE": None},
+        }
+    )[alias]
+    declared = [connections.settings]
+    if settings.DATABASES is not connections.settings:
+        declared.append(settings.DATABASES)
+    for databases in declared:
+        databases[alias] = filled
+    try:
+        connections[alias].connect()
+        yield
+    finally:
+        for opened in connections.all(initialized_only=True):
+            if opened.alias == alias:
+                opened.close()
+                del connections[alias]
+        for databases in declared:
+            databases.pop(alias, None)
 
 
 @pytest.fixture

@@ -8,6 +8,9 @@ PostgreSQL; as root (CI) it runs them as the ``postgres`` user, since the server
 to run as root. ``private_database`` points Django's default connection at a migrated
 database on such a cluster for the length of one test, so the test's own queries and the
 worker processes it starts (through ``SELVEDGE_PG_HOST``/``SELVEDGE_PG_PORT``) use it.
+``streaming_replica`` makes a hot standby of such a cluster (``pg_basebackup -R``: a copy
+of its data folder with ``standby.signal`` and the primary's address), which replays the
+primary's WAL as it streams in, and whose replay a test may pause to make it lag.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ def server_bin_dir() -> Path | None:
     """The newest installed PostgreSQL server's ``bin`` folder, or None when none is."""
     found = shutil.which("initdb")
     if found:
-        return Path(found).parent
+        # Through a symlink on PATH (/usr/local/bin/initdb), to the folder of the rest.
+        return Path(found).resolve().parent
     base = Path("/usr/lib/postgresql")
     if not base.is_dir():
         return None
@@ -87,6 +91,25 @@ class PrivateCluster:
                 f"{' '.join(args)} failed ({result.returncode}):\n"
                 f"{result.stdout}{result.stderr}\n{log}"
             )
+
+    def init_standby_of(self, primary: PrivateCluster) -> None:
+        """Fill the data folder with a base backup of ``primary`` that starts as its
+        streaming standby (``standby.signal``, ``primary_conninfo``)."""
+        self._run(
+            str(self.bin_dir / "pg_basebackup"),
+            "-h",
+            primary.host,
+            "-p",
+            str(primary.port),
+            "-U",
+            "postgres",
+            "-D",
+            str(self.data),
+            "--write-recovery-conf",
+            "--wal-method=stream",
+            "--checkpoint=fast",
+            "--no-sync",
+        )
 
     def init(self) -> None:
         self._run(
@@ -159,6 +182,24 @@ def private_cluster(settings: Mapping[str, str] | None = None) -> Iterator[Priva
         yield cluster
     finally:
         cluster.remove()
+
+
+@contextmanager
+def streaming_replica(primary: PrivateCluster) -> Iterator[PrivateCluster]:
+    """A started hot standby of ``primary`` (a cluster of its own on another port), in
+    recovery and answering reads; stopped and deleted afterwards.
+
+    The primary's defaults allow it: ``wal_level = replica``, WAL senders, and the
+    ``replication`` line ``initdb`` writes into ``pg_hba.conf`` for the loopback address.
+    ``pg_ctl start -w`` returns once the standby accepts connections.
+    """
+    standby = PrivateCluster(primary.bin_dir)
+    try:
+        standby.init_standby_of(primary)
+        standby.start()
+        yield standby
+    finally:
+        standby.remove()
 
 
 @contextmanager

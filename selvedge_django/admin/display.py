@@ -20,6 +20,7 @@ from django.utils.translation import gettext
 from .. import exceptions as exc
 from ..conf import get_settings
 from ..engine.codec import Codec
+from ..operations.base import read_alias
 from ..storage import client_codec
 from ..storage.admin_reads import AdminReads
 
@@ -183,8 +184,10 @@ def database_alias() -> str:
 
 
 def admin_reads() -> AdminReads:
-    """Return the admin's bounded reads on the engine's database."""
-    return AdminReads(database_alias())
+    """Return the admin's bounded reads on the database this request reads: the read
+    database, or the engine's when the page must see a write just made
+    (:func:`selvedge_django.operations.base.read_alias`)."""
+    return AdminReads(read_alias())
 
 
 def hidden(size: int | None) -> str:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from functools import update_wrapper
 from typing import Any, ClassVar
 
 from django.contrib import admin
@@ -24,7 +23,7 @@ from django.contrib.admin.utils import quote
 from django.contrib.admin.views.main import ChangeList
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
-from django.urls import URLPattern, path, reverse
+from django.urls import URLPattern, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext
@@ -47,6 +46,7 @@ from .base import (
     PERM_SIGNAL,
     PERM_TERMINATE,
     ReadOnlyAdmin,
+    extra_view,
     has_permission,
     may_view_payloads,
 )
@@ -422,14 +422,10 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
     # -- the extra views ------------------------------------------------------------------
 
     def get_urls(self) -> list[URLPattern]:
-        prefix = f"{self.opts.app_label}_{self.opts.model_name}"
-
-        def route(pattern: str, view: Callable[..., HttpResponseBase], name: str) -> URLPattern:
-            def bound(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-                return view(self, request, *args, **kwargs)
-
-            update_wrapper(bound, view)
-            return path(pattern, self.admin_site.admin_view(bound), name=f"{prefix}_{name}")
+        def route(
+            pattern: str, view: Callable[..., HttpResponseBase], name: str, reading: bool = False
+        ) -> URLPattern:
+            return extra_view(self, pattern, view, name, reading=reading)
 
         # Before the defaults: their "<path:object_id>/" catch-all would match first.
         # "dashboard/" and "start/" before every "<path:object_id>/..." pattern (an
@@ -438,8 +434,14 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
             route("dashboard/", dashboard.dashboard_view, "dashboard"),
             route("start/", console.start_view, "start"),
             route("queues/", pauses.queues_view, "queues"),
-            route("<path:object_id>/query/", console.query_view, "query"),
-            route("<path:object_id>/replay-check/", console.replay_check_view, "replay_check"),
+            # These POSTs only read: a query, a replay check and an export read the replica.
+            route("<path:object_id>/query/", console.query_view, "query", reading=True),
+            route(
+                "<path:object_id>/replay-check/",
+                console.replay_check_view,
+                "replay_check",
+                reading=True,
+            ),
             route("<path:object_id>/resume/", recovery.resume_view, "resume"),
             route("<path:object_id>/fork/", recovery.fork_view, "fork"),
             route("<path:object_id>/cancel/", instance_actions.cancel_view, "cancel"),
@@ -447,7 +449,7 @@ class WorkflowInstanceAdmin(ReadOnlyAdmin):
             route("<path:object_id>/pause/", pauses.pause_view, "pause"),
             route("<path:object_id>/unpause/", pauses.unpause_view, "unpause"),
             route("<path:object_id>/signal/", instance_actions.signal_view, "signal"),
-            route("<path:object_id>/export/", instance_actions.export_view, "export"),
+            route("<path:object_id>/export/", instance_actions.export_view, "export", reading=True),
             route("<path:object_id>/stream-events/", streams.stream_events_view, "stream_events"),
             *super().get_urls(),
         ]

@@ -16,7 +16,6 @@ trigger, pause and unpause views (each taking the model admin first, routed in
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import update_wrapper
 from typing import Any
 
 from django.contrib import admin, messages
@@ -31,7 +30,7 @@ from django.http import (
     HttpResponseNotAllowed,
     HttpResponseRedirect,
 )
-from django.urls import URLPattern, path, reverse
+from django.urls import URLPattern, reverse
 from django.utils.html import format_html
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
@@ -43,6 +42,8 @@ from ..schedules import describe_row
 from .base import (
     APP,
     PERM_TRIGGER,
+    FreshReadsAdmin,
+    extra_view,
     has_permission,
     instance_url,
     may_start_builtin,
@@ -219,7 +220,7 @@ def trigger_schedules(
 
 
 @admin.register(Schedule)
-class ScheduleAdmin(admin.ModelAdmin):
+class ScheduleAdmin(FreshReadsAdmin):
     """Schedules: their next and last run, recent runs, and the actions on them."""
 
     form = ScheduleForm
@@ -248,9 +249,6 @@ class ScheduleAdmin(admin.ModelAdmin):
         (_("When"), {"fields": ("cron", "interval", "timezone", "start_at", "end_at", "jitter")}),
         (_("Policies"), {"fields": ("overlap", "catchup_window", "paused")}),
     )
-
-    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
-        return super().get_queryset(request).using(database_alias())
 
     def has_trigger_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return has_permission(request, PERM_TRIGGER)
@@ -319,14 +317,8 @@ class ScheduleAdmin(admin.ModelAdmin):
     # -- the extra views and the detail page ----------------------------------------------
 
     def get_urls(self) -> list[URLPattern]:
-        prefix = f"{self.opts.app_label}_{self.opts.model_name}"
-
         def route(pattern: str, view: Callable[..., HttpResponseBase], name: str) -> URLPattern:
-            def bound(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-                return view(self, request, *args, **kwargs)
-
-            update_wrapper(bound, view)
-            return path(pattern, self.admin_site.admin_view(bound), name=f"{prefix}_{name}")
+            return extra_view(self, pattern, view, name)
 
         return [
             route("<path:object_id>/trigger/", trigger_view, "trigger"),

@@ -487,6 +487,20 @@ class Execution:
             position.channel = channel
             position.delivered_seq = seq
 
+    def arrived(self, key: str, event_type: str, data: str) -> None:
+        """Take a value read with a new lease at ``key`` (the command this execution
+        waited at), as :meth:`refresh` would read it there: kept only when the row is
+        known here without a value (a recorded value never changes)."""
+        row = self.history.get(key)
+        if row is None or row.has_value or self.readonly:
+            return
+        self.keep_row(
+            key,
+            HistoryRow(
+                row.key, row.seq, row.command, event_type, data, row.reservation, row.delivered_seq
+            ),
+        )
+
     def refresh(self, key: str) -> HistoryRow | None:
         """Re-read one row (live) so a value that arrived since loading is known."""
         if self.readonly:

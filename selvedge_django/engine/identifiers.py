@@ -29,6 +29,10 @@ def _text_problem(value: object, what: str) -> str | None:
         return f"{what} must be a string, not {type(value).__name__}"
     if not 1 <= len(value) <= 255:
         return f"{what} must be 1 to 255 characters, not {len(value)}"
+    # A printable string holds no control character and no surrogate (both are "Other"
+    # in Unicode's terms): decided at C speed; only the others are looked at closely.
+    if value.isprintable():
+        return None
     if any(unicodedata.category(ch) in _REFUSED_CATEGORIES for ch in value):
         return f"{what} must not contain control characters or lone surrogates"
     return None

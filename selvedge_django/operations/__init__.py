@@ -18,7 +18,9 @@ status by hand. One module per job:
 - ``schedules``: create, change, pause, trigger, backfill, describe schedules;
 - ``status``: the status report (workers, leader, queues, backlogs, troubled instances) of
   ``runselvedge status`` and the health view, and the health check itself;
-- ``base``: the client store and the id and text rules every lookup shares.
+- ``base``: the client store, the read store of the operator's reads (on
+  ``SELVEDGE["READ_DATABASE"]``; ``primary_reads()`` for reads that must see a write just
+  made), and the id and text rules every lookup shares.
 
 Writes validate their input before anything is written, join the caller's
 ``transaction.atomic()`` when there is one, and wake workers only after commit.
@@ -36,6 +38,9 @@ from ..engine.portable import (
 from .base import (
     client_store,
     known_id,
+    primary_reads,
+    read_alias,
+    read_store,
     validate_instance_id,
 )
 from .bulk import astart_workflows, start_workflows
@@ -216,9 +221,12 @@ __all__ = [
     "pause_queue",
     "pause_schedule",
     "pause_workflow",
+    "primary_reads",
     "prune",
     "query",
     "query_handler_names",
+    "read_alias",
+    "read_store",
     "read_stream",
     "redacted",
     "replay_check",

@@ -1,9 +1,24 @@
-"""What every operation shares: the client store, and the id and text rules of lookups."""
+"""What every operation shares: the client and read stores, and the rules of lookups.
+
+The client store writes, and reads what must be current, on the engine's database
+(``SELVEDGE["DATABASE"]``, the primary). :func:`read_store` is the one seam of the
+operator's reads (the admin's pages, the dashboard, the status report,
+``find_instances``, exports, queries): a store on ``SELVEDGE["READ_DATABASE"]``, a
+replica that may lag behind. It gives the client store instead, so a read sees the
+writes just made, inside :func:`primary_reads` (the admin's page right after an
+action), inside a transaction on the engine's database (its writes are not
+committed, so no replica has them), and when no read database is set apart.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
+from contextvars import ContextVar
 from typing import Any
+
+from django.db import connections
 
 from .. import exceptions as exc
 from ..conf import get_settings
@@ -15,12 +30,18 @@ __all__ = [
     "client_store",
     "filter_text",
     "known_id",
+    "primary_reads",
+    "read_alias",
+    "read_store",
     "reason_text",
     "validate_instance_id",
 ]
 
 _client: tuple[Any, Store] | None = None
+_reader: tuple[Any, Store] | None = None
 _stores_lock = threading.Lock()
+# Set by primary_reads(): this thread's (or task's) reads must see the writes just made.
+_primary: ContextVar[bool] = ContextVar("selvedge_primary_reads", default=False)
 
 
 def client_store() -> Store:
@@ -33,6 +54,47 @@ def client_store() -> Store:
             store.db.on_closed = handoff.finished
             _client = (settings, store)
         return _client[1]
+
+
+@contextlib.contextmanager
+def primary_reads() -> Iterator[None]:
+    """Make the operator's reads in the block read the engine's database, not a replica.
+
+    For a read that must see a write just made (the page an operator lands on after
+    an action): a replica may not have it yet.
+    """
+    token = _primary.set(True)
+    try:
+        yield
+    finally:
+        _primary.reset(token)
+
+
+def read_alias() -> str:
+    """The alias the operator's reads use now: ``READ_DATABASE``, or the engine's database
+    when the read must be current (see the module docstring)."""
+    settings = get_settings()
+    primary = settings.database
+    alias = settings.read_database
+    if alias is None or alias == primary or _primary.get():
+        return primary
+    if connections[primary].in_atomic_block:
+        return primary
+    return alias
+
+
+def read_store() -> Store:
+    """The store of the operator's reads: on :func:`read_alias`, rebuilt whenever the
+    settings object changes. Never write through it: a replica refuses writes."""
+    global _reader
+    alias = read_alias()
+    settings = get_settings()
+    if alias == settings.database:
+        return client_store()
+    with _stores_lock:
+        if _reader is None or _reader[0] is not settings:
+            _reader = (settings, store_for(alias, client_codec(settings), settings))
+        return _reader[1]
 
 
 def validate_instance_id(instance_id: object) -> str:

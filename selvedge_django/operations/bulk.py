@@ -10,6 +10,7 @@ hooks and signals fire, once, after commit.
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -23,12 +24,14 @@ from .. import signals
 from ..conf import get_settings
 from ..engine.attributes import check_attributes
 from ..engine.commands import activity_task
+from ..engine.durations import execution_timeout_ms
 from ..engine.events import CMD_ACTIVITY, HistoryRow
 from ..engine.options import ActivityOptions
+from ..engine.ports import TaskSpec
 from ..registry import ActivityDefinition, WorkflowDefinition
 from ..storage.bulk_starts import NewInstance
-from .base import client_store
-from .instances import _start_parts, _start_priority
+from .base import client_store, validate_instance_id
+from .instances import _check_if_exists, _start_input, _start_name, _start_priority
 
 __all__ = [
     "START_OPTIONS",
@@ -42,6 +45,8 @@ __all__ = [
 START_OPTIONS = frozenset(
     {"instance_id", "execution_timeout", "if_exists", "priority", "attributes"}
 )
+# The options of a task enqueued without any (never changed).
+_NO_OPTIONS: dict[str, Any] = {}
 
 
 def start_workflows(
@@ -71,35 +76,56 @@ def start_workflows(
     items = list(starts)
     new: list[NewInstance] = []
     settings = get_settings()
+    codec = client_store().codec
+    hooks = settings.hooks
+    tracing = getattr(hooks, "trace_context", None) is not None
+    # What every start of one workflow shares, validated once: its name, by the
+    # definition (or name) given.
+    names: dict[int | str, str] = {}
     for index, item in enumerate(items):
         workflow, input, options = _item(index, item)
+        if_exists = options.get("if_exists", "fail")
         try:
-            name, instance_id, text, timeout_ms = _start_parts(
-                workflow,
-                input,
-                options.get("instance_id"),
-                options.get("execution_timeout"),
-                options.get("if_exists", "fail"),
+            _check_if_exists(if_exists)
+            named = workflow if isinstance(workflow, str) else id(workflow)
+            name = names.get(named)
+            if name is None:
+                name = names[named] = _start_name(workflow)
+            instance_id = options.get("instance_id")
+            instance_id = (
+                uuid.uuid4().hex if instance_id is None else validate_instance_id(instance_id)
             )
+            timeout_ms = execution_timeout_ms(options.get("execution_timeout"))
+            text = _start_input(codec, input)
             priority = _start_priority(options.get("priority", 0))
         except exc.WorkflowStartRejected as error:
             raise exc.WorkflowStartRejected(f"start #{index}: {error}") from error
-        try:
-            checked = check_attributes(options.get("attributes") or {})
-        except ValueError as error:
-            raise ValueError(f"start #{index}: {error}") from error
+        attributes = options.get("attributes")
+        if attributes:  # none given (or an empty value) checks as {}: nothing to write
+            try:
+                checked = check_attributes(attributes)
+            except ValueError as error:
+                raise ValueError(f"start #{index}: {error}") from error
+            attributes = {k: v for k, v in checked.items() if v is not None}
+        else:
+            attributes = None
         new.append(
             NewInstance(
                 instance_id=instance_id,
                 workflow_name=name,
-                input_value=json.loads(text),
-                if_exists=options.get("if_exists", "fail"),
+                input_value=None,
+                input_text=text,
+                if_exists=if_exists,
                 execution_timeout_ms=timeout_ms,
-                trace_context=hooks_module.capture_trace_context(
-                    settings.hooks, "start", instance_id=instance_id, workflow_name=name
+                trace_context=(
+                    hooks_module.capture_trace_context(
+                        hooks, "start", instance_id=instance_id, workflow_name=name
+                    )
+                    if tracing
+                    else None
                 ),
                 priority=priority,
-                attributes={k: v for k, v in checked.items() if v is not None},
+                attributes=attributes,
             )
         )
     _check_repeated(new)
@@ -152,42 +178,61 @@ def start_tasks(
     key = workflow.result_activity
     if key is None:
         raise ValueError(f"workflow {workflow.name!r} has no result_activity")
+    if not tasks:
+        return
     settings = get_settings()
+    codec = client_store().codec
+    hooks = settings.hooks
+    tracing = getattr(hooks, "trace_context", None) is not None
+    try:
+        name = _start_name(workflow)
+    except exc.WorkflowStartRejected as error:
+        raise exc.WorkflowStartRejected(f"task #0: {error}") from error
     new: list[NewInstance] = []
-    resolved: dict[str, ActivityOptions] = {}
+    # Tasks of one function share their options (often one object): the options are
+    # resolved, and the reservation and task built, once per distinct set.
+    resolved: dict[str, tuple[HistoryRow, TaskSpec]] = {}
+    by_object: dict[int, tuple[HistoryRow, TaskSpec]] = {}
     for index, task in enumerate(tasks):
         try:
-            name, instance_id, text, _ = _start_parts(
-                workflow, task.input, task.instance_id, None, "fail"
-            )
+            instance_id = validate_instance_id(task.instance_id)
+            text = _start_input(codec, task.input)
             priority = _start_priority(task.priority)
         except exc.WorkflowStartRejected as error:
             raise exc.WorkflowStartRejected(f"task #{index}: {error}") from error
         first = None
         if not task.deferred:
-            # Tasks of one function share their options: resolved once per distinct set.
-            raw = task.input.get("options") or {}
-            options_key = json.dumps(raw, sort_keys=True, default=str)
-            options = resolved.get(options_key)
-            if options is None:
-                options = activity.options.merged(ActivityOptions.from_json(raw))
-                resolved[options_key] = options
-            reservation, spec = activity_task(activity.name, name, text, options)
-            first = (
-                HistoryRow(key=key, seq=1, command=CMD_ACTIVITY, reservation=reservation),
-                spec,
-            )
+            raw = task.input.get("options") or _NO_OPTIONS
+            template = by_object.get(id(raw))
+            if template is None:
+                options_key = json.dumps(raw, sort_keys=True, default=str)
+                template = resolved.get(options_key)
+                if template is None:
+                    options = activity.options.merged(ActivityOptions.from_json(raw))
+                    reservation, spec = activity_task(activity.name, name, text, options)
+                    row = HistoryRow(key=key, seq=1, command=CMD_ACTIVITY, reservation=reservation)
+                    template = resolved[options_key] = (row, spec)
+                # The options object lives as long as the task's input: its id is its own.
+                by_object[id(raw)] = template
+            first = template
         new.append(
             NewInstance(
                 instance_id=instance_id,
                 workflow_name=name,
-                input_value=json.loads(text),
-                trace_context=hooks_module.capture_trace_context(
-                    settings.hooks, "start", instance_id=instance_id, workflow_name=name
+                input_value=None,
+                input_text=text,
+                trace_context=(
+                    hooks_module.capture_trace_context(
+                        hooks, "start", instance_id=instance_id, workflow_name=name
+                    )
+                    if tracing
+                    else None
                 ),
                 priority=priority,
                 started_at=task.enqueued_at,
                 first_task=first,
+                # The activity's input is the workflow's (the shared spec's is the first's).
+                task_input=None if first is None else text,
             )
         )
     _check_repeated(new)
@@ -250,6 +295,10 @@ def _create(new: list[NewInstance]) -> None:
     hooks = settings.hooks
 
     def fire() -> None:
+        # Nothing listening (the usual bulk start): no event to build for each start.
+        event = "on_workflow_started"
+        if not (hooks_module.listened(hooks, event) or signals.has_receivers(event)):
+            return
         for instance_id, name in started:
             hooks_module.fire(
                 hooks, "on_workflow_started", instance_id=instance_id, workflow_name=name

@@ -22,7 +22,7 @@ from ..engine.codec import contains_nul, error_from_envelope, error_to_envelope
 from ..engine.options import ActivityOptions
 from ..handles import WorkflowDescription
 from ..models import PAUSED_OWNER, WorkflowInstance, WorkflowStatus
-from .base import client_store, filter_text, known_id, validate_instance_id
+from .base import client_store, filter_text, known_id, read_store, validate_instance_id
 
 __all__ = [
     "ActivityTaskInfo",
@@ -219,10 +219,13 @@ def find_instances(
     by AND; each is answered from an index. Numbers compare by value (``5`` matches
     ``5.0``), never with strings or bools; strings compare in the database's
     order. A bad name, value or lookup raises ``ValueError``.
+
+    It reads ``SELVEDGE["READ_DATABASE"]`` when one is set (a replica, which may lag;
+    :func:`~selvedge_django.operations.base.read_store`).
     """
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
         raise ValueError("limit must be an integer from 1 to 1000")
-    store = client_store()
+    store = read_store()
     if status is not None and status not in WorkflowStatus.values:
         raise ValueError(f"unknown status {status!r}")
     if workflow_name:

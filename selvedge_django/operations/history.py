@@ -50,7 +50,7 @@ from ..engine.replay import query_handler_names as list_query_handlers
 from ..models import WorkflowInstance
 from ..registry import get_workflow, registered_workflow_names
 from ..storage import Store, client_codec
-from .base import client_store, known_id
+from .base import known_id, read_store
 
 __all__ = [
     "REDACTED",
@@ -149,6 +149,9 @@ def _redacted_text(text: str) -> str:
 def export_history(instance_id: str, *, redact: bool = False) -> RecordedHistory:
     """Read one consistent snapshot of an instance as a portable history.
 
+    The snapshot is of ``SELVEDGE["READ_DATABASE"]`` when one is set (a replica, which
+    may lag); queries and replay checks read their histories the same way.
+
     Every recorded value is in it, consumed signal payloads included (in
     ``events[].data``), and the instance's stream entries (``streams[]``). With
     ``redact=True`` each value (input, output or error, every event's ``data`` and
@@ -171,7 +174,7 @@ def _export(instance_id: str, *, redact: bool, archived: bool) -> RecordedHistor
     would otherwise grow what it reads without bound)."""
     known_id(instance_id)
     settings = get_settings()
-    store = client_store()
+    store = read_store()
     codec = store.codec
 
     def clear(text: str | None) -> Any:
@@ -326,7 +329,7 @@ def replay_check(
 
 
 def _replay_candidates(recent: timedelta, limit: int) -> list[str]:
-    reads = client_store().operator_reads
+    reads = read_store().operator_reads
     names = registered_workflow_names()
     ids = reads.running_ids(names, limit)
     if recent.total_seconds() > 0:

@@ -22,7 +22,7 @@ from .. import hooks as hooks_module
 from .. import signals
 from ..conf import SelvedgeSettings, get_settings
 from ..engine.attributes import AttributeValue, check_attributes
-from ..engine.codec import contains_nul
+from ..engine.codec import Codec, contains_nul
 from ..engine.commands import activity_task
 from ..engine.durations import Duration, execution_timeout_ms
 from ..engine.events import CMD_ACTIVITY, HistoryRow, error_data
@@ -266,18 +266,32 @@ def _start_parts(
     if_exists: str,
 ) -> tuple[str, str, str, int | None]:
     """Validate a start before anything is written: (name, id, input JSON, timeout ms)."""
+    _check_if_exists(if_exists)
+    name = _start_name(workflow_or_name)
+    instance_id = uuid.uuid4().hex if instance_id is None else validate_instance_id(instance_id)
+    timeout_ms = execution_timeout_ms(execution_timeout)
+    return name, instance_id, _start_input(client_store().codec, input), timeout_ms
+
+
+def _check_if_exists(if_exists: str) -> None:
+    """WorkflowStartRejected unless ``if_exists`` is one of IF_EXISTS."""
     if if_exists not in IF_EXISTS:
         raise exc.WorkflowStartRejected(
             f"if_exists must be one of {', '.join(map(repr, IF_EXISTS))}, not {if_exists!r}"[:300]
         )
-    name = check_workflow_name(
+
+
+def _start_name(workflow_or_name: WorkflowDefinition[Any, Any] | str) -> str:
+    """The workflow name of a start, validated (WorkflowStartRejected otherwise)."""
+    return check_workflow_name(
         workflow_or_name.name
         if isinstance(workflow_or_name, WorkflowDefinition)
         else workflow_or_name
     )
-    instance_id = uuid.uuid4().hex if instance_id is None else validate_instance_id(instance_id)
-    timeout_ms = execution_timeout_ms(execution_timeout)
-    codec = client_store().codec
+
+
+def _start_input(codec: Codec, input: Any) -> str:
+    """The stored JSON text of a start's input (WorkflowStartRejected if it cannot be)."""
     try:
         text = codec.encode(input, "workflow input")
     except (exc.PayloadTooLarge, exc.PayloadTooDeep) as error:
@@ -286,7 +300,7 @@ def _start_parts(
         raise exc.WorkflowStartRejected(f"workflow input is not JSON-encodable: {error}") from error
     if contains_nul(text):
         raise exc.WorkflowStartRejected("workflow input contains a NUL character (\\u0000)")
-    return name, instance_id, text, timeout_ms
+    return text
 
 
 def _started_on_commit(store: Any, settings: SelvedgeSettings, instance_id: str, name: str) -> None:

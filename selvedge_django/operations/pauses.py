@@ -19,7 +19,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.db import transaction
 
-from .base import client_store, filter_text, known_id, reason_text
+from .base import client_store, filter_text, known_id, read_store, reason_text
 from .recovery import MAX_SELECTION_BATCH, select_instances
 from .status import queue_report
 
@@ -146,7 +146,7 @@ def unpause_queue(name: str) -> bool:
 
 def list_queues() -> list[QueueInfo]:
     """Every activity queue with queued or running tasks, or paused once, by name."""
-    store = client_store()
+    store = read_store()
     report = queue_report(store, store.now_ms())
     return [
         QueueInfo(

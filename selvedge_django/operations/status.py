@@ -39,7 +39,7 @@ from ..conf import get_settings
 from ..storage import Store
 from ..storage.status_reads import StatusReads
 from ..worker.leader import LEADER_LOCK
-from .base import client_store
+from .base import client_store, read_store
 
 __all__ = [
     "COUNT_LIMIT",
@@ -114,9 +114,12 @@ def status_report(*, stuck_after: float = STUCK_AFTER) -> dict[str, Any]:
     ``oldest_due_timer_age_s``, ``history_warning_threshold``,
     ``long_histories``, ``stuck``, ``hot_loops`` and ``warnings`` (sentences for
     people). Raises the database's error when it does not answer.
+
+    It reads ``SELVEDGE["READ_DATABASE"]`` when one is set (``database`` names the alias
+    read): a replica lagging past a worker's heartbeat shows that worker as lost.
     """
     settings = get_settings()
-    store = client_store()
+    store = read_store()
     alias = store.alias
     reads = store.status
     now = store.now_ms()

@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .base import client_store
+from .base import read_store
 
 __all__ = ["MAX_VERSION_ROWS", "WorkflowVersions", "running_versions"]
 
@@ -57,7 +57,7 @@ def running_versions(workflow_name: str | None = None) -> list[WorkflowVersions]
     Two grouped reads, each bounded by :data:`MAX_VERSION_ROWS` groups, both on
     partial indexes (running instances by workflow and version; patch markers).
     """
-    reads = client_store().operator_reads
+    reads = read_store().operator_reads
     found: dict[str, WorkflowVersions] = {}
     for name, version, count in reads.running_version_counts(workflow_name, MAX_VERSION_ROWS):
         entry = found.setdefault(name, WorkflowVersions(name))

@@ -28,6 +28,7 @@ from django.db import connections
 
 from ..engine.codec import Codec
 from .clock import DbNowMs, clock_offset_ms, set_clock_offset_ms
+from .errors import RowBusy
 from .lapses import attempt_error_data
 from .postgresql import PostgresStore
 from .sqlite import SQLiteStore
@@ -54,6 +55,7 @@ __all__ = [
     "DjangoStore",
     "InstanceHead",
     "PostgresStore",
+    "RowBusy",
     "SQLiteStore",
     "Store",
     "attempt_error_data",

@@ -9,13 +9,21 @@ tasks in another; the search attributes of the new instances, one statement per
 batch too. A batch is as many rows as one statement may bind. Every batch
 commits in one transaction (the caller's, when there is one): an id found taken
 that may not be returned rolls the whole call back.
+
+The rows are built a column at a time (:data:`Column`): a column whose rows all
+hold one value is converted and bound once, the others are converted in one pass
+(a value of a plain type as it is). How the columns reach the database is the
+dialect's: here a multi-row ``VALUES`` list, on SQLite one statement run for each
+row (``executemany``), on PostgreSQL one array per column (``unnest``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import json
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from itertools import repeat
 from typing import Any
 
 from django.db import models
@@ -40,7 +48,7 @@ from .operation import operation
 from .task_rows import task_fields
 from .wakeups import TOPIC_RUNNABLE, TOPIC_TASK
 
-__all__ = ["BulkStarts", "NewInstance"]
+__all__ = ["BulkStarts", "Column", "Const", "NewInstance", "Plus", "Prepared"]
 
 # The statements of this part alone, beside it. ({columns}, {rows}): the new
 # instances, one statement per batch; an id already taken is left alone
@@ -66,7 +74,33 @@ _PLAIN_FIELDS: tuple[tuple[type[models.Field[Any, Any]], type], ...] = (
 _NOTHING = object()
 
 
-@dataclass(frozen=True)
+class Const:
+    """One value, converted for the database, of a column in every row."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+class Plus:
+    """A column of SQL values: ``base`` (the same for every row) plus each row's number
+    of milliseconds (``None``: the row's value is NULL)."""
+
+    __slots__ = ("base", "values")
+
+    def __init__(self, base: Sql, values: list[int | None]) -> None:
+        self.base = base
+        self.values = values
+
+
+#: A column of a bulk insert: each row's value (converted for the database), one value
+#: of every row (:class:`Const`), one SQL value of every row (:class:`Sql`), or a SQL
+#: value plus each row's own number (:class:`Plus`).
+Column = list[Any] | Const | Sql | Plus
+
+
+@dataclass(frozen=True, slots=True)
 class NewInstance:
     """One start of a bulk start, validated by the caller.
 
@@ -75,7 +109,12 @@ class NewInstance:
     the workflow's first command, an activity, and its task (the start records it,
     as ``Starts.create_instance`` does with ``first_task``); ``attributes`` are the
     instance's first search attributes, checked by the caller (no ``None`` value),
-    written only when this start creates the instance.
+    written only when this start creates the instance. ``input_text``, when given, is
+    the input as stored JSON text (the codec's) and ``input_value`` is not read;
+    ``task_input``, when given, is the first task's input instead of its spec's.
+    Starts of one call that share a value may share the object (one workflow name,
+    one first task's reservation and spec): the columns of those rows are then
+    converted once.
     """
 
     instance_id: str
@@ -88,6 +127,12 @@ class NewInstance:
     started_at: datetime | None = None
     first_task: tuple[HistoryRow, TaskSpec] | None = None
     attributes: Mapping[str, AttributeValue] | None = None
+    input_text: str | None = None
+    task_input: str | None = None
+
+
+class Prepared(list[Any]):
+    """Each row's value of a column, already as the database takes it (not converted)."""
 
 
 class BulkStarts:
@@ -148,9 +193,53 @@ class BulkStarts:
         """The most parameters one statement binds (PostgreSQL's protocol: 65,535)."""
         return 65_535
 
-    def _next_seqs(self, count: int) -> list[Sql | int]:
+    def _next_seqs(self, count: int) -> Column:
         """The creation numbers of a batch's ``count`` rows (a sequence: one query each)."""
-        return [Sql(self.db._tables(self.db.NEXT_SEQ))] * count
+        return Sql(self.db._tables(self.db.NEXT_SEQ))
+
+    def _input_column(self, batch: Sequence[NewInstance]) -> list[Any]:
+        """The instances' input column: each start's value (its stored text decoded),
+        for the field to convert."""
+        return [
+            start.input_value if start.input_text is None else json.loads(start.input_text)
+            for start in batch
+        ]
+
+    @staticmethod
+    def _stored_texts(batch: Sequence[NewInstance]) -> Prepared | None:
+        """The starts' stored JSON texts, to bind as they are (JSON ``null`` as SQL
+        NULL); None when a start gave a value, or when a text is not UTF-8 (a lone
+        surrogate, which the field's conversion escapes: the database then takes or
+        refuses it as it does the value of a single start)."""
+        texts = [start.input_text for start in batch]
+        if None in texts:
+            return None
+        try:
+            "".join(texts).encode("utf-8")  # type: ignore[arg-type]
+        except UnicodeEncodeError:
+            return None
+        if "null" in texts:  # an input of None is SQL NULL, as the field stores it
+            return Prepared([None if text == "null" else text for text in texts])
+        return Prepared(texts)
+
+    def _write_instances(self, columns: dict[str, Column], count: int) -> list[str]:
+        """One INSERT of ``count`` instance rows (their columns) that skips taken ids; the
+        ids it inserted."""
+        names, marks, params = self._layout(WorkflowInstance, columns, count)
+        rows = [(marks, list(row)) for row in zip(*params, strict=True)]
+        return self.db._insert_new(sql.compose(INSERT_INSTANCES, columns=names), rows)
+
+    def _write_rows(self, model: Any, columns: dict[str, Column], count: int) -> None:
+        """INSERT ``count`` rows (their columns) into ``model``'s table, one statement per
+        batch."""
+        names, marks, params = self._layout(model, columns, count)
+        rows = [list(row) for row in zip(*params, strict=True)]
+        table = self.db.connection.ops.quote_name(model._meta.db_table)
+        for batch in self._batches_of(rows, max(1, len(params))):
+            statement = sql.compose(
+                INSERT_ROWS, table=table, columns=names, rows=", ".join([marks] * len(batch))
+            )
+            self.db._execute(statement, [value for values in batch for value in values])
 
     # -- the statements ----------------------------------------------------------------------
 
@@ -174,48 +263,39 @@ class BulkStarts:
     ) -> list[str]:
         """One INSERT of a batch's instance rows; the ids it inserted."""
         db = self.db
-        values_list: list[dict[str, Any]] = []
-        seqs = self._next_seqs(len(batch))
-        for offset, start in enumerate(batch):
-            started = start.started_at or now
-            timeout = start.execution_timeout_ms
-            leased_with_task = start.first_task is not None
-            values: dict[str, Any] = {
-                "instance_id": start.instance_id,
-                "workflow_name": start.workflow_name,
-                "status": str(WorkflowStatus.RUNNING),
-                "input": start.input_value,
-                # A start with its first task recorded waits for that task, not a dispatch.
-                "runnable": not leased_with_task,
-                "ready_ms": db.now_sql(),
-                "priority": start.priority,
-                "created_seq": seqs[offset],
-                "service_name": service_name,
-                "current_step": (
-                    f"activity {start.first_task[1].name}" if start.first_task else ""
-                ),
-                "started_at": started,
-                "updated_at": started,
-                "code_version": code_version,
-                "execution_timeout_ms": timeout,
-                "execution_deadline_ms": (
-                    None if timeout is None else db.now_sql(plus_seconds=timeout / 1000)
-                ),
-                "trace_context": start.trace_context,
-            }
-            values_list.append(values)
-        return self._write_instances(values_list)
-
-    def _write_instances(self, values_list: list[dict[str, Any]]) -> list[str]:
-        """One INSERT of instance rows (their column values) that skips taken ids; the
-        ids it inserted."""
-        columns, rows = self._rows(WorkflowInstance, values_list)
-        return self.db._insert_new(sql.compose(INSERT_INSTANCES, columns=columns), rows)
-
-    def _write_rows(self, model: Any, rows: list[dict[str, Any]]) -> None:
-        """INSERT ``rows`` (their column values) into ``model``'s table, one statement
-        per batch."""
-        self._insert_rows(model, *self._rows(model, rows))
+        timeouts = [start.execution_timeout_ms for start in batch]
+        started = [start.started_at or now for start in batch]
+        # A start with its first task recorded waits for that task, not a dispatch.
+        steps: dict[str, str] = {}
+        current_steps = [
+            ""
+            if start.first_task is None
+            else steps.setdefault(start.first_task[1].name, f"activity {start.first_task[1].name}")
+            for start in batch
+        ]
+        values: dict[str, list[Any] | Column] = {
+            "instance_id": [start.instance_id for start in batch],
+            "workflow_name": [start.workflow_name for start in batch],
+            "status": Const(str(WorkflowStatus.RUNNING)),
+            "input": self._input_column(batch),
+            "runnable": [start.first_task is None for start in batch],
+            "ready_ms": db.now_sql(),
+            "priority": [start.priority for start in batch],
+            "created_seq": self._next_seqs(len(batch)),
+            "service_name": Const(service_name),
+            "current_step": current_steps,
+            "started_at": started,
+            "updated_at": started,
+            "code_version": Const(code_version),
+            "execution_timeout_ms": timeouts,
+            "execution_deadline_ms": (
+                Const(None)
+                if timeouts.count(None) == len(timeouts)
+                else Plus(db.now_sql(), timeouts)
+            ),
+            "trace_context": [start.trace_context for start in batch],
+        }
+        return self._write_instances(self._converted(WorkflowInstance, values), len(batch))
 
     def _check_taken(self, taken: Sequence[NewInstance]) -> None:
         """Raise WorkflowAlreadyStarted for the first id found taken that may not be
@@ -239,123 +319,154 @@ class BulkStarts:
         statement per batch for each table."""
         db = self.db
         now_ms = db.now_sql()
-        history: list[dict[str, Any]] = []
-        tasks: list[dict[str, Any]] = []
-        for start in starts:
-            assert start.first_task is not None
-            row, spec = start.first_task
-            history.append(
-                {
-                    "instance_id": start.instance_id,
-                    "key": row.key,
-                    "seq": row.seq,
-                    "command": row.command,
-                    "event_type": row.event_type,
-                    "data": row.data,
-                    "reservation": row.reservation,
-                    "delivered_seq": row.delivered_seq,
-                }
-            )
-            fields = task_fields(Fence(start.instance_id, "", 0), row, spec, now_ms)
-            schedule_ms = fields["schedule_to_start_ms"]
-            fields["status"] = str(ActivityTaskStatus.QUEUED)
-            fields["schedule_deadline_ms"] = (
-                None if schedule_ms is None else db.now_sql(plus_seconds=schedule_ms / 1000)
-            )
-            tasks.append(fields)
-        self._write_rows(HistoryEvent, history)
-        self._write_rows(ActivityTask, tasks)
+        ids = [start.instance_id for start in starts]
+        firsts = [start.first_task for start in starts]
+        rows = [first[0] for first in firsts if first is not None]
+        history: dict[str, list[Any] | Column] = {
+            "instance_id": ids,
+            **{
+                name: [getattr(row, name) for row in rows]
+                for name in ("key", "seq", "command", "event_type", "data", "reservation")
+            },
+            "delivered_seq": [row.delivered_seq for row in rows],
+        }
+        # One task's columns per distinct reservation and task (the starts of one call
+        # share them but for the instance and the input): task_fields, the one
+        # definition of a new task row, runs once for each.
+        shared: dict[tuple[int, int], dict[str, Any]] = {}
+        fields_list: list[dict[str, Any]] = []
+        for instance_id, first in zip(ids, firsts, strict=True):
+            assert first is not None
+            row, spec = first
+            fields = shared.get((id(row), id(spec)))
+            if fields is None:
+                fields = task_fields(Fence(instance_id, "", 0), row, spec, now_ms)
+                fields["status"] = str(ActivityTaskStatus.QUEUED)
+                shared[(id(row), id(spec))] = fields
+            fields_list.append(fields)
+        tasks: dict[str, list[Any] | Column] = {
+            name: [fields[name] for fields in fields_list] for name in fields_list[0]
+        }
+        tasks["instance_id"] = ids
+        tasks["input"] = [
+            start.task_input if start.task_input is not None else start.first_task[1].input
+            for start in starts
+            if start.first_task is not None
+        ]
+        # Ready now, on the database clock; a schedule-to-start timeout counts from then.
+        tasks["not_before_ms"] = now_ms
+        waits = tasks["schedule_to_start_ms"]
+        assert isinstance(waits, list)
+        tasks["schedule_deadline_ms"] = (
+            Const(None) if waits.count(None) == len(waits) else Plus(now_ms, waits)
+        )
+        self._write_rows(HistoryEvent, self._converted(HistoryEvent, history), len(starts))
+        self._write_rows(ActivityTask, self._converted(ActivityTask, tasks), len(starts))
 
     def _insert_attributes(self, starts: Sequence[NewInstance]) -> None:
         """The search attribute rows of the instances ``starts`` created: one statement
         per batch."""
-        rows: list[dict[str, Any]] = []
+        rows: list[tuple[Any, ...]] = []
         for start in starts:
             for name, value in (start.attributes or {}).items():
-                kind, text, number, when = columns_of(value)
-                rows.append(
-                    {
-                        "instance_id": start.instance_id,
-                        "name": name,
-                        "kind": kind,
-                        "text_value": text,
-                        "number_value": number,
-                        "time_value": when,
-                    }
-                )
-        if rows:
-            self._write_rows(WorkflowAttribute, rows)
-
-    def _rows(
-        self, model: Any, rows: list[dict[str, Any]]
-    ) -> tuple[str, list[tuple[str, list[Any]]]]:
-        """The column list and each row's value marks and parameters for ``model``.
-
-        What ``Database._insert_parts`` does for one row, done once per column: a
-        column no row names takes the field's default, converted once; a value of a
-        plain text, number or boolean column is bound as it is (what the field's
-        conversion returns for it), others go through the field. :class:`Sql` values
-        are inlined. Every row names the same columns; an auto primary key no row
-        names is left to the database.
-        """
-        conn = self.db.connection
-        named = rows[0].keys() if rows else set()
-        # Per column: (the row's key or None, the field or the converted default, the
-        # Python type bound as it is or None).
-        plan: list[tuple[str | None, Any, type | None]] = []
-        columns: list[str] = []
-        for f in model._meta.concrete_fields:
-            key = f.attname if f.attname in named else f.name if f.name in named else None
-            if key is None and f.primary_key:
-                continue
-            columns.append(conn.ops.quote_name(f.column))
-            if key is not None:
-                plain = next((t for c, t in _PLAIN_FIELDS if isinstance(f, c)), None)
-                plan.append((key, f, plain))
-                continue
-            if getattr(f, "auto_now", False) or getattr(f, "auto_now_add", False):
-                default = timezone.now()
-            else:
-                default = f.get_default()
-            plan.append((None, f.get_db_prep_save(default, conn), None))
-        # The last value converted per column: rows often share one (a start time).
-        last: list[tuple[Any, Any]] = [(_NOTHING, None)] * len(plan)
-        built: list[tuple[str, list[Any]]] = []
-        for row in rows:
-            marks: list[str] = []
-            params: list[Any] = []
-            for index, (key, field, plain) in enumerate(plan):
-                if key is None:
-                    marks.append("%s")
-                    params.append(field)  # the default, converted once
-                    continue
-                value = row[key]
-                if isinstance(value, Sql):
-                    marks.append(value.sql)
-                    params += value.params
-                    continue
-                marks.append("%s")
-                if value is None or type(value) is plain:
-                    params.append(value)
-                    continue
-                seen, converted = last[index]
-                if seen is not value:
-                    converted = field.get_db_prep_save(value, conn)
-                    last[index] = (value, converted)
-                params.append(converted)
-            built.append((f"({', '.join(marks)})", params))
-        return ", ".join(columns), built
-
-    def _insert_rows(self, model: Any, columns: str, rows: list[tuple[str, list[Any]]]) -> None:
-        """INSERT ``rows`` into ``model``'s table, one statement per batch."""
+                rows.append((start.instance_id, name, *columns_of(value)))
         if not rows:
             return
-        table = self.db.connection.ops.quote_name(model._meta.db_table)
-        for batch in self._batches_of(rows, max(1, len(rows[0][1]))):
-            statement = sql.compose(
-                INSERT_ROWS,
-                table=table,
-                columns=columns,
-                rows=", ".join(marks for marks, _ in batch),
-            )
-            self.db._execute(statement, [value for _, values in batch for value in values])
+        names = ("instance_id", "name", "kind", "text_value", "number_value", "time_value")
+        values = {
+            name: list(column) for name, column in zip(names, zip(*rows, strict=True), strict=True)
+        }
+        self._write_rows(WorkflowAttribute, self._converted(WorkflowAttribute, values), len(rows))
+
+    # -- columns -----------------------------------------------------------------------------
+
+    def _converted(self, model: Any, values: Mapping[str, list[Any] | Column]) -> dict[str, Column]:
+        """Every column of ``model``'s new rows, converted for the database.
+
+        ``values`` names columns by field name or attname; a list is each row's raw
+        value, and becomes a :class:`Const` when every row holds the same object. A
+        column ``values`` does not name takes the field's default (``auto_now`` and
+        ``auto_now_add`` fields the current time), converted once; an auto primary key
+        it does not name is left to the database. :class:`Sql` and :class:`Plus`
+        columns are the database's own values.
+        """
+        conn = self.db.connection
+        columns: dict[str, Column] = {}
+        for f in model._meta.concrete_fields:
+            key = f.attname if f.attname in values else f.name if f.name in values else None
+            if key is None:
+                if f.primary_key:
+                    continue
+                if getattr(f, "auto_now", False) or getattr(f, "auto_now_add", False):
+                    default = timezone.now()
+                else:
+                    default = f.get_default()
+                columns[f.column] = Const(f.get_db_prep_save(default, conn))
+                continue
+            column = values[key]
+            if isinstance(column, Prepared):
+                pass
+            elif isinstance(column, list):
+                column = _column(f, column, conn)
+            elif isinstance(column, Const):
+                column = Const(_prepared(f, column.value, conn))
+            columns[f.column] = column
+        return columns
+
+    def _layout(
+        self, model: Any, columns: Mapping[str, Column], count: int
+    ) -> tuple[str, str, list[Iterable[Any]]]:
+        """The quoted column list, one row's value marks, and the parameters of the
+        ``count`` rows, a column of them each (zipped, they are the rows' parameters in
+        order)."""
+        quote = self.db.connection.ops.quote_name
+        marks: list[str] = []
+        params: list[Iterable[Any]] = []
+        for column in columns.values():
+            if isinstance(column, list):
+                marks.append("%s")
+                params.append(column)
+            elif isinstance(column, Const):
+                marks.append("%s")
+                params.append(repeat(column.value, count))
+            elif isinstance(column, Plus):
+                marks.append(sql.compose(sql.PLUS_MS, value=column.base.sql))
+                params += [repeat(value, count) for value in column.base.params]
+                params.append(column.values)
+            else:
+                marks.append(column.sql)
+                params += [repeat(value, count) for value in column.params]
+        names = ", ".join(quote(name) for name in columns)
+        return names, f"({', '.join(marks)})", params
+
+
+def _prepared(field: models.Field[Any, Any], value: Any, conn: Any) -> Any:
+    """``value`` converted by ``field`` for the database (a plain one as it is)."""
+    plain = next((t for c, t in _PLAIN_FIELDS if isinstance(field, c)), None)
+    if value is None or type(value) is plain:
+        return value
+    return field.get_db_prep_save(value, conn)
+
+
+def _column(field: models.Field[Any, Any], values: list[Any], conn: Any) -> Column:
+    """A column of each row's raw value, converted: one :class:`Const` when every row
+    holds the same object, else a list (a plain value as it is, a run of one value
+    converted once)."""
+    first = values[0] if values else None
+    if len(set(map(id, values))) <= 1:
+        return Const(_prepared(field, first, conn))
+    plain = next((t for c, t in _PLAIN_FIELDS if isinstance(field, c)), None)
+    if plain is not None and set(map(type, values)) <= {plain, type(None)}:
+        return values
+    seen: Any = _NOTHING
+    converted: Any = None
+    out: list[Any] = []
+    for value in values:
+        if value is None or type(value) is plain:
+            out.append(value)
+            continue
+        if seen is not value:
+            converted = field.get_db_prep_save(value, conn)
+            seen = value
+        out.append(converted)
+    return out

@@ -43,7 +43,7 @@ from . import sql
 from .clock import DbNowMs, clock_offset_ms
 from .operation import operation
 from .sql import Params, Sql
-from .wakeups import TOPIC_RUNNABLE, Bus, bus_for
+from .wakeups import TOPIC_RUNNABLE, Bus, bus_for, is_waiter_hint
 
 __all__ = ["Database", "Sql"]
 
@@ -210,7 +210,8 @@ class Database:
         """Wake local loops once the current transaction commits; NOTIFY other processes.
 
         The NOTIFY (on databases that have it) is issued inside the transaction, at
-        the end of the outermost store transaction; outside one, at once.
+        the end of the outermost store transaction; outside one, at once. Hints to
+        waiters go out after the commit instead (:func:`~.wakeups.is_waiter_hint`).
         """
 
         def send() -> None:
@@ -220,10 +221,14 @@ class Database:
         transaction.on_commit(send, using=self.alias)
         if not (self.notify_enabled and topics):
             return
-        if getattr(self._tx, "depth", 0) > 0:
-            self._tx.pending.update(topics)
-        else:
-            self._notify(topics)
+        hints = [topic for topic in topics if is_waiter_hint(topic)]
+        if hints:  # after the commit, on its own (see is_waiter_hint)
+            transaction.on_commit(lambda: self._notify(hints), using=self.alias, robust=True)
+        work = [topic for topic in topics if not is_waiter_hint(topic)]
+        if work and getattr(self._tx, "depth", 0) > 0:
+            self._tx.pending.update(work)
+        elif work:
+            self._notify(work)
 
     def _notify(self, topics: Sequence[str] | set[str]) -> None:
         """Send ``topics`` to other processes in the current transaction (PostgreSQL)."""
@@ -409,11 +414,14 @@ class Database:
         *,
         release: bool = False,
         uncancelled: bool = False,
+        parked: tuple[int, str] | None = None,
     ) -> tuple[str, dict[str, Any]]:
         """The fence check: an UPDATE that must touch exactly the writer's instance row.
 
         ``release`` also gives the lease up in the same update (the last write of an
-        execution that suspends after it); ``runnable`` is left as it is.
+        execution that suspends after it); ``runnable`` is left as it is. ``parked``
+        (seq, key), with ``release``: the command the execution waits at, recorded as
+        a release records it, so the next lease reads its value with the row.
         ``uncancelled`` also requires that no cancel request is recorded (a write that
         must not happen after one, such as an inline claim). Its values are named
         ``fence_*``, apart from the parts a statement chains it with.
@@ -429,10 +437,14 @@ class Database:
             params["fence_step"] = current_step[:255]
         if uncancelled:
             params["fence_cancelled"] = False
+        released = sql.FENCE_SET_RELEASE if release else ""
+        if release and parked is not None:
+            released += sql.FENCE_SET_PARKED
+            params.update(fence_parked_seq=parked[0], fence_parked_key=parked[1])
         statement = sql.compose(
             sql.FENCE_UPDATE,
             step=sql.FENCE_SET_STEP if current_step is not None else "",
-            release=sql.FENCE_SET_RELEASE if release else "",
+            release=released,
             uncancelled=sql.FENCE_UNCANCELLED if uncancelled else "",
         )
         return statement, params
@@ -444,16 +456,18 @@ class Database:
         *,
         release: bool = False,
         uncancelled: bool = False,
+        parked: tuple[int, str] | None = None,
     ) -> None:
         """The fence check: the first statement of every fenced transaction.
 
         ``current_step`` (the command being issued) is recorded in the same update,
         so operators see where an instance is at no extra cost. With ``release`` the
-        update also releases the lease, and dispatchers are woken after commit when
-        input arrived during the execution (the instance is still runnable).
+        update also releases the lease (and records ``parked``, see :meth:`_fence_sql`),
+        and dispatchers are woken after commit when input arrived during the execution
+        (the instance is still runnable).
         """
         statement, params = self._fence_sql(
-            fence, current_step, release=release, uncancelled=uncancelled
+            fence, current_step, release=release, uncancelled=uncancelled, parked=parked
         )
         if not release:
             if self._execute(statement, params) != 1:

@@ -27,11 +27,21 @@ from ..conf import SelvedgeSettings
 
 __all__ = [
     "PooledPreparedStatementError",
+    "RowBusy",
     "backoff_delay",
     "describe",
     "guard_prepared_statements",
     "is_data_error",
 ]
+
+
+class RowBusy(Exception):
+    """A write asked not to wait (``if_free``) found a row another transaction holds;
+    it wrote nothing (the worker's group commit writes it alone then)."""
+
+    def __init__(self, instance_id: str) -> None:
+        super().__init__(f"the row of instance {instance_id!r} is held by another transaction")
+        self.instance_id = instance_id
 
 
 # Errors that a retry cannot cure: the database (or its driver) refused a value.

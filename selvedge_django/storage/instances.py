@@ -14,7 +14,7 @@ from datetime import datetime
 from operator import attrgetter
 from typing import Any
 
-from django.db.models import F, Q
+from django.db.models import Exists, F, OuterRef, Q
 
 from .. import exceptions as exc
 from ..engine.codec import envelope_type
@@ -57,6 +57,8 @@ class InstanceHead:
     parked_seq: int = 0
     parked_key: str = ""
     history_generation: int = 1
+    # With a lease: the value that arrived at ``parked_key`` (event type, data), if any.
+    parked_value: tuple[str, str] | None = None
     dispatch_lag_ms: int | None = None  # a dispatch's (metrics): ms runnable before the lease
     taken_over: bool = False
 
@@ -119,7 +121,10 @@ class Instances:
         Each part walks its partial index (``sv_inst_lease_idx``,
         ``sv_inst_rank_idx``), whose conditions the statement repeats as literals.
         The instance columns an execution needs come back with the lease, so loading
-        its snapshot then reads only the history. How concurrent dispatchers keep
+        its snapshot then reads only the history; so does the value that arrived at the
+        command the last execution parked at (``InstanceHead.parked_value``), so an
+        execution the worker's cache kept goes on without reading it. How concurrent
+        dispatchers keep
         apart is the dialect's (:meth:`_lease_rows`). ``passed_over`` names instances
         this owner does not take (their values are encrypted under a key it lacks).
         """
@@ -142,13 +147,20 @@ class Instances:
         return [(Fence(row[0], owner, row[1]), self._leased_head(row, ttl_ms)) for row in rows]
 
     def _leased_head(self, row: Sequence[Any], ttl_ms: int) -> InstanceHead:
-        ready_ms, expires_ms, taken_over = row[-3:]  # the lease began at expiry - TTL
+        event_type, data, ready_ms, expires_ms, taken_over = row[-5:]
+        # The lease began at expiry - TTL.
         lag = None if taken_over else max(0, int(expires_ms) - ttl_ms - int(ready_ms))
-        return replace(self._head(row[2:]), dispatch_lag_ms=lag, taken_over=bool(taken_over))
+        return replace(
+            self._head(row[2:]),
+            parked_value=None if data is None or event_type is None else (event_type, data),
+            dispatch_lag_ms=lag,
+            taken_over=bool(taken_over),
+        )
 
     def _lease_rows(self, named: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-        """Lease the candidates; return (id, epoch, *HEAD_COLUMNS, ready_ms,
-        lease_expires_ms, whether the lease taken had expired) per leased row.
+        """Lease the candidates; return (id, epoch, *HEAD_COLUMNS, the parked value's
+        event type and data (sql.LEASED_PARKED_VALUE), ready_ms, lease_expires_ms,
+        whether the lease taken had expired) per leased row.
 
         ``named`` is the workflow-name, version and sticky condition of both parts;
         ``params`` binds it, the batch size (``limit``) and the lease (``owner``,
@@ -497,9 +509,13 @@ class Instances:
         whose parent is still running is kept; ``workflow_name`` is an exact name.
         """
         instances = WorkflowInstance.objects.using(self.db.alias)
-        running = instances.filter(status=WorkflowStatus.RUNNING)
-        qs = instances.filter(status__in=sorted(statuses), closed_at__lt=closed_before).exclude(
-            parent_instance_id__in=running.values("instance_id")
+        # The parent's row by its key, per candidate (NOT EXISTS): not a NOT IN over every
+        # running instance, which read the whole running set for each batch.
+        running_parent = instances.filter(
+            instance_id=OuterRef("parent_instance_id"), status=WorkflowStatus.RUNNING
+        )
+        qs = instances.filter(
+            ~Exists(running_parent), status__in=sorted(statuses), closed_at__lt=closed_before
         )
         if workflow_name:
             qs = qs.filter(workflow_name=workflow_name)

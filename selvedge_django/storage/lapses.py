@@ -10,12 +10,16 @@ before it.
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from .. import exceptions as exc
 from ..engine.codec import Codec, error_to_envelope
 from ..engine.events import error_data
 
-__all__ = ["attempt_error_data", "lapse_error_data", "lapse_timeout"]
+if TYPE_CHECKING:
+    from ..models import ActivityTask
+
+__all__ = ["attempt_error_data", "lapse_error_data", "lapse_timeout", "lapsed_task_error"]
 
 # The most JSON a lapse's error keeps of the task's error before it.
 MAX_PREVIOUS_ERROR = 32_000
@@ -70,3 +74,15 @@ def attempt_error_data(error: BaseException, worker_id: str, codec: Codec | None
     if not isinstance(error, exc.ApplicationError):
         envelope.setdefault("fields", {})["lost_worker_id"] = worker_id
     return json.dumps(envelope)
+
+
+def lapsed_task_error(task: ActivityTask, attempt: int) -> str:
+    """The error of a lapsed claim (attempt ``attempt``) taken over by a new one."""
+    timeout = lapse_timeout(
+        task.name,
+        attempt,
+        task.attempt_deadline_ms,
+        task.heartbeat_timeout_ms,
+        task.claim_expires_ms,
+    )
+    return lapse_error_data(timeout, task.claim_owner, task.last_error)

@@ -49,10 +49,12 @@ class SoleActivity:
         self.tasks = tasks
 
     @operation
-    def complete_closing(self, claim: TaskClaim, output: str) -> bool | None:
+    def complete_closing(
+        self, claim: TaskClaim, output: str, *, if_free: bool = False
+    ) -> bool | None:
         """Record a successful attempt and close its instance with ``output`` as its result
         when the instance is still as its start left it; otherwise wake it, as
-        :meth:`Tasks.complete_task` does.
+        :meth:`Tasks.complete_task` does (``if_free`` as there).
 
         Returns None when the claim was lost (nothing written), True when the instance
         closed as completed, False when the value arrived and the instance was woken.

@@ -160,6 +160,9 @@ FENCE_SET_STEP = ", current_step = %(fence_step)s"
 FENCE_SET_RELEASE = (
     ", lease_owner = '', lease_expires_ms = NULL, execution_errors = 0, execution_error = ''"
 )
+# FENCE_UPDATE part after FENCE_SET_RELEASE: where the execution waits (the released
+# reservation's own command), so the next lease reads its value (LEASED_PARKED_VALUE).
+FENCE_SET_PARKED = ", parked_seq = %(fence_parked_seq)s, parked_key = %(fence_parked_key)s"
 # FENCE_UPDATE part: only while no cancel request is recorded.
 FENCE_UNCANCELLED = " AND cancel_requested = %(fence_cancelled)s"
 # ctx.set_progress(): the instance's progress, fenced like FENCE_UPDATE.
@@ -269,6 +272,14 @@ DISPATCH_READY = "status = 'running' AND lease_owner = '' AND runnable AND ready
 LEASE_SET = (
     "UPDATE {instance} SET lease_owner = %(owner)s, lease_epoch = lease_epoch + 1,"
     " lease_expires_ms = {now} + %(ttl_ms)s, runnable = %(runnable)s"
+)
+# Read with a lease: the value (event type, data) of the history row where the instance's
+# last execution parked, NULL while none arrived (one lookup of sv_history_key_uniq each).
+LEASED_PARKED_VALUE = (
+    "(SELECT h.event_type FROM {history} h WHERE h.instance_id = {instance}.instance_id"
+    " AND h.key = {instance}.parked_key AND h.data IS NOT NULL),"
+    " (SELECT h.data FROM {history} h WHERE h.instance_id = {instance}.instance_id"
+    " AND h.key = {instance}.parked_key)"
 )
 # Release a lease (input that arrived keeps it runnable); says whether it is runnable.
 # A suspended execution also records where it parked (NULL: keep the last one), and the

@@ -1,13 +1,17 @@
-"""The columns of a new activity task row, shared by every writer that creates one."""
+"""The columns of activity task rows: a new row's, shared by every writer that creates one,
+and what a claim derives from a row it took."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..engine.events import Fence, HistoryRow
 from ..engine.ports import TaskSpec
 
-__all__ = ["task_fields"]
+if TYPE_CHECKING:
+    from ..models import ActivityTask
+
+__all__ = ["task_fields", "waited_ms"]
 
 
 def _ms(seconds: float | None) -> int | None:
@@ -36,3 +40,16 @@ def task_fields(fence: Fence, row: HistoryRow, task: TaskSpec, now: Any) -> dict
         concurrency_key=key,
         max_concurrency=limit,
     )
+
+
+def waited_ms(task: ActivityTask, started_ms: int | None) -> int | None:
+    """How long a task was due before the claim that began at ``started_ms``.
+
+    Due since ``not_before_ms`` (a retry's backoff end), or since its creation.
+    """
+    if started_ms is None:
+        return None
+    due_ms = task.not_before_ms or (
+        int(task.created_at.timestamp() * 1000) if task.created_at is not None else None
+    )
+    return None if due_ms is None else max(0, int(started_ms) - due_ms)

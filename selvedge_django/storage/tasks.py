@@ -31,10 +31,10 @@ from . import sql
 from .db import Database
 from .flow_control import Limits
 from .inline import Inline
-from .lapses import lapse_error_data, lapse_timeout
+from .lapses import lapsed_task_error
 from .operation import operation
 from .options import StoreOptions
-from .task_rows import task_fields
+from .task_rows import task_fields, waited_ms
 from .wakeups import TOPIC_TASK
 
 __all__ = ["Tasks"]
@@ -166,13 +166,23 @@ class Tasks:
         queued = fields["status"] == ActivityTaskStatus.QUEUED
         with self.db.atomic():
             self.db._fence(
-                fence, current_step=current_step, release=release, uncancelled=uncancelled
+                fence,
+                current_step=current_step,
+                release=release,
+                uncancelled=uncancelled,
+                parked=self._parked_at(row),
             )
             self.db._insert_row(fence.instance_id, row)
             task_id = int(self.db._insert(ActivityTask, fields, returning_id=True))
             if queued:
                 self.db.after_commit(TOPIC_TASK)
         return task_id
+
+    @staticmethod
+    def _parked_at(row: HistoryRow) -> tuple[int, str] | None:
+        """Where an execution whose reservation releases its lease waits: at ``get()``
+        of that reservation (what ``parked_seq`` and ``parked_key`` record)."""
+        return None if row.seq is None else (row.seq, row.key)
 
     def _reserve_cancelled(
         self, fence: Fence, row: HistoryRow, task: TaskSpec, current_step: str, reason: str
@@ -239,7 +249,7 @@ class Tasks:
                 claim_expires_ms=self.db.now_expr(ttl),
                 attempt_deadline_ms=self.db.now_expr(start_to_close) if start_to_close else None,
                 failures=F("failures") + 1,
-                last_error=self._lapse_envelope(task, task.attempts),
+                last_error=lapsed_task_error(task, task.attempts),
             )
         for (ttl, start_to_close), group in fresh.items():
             # The tasks no claim held before: one update for those of one claim length.
@@ -283,7 +293,7 @@ class Tasks:
                     claimed_at=claimed_at,
                     heartbeat_details=task.heartbeat_details,
                     queue=task.queue,
-                    waited_ms=_waited_ms(task, started_ms),
+                    waited_ms=waited_ms(task, started_ms),
                     taken_over=task.claim_expires_ms is not None,
                 )
             )
@@ -375,8 +385,14 @@ class Tasks:
         output: str,
         *,
         inline_fence: Fence | None = None,
+        if_free: bool = False,
     ) -> bool:
-        """Record a successful attempt; False when the claim was lost (late result)."""
+        """Record a successful attempt; False when the claim was lost (late result).
+
+        ``if_free`` (one of several writes in one transaction, the worker's group
+        commit): raise RowBusy, writing nothing, rather than wait for a row another
+        transaction holds (databases with row locks); the attempt then writes alone.
+        """
         complete, params = self._complete_sql(claim)
         with self.db.atomic():
             self.db._lock_instance(claim.instance_id)
@@ -569,27 +585,3 @@ class Tasks:
         record, record_params = self._arrive_record(claim, EV_ACTIVITY_COMPLETED, output)
         self.db._execute(record, record_params)
         return True
-
-    def _lapse_envelope(self, task: ActivityTask, attempt: int) -> str:
-        """The error of a lapsed claim (attempt ``attempt``) taken over by a new one."""
-        timeout = lapse_timeout(
-            task.name,
-            attempt,
-            task.attempt_deadline_ms,
-            task.heartbeat_timeout_ms,
-            task.claim_expires_ms,
-        )
-        return lapse_error_data(timeout, task.claim_owner, task.last_error)
-
-
-def _waited_ms(task: ActivityTask, started_ms: int | None) -> int | None:
-    """How long a task was due before the claim that began at ``started_ms``.
-
-    Due since ``not_before_ms`` (a retry's backoff end), or since its creation.
-    """
-    if started_ms is None:
-        return None
-    due_ms = task.not_before_ms or (
-        int(task.created_at.timestamp() * 1000) if task.created_at is not None else None
-    )
-    return None if due_ms is None else max(0, int(started_ms) - due_ms)

@@ -29,6 +29,7 @@ __all__ = [
     "Waker",
     "bus_for",
     "closed_topic",
+    "is_waiter_hint",
     "notify_origin",
     "notify_payload",
     "notify_topic",
@@ -63,6 +64,20 @@ def closed_topic(instance_id: str) -> str:
 def stream_topic(instance_id: str) -> str:
     """The topic a write to (or the close of) any of an instance's streams is published on."""
     return f"stream:{instance_id}"
+
+
+def is_waiter_hint(topic: str) -> bool:
+    """Whether ``topic`` only tells waiters (``wait_workflow``, ``read_stream``) to look.
+
+    Those go out after the commit, in a statement of their own, not inside the write:
+    PostgreSQL takes one database-wide lock when a transaction that notifies commits
+    and keeps it until the commit's WAL is flushed, so notifying commits cannot share
+    a flush and every close of every worker would queue behind the one before. A
+    statement that only notifies writes no WAL and holds that lock for microseconds.
+    Losing one (a crash between the two) costs a waiter its fallback poll. Wake-ups
+    of work (``runnable``, ``task``) stay in the transaction that creates the work.
+    """
+    return topic.startswith(("closed:", "stream:"))
 
 
 _origin: tuple[int, str] | None = None

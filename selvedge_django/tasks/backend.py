@@ -88,8 +88,11 @@ class SelvedgeBackend(compat.BaseTaskBackend):
         deferred = any(task.run_after is not None for task, _, _ in items)
         enqueued_at = timezone.now()
         now_ms = database_now_ms() if deferred else None
+        checked: dict[int, dict[str, Any]] = {}
         prepared = [
-            self._prepare(task, args, kwargs, now_ms=now_ms, enqueued_at=enqueued_at)
+            self._prepare(
+                task, args, kwargs, now_ms=now_ms, enqueued_at=enqueued_at, checked=checked
+            )
             for task, args, kwargs in items
         ]
         try:
@@ -127,13 +130,18 @@ class SelvedgeBackend(compat.BaseTaskBackend):
         *,
         now_ms: int | None,
         enqueued_at: datetime | None,
+        checked: dict[int, dict[str, Any]] | None = None,
     ) -> tuple[Any, dict[str, Any]]:
         """Validate one call; its result and its workflow input.
 
         ``now_ms`` is the database clock for a deferred task (read here when None);
         ``enqueued_at`` the time recorded as its enqueue (now when None: the calls of one
-        ``enqueue_many`` share one)."""
-        self.validate_task(task)
+        ``enqueue_many`` share one). ``checked`` holds, by the task object's id, the
+        activity options of the tasks already validated in this call (a task is
+        immutable: the calls of one share its validation and its options)."""
+        options = None if checked is None else checked.get(id(task))
+        if options is None:
+            self.validate_task(task)
         result_id = uuid.uuid4().hex
         # Built first: TaskResult refuses arguments that are not JSON (TypeError, ValueError).
         result = compat.TaskResult(
@@ -157,8 +165,12 @@ class SelvedgeBackend(compat.BaseTaskBackend):
             "backend": self.alias,
             "queue_name": task.queue_name,
             "priority": task.priority,
-            "options": activity_options(task, task.queue_name).to_json(),
         }
+        if options is None:
+            options = activity_options(task, task.queue_name).to_json()
+            if checked is not None:
+                checked[id(task)] = options
+        input["options"] = options
         if task.run_after is not None:
             input["run_after"] = task.run_after.isoformat()
             run_after_ms = round(task.run_after.timestamp() * 1000)
@@ -173,6 +185,8 @@ class SelvedgeBackend(compat.BaseTaskBackend):
         sender = type(self)
 
         def send() -> None:
+            if not compat.task_enqueued.receivers:  # none to tell (checked at commit)
+                return
             for result in results:
                 compat.task_enqueued.send(sender, task_result=result)
 
@@ -224,8 +238,11 @@ def enqueue_many(calls: Iterable[tuple[Any, Sequence[Any], Mapping[str, Any]]]) 
     """
     items = list(calls)
     groups: dict[str, tuple[SelvedgeBackend, list[int]]] = {}
+    backends: dict[str, Any] = {}  # by TASKS alias: looked up once
     for index, (task, _, _) in enumerate(items):
-        backend = task.get_backend()
+        backend = backends.get(task.backend)
+        if backend is None:
+            backend = backends[task.backend] = task.get_backend()
         if not isinstance(backend, SelvedgeBackend):
             raise compat.InvalidTask(
                 f"enqueue_many needs SelvedgeBackend tasks; {task.module_path} uses"

@@ -64,6 +64,15 @@ class Statement:
     params: str
     thread: str
 
+    @property
+    def waiter_hint(self) -> bool:
+        """Whether this is a wake-up for waiters that its operation sends after it
+        committed (a close's or a stream entry's NOTIFY on PostgreSQL): not a step of
+        the operation's transaction, and failing it loses nothing."""
+        return self.sql.startswith("SELECT pg_notify") and (
+            " closed:" in self.params or " stream:" in self.params
+        )
+
 
 @dataclass
 class Fault:

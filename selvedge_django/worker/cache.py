@@ -233,6 +233,9 @@ class WorkflowCache:
                 self._let_go(entry, reason)
                 return False
             self._note("hits")
+            if head.parked_value is not None:
+                # Read with the lease: the wait finds it without a read of its own.
+                entry.execution.arrived(head.parked_key, *head.parked_value)
             self.pool.attach()
             entry.resumed = fence
             entry.wake.set()

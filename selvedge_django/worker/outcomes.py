@@ -67,8 +67,8 @@ class Outcomes:
         self.drop_broken_connection = drop_broken_connection
         # Until when (monotonic) a claim is surely unexpired: Attempts keeps the beliefs.
         self._claim_belief = claim_belief
-        # SQLite: the successes of attempts that finish together commit together.
-        self._group = GroupCommit(store) if store.single_writer else None
+        # The successes of attempts that finish together commit together.
+        self._group = GroupCommit(store)
 
     def record(
         self,
@@ -138,22 +138,25 @@ class Outcomes:
         The only activity of an instance whose workflow returns its result, reserved by
         the start (``WorkflowDefinition.result_activity``), closes the instance in the
         same transaction when nothing else happened to it since (``closed`` then holds
-        True). On SQLite the write joins those of the attempts finishing at the same
-        moment in one transaction (:mod:`.group_commit`).
+        True). The write joins those of the attempts finishing at the same moment in
+        one transaction (:mod:`.group_commit`).
         """
-        if self._group is None:
-            outcome = self._record_success(task, output)
-        else:
-            outcome = self._group.submit(lambda: self._record_success(task, output))
+        outcome = self._group.submit(
+            lambda: self._record_success(task, output),
+            lambda: self._record_success(task, output, if_free=True),
+        )
         closed[:] = [True] if outcome == "closed" else []
         return outcome != "lost"
 
-    def _record_success(self, task: ClaimedTask, output: str) -> str:
-        """Write a success: ``"lost"`` (the claim), ``"recorded"`` or ``"closed"``."""
+    def _record_success(self, task: ClaimedTask, output: str, *, if_free: bool = False) -> str:
+        """Write a success: ``"lost"`` (the claim), ``"recorded"`` or ``"closed"``
+        (``if_free``: as one of a batch, raising RowBusy rather than wait for a row)."""
+        claim = task.claim
         workflow = get_workflow(task.workflow_name)
-        if workflow is None or workflow.result_activity != task.claim.key:
-            return "recorded" if self.store.tasks.complete_task(task.claim, output) else "lost"
-        outcome = self.store.sole_activity.complete_closing(task.claim, output)
+        if workflow is None or workflow.result_activity != claim.key:
+            recorded = self.store.tasks.complete_task(claim, output, if_free=if_free)
+            return "recorded" if recorded else "lost"
+        outcome = self.store.sole_activity.complete_closing(claim, output, if_free=if_free)
         return "lost" if outcome is None else "closed" if outcome else "recorded"
 
     def record_failure(

@@ -141,10 +141,6 @@ KNOWN: dict[str, str] = {
         "the SQLite-only checks (W007, and E007/W008/W009's SQLite cases) become part of"
         " the dialect Database classes' database_checks"
     ),
-    "dialect: selvedge_django.worker.outcomes": (
-        "group commit (worker/group_commit.py, SQLite's writers sharing one commit) moves"
-        " under storage/sqlite/ behind a hook of the store that PostgreSQL answers with none"
-    ),
 }
 
 

@@ -123,11 +123,19 @@ def runselvedge(
 
 
 def last_step(operation: str, run: Callable[[], object]) -> int:
-    """The step number of the last statement ``run`` issues in ``operation``."""
+    """The step number of the last statement ``run`` issues in ``operation``'s transaction.
+
+    A close's wake-up for waiters is sent after the commit, in a statement of its own
+    (storage.wakeups.is_waiter_hint): not a step inside the transaction."""
     injector = FaultInjector(trace=True).install()
     try:
         run()
-        return max(s.step for s in injector.statements if s.operation == operation)
+        return max(
+            s.step
+            for s in injector.statements
+            if s.operation == operation
+            and not s.waiter_hint
+        )
     finally:
         injector.uninstall()
 

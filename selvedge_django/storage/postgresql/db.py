@@ -4,9 +4,9 @@ Only what differs from the portable :class:`~selvedge_django.storage.db.Database
 a consistent read runs at ``REPEATABLE READ``; arrivals lock the instance row first
 (``FOR NO KEY UPDATE``), the lock order of every write path; flow control takes one
 advisory lock per queue and key; wake-ups reach other processes through ``NOTIFY``
-(skipped while the notification queue is half full), sent in the writing
-transaction. The connection set-up guards server-side prepared statements behind
-a pooler, and the system checks warn when autovacuum is off.
+(:mod:`.notify`), sent in the writing transaction, or after it for a waiter's
+hint. The connection set-up guards server-side prepared statements behind a pooler,
+and the system checks warn when autovacuum is off (both in :mod:`.setup`).
 """
 
 from __future__ import annotations
@@ -14,17 +14,17 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from django.core.checks import CheckMessage, Warning
-from django.db import DatabaseError, transaction
+from django.db import transaction
 
 from .. import sql
 from ..db import Database
-from ..errors import guard_prepared_statements
 from ..operation import operation
-from ..wakeups import NOTIFY_CHANNEL, NOTIFY_QUEUE_CEILING, notify_payload
+from ..wakeups import TOPIC_RUNNABLE
+from . import setup
+from .notify import Notifier
 from .sql import (
     DUE_TIMERS_LOCK,
     IDLE_TIMEOUT_SETTING,
@@ -32,14 +32,11 @@ from .sql import (
     LOCK_INSTANCE,
     LOCK_LIMITS,
     LOCK_TASK,
-    NOTIFY_ALL,
-    NOTIFY_CALL,
-    NOTIFY_FROM,
     QUEUE_LOCK_CLASS,
     RENEW_BATCH,
     SET_IDLE_TIMEOUT,
-    SHOW_AUTOVACUUM,
     SNAPSHOT_ISOLATION,
+    WAKE_NOTIFYING,
 )
 
 __all__ = ["PostgresDatabase"]
@@ -80,38 +77,15 @@ class PostgresDatabase(Database):
     DUE_TIMERS_LOCK = DUE_TIMERS_LOCK
     CLAIM_LOCK = " FOR UPDATE SKIP LOCKED"
 
+    @functools.cached_property
+    def notifier(self) -> Notifier:
+        """The NOTIFY statements (sent, or carried by a one-statement write)."""
+        return Notifier(self)
+
     @property
     def one_statement(self) -> bool:
         """Whether a fenced write may run as one statement: outside any transaction."""
         return not self.connection.in_atomic_block
-
-    @classmethod
-    def connection_created(cls, connection: Any) -> None:
-        """Name the pooler when a prepared statement is missing from a session.
-
-        A connection of the engine's aliases (``DATABASE``, ``RENEWAL_DATABASE``)
-        whose statements may be prepared (the engine's own, with ``PREPARED_STATEMENTS``;
-        all of them with ``OPTIONS["server_side_binding"]``) runs its statements through
-        :func:`~selvedge_django.storage.errors.guard_prepared_statements`; a connection
-        that prepares nothing is left alone.
-        """
-        from django.core.exceptions import ImproperlyConfigured
-
-        from ...conf import get_settings
-
-        options = connection.settings_dict.get("OPTIONS") or {}
-        try:
-            settings = get_settings()
-        except ImproperlyConfigured:
-            return  # the system checks report it; never break a connection over it
-        if not (options.get("server_side_binding") or settings.prepared_statements):
-            return
-        if connection.alias not in (settings.database, settings.renewal_database):
-            return
-        if guard_prepared_statements not in connection.execute_wrappers:
-            # First, so outermost, and out of the way of a wrapper installed for a
-            # moment (``execute_wrapper()`` pops the last one when it ends).
-            connection.execute_wrappers.insert(0, guard_prepared_statements)
 
     def _cursor(self) -> Any:
         """A cursor that binds on the server, so psycopg prepares the engine's statements.
@@ -150,31 +124,6 @@ class PostgresDatabase(Database):
 
         return get_settings().prepared_statements
 
-    @classmethod
-    def server_checks(cls, alias: str, connection: Any) -> list[CheckMessage]:
-        """selvedge.W006: the server runs without autovacuum.
-
-        Every lease, release and claim rewrites an instance or task row, so the
-        partial indexes dispatch and claims walk fill with dead entries that only
-        vacuum removes, and the planner works without statistics: each poll slows
-        as the tables grow.
-        """
-        with connection.cursor() as cursor:
-            cursor.execute(SHOW_AUTOVACUUM)
-            (value,) = cursor.fetchone()
-        if str(value).lower() == "on":
-            return []
-        return [
-            Warning(
-                f"autovacuum is {value} on the PostgreSQL server of database {alias!r}: the "
-                "engine's tables and indexes fill with dead rows and lose their statistics, "
-                "and dispatch and claims slow down as they grow.",
-                hint="Turn autovacuum on (see docs/deployment.md), or VACUUM ANALYZE the "
-                "selvedge_django tables on a schedule.",
-                id="selvedge.W006",
-            )
-        ]
-
     # -- plumbing ---------------------------------------------------------------------
 
     @contextlib.contextmanager
@@ -212,38 +161,23 @@ class PostgresDatabase(Database):
         self._execute(SET_IDLE_TIMEOUT, {"ms": str(wanted)})
 
     def _notify(self, topics: Sequence[str] | set[str]) -> None:
-        """Send ``topics`` in one statement, unless the notification queue is half full
-        (``NOTIFY_QUEUE_CEILING``), so that a full queue cannot fail the commit."""
-        calls, params = self._notify_calls("notify", sorted(topics))
-        statement = sql.compose(NOTIFY_ALL, calls=calls)
-        params["notify_ceiling"] = NOTIFY_QUEUE_CEILING
-        try:
-            with self._cursor() as cursor:
-                cursor.execute(statement, params)
-        except DatabaseError:  # a hint only: pollers will find the work
-            logger.debug("NOTIFY failed", exc_info=True)
-            if self.connection.in_atomic_block:
-                raise
+        self.notifier.send(topics)
 
-    def _notify_from(self, source: str, topics: Sequence[str]) -> tuple[str, dict[str, Any]]:
-        """A scalar subquery sending ``topics`` once if the CTE ``source`` has a row; its
-        values are named after ``source`` (``c_notify_0_channel``, ``c_ceiling``), so that
-        one statement can send from several CTEs."""
-        if not (self.notify_enabled and topics):
-            return "0", {}
-        calls, params = self._notify_calls(f"{source}_notify", topics)
-        params[f"{source}_ceiling"] = NOTIFY_QUEUE_CEILING
-        return sql.compose(NOTIFY_FROM, calls=calls, source=source), params
-
-    @staticmethod
-    def _notify_calls(name: str, topics: Sequence[str]) -> tuple[str, dict[str, Any]]:
-        """NOTIFY_CALL once per topic (``name_0``, ...) and the values they bind."""
-        calls, params = [], {}
-        for i, topic in enumerate(topics):
-            calls.append(sql.compose(NOTIFY_CALL, name=f"{name}_{i}"))
-            params[f"{name}_{i}_channel"] = NOTIFY_CHANNEL
-            params[f"{name}_{i}_payload"] = notify_payload(topic)
-        return ", ".join(calls), params
+    def _wake(
+        self, instance_id: str, condition: str = "", params: Mapping[str, Any] | None = None
+    ) -> int:
+        """See :meth:`Database._wake`; the NOTIFY rides in the update's own statement, so
+        a signal or an activity outcome takes one round trip less (it is still sent only
+        if the transaction commits)."""
+        if not self.notify_enabled:
+            return super()._wake(instance_id, condition, params)
+        update, values = self._wake_sql(instance_id, condition, params)
+        notify, notify_params = self.notifier.from_cte("w", [TOPIC_RUNNABLE])
+        statement = sql.compose(WAKE_NOTIFYING, update=update, notify=notify)
+        woken = int(self._fetch(statement, sql.bind(values, notify_params))[0][0])
+        if woken:  # local loops only: the NOTIFY is in the statement
+            transaction.on_commit(lambda: self.bus.publish(TOPIC_RUNNABLE), using=self.alias)
+        return woken
 
     def _lock_instance(self, instance_id: str, *, skip_locked: bool = False) -> bool:
         """``FOR NO KEY UPDATE`` is the lock a fence update takes: it queues behind fenced
@@ -275,3 +209,8 @@ class PostgresDatabase(Database):
         key = columns.split(",")[0].strip()
         statement = sql.compose(RENEW_BATCH, where=where, set=set_sql, columns=columns, key=key)
         return self._fetch(sql.compose(statement, table=table), params)
+
+    # -- set-up and checks (setup.py) -------------------------------------------------------
+
+    connection_created = staticmethod(setup.connection_created)
+    server_checks = staticmethod(setup.server_checks)

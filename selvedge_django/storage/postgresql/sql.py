@@ -35,6 +35,7 @@ __all__ = [
     "START_WITH_ATTRIBUTES",
     "START_WITH_TASK",
     "STREAM_WRITE_LIVE",
+    "WAKE_NOTIFYING",
 ]
 
 # One consistent read of several statements.
@@ -68,8 +69,8 @@ LEASE_BATCH = (
     " FROM e UNION ALL SELECT instance_id, 1, since, seq FROM r) u"
     " ORDER BY part, since, seq LIMIT %(limit)s)"
     f" {sql.LEASE_SET} WHERE instance_id IN (SELECT instance_id FROM c)"
-    f" RETURNING instance_id, lease_epoch, {sql.HEAD_COLUMNS}, ready_ms, lease_expires_ms,"
-    " instance_id IN (SELECT instance_id FROM e)"
+    f" RETURNING instance_id, lease_epoch, {sql.HEAD_COLUMNS}, {sql.LEASED_PARKED_VALUE},"
+    " ready_ms, lease_expires_ms, instance_id IN (SELECT instance_id FROM e)"
 )
 # Renew a batch: the locking read skips held rows; the outer reads see the statement's
 # snapshot, where a skipped row still matches: reported as busy (0), not lost.
@@ -98,15 +99,18 @@ NOT_HELD_BY_LOCKED = (
     " AND EXISTS (SELECT 1 FROM i WHERE NOT (i.lease_owner = %(held_owner)s"
     " AND i.lease_epoch = %(held_epoch)s))"
 )
-# complete_task in one statement: the instance row first (i), then the claim-checked
-# task update (t), the history value (h) and the wake (w), then the NOTIFY.
+# complete_task in one statement: the instance row first (i; {skip}: SKIP LOCKED in a
+# batch, which then leaves a busy row to a write of its own), then the claim-checked
+# task update (t), the history value (h) and the wake (w), then the NOTIFY, and whether
+# the instance row was locked.
 COMPLETE_TASK = (
     "WITH i AS (SELECT instance_id, lease_owner, lease_epoch FROM {instance}"
-    " WHERE instance_id = %(lock_instance_id)s FOR NO KEY UPDATE),"
+    " WHERE instance_id = %(lock_instance_id)s FOR NO KEY UPDATE{skip}),"
     " t AS ({complete} AND EXISTS (SELECT 1 FROM i) RETURNING id),"
     " h AS ({record} AND EXISTS (SELECT 1 FROM t) RETURNING id),"
     " w AS ({wake} AND EXISTS (SELECT 1 FROM t) RETURNING instance_id)"
-    " SELECT (SELECT count(*) FROM t), (SELECT count(*) FROM w), {notify}"
+    " SELECT (SELECT count(*) FROM t), (SELECT count(*) FROM w), {notify},"
+    " (SELECT count(*) FROM i)"
 )
 # reserve_activity in one statement: fence (f), history row (h), task (t), then whether
 # the released instance is still runnable (r), and the NOTIFYs.
@@ -251,3 +255,7 @@ STREAM_WRITE_LIVE = (
     " written_at) SELECT %s, %s, last_seq, %s, %s, %s, %s FROM n RETURNING seq)"
     " SELECT (SELECT seq FROM e), (SELECT count(*) FROM c), {notify}"
 )
+
+# An arrival's wake ({update}: WAKE_RUNNING) carrying its own NOTIFY ({notify}, from w):
+# the transaction needs no NOTIFY statement of its own at the end.
+WAKE_NOTIFYING = "WITH w AS ({update} RETURNING 1) SELECT (SELECT count(*) FROM w), {notify}"

@@ -75,7 +75,7 @@ class PostgresStarts(Starts):
         if not self.db.one_statement or not rows:
             return super()._insert_with_attributes(instance_id, params, leased, attributes)
         topics = [] if leased else [TOPIC_RUNNABLE]
-        notify, notify_params = self.db._notify_from("i", topics)
+        notify, notify_params = self.db.notifier.from_cte("i", topics)
         # The attribute rows' values by name too (attr_0, ...): one statement binds one way.
         values, value_params = sql.Sql(", ".join(rows), row_params).named("attr")
         statement = sql.compose(
@@ -98,7 +98,7 @@ class PostgresStarts(Starts):
         if not self.db.one_statement:
             return super()._insert_with_task(instance_id, params, row, task)
         row_sql, row_params = self.db._history_insert_sql(instance_id, row, "i")
-        notify, notify_params = self.db._notify_from("i", [TOPIC_TASK])
+        notify, notify_params = self.db.notifier.from_cte("i", [TOPIC_TASK])
         statement = sql.compose(
             START_WITH_TASK,
             start=self._insert_instance_sql(),
@@ -168,7 +168,8 @@ class PostgresInstances(Instances):
             fence.instance_id, self._close_row(status, data), "c"
         )
         topic = closed_topic(fence.instance_id)
-        notify, notify_params = self.db._notify_from("c", [] if deferred else [topic])
+        # Its wake-up is a waiter's hint, sent after the commit (is_waiter_hint).
+        notify, notify_params = self.db.notifier.from_cte("c", [])
         statement = sql.compose(CLOSE, close=close_sql, history=row_sql, notify=notify)
         try:
             closed, _ = self.db._fetch(
@@ -183,7 +184,7 @@ class PostgresInstances(Instances):
             self.db.after_commit(topic)
             return str(status)
         self.db._closed(fence.instance_id)
-        self.db._publish_now(topic)
+        self.db.after_commit(topic)
         return str(status)
 
     def _close_with_inline(self, fence: Fence, request: CloseRequest, item: Pending) -> str:
@@ -203,7 +204,7 @@ class PostgresInstances(Instances):
             fence.instance_id, self._close_row(status, data), "c"
         )
         topic = closed_topic(fence.instance_id)
-        notify, notify_params = self.db._notify_from("c", [topic])
+        notify, notify_params = self.db.notifier.from_cte("c", [])  # a hint: after the commit
         statement = sql.compose(
             CLOSE_WITH_INLINE, close=close_sql, closerow=row_sql, notify=notify, **carrying
         )
@@ -216,7 +217,7 @@ class PostgresInstances(Instances):
         if closed != 1:
             raise self.db._fenced_error(fence)
         self.db._closed(fence.instance_id)
-        self.db._publish_now(topic)
+        self.db.after_commit(topic)
         return str(status)
 
 

@@ -36,7 +36,8 @@ class PostgresStreams(Streams):
             return super().write_live(claim, key, value, attempt)
         instance_id = claim.instance_id
         topic = stream_topic(instance_id)
-        notify, notify_params = self.db._notify_from("e", [topic])
+        # Readers' wake-up is a hint sent after the commit (is_waiter_hint).
+        notify, notify_params = self.db.notifier.from_cte("e", [])
         now = self.db._now_param()
         params = [
             *(claim.task_id, claim.owner, claim.epoch, str(ActivityTaskStatus.RUNNING)),
@@ -57,6 +58,6 @@ class PostgresStreams(Streams):
                 )
             refused = self._refusal(instance_id, key)
             raise refused if refused is not None else exc.StreamClosed(instance_id, key)
-        self.db._publish_now(topic)
+        self.db.after_commit(topic)
         metrics.record(metrics.STREAM_ENTRIES, 1, writer="activity")
         return int(seq)

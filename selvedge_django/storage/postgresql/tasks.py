@@ -17,6 +17,7 @@ from ...engine.events import EV_ACTIVITY_COMPLETED, Fence, HistoryRow
 from ...engine.ports import TaskClaim
 from ...models import ActivityTask, ActivityTaskStatus, WorkflowStatus
 from .. import sql
+from ..errors import RowBusy
 from ..inline import Pending
 from ..operation import operation
 from ..sole_activity import SoleActivity
@@ -46,24 +47,56 @@ class PostgresTasks(Tasks):
         output: str,
         *,
         inline_fence: Fence | None = None,
+        if_free: bool = False,
     ) -> bool:
-        """complete_task: the claim check, the value and the wake-up, as one statement."""
-        if not self.db.one_statement:
+        """complete_task: the claim check, the value and the wake-up, as one statement
+        (also inside a group commit's transaction, which then sends the NOTIFY)."""
+        if not self.db.one_statement and not if_free:
             return super().complete_task(claim, output, inline_fence=inline_fence)
+        deferred = not self.db.one_statement
+        claimed = self._complete_statement(
+            claim, output, inline_fence, skip_locked=if_free, deferred=deferred
+        )
+        if claimed is None:
+            raise RowBusy(claim.instance_id)
+        return claimed
+
+    def _complete_statement(
+        self,
+        claim: TaskClaim,
+        output: str,
+        inline_fence: Fence | None,
+        *,
+        skip_locked: bool = False,
+        deferred: bool = False,
+    ) -> bool | None:
+        """The one-statement completion: whether the claim held (None: the instance row
+        was locked and ``skip_locked`` wrote nothing). ``deferred``: inside a
+        transaction, whose commit sends the wake-up."""
         complete, params = self._complete_sql(claim)
         (record, record_params), (wake, wake_params) = self._arrive_locked_sql(
             claim, output, inline_fence
         )
-        notify, notify_params = self.db._notify_from("w", [TOPIC_RUNNABLE])
+        notify, notify_params = self.db.notifier.from_cte("w", [] if deferred else [TOPIC_RUNNABLE])
         statement = sql.compose(
-            COMPLETE_TASK, complete=complete, record=record, wake=wake, notify=notify
+            COMPLETE_TASK,
+            complete=complete,
+            record=record,
+            wake=wake,
+            notify=notify,
+            skip=" SKIP LOCKED" if skip_locked else "",
         )
         lock = {"lock_instance_id": claim.instance_id}
-        claimed, woken, _ = self.db._fetch(
+        claimed, woken, _, locked = self.db._fetch(
             statement, sql.bind(lock, params, record_params, wake_params, notify_params)
         )[0]
+        if skip_locked and not locked:
+            return None
         if woken:
-            self.db._publish_now(TOPIC_RUNNABLE)
+            if deferred:
+                self.db.after_commit(TOPIC_RUNNABLE)
+            else:
+                self.db._publish_now(TOPIC_RUNNABLE)
         return bool(claimed)
 
     def _arrive_locked_sql(
@@ -136,16 +169,20 @@ class PostgresTasks(Tasks):
         """
         queued = fields["status"] == ActivityTaskStatus.QUEUED
         fence_sql, fence_params = self.db._fence_sql(
-            fence, current_step, release=release, uncancelled=uncancelled
+            fence,
+            current_step,
+            release=release,
+            uncancelled=uncancelled,
+            parked=self._parked_at(row),
         )
         history_sql, history_params = self.db._history_insert_sql(fence.instance_id, row, "f")
         columns, values, task_params = self.db._insert_parts(
             ActivityTask, fields, skip_pk=True, name="task"
         )
-        notify, notify_params = self.db._notify_from(
+        notify, notify_params = self.db.notifier.from_cte(
             "t", [TOPIC_TASK] if queued and not deferred else []
         )
-        wake, wake_params = self.db._notify_from(
+        wake, wake_params = self.db.notifier.from_cte(
             "r", [TOPIC_RUNNABLE] if release and not deferred else []
         )
         parts = {"fence": fence_sql, "columns": columns, "values": values, "notify": notify}
@@ -184,9 +221,9 @@ class PostgresTasks(Tasks):
         execution, so nobody is woken), the claim-checked task and the history value."""
         complete, params = self._complete_sql(claim)
         (record, record_params), (wake, wake_params) = self._arrive_locked_sql(claim, output, fence)
-        statement = sql.compose(COMPLETE_TASK, complete=complete, record=record, wake=wake)
+        statement = sql.compose(COMPLETE_TASK, complete=complete, record=record, wake=wake, skip="")
         lock = {"lock_instance_id": claim.instance_id}
-        claimed, _, _ = self.db._fetch(
+        claimed, _, _, _ = self.db._fetch(
             sql.compose(statement, notify="0"), sql.bind(lock, params, record_params, wake_params)
         )[0]
         return bool(claimed)
@@ -202,7 +239,7 @@ class PostgresTasks(Tasks):
         (record, record_params), (wake, wake_params) = self._arrive_locked_sql(
             carried.claim, carried.output, fence
         )
-        woken, woken_params = self.db._notify_from("w", [TOPIC_RUNNABLE])
+        woken, woken_params = self.db.notifier.from_cte("w", [TOPIC_RUNNABLE])
         parts = {"complete": complete, "record": record, "wake": wake, "woken": woken}
         lock = {"lock_instance_id": fence.instance_id}
         return parts, sql.bind(lock, complete_params, record_params, wake_params, woken_params)
@@ -225,9 +262,14 @@ class PostgresSoleActivity(SoleActivity):
     db: PostgresDatabase
 
     @operation
-    def complete_closing(self, claim: TaskClaim, output: str) -> bool | None:
+    def complete_closing(
+        self, claim: TaskClaim, output: str, *, if_free: bool = False
+    ) -> bool | None:
         """complete_closing: the claim check, the value and the close (or the wake), as
-        one statement that decides on the locked instance row."""
+        one statement that decides on the locked instance row (never ``if_free``: its
+        statement waits for that row, so it is always written alone)."""
+        if if_free:
+            raise RowBusy(claim.instance_id)
         if not self.db.one_statement:
             return super().complete_closing(claim, output)
         iid = claim.instance_id
@@ -237,8 +279,9 @@ class PostgresSoleActivity(SoleActivity):
         row_sql, row_params = self.db._history_insert_sql(iid, self._close_record(output), "c")
         wake, wake_params = self.db._wake_sql(iid)
         topic = closed_topic(iid)
-        notify, notify_params = self.db._notify_from("c", [topic])
-        woken, woken_params = self.db._notify_from("w", [TOPIC_RUNNABLE])
+        # The close's wake-up is a waiter's hint, sent after the commit (is_waiter_hint).
+        notify, notify_params = self.db.notifier.from_cte("c", [])
+        woken, woken_params = self.db.notifier.from_cte("w", [TOPIC_RUNNABLE])
         statement = sql.compose(
             COMPLETE_CLOSING,
             complete=complete,
@@ -258,7 +301,7 @@ class PostgresSoleActivity(SoleActivity):
             return None
         if closed:
             self.db._closed(iid)
-            self.db._publish_now(topic)
+            self.db.after_commit(topic)
             return True
         if woke:
             self.db._publish_now(TOPIC_RUNNABLE)

@@ -267,12 +267,15 @@ class SQLiteDatabase(Database):
         *,
         release: bool = False,
         uncancelled: bool = False,
+        parked: tuple[int, str] | None = None,
     ) -> None:
         if not release or self._returning:
-            super()._fence(fence, current_step, release=release, uncancelled=uncancelled)
+            super()._fence(
+                fence, current_step, release=release, uncancelled=uncancelled, parked=parked
+            )
             return
         statement, params = self._fence_sql(
-            fence, current_step, release=release, uncancelled=uncancelled
+            fence, current_step, release=release, uncancelled=uncancelled, parked=parked
         )
         if self._execute(statement, params) != 1:
             raise self._fenced_error(fence)

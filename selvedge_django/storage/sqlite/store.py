@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import sqlite3
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -29,14 +28,13 @@ from ...engine.ports import Observation, TaskClaim
 from ...models import WorkflowInstance
 from .. import sql
 from ..attempt_transactions import AttemptTransactions
-from ..bulk_starts import BulkStarts
-from ..db import Sql
 from ..instances import Instances
 from ..operation import operation
 from ..releases import Releases
 from ..store import Store
 from ..waits import Waits
 from ..wakeups import TOPIC_RUNNABLE
+from .bulk_starts import SQLiteBulkStarts
 from .db import SQLiteDatabase
 
 logger = logging.getLogger("selvedge_django.store")
@@ -79,14 +77,10 @@ DISPATCH_PICK = (
 DISPATCH_LEASE = sql.LEASE_SET + " WHERE instance_id IN ({ids})"
 # Read the leased rows back ({ids}: marks).
 DISPATCH_READ_BACK = (
-    f"SELECT instance_id, lease_epoch, {sql.HEAD_COLUMNS}, ready_ms, lease_expires_ms"
-    " FROM {instance}"
+    f"SELECT instance_id, lease_epoch, {sql.HEAD_COLUMNS}, {sql.LEASED_PARKED_VALUE},"
+    " ready_ms, lease_expires_ms FROM {instance}"
     " WHERE lease_owner = %(owner)s AND instance_id IN ({ids})"
 )
-
-
-# The largest rowid of the instances (the creation numbers of a bulk start follow it).
-MAX_ROWID = "SELECT COALESCE(MAX(rowid), 0) FROM {instance}"
 
 
 class SQLiteInstances(Instances):
@@ -202,25 +196,6 @@ class SQLiteAttemptTransactions(AttemptTransactions):
                     )
         if failure is not None:
             raise failure
-
-
-class SQLiteBulkStarts(BulkStarts):
-    """Bulk starts on SQLite: the library's own parameter limit, and creation numbers read
-    once per batch."""
-
-    def _max_params(self) -> int:
-        """The connection's limit (32,766 by default since SQLite 3.32; Django's features
-        say 999 whatever the library)."""
-        conn = self.db.connection
-        conn.ensure_connection()
-        return int(conn.connection.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER))
-
-    def _next_seqs(self, count: int) -> list[Sql | int]:
-        """Read the largest rowid once, inside the write transaction that inserts the rows
-        (the one writer): evaluated per row, NEXT_SEQ_SQLITE's subquery makes a large
-        insert slower with every row it adds."""
-        (base,) = self.db._fetch(MAX_ROWID, [])[0]
-        return [int(base or 0) + offset + 1 for offset in range(count)]
 
 
 class SQLiteStore(Store):
