@@ -69,9 +69,9 @@ class Statement:
         """Whether this is a wake-up for waiters that its operation sends after it
         committed (a close's or a stream entry's NOTIFY on PostgreSQL): not a step of
         the operation's transaction, and failing it loses nothing."""
-        return self.sql.startswith("SELECT pg_notify") and (
-            " closed:" in self.params or " stream:" in self.params
-        )
+        words = self.sql.split(" ", 2)  # a statement of pg_notify() calls alone
+        notifies_only = len(words) > 1 and words[1].startswith("pg_notify(")
+        return notifies_only and (" closed:" in self.params or " stream:" in self.params)
 
 
 @dataclass

@@ -131,10 +131,7 @@ def last_step(operation: str, run: Callable[[], object]) -> int:
     try:
         run()
         return max(
-            s.step
-            for s in injector.statements
-            if s.operation == operation
-            and not s.waiter_hint
+            s.step for s in injector.statements if s.operation == operation and not s.waiter_hint
         )
     finally:
         injector.uninstall()
