@@ -104,7 +104,10 @@ def test_the_poller_reads_the_next_due_time_only_after_a_round_that_claimed_noth
     assert poller.run_once() == 0
     with CaptureQueriesContext(connection) as after_nothing:
         assert poller.next_delay(1.0) == 1.0  # nothing queued
-    assert len(after_nothing.captured_queries) == 1
+    # One read of the next due task (the paused queues it leaves out may be read again
+    # too, once the process's copy of them is older than the poll interval).
+    due_reads = [q for q in after_nothing.captured_queries if "activitytask" in q["sql"]]
+    assert len(due_reads) == 1, after_nothing.captured_queries
     with CaptureQueriesContext(connection) as again:
         poller.next_delay(1.0)  # still known: nothing changed
     assert again.captured_queries == []
