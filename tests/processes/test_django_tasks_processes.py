@@ -96,7 +96,8 @@ def test_a_worker_exiting_right_after_the_closing_completion_leaves_the_task_don
     faults = FaultInjector()
     faults.exit_after_commit(operation="complete_closing")
     result = tasks.marked.enqueue(str(tmp_path))
-    doomed = worker_process("--worker-id", "tasks-doomed", env=faults.to_env())
+    # It may reach its crash point before it prints that it started: not waited for.
+    doomed = worker_process("--worker-id", "tasks-doomed", env=faults.to_env(), wait_started=False)
     assert doomed.proc.wait(40) == FAULT_EXIT_STATUS, doomed.output()
     done = tasks.marked.get_result(result.id)
     assert (done.status, done.return_value, done.attempts) == (Status.SUCCESSFUL, "done", 1)
@@ -116,7 +117,10 @@ def test_a_worker_exiting_inside_the_closing_completion_leaves_the_task_to_run_a
     faults = FaultInjector()
     faults.exit_at_statement("INSERT INTO", operation="complete_closing")
     result = tasks.marked.enqueue(str(tmp_path))
-    doomed = worker_process("--worker-id", "tasks-doomed", env={**short, **faults.to_env()})
+    # It may reach its crash point before it prints that it started: not waited for.
+    doomed = worker_process(
+        "--worker-id", "tasks-doomed", env={**short, **faults.to_env()}, wait_started=False
+    )
     assert doomed.proc.wait(40) == FAULT_EXIT_STATUS, doomed.output()
     assert sv.describe(result.id).status == "running"
     events = HistoryEvent.objects.filter(instance_id=result.id).values_list("event_type", flat=True)
