@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import sys
 import tempfile
 import time
@@ -36,7 +35,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path[:1]:
     sys.path.insert(0, str(REPO_ROOT))
 
-from bench.limit import TABLE, _pg_connect, setup, teardown  # noqa: E402 - path first
+from bench.limit import TABLE, _pg_connect, measure, setup, teardown  # noqa: E402 - path first
 
 MODES = ("none", "inside", "after")
 
@@ -67,27 +66,6 @@ def _writer(mode: str, target: str, row: int, start: Any, seconds: float, out: A
     out.put(commits)
 
 
-def measure(mode: str, target: str, connections: int, seconds: float) -> float:
-    """Commits per second from ``connections`` processes, one connection each."""
-    ctx = multiprocessing.get_context("spawn")
-    start = ctx.Event()
-    out = ctx.Queue()
-    procs = [
-        ctx.Process(target=_writer, args=(mode, target, row, start, seconds, out))
-        for row in range(1, connections + 1)
-    ]
-    for proc in procs:
-        proc.start()
-    time.sleep(0.5 + 0.1 * connections)  # let every writer connect and warm up
-    started = time.perf_counter()
-    start.set()
-    total = sum(out.get(timeout=seconds + 120) for _ in procs)
-    elapsed = max(time.perf_counter() - started, seconds)
-    for proc in procs:
-        proc.join(timeout=30)
-    return total / elapsed
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--connections", default="1,4,16", help="counts, comma-separated")
@@ -102,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{described}; commits per second, each mode against 'none' in the same run")
             print(f"  {'connections':>11}  " + "  ".join(f"{m:>16}" for m in MODES))
             for count in counts:
-                rates = {mode: measure(mode, target, count, args.seconds) for mode in MODES}
+                rates = {m: measure(m, target, count, args.seconds, _writer) for m in MODES}
                 figures[str(count)] = rates
                 cells = [f"{rates[m]:8.0f} ({rates[m] / rates['none']:4.2f}x)" for m in MODES]
                 print(f"  {count:>11}  " + "  ".join(f"{c:>16}" for c in cells), flush=True)

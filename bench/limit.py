@@ -82,13 +82,14 @@ def _writer(db: str, target: str, row: int, start: Any, seconds: float, out: Any
     out.put(commits)
 
 
-def measure(db: str, target: str, connections: int, seconds: float) -> float:
-    """Commits per second from ``connections`` processes, one connection each."""
+def measure(db: str, target: str, connections: int, seconds: float, writer: Any = None) -> float:
+    """Commits per second from ``connections`` processes, one connection each, each
+    running ``writer(db, target, row, start, seconds, out)`` (default: :func:`_writer`)."""
     ctx = multiprocessing.get_context("spawn")
     start = ctx.Event()
     out = ctx.Queue()
     procs = [
-        ctx.Process(target=_writer, args=(db, target, row, start, seconds, out))
+        ctx.Process(target=writer or _writer, args=(db, target, row, start, seconds, out))
         for row in range(1, connections + 1)
     ]
     for proc in procs:
