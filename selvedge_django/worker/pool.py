@@ -4,6 +4,12 @@ Work goes to the thread that became idle most recently (a stack of idle threads,
 not a shared queue): under light load the same one or two threads do all the
 work, so their connections and caches stay warm and the other threads never open
 a connection at all.
+
+A task that left the pool to wait (a kept execution, :meth:`ThreadPool.detach`)
+comes back to it when it ends: its thread, its connection warm and its
+statements prepared, joins the idle stack instead of exiting. Threads beyond the
+pool's size exit once idle :data:`SURPLUS_IDLE` seconds, so a burst of kept
+executions leaves no idle connections behind.
 """
 
 from __future__ import annotations
@@ -24,6 +30,11 @@ logger = logging.getLogger("selvedge_django.worker")
 
 _STOP = object()
 
+# Seconds a thread beyond the pool's size stays idle before it exits (closing its
+# connections): as long as a kept execution's idle connection stays open
+# (cache.CONNECTION_IDLE), so that one waiting at a time never opens a new one.
+SURPLUS_IDLE = 1.0
+
 
 class _Slot:
     """One thread's mailbox: the task handed to it while it was idle."""
@@ -42,11 +53,14 @@ class ThreadPool:
     """Run submitted callables on ``size`` threads; ``free_slots()`` bounds claiming.
 
     A task may leave the pool while it waits (:meth:`detach`: a suspended execution
-    kept in the worker's workflow cache): its slot is freed and a new thread takes
-    its place, so the pool keeps ``size`` threads of its own. While a detached task
-    runs again it holds a slot (:meth:`attach`, counted by ``free_slots()``); its
-    thread ends with the task. The detached threads are bounded by their caller (the
-    cache's entries), so the threads of a pool number at most ``size`` plus those.
+    kept in the worker's workflow cache): its slot is freed and, when fewer than
+    ``size`` threads of the pool's own are left, a new thread takes its place. While
+    a detached task runs again it holds a slot (:meth:`attach`, counted by
+    ``free_slots()``); when it ends its thread rejoins the pool (no new thread, no
+    new connection for the next task that waits), and a thread beyond ``size`` exits
+    once idle :data:`SURPLUS_IDLE` seconds. A new thread is started only when the
+    pool's own threads number ``size``, so the threads of a pool number at most
+    ``size`` plus the detached ones, which their caller bounds (the cache's entries).
     """
 
     def __init__(self, name: str, size: int, on_done: Callable[[], None] | None = None) -> None:
@@ -63,6 +77,7 @@ class ThreadPool:
         self._stopping = False
         self._threads: list[threading.Thread] = []
         self._spawned = 0
+        self._own = 0  # threads alive and not detached (idle, or running a task)
         self.detached = 0
         # Inline pools run submitted work at once in the submitting thread
         # (selvedge_django.testing.run_until_idle uses them), logging a SystemExit as a
@@ -73,6 +88,7 @@ class ThreadPool:
         self._stopping = False
         with self._lock:
             self._spawned = 0
+            self._own = 0
             self.detached = 0  # threads whose task left the pool and has not ended
             for _ in range(self.size):
                 self._spawn(first=True)
@@ -81,6 +97,7 @@ class ThreadPool:
         """Start one thread of the pool (the lock held)."""
         slot = _Slot()
         self._spawned += 1
+        self._own += 1
         thread = threading.Thread(
             target=self._work,
             args=(slot,),
@@ -107,9 +124,10 @@ class ThreadPool:
     def detach(self, limit: int, timeout: float = 0.0) -> bool:
         """Free the calling task's slot while it waits outside the pool.
 
-        The first time a task detaches, a new thread takes its place in the pool, and
-        only while fewer than ``limit`` detached threads are alive (waiting up to
-        ``timeout`` for one to end). Returns False (nothing done) when that bound is
+        The first time a task detaches, only while fewer than ``limit`` detached
+        threads are alive (waiting up to ``timeout`` for one to end), its thread
+        leaves the pool's own, and a new one takes its place if fewer than ``size``
+        remain. Returns False (nothing done) when that bound is
         reached, the pool is stopping or inline, or the caller is not one of its tasks.
         """
         if self.inline or not self.in_pool_thread():
@@ -125,7 +143,9 @@ class ThreadPool:
                     return False
                 _thread.detached = True
                 self.detached += 1
-                self._spawn()
+                self._own -= 1
+                if self._own < self.size:
+                    self._spawn()
             self._pending -= 1
             _thread.holding = False
             if self._pending == 0:
@@ -170,18 +190,23 @@ class ThreadPool:
 
     def _work(self, slot: _Slot) -> None:
         _thread.pool = self
+        retired = False
         try:
             while True:
-                slot.ready.wait()
+                if not slot.ready.wait(SURPLUS_IDLE) and self._retire(slot):
+                    retired = True
+                    return
+                if not slot.ready.is_set():
+                    continue
                 slot.ready.clear()
                 task, slot.task = slot.task, None
                 while task is not None:
                     if task is _STOP:
                         return
                     self._run(*task)
-                    if getattr(_thread, "detached", False):
-                        return  # another thread took this one's place in the pool
                     with self._lock:
+                        if getattr(_thread, "detached", False):
+                            self._rejoin()
                         if self._backlog:
                             task = self._backlog.popleft()
                         elif self._stopping:
@@ -191,14 +216,34 @@ class ThreadPool:
                             self._idle_slots.append(slot)
         finally:
             connections.close_all()
-            if getattr(_thread, "detached", False):
-                # Counted as ended only now, its connections closed: a thread that
-                # detaches next joins this one first (_join_ended), so the threads
-                # alive never exceed the pool's size plus the detach limit.
-                with self._lock:
+            with self._lock:
+                if getattr(_thread, "detached", False):
+                    # Counted as ended only now, its connections closed: a thread that
+                    # detaches next joins this one first (_join_ended), so the threads
+                    # alive never exceed the pool's size plus the detach limit.
                     self.detached -= 1
                     self._ended.append(threading.current_thread())
                     self._detached_ended.notify_all()
+                elif not retired:
+                    self._own -= 1
+
+    def _rejoin(self) -> None:
+        """The calling thread's detached task ended: the thread is the pool's own again
+        (the lock held). A thread that detaches next needs no new thread then."""
+        _thread.detached = False
+        self.detached -= 1
+        self._own += 1
+        self._detached_ended.notify_all()
+
+    def _retire(self, slot: _Slot) -> bool:
+        """Whether the idle thread of ``slot`` leaves the pool, which has more threads
+        than its size: then it is off the idle stack and no longer counted, and exits."""
+        with self._lock:
+            if self._own <= self.size or slot.ready.is_set() or slot not in self._idle_slots:
+                return False
+            self._idle_slots.remove(slot)
+            self._own -= 1
+            return True
 
     def _join_ended(self) -> None:
         """Join the detached threads that have ended (the lock held; they take it no more)."""

@@ -355,6 +355,44 @@ def test_threads_stay_within_resumptions_plus_entries(make_worker: Any) -> None:
     assert worker.workflow_cache_stats()["hits"] >= 1
 
 
+def test_waiting_one_at_a_time_opens_no_connection_per_wait(make_worker: Any) -> None:
+    # A kept execution's thread rejoins the pool when its workflow ends, so the next
+    # workflow that waits does not need a new thread, nor that thread a new connection.
+    from django.db.backends.signals import connection_created
+
+    worker = make_worker(workflow_cache=CACHE, max_concurrent_resumptions=2)
+    opened: list[str] = []
+
+    def count(sender: Any, connection: Any, **kwargs: Any) -> None:
+        opened.append(threading.current_thread().name)
+
+    connection_created.connect(count, weak=False)
+    try:
+        for n in range(8):
+            iid = sv.start_workflow("wait.receive", {"channels": ["a"]})
+            _receive(worker, iid, [n])
+            assert sv.wait_workflow(iid, timeout=20).output == [n]
+    finally:
+        connection_created.disconnect(count)
+    assert worker.workflow_cache_stats()["hits"] == 8
+    resumers = [name for name in opened if name.startswith("selvedge-resume-")]
+    assert len(resumers) <= 3, resumers
+
+
+def test_threads_beyond_the_pool_size_exit_once_idle(make_worker: Any) -> None:
+    worker = make_worker(workflow_cache={"MAX_ENTRIES": 4}, max_concurrent_resumptions=2)
+    ids = [sv.start_workflow("wait.receive", {"channels": ["a"]}) for _ in range(4)]
+    for iid in ids:
+        wait_until(lambda iid=iid: _parked(iid, 1))  # type: ignore[misc]
+    assert worker.workflow_cache_stats()["threads"] == 4
+    for n, iid in enumerate(ids):
+        sv.signal(iid, "a", n)
+    assert [sv.wait_workflow(iid, timeout=20).output for iid in ids] == [[0], [1], [2], [3]]
+    # The four rejoined the pool; those beyond its two threads leave once idle.
+    wait_until(lambda: len(_resume_threads()) == 2, timeout=10)
+    assert worker.workflow_cache_stats()["threads"] == 0
+
+
 def test_more_waiting_at_once_than_entries_declines_newcomers_instead_of_thrashing(
     make_worker: Any,
 ) -> None:
