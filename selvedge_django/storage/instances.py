@@ -59,6 +59,8 @@ class InstanceHead:
     history_generation: int = 1
     # With a lease: the value that arrived at ``parked_key`` (event type, data), if any.
     parked_value: tuple[str, str] | None = None
+    # With a lease: no history row and no delivered signal (a snapshot has nothing to read).
+    history_empty: bool = False
     dispatch_lag_ms: int | None = None  # a dispatch's (metrics): ms runnable before the lease
     taken_over: bool = False
 
@@ -147,19 +149,21 @@ class Instances:
         return [(Fence(row[0], owner, row[1]), self._leased_head(row, ttl_ms)) for row in rows]
 
     def _leased_head(self, row: Sequence[Any], ttl_ms: int) -> InstanceHead:
-        event_type, data, ready_ms, expires_ms, taken_over = row[-5:]
+        event_type, data, empty, ready_ms, expires_ms, taken_over = row[-6:]
         # The lease began at expiry - TTL.
         lag = None if taken_over else max(0, int(expires_ms) - ttl_ms - int(ready_ms))
         return replace(
             self._head(row[2:]),
             parked_value=None if data is None or event_type is None else (event_type, data),
+            history_empty=bool(empty),
             dispatch_lag_ms=lag,
             taken_over=bool(taken_over),
         )
 
     def _lease_rows(self, named: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         """Lease the candidates; return (id, epoch, *HEAD_COLUMNS, the parked value's
-        event type and data (sql.LEASED_PARKED_VALUE), ready_ms, lease_expires_ms,
+        event type and data (sql.LEASED_PARKED_VALUE), whether the history is empty
+        (sql.LEASED_HISTORY_EMPTY), ready_ms, lease_expires_ms,
         whether the lease taken had expired) per leased row.
 
         ``named`` is the workflow-name, version and sticky condition of both parts;
@@ -263,7 +267,8 @@ class Instances:
         by id (sorting 10,000 rows in the database was a tenth of loading them).
         With ``max_events`` at most that many history rows plus one are read: more
         than ``max_events`` means the history is over the limit (which rows came
-        back is then unspecified).
+        back is then unspecified). A ``head`` whose lease found the history empty
+        (an instance's first execution) reads nothing.
         """
         if head is None:
             rows = self.db._fetch(sql.SELECT_HEAD, {"instance_id": instance_id})
@@ -272,7 +277,9 @@ class Instances:
             head = self._head(rows[0])
         history: list[HistoryRow] = []
         signals: list[SignalPosition] = []
-        if max_events is None:
+        if head.history_empty:
+            rows = []
+        elif max_events is None:
             rows = self.db._fetch(sql.SNAPSHOT, {"instance_id": instance_id})
         else:
             rows = self.db._fetch(

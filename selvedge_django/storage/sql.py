@@ -281,6 +281,13 @@ LEASED_PARKED_VALUE = (
     " (SELECT h.data FROM {history} h WHERE h.instance_id = {instance}.instance_id"
     " AND h.key = {instance}.parked_key)"
 )
+# Read with a lease: whether the instance has nothing for a snapshot to read (no history
+# row, no delivered signal: it never ran), so its first execution reads nothing more.
+LEASED_HISTORY_EMPTY = (
+    "NOT EXISTS (SELECT 1 FROM {history} h WHERE h.instance_id = {instance}.instance_id)"
+    " AND NOT EXISTS (SELECT 1 FROM {signal} s WHERE s.instance_id = {instance}.instance_id"
+    " AND s.delivered_seq IS NOT NULL AND s.archived_generation IS NULL)"
+)
 # Release a lease (input that arrived keeps it runnable); says whether it is runnable.
 # A suspended execution also records where it parked (NULL: keep the last one), and the
 # worker that keeps it cached with the end of its sticky window ('' and now: none).

@@ -67,6 +67,26 @@ def test_a_lease_before_any_value_arrived_brings_none() -> None:
     assert head.parked_value is None
 
 
+def test_the_first_execution_of_an_instance_reads_no_snapshot() -> None:
+    started = start_step("first")  # started here, dispatched by a worker: never ran
+    injector = FaultInjector(trace=True).install()
+    try:
+        inst = reserve_elsewhere(started)
+    finally:
+        injector.uninstall()
+    assert inst.parked_seq > 0  # it ran to its activity's reservation
+    operations = [s.operation for s in injector.statements]
+    assert "lease_batch" in operations and "load_snapshot" not in operations, operations
+
+    # Dispatched again, it has history: the snapshot is read.
+    WorkflowInstance.objects.filter(instance_id=started).update(runnable=True)
+    store = store_for("default", Codec())
+    ((_, head),) = store.instances.lease_batch("workflow-worker", 30, 10, ["act.run"])
+    assert not head.history_empty
+    snapshot = store.instances.load_snapshot(started, head)
+    assert [row.key for row in snapshot.history] == [inst.parked_key]
+
+
 def test_a_kept_execution_goes_on_without_reading_its_activitys_value() -> None:
     injector = FaultInjector(trace=True).install()
     worker = Worker(activity_queues=[]).start()

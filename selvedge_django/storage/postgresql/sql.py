@@ -70,6 +70,7 @@ LEASE_BATCH = (
     " ORDER BY part, since, seq LIMIT %(limit)s)"
     f" {sql.LEASE_SET} WHERE instance_id IN (SELECT instance_id FROM c)"
     f" RETURNING instance_id, lease_epoch, {sql.HEAD_COLUMNS}, {sql.LEASED_PARKED_VALUE},"
+    f" {sql.LEASED_HISTORY_EMPTY},"
     " ready_ms, lease_expires_ms, instance_id IN (SELECT instance_id FROM e)"
 )
 # Renew a batch: the locking read skips held rows; the outer reads see the statement's

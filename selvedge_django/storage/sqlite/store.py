@@ -78,6 +78,7 @@ DISPATCH_LEASE = sql.LEASE_SET + " WHERE instance_id IN ({ids})"
 # Read the leased rows back ({ids}: marks).
 DISPATCH_READ_BACK = (
     f"SELECT instance_id, lease_epoch, {sql.HEAD_COLUMNS}, {sql.LEASED_PARKED_VALUE},"
+    f" {sql.LEASED_HISTORY_EMPTY},"
     " ready_ms, lease_expires_ms FROM {instance}"
     " WHERE lease_owner = %(owner)s AND instance_id IN ({ids})"
 )
