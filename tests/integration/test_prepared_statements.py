@@ -99,3 +99,36 @@ def _selvedge() -> dict[str, Any]:
     from django.conf import settings
 
     return dict(settings.SELVEDGE)
+
+
+def test_a_long_statements_placeholders_are_converted_once_and_bind_each_runs_values() -> None:
+    # psycopg keeps its conversion of %(name)s into $1... only for statements under
+    # 4 KB with at most 50 values; the engine's cursor keeps those of its own longer
+    # ones (an inline step's reservation is), and each run still binds its own values.
+    from selvedge_django.engine.codec import Codec
+    from selvedge_django.storage import store_for
+    from selvedge_django.storage.postgresql.cursor import CACHED_STATEMENTS
+
+    db = store_for("default", Codec()).db
+    names = [f"v{n}" for n in range(60)]  # over psycopg's 50 values
+    padding = " ".join(f"/* {'x' * 70} */" for _ in range(60))  # over its 4 KB
+    statement = f"SELECT {', '.join(f'%({name})s::int' for name in names)} {padding}"
+    assert len(statement) > 4096
+    converted, rows = [], []
+    with db._cursor() as cursor:
+        for run in range(3):
+            cursor.execute(statement, {name: run * 100 + n for n, name in enumerate(names)})
+            rows.append(cursor.fetchone())
+            converted.append(cursor.cursor._query.query)
+    assert [row[:2] for row in rows] == [(0, 1), (100, 101), (200, 201)]
+    assert rows[2][59] == 259
+    assert converted[0] is converted[1] is converted[2]  # converted once, then kept
+    assert b"$60" in converted[0] and b"%(" not in converted[0]
+
+    # The kept conversions are bounded: the oldest goes first.
+    with db._cursor() as cursor:
+        for n in range(CACHED_STATEMENTS):
+            cursor.execute(f"SELECT %(a)s::int + {n}", {"a": 1})
+        cursor.execute(statement, {name: 7 for name in names})
+        assert cursor.cursor._query.query is not converted[0]
+        assert cursor.fetchone()[59] == 7

@@ -24,6 +24,7 @@ from ..db import Database
 from ..operation import operation
 from ..wakeups import TOPIC_RUNNABLE
 from . import setup
+from .cursor import engine_cursor_class
 from .notify import Notifier
 from .sql import (
     DUE_TIMERS_LOCK,
@@ -51,9 +52,10 @@ PREPARE_THRESHOLD = 5
 
 @functools.cache
 def _binding() -> tuple[type[Any], Callable[[Any], Any], Callable[[Any, Any], None]] | None:
-    """Django's psycopg cursor class that binds on the server, the time zone of a
-    connection's ``timestamptz`` loader and Django's loader registration (None with
-    psycopg2, which never prepares)."""
+    """Django's psycopg cursor class that binds on the server (converting each
+    statement's placeholders once: :mod:`.cursor`), the time zone of a connection's
+    ``timestamptz`` loader and Django's loader registration (None with psycopg2,
+    which never prepares)."""
     from django.db.backends.postgresql import base
     from django.db.backends.postgresql.psycopg_any import is_psycopg3
 
@@ -65,7 +67,7 @@ def _binding() -> tuple[type[Any], Callable[[Any], Any], Callable[[Any, Any], No
     def timezone(raw: Any) -> Any:
         return raw.adapters.get_loader(base.TIMESTAMPTZ_OID, Format.TEXT).timezone
 
-    return base.ServerBindingCursor, timezone, register_tzloader
+    return engine_cursor_class(base.ServerBindingCursor), timezone, register_tzloader
 
 
 class PostgresDatabase(Database):
