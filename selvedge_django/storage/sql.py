@@ -283,10 +283,12 @@ LEASED_PARKED_VALUE = (
 )
 # Read with a lease: whether the instance has nothing for a snapshot to read (no history
 # row, no delivered signal: it never ran), so its first execution reads nothing more.
+# Scalar subqueries with LIMIT, not NOT EXISTS, which the planner may turn into a hashed
+# subplan reading the whole table.
 LEASED_HISTORY_EMPTY = (
-    "NOT EXISTS (SELECT 1 FROM {history} h WHERE h.instance_id = {instance}.instance_id)"
-    " AND NOT EXISTS (SELECT 1 FROM {signal} s WHERE s.instance_id = {instance}.instance_id"
-    " AND s.delivered_seq IS NOT NULL AND s.archived_generation IS NULL)"
+    "(SELECT 1 FROM {history} h WHERE h.instance_id = {instance}.instance_id LIMIT 1) IS NULL"
+    " AND (SELECT 1 FROM {signal} s WHERE s.instance_id = {instance}.instance_id"
+    " AND s.delivered_seq IS NOT NULL AND s.archived_generation IS NULL LIMIT 1) IS NULL"
 )
 # Release a lease (input that arrived keeps it runnable); says whether it is runnable.
 # A suspended execution also records where it parked (NULL: keep the last one), and the
