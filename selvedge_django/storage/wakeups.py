@@ -7,8 +7,11 @@ subscribed to a topic. Topics: ``runnable`` (an instance can be dispatched),
 ``queues`` (an activity queue was paused or unpaused), ``closed:<instance id>``
 (for ``wait_workflow``) and ``stream:<instance id>`` (a stream entry was written,
 or a stream closed, for ``read_stream``). Other processes hear them
-through NOTIFY on :data:`NOTIFY_CHANNEL` (sent by the PostgreSQL store, relayed
-to the bus by :mod:`selvedge_django.storage.postgresql.listener`).
+through NOTIFY (sent by the PostgreSQL store, relayed to the bus by
+:mod:`selvedge_django.storage.postgresql.listener`): the wake-ups of work on
+:data:`NOTIFY_CHANNEL`, which workers listen on, and the hints to waiters on
+:data:`HINT_CHANNEL`, which only processes that wait listen on
+(:func:`notify_channel`).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import uuid
 from collections import defaultdict
 
 __all__ = [
+    "HINT_CHANNEL",
     "NOTIFY_CHANNEL",
     "NOTIFY_QUEUE_CEILING",
     "TOPIC_QUEUES",
@@ -30,13 +34,18 @@ __all__ = [
     "bus_for",
     "closed_topic",
     "is_waiter_hint",
+    "notify_channel",
     "notify_origin",
     "notify_payload",
     "notify_topic",
     "stream_topic",
 ]
 
+# The wake-ups of work (every topic but the waiters' hints): workers listen here.
 NOTIFY_CHANNEL = "selvedge_wake"
+# The hints to waiters (closed:, stream:): only processes that wait listen here, so a
+# worker's listener is not woken by every close of every other worker.
+HINT_CHANNEL = "selvedge_hint"
 
 # NOTIFY is a hint (pollers find the work anyway), and a transaction that notifies
 # fails at COMMIT once PostgreSQL's notification queue is full (a listener that never
@@ -78,6 +87,11 @@ def is_waiter_hint(topic: str) -> bool:
     of work (``runnable``, ``task``) stay in the transaction that creates the work.
     """
     return topic.startswith(("closed:", "stream:"))
+
+
+def notify_channel(topic: str) -> str:
+    """The NOTIFY channel ``topic`` is sent on (:data:`HINT_CHANNEL` for a waiter's hint)."""
+    return HINT_CHANNEL if is_waiter_hint(topic) else NOTIFY_CHANNEL
 
 
 _origin: tuple[int, str] | None = None

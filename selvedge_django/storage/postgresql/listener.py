@@ -1,16 +1,21 @@
 """PostgreSQL LISTEN: wake-ups from other processes into the local bus.
 
-One listener per process, database and bus holds its own connection (outside
-Django's pool, in autocommit mode), listens on ``selvedge_wake`` and republishes
-each payload's topic (such as ``runnable`` or ``closed:<id>``) on the in-process
-bus, skipping those this process sent itself (its bus already had them). A lost
-connection is retried with backoff; meanwhile the pollers keep working, and
-nothing is lost because notifications are only hints.
+One listener per process, database, bus and channel holds its own connection
+(outside Django's pool, in autocommit mode), listens on its channel and
+republishes each payload's topic (such as ``runnable`` or ``closed:<id>``) on the
+in-process bus, skipping those this process sent itself (its bus already had
+them). A lost connection is retried with backoff; meanwhile the pollers keep
+working, and nothing is lost because notifications are only hints.
 
-Workers and ``wait_workflow`` share it. It is reference-counted: a worker takes a
-reference with :func:`acquire_listener` when it starts and gives it back with
-:func:`release_listener` when it stops (the thread stops with the last reference);
-the client API's waits take one process-long reference with
+Two channels (:func:`~..wakeups.notify_channel`): workers listen on
+``selvedge_wake``, the wake-ups of work, and the client API's waits
+(``wait_workflow``, ``read_stream``) on ``selvedge_hint``, the closes and stream
+entries they wait for. So a worker is not woken by every close of every other
+worker, and a process that only waits is not woken by every new piece of work.
+Listeners are reference-counted: a worker takes a reference with
+:func:`acquire_listener` when it starts and gives it back with
+:func:`release_listener` when it stops (the thread stops with the last
+reference); the client API's waits take one process-long reference with
 :func:`ensure_listener`.
 """
 
@@ -24,6 +29,7 @@ from typing import Any
 from django.db import connections
 
 from ..wakeups import (
+    HINT_CHANNEL,
     NOTIFY_CHANNEL,
     TOPIC_QUEUES,
     TOPIC_RUNNABLE,
@@ -46,11 +52,18 @@ logger = logging.getLogger("selvedge_django.notify")
 
 
 class Listener:
-    """A daemon thread relaying NOTIFY payloads to a bus."""
+    """A daemon thread relaying the NOTIFY payloads of one channel to a bus."""
 
-    def __init__(self, alias: str, bus: Bus, reconnect_delay: float = 1.0) -> None:
+    def __init__(
+        self,
+        alias: str,
+        bus: Bus,
+        reconnect_delay: float = 1.0,
+        channel: str = NOTIFY_CHANNEL,
+    ) -> None:
         self.alias = alias
         self.bus = bus
+        self.channel = channel
         self.reconnect_delay = reconnect_delay
         self.connected = threading.Event()
         self.reconnects = 0
@@ -88,7 +101,7 @@ class Listener:
         params.pop("server_side_binding", None)
         params.pop("prepare_threshold", None)
         conn = psycopg.connect(**params, autocommit=True)
-        conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+        conn.execute(f"LISTEN {self.channel}")
         return conn
 
     def _run(self) -> None:
@@ -109,9 +122,10 @@ class Listener:
             self.backend_pid = self._conn.info.backend_pid
             self.connected.set()
             # Whatever was missed while disconnected is found by the pollers; waking
-            # everything once makes them look now.
-            for topic in (TOPIC_RUNNABLE, TOPIC_TASK, TOPIC_TIMER, TOPIC_QUEUES):
-                self.bus.publish(topic)
+            # everything once makes them look now. (Waiters poll on their own.)
+            if self.channel == NOTIFY_CHANNEL:
+                for topic in (TOPIC_RUNNABLE, TOPIC_TASK, TOPIC_TIMER, TOPIC_QUEUES):
+                    self.bus.publish(topic)
             try:
                 while not self._stop.is_set():
                     for note in self._conn.notifies(timeout=1.0):
@@ -140,13 +154,13 @@ _process_long: set[str] = set()
 _lock = threading.Lock()
 
 
-def _key(alias: str, bus: Bus) -> str:
-    return f"{alias}:{connections[alias].settings_dict.get('NAME')}:{id(bus)}"
+def _key(alias: str, bus: Bus, channel: str) -> str:
+    return f"{alias}:{connections[alias].settings_dict.get('NAME')}:{id(bus)}:{channel}"
 
 
-def _take(key: str, alias: str, bus: Bus) -> Listener:
+def _take(key: str, alias: str, bus: Bus, channel: str) -> Listener:
     """One more reference to the listener of ``key`` (under ``_lock``), started."""
-    listener, references = _listeners.get(key) or (Listener(alias, bus), 0)
+    listener, references = _listeners.get(key) or (Listener(alias, bus, channel=channel), 0)
     _listeners[key] = (listener, references + 1)
     listener.start()
     return listener
@@ -157,16 +171,17 @@ def acquire_listener(alias: str, bus: Bus) -> Listener:
 
     ``alias`` is ``SELVEDGE["LISTEN_DATABASE"]`` when set: a direct connection for the
     listener when the engine's own alias goes through a transaction-pooling proxy.
-    Give the reference back with :func:`release_listener`.
+    Give the reference back with :func:`release_listener`. It listens to the wake-ups
+    of work (``selvedge_wake``).
     """
-    key = _key(alias, bus)
+    key = _key(alias, bus, NOTIFY_CHANNEL)
     with _lock:
-        return _take(key, alias, bus)
+        return _take(key, alias, bus, NOTIFY_CHANNEL)
 
 
 def release_listener(listener: Listener) -> None:
     """Give back a reference from :func:`acquire_listener`; the last one stops the thread."""
-    key = _key(listener.alias, listener.bus)
+    key = _key(listener.alias, listener.bus, listener.channel)
     with _lock:
         held = _listeners.get(key)
         if held is None or held[0] is not listener:
@@ -182,16 +197,16 @@ def ensure_listener(alias: str, bus: Bus) -> Listener:
     """The listener on ``alias`` for ``bus``, holding one reference for the rest of the process.
 
     For the client API's waits: the first call takes the reference, later ones only
-    make sure the thread runs.
+    make sure the thread runs. It listens to the hints to waiters (``selvedge_hint``).
     """
-    key = _key(alias, bus)
+    key = _key(alias, bus, HINT_CHANNEL)
     with _lock:
         held = _listeners.get(key)
         if held is not None and key in _process_long:
             held[0].start()
             return held[0]
         _process_long.add(key)
-        return _take(key, alias, bus)
+        return _take(key, alias, bus, HINT_CHANNEL)
 
 
 def stop_listeners() -> None:

@@ -18,7 +18,7 @@ from django.db import DatabaseError
 
 from .. import sql
 from ..db import Database
-from ..wakeups import NOTIFY_CHANNEL, NOTIFY_QUEUE_CEILING, notify_payload
+from ..wakeups import NOTIFY_QUEUE_CEILING, notify_channel, notify_payload
 from .sql import NOTIFY_ALL, NOTIFY_CALL, NOTIFY_FROM
 
 __all__ = ["Notifier"]
@@ -64,6 +64,6 @@ class Notifier:
         calls, params = [], {}
         for i, topic in enumerate(topics):
             calls.append(sql.compose(NOTIFY_CALL, name=f"{name}_{i}"))
-            params[f"{name}_{i}_channel"] = NOTIFY_CHANNEL
+            params[f"{name}_{i}_channel"] = notify_channel(topic)
             params[f"{name}_{i}_payload"] = notify_payload(topic)
         return ", ".join(calls), params
