@@ -293,9 +293,11 @@ def limit_rows(out: Outcome) -> list[Row]:
 def ceiling_rows(outcomes: list[Outcome]) -> list[Row]:
     """Selvedge's commits per second as a fraction of the machine's ceiling, per database.
 
-    Selvedge's rate is bench_scale's throughput times the write transactions one of
-    its workflows needs (an empty workflow's, plus an inline step's for each step);
-    the ceiling is limit.py's best rate over its connection counts.
+    Selvedge's rate is the write transactions per second bench_scale's throughput run
+    counted on PostgreSQL (transaction ids taken), or else its throughput times the
+    write transactions one of its workflows needs (an empty workflow's, plus an inline
+    step's for each step); the ceiling is limit.py's best rate over its connection
+    counts.
     """
     by_name = {o.step.name: o for o in outcomes}
     limit, scale = by_name.get("limit"), by_name.get("scale")
@@ -314,7 +316,7 @@ def ceiling_rows(outcomes: list[Outcome]) -> list[Row]:
                     + steps * data["counts"]["inline"]["commits"]
                 )
                 ceiling = max(limit.data[db].values())
-                rate = run["workflows_per_s"] * per_workflow
+                rate = run.get("write_transactions_per_s") or run["workflows_per_s"] * per_workflow
                 cells.append(f"{rate:,.0f} ({rate / ceiling:.0%})")
             except (KeyError, TypeError, ZeroDivisionError, ValueError):
                 cells.append("-")
