@@ -29,6 +29,8 @@ __all__ = ["ThreadPool"]
 logger = logging.getLogger("selvedge_django.worker")
 
 _STOP = object()
+# Handed to an idle thread that leaves a pool over its size (see ThreadPool._retire).
+_RETIRE = object()
 
 # Seconds a thread beyond the pool's size stays idle before it exits (closing its
 # connections): as long as a kept execution's idle connection stays open
@@ -193,7 +195,10 @@ class ThreadPool:
         retired = False
         try:
             while True:
-                if not slot.ready.wait(SURPLUS_IDLE) and self._retire(slot):
+                # Only a thread of a pool over its size waits with a deadline (read
+                # unlocked: a thread that rejoins, making it so, waits with one itself).
+                surplus = self._own > self.size
+                if not slot.ready.wait(SURPLUS_IDLE if surplus else None) and self._retire(slot):
                     retired = True
                     return
                 if not slot.ready.is_set():
@@ -202,6 +207,9 @@ class ThreadPool:
                 task, slot.task = slot.task, None
                 while task is not None:
                     if task is _STOP:
+                        return
+                    if task is _RETIRE:
+                        retired = True  # no longer counted (_retire)
                         return
                     self._run(*task)
                     with self._lock:
@@ -236,14 +244,20 @@ class ThreadPool:
         self._detached_ended.notify_all()
 
     def _retire(self, slot: _Slot) -> bool:
-        """Whether the idle thread of ``slot`` leaves the pool, which has more threads
-        than its size: then it is off the idle stack and no longer counted, and exits."""
+        """One idle thread leaves a pool over its size, which the idle thread of ``slot``
+        found after waiting ``SURPLUS_IDLE``: the least recently idle one (its connection
+        the coldest, if it has one). Returns whether that is the caller itself; another
+        is handed :data:`_RETIRE`. Either is off the idle stack and no longer counted."""
         with self._lock:
             if self._own <= self.size or slot.ready.is_set() or slot not in self._idle_slots:
                 return False
-            self._idle_slots.remove(slot)
+            oldest = self._idle_slots.pop(0)
             self._own -= 1
-            return True
+            if oldest is slot:
+                return True
+            oldest.task = _RETIRE
+            oldest.ready.set()
+            return False
 
     def _join_ended(self) -> None:
         """Join the detached threads that have ended (the lock held; they take it no more)."""

@@ -379,6 +379,32 @@ def test_waiting_one_at_a_time_opens_no_connection_per_wait(make_worker: Any) ->
     assert len(resumers) <= 3, resumers
 
 
+def test_the_thread_that_leaves_an_oversized_pool_is_the_coldest(make_worker: Any) -> None:
+    # One workflow waits at a time: its thread rejoins the pool, one over its size, and
+    # after SURPLUS_IDLE one thread leaves. The one that ran the waits, its connection
+    # open, stays: the next waits open no connection.
+    from django.db.backends.signals import connection_created
+
+    worker = make_worker(workflow_cache=CACHE, max_concurrent_resumptions=2)
+    opened: list[str] = []
+
+    def count(sender: Any, connection: Any, **kwargs: Any) -> None:
+        opened.append(threading.current_thread().name)
+
+    connection_created.connect(count, weak=False)
+    try:
+        for n in range(6):
+            if n == 3:  # the pool shrinks back to its size while nothing runs
+                wait_until(lambda: len(_resume_threads()) == 2, timeout=10)
+            iid = sv.start_workflow("wait.receive", {"channels": ["a"]})
+            _receive(worker, iid, [n])
+            assert sv.wait_workflow(iid, timeout=20).output == [n]
+    finally:
+        connection_created.disconnect(count)
+    resumers = [name for name in opened if name.startswith("selvedge-resume-")]
+    assert len(resumers) == 1, resumers  # one connection: the thread that ran them all
+
+
 def test_threads_beyond_the_pool_size_exit_once_idle(make_worker: Any) -> None:
     worker = make_worker(workflow_cache={"MAX_ENTRIES": 4}, max_concurrent_resumptions=2)
     ids = [sv.start_workflow("wait.receive", {"channels": ["a"]}) for _ in range(4)]
