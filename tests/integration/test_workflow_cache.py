@@ -399,6 +399,8 @@ def test_the_thread_that_leaves_an_oversized_pool_is_the_coldest(make_worker: An
             iid = sv.start_workflow("wait.receive", {"channels": ["a"]})
             _receive(worker, iid, [n])
             assert sv.wait_workflow(iid, timeout=20).output == [n]
+            # Its thread is back on the pool's idle stack before the next start.
+            wait_until(lambda: worker.workflow_cache_stats()["threads"] == 0)
     finally:
         connection_created.disconnect(count)
     resumers = [name for name in opened if name.startswith("selvedge-resume-")]
