@@ -13,6 +13,7 @@ import os
 import re
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -355,56 +356,56 @@ def test_threads_stay_within_resumptions_plus_entries(make_worker: Any) -> None:
     assert worker.workflow_cache_stats()["hits"] >= 1
 
 
-def test_waiting_one_at_a_time_opens_no_connection_per_wait(make_worker: Any) -> None:
-    # A kept execution's thread rejoins the pool when its workflow ends, so the next
-    # workflow that waits does not need a new thread, nor that thread a new connection.
+@pytest.fixture
+def resume_connections() -> Iterator[list[str]]:
+    """The names of the resume threads that open a database connection during the test."""
     from django.db.backends.signals import connection_created
 
-    worker = make_worker(workflow_cache=CACHE, max_concurrent_resumptions=2)
     opened: list[str] = []
 
     def count(sender: Any, connection: Any, **kwargs: Any) -> None:
-        opened.append(threading.current_thread().name)
+        name = threading.current_thread().name
+        if name.startswith("selvedge-resume-"):
+            opened.append(name)
 
     connection_created.connect(count, weak=False)
     try:
-        for n in range(8):
-            iid = sv.start_workflow("wait.receive", {"channels": ["a"]})
-            _receive(worker, iid, [n])
-            assert sv.wait_workflow(iid, timeout=20).output == [n]
+        yield opened
     finally:
         connection_created.disconnect(count)
+
+
+def test_waiting_one_at_a_time_opens_no_connection_per_wait(
+    make_worker: Any, resume_connections: list[str]
+) -> None:
+    # A kept execution's thread rejoins the pool when its workflow ends, so the next
+    # workflow that waits does not need a new thread, nor that thread a new connection.
+    worker = make_worker(workflow_cache=CACHE, max_concurrent_resumptions=2)
+    for n in range(8):
+        iid = sv.start_workflow("wait.receive", {"channels": ["a"]})
+        _receive(worker, iid, [n])
+        assert sv.wait_workflow(iid, timeout=20).output == [n]
     assert worker.workflow_cache_stats()["hits"] == 8
-    resumers = [name for name in opened if name.startswith("selvedge-resume-")]
-    assert len(resumers) <= 3, resumers
+    assert len(resume_connections) <= 3, resume_connections
 
 
-def test_the_thread_that_leaves_an_oversized_pool_is_the_coldest(make_worker: Any) -> None:
+def test_the_thread_that_leaves_an_oversized_pool_is_the_coldest(
+    make_worker: Any, resume_connections: list[str]
+) -> None:
     # One workflow waits at a time: its thread rejoins the pool, one over its size, and
     # after SURPLUS_IDLE one thread leaves. The one that ran the waits, its connection
     # open, stays: the next waits open no connection.
-    from django.db.backends.signals import connection_created
-
     worker = make_worker(workflow_cache=CACHE, max_concurrent_resumptions=2)
-    opened: list[str] = []
-
-    def count(sender: Any, connection: Any, **kwargs: Any) -> None:
-        opened.append(threading.current_thread().name)
-
-    connection_created.connect(count, weak=False)
-    try:
-        for n in range(6):
-            if n == 3:  # the pool shrinks back to its size while nothing runs
-                wait_until(lambda: len(_resume_threads()) == 2, timeout=10)
-            iid = sv.start_workflow("wait.receive", {"channels": ["a"]})
-            _receive(worker, iid, [n])
-            assert sv.wait_workflow(iid, timeout=20).output == [n]
-            # Its thread is back on the pool's idle stack before the next start.
-            wait_until(lambda: worker.workflow_cache_stats()["threads"] == 0)
-    finally:
-        connection_created.disconnect(count)
-    resumers = [name for name in opened if name.startswith("selvedge-resume-")]
-    assert len(resumers) == 1, resumers  # one connection: the thread that ran them all
+    for n in range(6):
+        if n == 3:  # the pool shrinks back to its size while nothing runs
+            wait_until(lambda: len(_resume_threads()) == 2, timeout=10)
+        iid = sv.start_workflow("wait.receive", {"channels": ["a"]})
+        _receive(worker, iid, [n])
+        assert sv.wait_workflow(iid, timeout=20).output == [n]
+        # Its thread is back on the pool's idle stack before the next start.
+        wait_until(lambda: worker.workflow_cache_stats()["threads"] == 0)
+    # One connection: the thread that ran them all.
+    assert len(resume_connections) == 1, resume_connections
 
 
 def test_threads_beyond_the_pool_size_exit_once_idle(make_worker: Any) -> None:
