@@ -227,6 +227,59 @@ def test_a_keyed_signal_over_the_pending_limit_is_refused(tdb: None) -> None:
     assert [key for _, key in signal_rows(iid)] == ["a"]
 
 
+def test_racing_signals_never_overshoot_the_pending_limit(tdb: None) -> None:
+    # Unkeyed signals sent together to one instance, its inbox almost full: the count
+    # is taken at the instance row's lock, so exactly the room left is filled (on
+    # PostgreSQL the one-statement signal gives way to the transaction when another
+    # sender changed the row since its snapshot).
+    from django.test import override_settings
+
+    for round_ in range(3):
+        iid = sv.start_workflow(collect, {"n": 20})
+        with override_settings(SELVEDGE={**_settings(), "MAX_PENDING_SIGNALS": 3}):
+            sv.signal(iid, "add", "first")
+            results = race(lambda i, iid=iid: sv.signal(iid, "add", i))  # type: ignore[misc]
+        refused = [r for r in results if r is not None]
+        assert all(isinstance(r, sv.InboxFull) for r in refused), results
+        assert (len(signal_rows(iid)), len(refused)) == (3, RACERS - 2), round_
+
+
+def test_a_signal_outside_a_transaction_is_one_statement_on_postgresql(tdb: None) -> None:
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite appends a signal in a transaction of its own")
+    iid = sv.start_workflow(collect, {"n": 2})
+    statements: list[str] = []
+
+    def spy(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        statements.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(spy):
+        sv.signal(iid, "add", 1)
+    assert len(statements) == 1 and "INSERT INTO" in statements[0], statements
+    assert not connection.in_atomic_block
+
+    # Committed with its wake-up: another connection sees both.
+    def seen() -> tuple[int, bool]:
+        try:
+            return (
+                SignalMessage.objects.filter(instance_id=iid).count(),
+                WorkflowInstance.objects.get(instance_id=iid).runnable,
+            )
+        finally:
+            connection.close()
+
+    assert race(lambda i: seen(), n=1) == [(1, True)]
+    # Closed and unknown instances still raise their errors, with nothing written.
+    with pytest.raises(sv.WorkflowNotFound):
+        sv.signal("nobody", "add", 1)
+    sv.signal(iid, "add", 2)
+    run_until_idle(Worker())
+    with pytest.raises(sv.WorkflowAlreadyCompleted):
+        sv.signal(iid, "add", 3)
+    assert len(signal_rows(iid)) == 2
+
+
 # -- signal_with_start -------------------------------------------------------------------
 
 

@@ -274,6 +274,24 @@ class Baseline:
 _baselines: dict[str, Baseline] = {}
 
 
+def client_signal_steps() -> list[Step]:
+    """The statements of a signal sent as ``runselvedge signal`` sends it: outside any
+    transaction (on PostgreSQL one statement), where the baseline's signals, sent inside
+    the start's transaction, run as a transaction of two. Traced on an instance of its
+    own, terminated after."""
+    scratch = f"scratch-{uuid.uuid4().hex[:8]}"
+    sv.start_workflow("fault.flow", {"tag": scratch}, instance_id=scratch)
+    injector = FaultInjector(trace=True).install()
+    try:
+        sv.signal(scratch, "go", 1)
+    finally:
+        injector.uninstall()
+    sv.terminate_workflow(scratch, "traced a signal")
+    traced = [s for s in injector.statements if s.operation == "append_signal"]
+    assert traced, "the traced signal ran no append_signal statement"
+    return [Step(s.step, s.sql, 1) for s in traced]
+
+
 def baseline() -> Baseline:
     """Trace one fault-free run on this database (once per test run and vendor)."""
     vendor = connection.vendor
@@ -500,7 +518,9 @@ def crash_then_recover(
     so that its other loops cannot take part of the flow before the poll's fault.
     """
     reference = baseline()
-    steps = reference.steps(target)
+    steps = (
+        client_signal_steps() if target.operation == "append_signal" else reference.steps(target)
+    )
     injector = FaultInjector()
     # The last statement that does the operation's work (client calls run it outside the
     # test's transaction, without savepoints); for a batch operation, its last write,

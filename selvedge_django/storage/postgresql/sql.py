@@ -9,6 +9,7 @@ from __future__ import annotations
 from .. import sql
 
 __all__ = [
+    "APPEND_SIGNAL",
     "CLOSE",
     "CLOSE_WITH_INLINE",
     "COMPLETE_CLOSING",
@@ -208,6 +209,23 @@ CLOSE_WITH_INLINE = (
 
 # The server's autovacuum setting (selvedge.W006).
 SHOW_AUTOVACUUM = "SHOW autovacuum"
+
+# A signal in one statement (no idempotency key, outside a transaction): the instance
+# marked runnable (w), only while it runs, holds fewer than {below}'s count of unconsumed
+# signals, and is the row version this statement's snapshot read (the xmin test): then
+# the count is the one at the row's lock, as the two-statement path counts after locking.
+# A row another transaction changed since the snapshot (another sender, a receive) makes
+# w touch nothing, and the caller takes the two-statement path. The signal (s) from w;
+# then whether w woke, the new id, and the NOTIFY from s.
+APPEND_SIGNAL = (
+    "WITH w AS (UPDATE {instance} SET "
+    + sql.WAKE_SET
+    + " WHERE instance_id = %(wake_instance_id)s AND status = %(wake_running)s"
+    " AND xmin = (SELECT xmin FROM {instance} WHERE instance_id = %(wake_instance_id)s)"
+    " AND {below} RETURNING instance_id),"
+    " s AS (INSERT INTO {signal} ({columns}) SELECT {values} FROM w RETURNING id)"
+    " SELECT (SELECT count(*) FROM w), (SELECT id FROM s), {notify}"
+)
 
 # A receive in one statement, reads included: the oldest unconsumed signal of the
 # channel (n); the fence (f, when one was found; with no cancel request when the scope
