@@ -41,6 +41,7 @@ from ..models import (
 )
 from . import sql
 from .clock import DbNowMs, clock_offset_ms
+from .inserts import InsertPlans
 from .operation import operation
 from .sql import Params, Sql
 from .wakeups import TOPIC_RUNNABLE, Bus, bus_for, is_waiter_hint
@@ -103,6 +104,8 @@ class Database:
         # Inline results waiting for their execution's next write (storage.inline).
         self._inline = threading.local()
         self._table_names: dict[str, str] | None = None
+        # The column plans of _insert_parts, by model, key set and prefix.
+        self._inserts = InsertPlans()
 
     # -- the database ---------------------------------------------------------------------
 
@@ -365,32 +368,8 @@ class Database:
     ) -> tuple[str, str, dict[str, Any]]:
         """The column list, the value expressions and their parameters of one row, each
         value named after its column (``%(row_status)s``; ``name`` sets the prefix, so
-        that rows combined into one statement keep theirs apart)."""
-        conn = self.connection
-        columns: list[str] = []
-        marks: list[str] = []
-        params: dict[str, Any] = {}
-        for f in model._meta.concrete_fields:
-            if f.primary_key and skip_pk and f.name not in values:
-                continue
-            if f.attname in values:
-                value = values[f.attname]
-            elif f.name in values:
-                value = values[f.name]
-            elif getattr(f, "auto_now", False) or getattr(f, "auto_now_add", False):
-                value = timezone.now()
-            else:
-                value = f.get_default()
-            columns.append(conn.ops.quote_name(f.column))
-            mark = f"{name}_{f.column}"
-            if isinstance(value, Sql):
-                text, named = value.named(mark)
-                marks.append(text)
-                params.update(named)
-            else:
-                marks.append(f"%({mark})s")
-                params[mark] = f.get_db_prep_save(value, conn)
-        return ", ".join(columns), ", ".join(marks), params
+        that rows combined into one statement keep theirs apart); see :mod:`.inserts`."""
+        return self._inserts.parts(self.connection, model, values, skip_pk=skip_pk, name=name)
 
     def _next_seq_sql(self, offset: int = 0) -> Sql:
         """The next creation number of an instance as a SQL value. ``offset`` is the row's
