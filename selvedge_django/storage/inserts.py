@@ -7,9 +7,9 @@ given, the current time for ``auto_now`` and ``auto_now_add`` fields, else the
 field's default). Which field takes which of those depends only on the model and the
 keys given, so :class:`InsertPlans` works it out once per key set, with the columns,
 the marks and the prepared value of each plain constant default; a row then prepares
-only its given values, its times and its callable defaults. A row with a
-:class:`~.sql.Sql` value (an expression inlined into the marks) is composed field by
-field (:func:`parts_field_by_field`).
+only its given values, its times and its callable defaults. A :class:`~.sql.Sql`
+value (an expression, such as the database clock) is inlined in place of its mark,
+its parameters named after the column.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from .sql import Sql
 
-__all__ = ["InsertPlans", "parts_field_by_field"]
+__all__ = ["InsertPlans"]
 
 Parts = tuple[str, str, dict[str, Any]]
 
@@ -28,13 +28,14 @@ Parts = tuple[str, str, dict[str, Any]]
 class _Plan:
     """Which field of a model takes which value, for one key set."""
 
-    __slots__ = ("columns", "constants", "defaults", "given", "marks", "stamped")
+    __slots__ = ("columns", "constants", "defaults", "given", "mark_list", "marks", "stamped")
 
     def __init__(self) -> None:
         self.columns = ""
-        self.marks = ""
-        # (mark, field, the key of the values holding it)
-        self.given: list[tuple[str, Any, str]] = []
+        self.marks = ""  # every value bound: ", ".join(mark_list)
+        self.mark_list: list[str] = []
+        # (place in mark_list, mark, field, the key of the values holding it)
+        self.given: list[tuple[int, str, Any, str]] = []
         # auto_now and auto_now_add fields: the current time, prepared per row
         self.stamped: list[tuple[str, Any]] = []
         # defaults prepared per row: callable, or not a plain value once prepared
@@ -60,32 +61,38 @@ class InsertPlans:
         if plan is None:
             plan = self._plans[key] = _plan(conn, model, values, skip_pk, name)
         params: dict[str, Any] = dict(plan.constants)
-        for mark, field, given in plan.given:
+        inlined: list[str] | None = None  # the marks, when a value is an expression
+        for place, mark, field, given in plan.given:
             value = values[given]
             if isinstance(value, Sql):
-                return parts_field_by_field(conn, model, values, skip_pk=skip_pk, name=name)
-            params[mark] = field.get_db_prep_save(value, conn)
+                text, named = value.named(mark)
+                if inlined is None:
+                    inlined = list(plan.mark_list)
+                inlined[place] = text
+                params.update(named)
+            else:
+                params[mark] = field.get_db_prep_save(value, conn)
         for mark, field in plan.stamped:
             params[mark] = field.get_db_prep_save(timezone.now(), conn)
         for mark, field in plan.defaults:
             params[mark] = field.get_db_prep_save(field.get_default(), conn)
-        return plan.columns, plan.marks, params
+        marks = plan.marks if inlined is None else ", ".join(inlined)
+        return plan.columns, marks, params
 
 
 def _plan(conn: Any, model: Any, values: dict[str, Any], skip_pk: bool, name: str) -> _Plan:
     plan = _Plan()
     columns: list[str] = []
-    marks: list[str] = []
+    marks = plan.mark_list
     for f in model._meta.concrete_fields:
         if f.primary_key and skip_pk and f.name not in values:
             continue
         columns.append(conn.ops.quote_name(f.column))
         mark = f"{name}_{f.column}"
-        marks.append(f"%({mark})s")
         if f.attname in values:
-            plan.given.append((mark, f, f.attname))
+            plan.given.append((len(marks), mark, f, f.attname))
         elif f.name in values:
-            plan.given.append((mark, f, f.name))
+            plan.given.append((len(marks), mark, f, f.name))
         elif getattr(f, "auto_now", False) or getattr(f, "auto_now_add", False):
             plan.stamped.append((mark, f))
         elif callable(f.default):
@@ -96,36 +103,6 @@ def _plan(conn: Any, model: Any, values: dict[str, Any], skip_pk: bool, name: st
                 plan.constants[mark] = prepared
             else:
                 plan.defaults.append((mark, f))
+        marks.append(f"%({mark})s")
     plan.columns, plan.marks = ", ".join(columns), ", ".join(marks)
     return plan
-
-
-def parts_field_by_field(
-    conn: Any, model: Any, values: dict[str, Any], *, skip_pk: bool, name: str
-) -> Parts:
-    """:meth:`InsertPlans.parts` worked out field by field, :class:`~.sql.Sql` values
-    inlined into the marks (their parameters named after the column)."""
-    columns: list[str] = []
-    marks: list[str] = []
-    params: dict[str, Any] = {}
-    for f in model._meta.concrete_fields:
-        if f.primary_key and skip_pk and f.name not in values:
-            continue
-        if f.attname in values:
-            value = values[f.attname]
-        elif f.name in values:
-            value = values[f.name]
-        elif getattr(f, "auto_now", False) or getattr(f, "auto_now_add", False):
-            value = timezone.now()
-        else:
-            value = f.get_default()
-        columns.append(conn.ops.quote_name(f.column))
-        mark = f"{name}_{f.column}"
-        if isinstance(value, Sql):
-            text, named = value.named(mark)
-            marks.append(text)
-            params.update(named)
-        else:
-            marks.append(f"%({mark})s")
-            params[mark] = f.get_db_prep_save(value, conn)
-    return ", ".join(columns), ", ".join(marks), params
