@@ -23,7 +23,7 @@ from ..operation import operation
 from ..waits import Waits
 from ..wakeups import TOPIC_RUNNABLE
 from .db import PostgresDatabase
-from .sql import APPEND_SIGNAL, RECEIVE_NEXT
+from .sql import APPEND_SIGNAL, APPEND_SIGNAL_WAKE, RECEIVE_NEXT
 
 __all__ = ["PostgresWaits"]
 
@@ -86,11 +86,14 @@ class PostgresWaits(Waits):
         if max_pending is not None:
             below = sql.PENDING_SIGNALS_BELOW
             below_params = {"inbox_instance_id": instance_id, "inbox_limit": max_pending}
+        wake, wake_params = self.db._wake_sql(
+            instance_id, sql.compose(APPEND_SIGNAL_WAKE, below=below), below_params
+        )
         notify, notify_params = self.db.notifier.from_cte("s", [TOPIC_RUNNABLE])
         statement = sql.compose(
-            APPEND_SIGNAL, below=below, columns=columns, values=values, notify=notify
+            APPEND_SIGNAL, wake=wake, columns=columns, values=values, notify=notify
         )
-        params = sql.bind(self.db.wake_params(instance_id), below_params, row_params, notify_params)
+        params = sql.bind(wake_params, row_params, notify_params)
         woke, signal_id, _ = self.db._fetch(statement, params)[0]
         if not woke or signal_id is None:
             return None

@@ -10,6 +10,7 @@ from .. import sql
 
 __all__ = [
     "APPEND_SIGNAL",
+    "APPEND_SIGNAL_WAKE",
     "CLOSE",
     "CLOSE_WITH_INLINE",
     "COMPLETE_CLOSING",
@@ -211,20 +212,21 @@ CLOSE_WITH_INLINE = (
 SHOW_AUTOVACUUM = "SHOW autovacuum"
 
 # A signal in one statement (no idempotency key, outside a transaction): the instance
-# marked runnable (w), only while it runs, holds fewer than {below}'s count of unconsumed
-# signals, and is the row version this statement's snapshot read (the xmin test): then
-# the count is the one at the row's lock, as the two-statement path counts after locking.
-# A row another transaction changed since the snapshot (another sender, a receive) makes
-# w touch nothing, and the caller takes the two-statement path. The signal (s) from w;
-# then whether w woke, the new id, and the NOTIFY from s.
+# marked runnable (w: the wake of a running instance, sql.WAKE_RUNNING, narrowed by
+# APPEND_SIGNAL_WAKE), the signal (s) from w; then whether w woke, the new id, and the
+# NOTIFY from s.
 APPEND_SIGNAL = (
-    "WITH w AS (UPDATE {instance} SET "
-    + sql.WAKE_SET
-    + " WHERE instance_id = %(wake_instance_id)s AND status = %(wake_running)s"
-    " AND xmin = (SELECT xmin FROM {instance} WHERE instance_id = %(wake_instance_id)s)"
-    " AND {below} RETURNING instance_id),"
+    "WITH w AS ({wake} RETURNING instance_id),"
     " s AS (INSERT INTO {signal} ({columns}) SELECT {values} FROM w RETURNING id)"
     " SELECT (SELECT count(*) FROM w), (SELECT id FROM s), {notify}"
+)
+# The wake of APPEND_SIGNAL happens only while the instance holds fewer than {below}'s
+# count of unconsumed signals, and is the row version this statement's snapshot read (the
+# xmin test): then the count is the one at the row's lock, as the two-statement path
+# counts after locking. A row another transaction changed since the snapshot (another
+# sender, a receive) makes w touch nothing, and the caller takes the two-statement path.
+APPEND_SIGNAL_WAKE = (
+    " AND xmin = (SELECT xmin FROM {instance} WHERE instance_id = %(wake_instance_id)s) AND {below}"
 )
 
 # A receive in one statement, reads included: the oldest unconsumed signal of the
