@@ -292,7 +292,12 @@ class HistoryEvent(models.Model):
     """One recorded command of an instance (or its close record); first value wins."""
 
     id = models.BigAutoField(primary_key=True)
-    instance = models.ForeignKey(WorkflowInstance, on_delete=models.CASCADE, related_name="history")
+    instance = models.ForeignKey(
+        WorkflowInstance,
+        on_delete=models.CASCADE,
+        related_name="history",
+        db_index=False,  # the unique (instance, key) index leads with it
+    )
     key = models.CharField(max_length=255)
     seq = models.BigIntegerField(null=True, blank=True, help_text="command position")
     command = models.CharField(max_length=32)
@@ -336,7 +341,10 @@ class ArchivedHistoryEvent(models.Model):
 
     id = models.BigAutoField(primary_key=True)
     instance = models.ForeignKey(
-        WorkflowInstance, on_delete=models.CASCADE, related_name="archived_history"
+        WorkflowInstance,
+        on_delete=models.CASCADE,
+        related_name="archived_history",
+        db_index=False,  # the unique (instance, generation, key) index leads with it
     )
     generation = models.IntegerField()
     event_id = models.BigIntegerField(help_text="the row's id in the history table")
@@ -370,7 +378,12 @@ class TimerSubscription(models.Model):
     database clock, and records ``expires_at`` (workflow time) as its value."""
 
     id = models.BigAutoField(primary_key=True)
-    instance = models.ForeignKey(WorkflowInstance, on_delete=models.CASCADE, related_name="timers")
+    instance = models.ForeignKey(
+        WorkflowInstance,
+        on_delete=models.CASCADE,
+        related_name="timers",
+        db_index=False,  # the unique (instance, key) index leads with it
+    )
     key = models.CharField(max_length=255)
     expires_at = models.DateTimeField(help_text="workflow time (CLOCK): the value recorded at fire")
     fire_at_ms = models.BigIntegerField(

@@ -26,7 +26,12 @@ class WorkflowStream(models.Model):
     """
 
     id = models.BigAutoField(primary_key=True)
-    instance = models.ForeignKey(WorkflowInstance, on_delete=models.CASCADE, related_name="streams")
+    instance = models.ForeignKey(
+        WorkflowInstance,
+        on_delete=models.CASCADE,
+        related_name="streams",
+        db_index=False,  # the unique (instance, key) index leads with it
+    )
     key = models.CharField(max_length=255)
     last_seq = models.BigIntegerField(default=0)
     closed = models.BooleanField(default=False)
@@ -52,7 +57,10 @@ class WorkflowStreamEntry(models.Model):
 
     id = models.BigAutoField(primary_key=True)
     instance = models.ForeignKey(
-        WorkflowInstance, on_delete=models.CASCADE, related_name="stream_entries"
+        WorkflowInstance,
+        on_delete=models.CASCADE,
+        related_name="stream_entries",
+        db_index=False,  # the unique (instance, key, seq) index leads with it
     )
     key = models.CharField(max_length=255)
     seq = models.BigIntegerField()

@@ -51,7 +51,10 @@ class ActivityTask(models.Model):
 
     id = models.BigAutoField(primary_key=True)
     instance = models.ForeignKey(
-        WorkflowInstance, on_delete=models.CASCADE, related_name="activity_tasks"
+        WorkflowInstance,
+        on_delete=models.CASCADE,
+        related_name="activity_tasks",
+        db_index=False,  # the unique (instance, key) index leads with it
     )
     workflow_name = models.CharField(max_length=255)
     key = models.CharField(max_length=255)
