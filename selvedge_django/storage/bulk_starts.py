@@ -3,7 +3,8 @@
 ``sv.start_workflows`` and the ``django.tasks`` backend's ``enqueue_many`` insert
 their instances here: the instance rows of a batch in one ``INSERT ... ON CONFLICT
 (instance_id) DO NOTHING`` (the primary key decides between racing starts of one
-id, as for a single start), then, for the starts that record their first command
+id, as for a single start; when every id of the call must be new, PostgreSQL inserts
+without the clause and a unique violation names the taken id), then, for the starts that record their first command
 (a task due now), the history rows of the batch in one statement and the queued
 tasks in another; the search attributes of the new instances, one statement per
 batch too. A batch is as many rows as one statement may bind. Every batch
@@ -26,7 +27,7 @@ from datetime import datetime
 from itertools import repeat
 from typing import Any
 
-from django.db import models
+from django.db import IntegrityError, models
 from django.utils import timezone
 
 from .. import exceptions as exc
@@ -160,10 +161,33 @@ class BulkStarts:
         if not starts:
             return []
         now = timezone.now()
+        # Every id must be new (a taken one fails the call): the insert need not skip
+        # taken ids, and a unique violation is the taken id's error.
+        fresh = all(start.if_exists == "fail" for start in starts)
+        try:
+            return self._create(starts, now, service_name, code_version, fresh=fresh)
+        except IntegrityError:
+            if fresh:
+                self._check_taken(self._taken(starts))
+            raise
+
+    def _create(
+        self,
+        starts: Sequence[NewInstance],
+        now: datetime,
+        service_name: str,
+        code_version: str | None,
+        *,
+        fresh: bool,
+    ) -> list[bool]:
+        """:meth:`create_instances` in its transaction (a savepoint inside the caller's,
+        so that a unique violation leaves the caller's transaction usable)."""
         with self.db.atomic():
             created: set[str] = set()
             for batch in self._batches_of(starts, self._instance_params()):
-                created.update(self._insert_instances(batch, now, service_name, code_version))
+                created.update(
+                    self._insert_instances(batch, now, service_name, code_version, fresh=fresh)
+                )
             taken = [start for start in starts if start.instance_id not in created]
             self._check_taken(taken)
             tasks = [s for s in starts if s.first_task is not None and s.instance_id in created]
@@ -222,9 +246,12 @@ class BulkStarts:
             return Prepared([None if text == "null" else text for text in texts])
         return Prepared(texts)
 
-    def _write_instances(self, columns: dict[str, Column], count: int) -> list[str]:
+    def _write_instances(
+        self, columns: dict[str, Column], count: int, *, fresh: bool = False
+    ) -> list[str]:
         """One INSERT of ``count`` instance rows (their columns) that skips taken ids; the
-        ids it inserted."""
+        ids it inserted. ``fresh``: every id must be new, and a dialect may insert
+        without skipping (a taken id then raises ``IntegrityError``)."""
         names, marks, params = self._layout(WorkflowInstance, columns, count)
         rows = [(marks, list(row)) for row in zip(*params, strict=True)]
         return self.db._insert_new(sql.compose(INSERT_INSTANCES, columns=names), rows)
@@ -260,6 +287,8 @@ class BulkStarts:
         now: datetime,
         service_name: str,
         code_version: str | None,
+        *,
+        fresh: bool = False,
     ) -> list[str]:
         """One INSERT of a batch's instance rows; the ids it inserted."""
         db = self.db
@@ -295,7 +324,9 @@ class BulkStarts:
             ),
             "trace_context": [start.trace_context for start in batch],
         }
-        return self._write_instances(self._converted(WorkflowInstance, values), len(batch))
+        return self._write_instances(
+            self._converted(WorkflowInstance, values), len(batch), fresh=fresh
+        )
 
     def _check_taken(self, taken: Sequence[NewInstance]) -> None:
         """Raise WorkflowAlreadyStarted for the first id found taken that may not be
@@ -313,6 +344,15 @@ class BulkStarts:
         for start in taken:
             if names.get(start.instance_id) != start.workflow_name:
                 raise exc.WorkflowAlreadyStarted(start.instance_id)
+
+    def _taken(self, starts: Sequence[NewInstance]) -> list[NewInstance]:
+        """The starts whose ids an instance has, in order."""
+        ids = sorted({start.instance_id for start in starts})
+        found: set[str] = set()
+        for chunk in self.db._chunks(ids):
+            statement = sql.compose(SELECT_WORKFLOW_NAMES, ids=sql.marks(len(chunk)))
+            found.update(str(row[0]) for row in self.db._fetch(statement, chunk))
+        return [start for start in starts if start.instance_id in found]
 
     def _insert_first_tasks(self, starts: Sequence[NewInstance]) -> None:
         """The history row and the queued task of each start's first command: one
@@ -344,9 +384,12 @@ class BulkStarts:
                 fields["status"] = str(ActivityTaskStatus.QUEUED)
                 shared[(id(row), id(spec))] = fields
             fields_list.append(fields)
-        tasks: dict[str, list[Any] | Column] = {
-            name: [fields[name] for fields in fields_list] for name in fields_list[0]
-        }
+        tasks: dict[str, list[Any] | Column] = (
+            # One shared set (the usual call): each of its columns holds one value.
+            {name: Const(value) for name, value in fields_list[0].items()}
+            if len(shared) == 1
+            else {name: [fields[name] for fields in fields_list] for name in fields_list[0]}
+        )
         tasks["instance_id"] = ids
         tasks["input"] = [
             start.task_input if start.task_input is not None else start.first_task[1].input
@@ -356,6 +399,8 @@ class BulkStarts:
         # Ready now, on the database clock; a schedule-to-start timeout counts from then.
         tasks["not_before_ms"] = now_ms
         waits = tasks["schedule_to_start_ms"]
+        if isinstance(waits, Const):
+            waits = [waits.value] * len(starts)
         assert isinstance(waits, list)
         tasks["schedule_deadline_ms"] = (
             Const(None) if waits.count(None) == len(waits) else Plus(now_ms, waits)
@@ -440,9 +485,16 @@ class BulkStarts:
         return names, f"({', '.join(marks)})", params
 
 
+def _plain_type(field: models.Field[Any, Any]) -> type | None:
+    """The type whose values ``field`` binds as they are (a foreign key: its target's)."""
+    if isinstance(field, models.ForeignKey):
+        field = field.target_field
+    return next((t for c, t in _PLAIN_FIELDS if isinstance(field, c)), None)
+
+
 def _prepared(field: models.Field[Any, Any], value: Any, conn: Any) -> Any:
     """``value`` converted by ``field`` for the database (a plain one as it is)."""
-    plain = next((t for c, t in _PLAIN_FIELDS if isinstance(field, c)), None)
+    plain = _plain_type(field)
     if value is None or type(value) is plain:
         return value
     return field.get_db_prep_save(value, conn)
@@ -453,9 +505,10 @@ def _column(field: models.Field[Any, Any], values: list[Any], conn: Any) -> Colu
     holds the same object, else a list (a plain value as it is, a run of one value
     converted once)."""
     first = values[0] if values else None
-    if len(set(map(id, values))) <= 1:
+    # Rows of different values usually differ at once: the last row is looked at first.
+    if not values or (values[-1] is first and all(value is first for value in values)):
         return Const(_prepared(field, first, conn))
-    plain = next((t for c, t in _PLAIN_FIELDS if isinstance(field, c)), None)
+    plain = _plain_type(field)
     if plain is not None and set(map(type, values)) <= {plain, type(None)}:
         return values
     seen: Any = _NOTHING

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import os
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -88,12 +91,18 @@ class SelvedgeBackend(compat.BaseTaskBackend):
         deferred = any(task.run_after is not None for task, _, _ in items)
         enqueued_at = timezone.now()
         now_ms = database_now_ms() if deferred else None
-        checked: dict[int, dict[str, Any]] = {}
+        checked: dict[int, tuple[dict[str, Any], Any]] = {}
         prepared = [
             self._prepare(
-                task, args, kwargs, now_ms=now_ms, enqueued_at=enqueued_at, checked=checked
+                task,
+                args,
+                kwargs,
+                now_ms=now_ms,
+                enqueued_at=enqueued_at,
+                checked=checked,
+                result_id=result_id,
             )
-            for task, args, kwargs in items
+            for (task, args, kwargs), result_id in zip(items, _result_ids(len(items)), strict=True)
         ]
         try:
             start_tasks(
@@ -130,34 +139,47 @@ class SelvedgeBackend(compat.BaseTaskBackend):
         *,
         now_ms: int | None,
         enqueued_at: datetime | None,
-        checked: dict[int, dict[str, Any]] | None = None,
+        checked: dict[int, tuple[dict[str, Any], Any]] | None = None,
+        result_id: str | None = None,
     ) -> tuple[Any, dict[str, Any]]:
         """Validate one call; its result and its workflow input.
 
         ``now_ms`` is the database clock for a deferred task (read here when None);
         ``enqueued_at`` the time recorded as its enqueue (now when None: the calls of one
-        ``enqueue_many`` share one). ``checked`` holds, by the task object's id, the
-        activity options of the tasks already validated in this call (a task is
-        immutable: the calls of one share its validation and its options)."""
-        options = None if checked is None else checked.get(id(task))
-        if options is None:
+        ``enqueue_many`` share one); ``result_id`` its id (a new one when None).
+        ``checked`` holds, by the task object's id, the activity options and the first
+        result of the tasks already validated in this call: a task is immutable, so
+        the calls of one share its validation and its options, and a call whose
+        arguments are plain JSON values gets a result made like the first one's
+        (:func:`_result_like`) instead of validated again.
+        """
+        seen = None if checked is None else checked.get(id(task))
+        if seen is None:
             self.validate_task(task)
-        result_id = uuid.uuid4().hex
-        # Built first: TaskResult refuses arguments that are not JSON (TypeError, ValueError).
-        result = compat.TaskResult(
-            task=task,
-            id=result_id,
-            status=compat.TaskResultStatus.READY,
-            enqueued_at=None,
-            started_at=None,
-            finished_at=None,
-            last_attempted_at=None,
-            args=list(args),
-            kwargs=dict(kwargs),
-            backend=self.alias,
-            errors=[],
-            worker_ids=[],
-        )
+        result_id = result_id or uuid.uuid4().hex
+        if seen is not None and _plain_json(args, kwargs):
+            result = _result_like(seen[1], result_id, list(args), dict(kwargs))
+        else:
+            # Built first: TaskResult refuses arguments that are not JSON (TypeError,
+            # ValueError).
+            result = compat.TaskResult(
+                task=task,
+                id=result_id,
+                status=compat.TaskResultStatus.READY,
+                enqueued_at=None,
+                started_at=None,
+                finished_at=None,
+                last_attempted_at=None,
+                args=list(args),
+                kwargs=dict(kwargs),
+                backend=self.alias,
+                errors=[],
+                worker_ids=[],
+            )
+        if seen is None:
+            seen = (activity_options(task, task.queue_name).to_json(), result)
+            if checked is not None:
+                checked[id(task)] = seen
         input: dict[str, Any] = {
             "task": task.module_path,
             "args": result.args,
@@ -165,12 +187,8 @@ class SelvedgeBackend(compat.BaseTaskBackend):
             "backend": self.alias,
             "queue_name": task.queue_name,
             "priority": task.priority,
+            "options": seen[0],
         }
-        if options is None:
-            options = activity_options(task, task.queue_name).to_json()
-            if checked is not None:
-                checked[id(task)] = options
-        input["options"] = options
         if task.run_after is not None:
             input["run_after"] = task.run_after.isoformat()
             run_after_ms = round(task.run_after.timestamp() * 1000)
@@ -225,6 +243,61 @@ class SelvedgeBackend(compat.BaseTaskBackend):
                 )
             )
         return problems
+
+
+# The types whose values django.tasks' JSON normalisation returns as they are.
+_PLAIN_JSON = frozenset({str, int, float, bool, type(None)})
+
+
+def _plain_json(args: Any, kwargs: Any) -> bool:
+    """Whether ``args`` is a list or tuple, and ``kwargs`` a dict by text keys, of plain
+    JSON values only: ``TaskResult`` would keep them as they are (as a list and a dict)."""
+    return (
+        type(args) in (list, tuple)
+        and type(kwargs) is dict
+        and all(type(value) in _PLAIN_JSON for value in args)
+        and all(type(key) is str and type(value) in _PLAIN_JSON for key, value in kwargs.items())
+    )
+
+
+# The fields of a result that each call of a bulk enqueue has of its own.
+_OWN_FIELDS = frozenset({"id", "args", "kwargs", "errors", "worker_ids"})
+
+
+@functools.cache
+def _shared_fields(kind: type) -> tuple[str, ...]:
+    """The fields of results of ``kind`` that the calls of one task share."""
+    return tuple(f.name for f in dataclasses.fields(kind) if f.name not in _OWN_FIELDS)
+
+
+def _result_like(first: Any, result_id: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    """A ready result of ``first``'s task with its own id and arguments (already as
+    ``TaskResult`` normalises them): ``first``'s fields but those, and new lists of
+    errors and workers. Validating the arguments again through ``TaskResult`` is most
+    of an enqueue's own time in a bulk enqueue of small tasks."""
+    kind: type = type(first)
+    result: Any = object.__new__(kind)
+    put = object.__setattr__
+    for name in _shared_fields(kind):
+        put(result, name, getattr(first, name))
+    put(result, "id", result_id)
+    put(result, "args", args)
+    put(result, "kwargs", kwargs)
+    put(result, "errors", [])
+    put(result, "worker_ids", [])
+    return result
+
+
+def _result_ids(count: int) -> list[str]:
+    """``count`` new result ids, as ``uuid.uuid4().hex`` spells them (random, version 4,
+    RFC 4122 variant), from one read of the system's random source."""
+    digits = os.urandom(16 * count).hex()
+    ids = []
+    for start in range(0, 32 * count, 32):
+        text = digits[start : start + 32]
+        variant = "89ab"[int(text[16], 16) & 3]
+        ids.append(f"{text[:12]}4{text[13:16]}{variant}{text[17:]}")
+    return ids
 
 
 def enqueue_many(calls: Iterable[tuple[Any, Sequence[Any], Mapping[str, Any]]]) -> list[Any]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -112,6 +113,29 @@ def test_a_taken_id_fails_the_whole_call_unless_it_may_be_returned() -> None:
     assert ids[1] == "bulk-existing"
     assert WorkflowInstance.objects.count() == 2
     assert WorkflowInstance.objects.get(instance_id="bulk-existing").input == "old"
+
+
+def test_a_taken_id_names_itself_and_leaves_the_callers_transaction_usable() -> None:
+    """Starts that may not return a taken id insert without skipping taken ids (one look
+    at the primary key each): the unique violation is still WorkflowAlreadyStarted,
+    naming the id, and the caller's own writes before it still commit."""
+    sv.start_workflow(echo, "old", instance_id="bulk-taken-b")
+    with transaction.atomic():
+        mine = sv.start_workflow(echo, "mine")
+        with pytest.raises(sv.WorkflowAlreadyStarted) as raised:
+            sv.start_workflows(
+                [
+                    (echo, 1, {"instance_id": "bulk-free-a"}),
+                    (echo, 2, {"instance_id": "bulk-taken-b"}),
+                ]
+            )
+        assert "bulk-taken-b" in str(raised.value)
+        ids = sv.start_workflows([(echo, 3, {"instance_id": "bulk-free-a"})])
+    assert set(WorkflowInstance.objects.values_list("instance_id", flat=True)) == {
+        "bulk-taken-b",
+        mine,
+        *ids,
+    }
 
 
 def test_an_id_given_twice_is_started_once() -> None:
@@ -406,3 +430,37 @@ def test_a_bad_task_call_enqueues_none_of_them() -> None:
         enqueue_many([(tasks.add, [1, 2], {})])
         raise RuntimeError("roll back")
     assert WorkflowInstance.objects.count() == 0
+
+
+@pytest.mark.skipif(not HAS_TASKS, reason="neither django.tasks nor the django-tasks backport")
+def test_bulk_results_are_the_results_single_enqueues_give() -> None:
+    """Every call of a bulk enqueue gets the result a single enqueue of it gives (its own
+    id, normalised arguments, its own lists), whichever form its arguments take."""
+    from selvedge_django.tasks import enqueue_many
+    from tests.testapp import tasks
+
+    calls: list[Any] = [
+        (tasks.add, [1, 2], {}),
+        (tasks.add, (3, 4), {}),  # a tuple becomes a list
+        (tasks.send_email, ["a@example.com"], {"subject": "hi"}),
+        (tasks.send_email, ("b@example.com",), {"subject": ("x", 1)}),  # nested: normalised
+        (tasks.send_email, [b"c@example.com"], {}),  # bytes: decoded
+        (tasks.add, [True, None], {}),
+        (tasks.add, [1.5, "2"], {}),
+    ]
+    results = enqueue_many(calls)
+    singles = [task.enqueue(*args, **kwargs) for task, args, kwargs in calls]
+    fields = ("task", "status", "args", "kwargs", "backend", "errors", "worker_ids")
+    for bulk, single in zip(results, singles, strict=True):
+        assert type(bulk) is type(single)
+        assert {f: getattr(bulk, f) for f in fields} == {f: getattr(single, f) for f in fields}
+        assert bulk.enqueued_at is not None and bulk.started_at is None
+    ids = [result.id for result in results]
+    assert len(set(ids)) == len(ids)
+    for result_id in ids:
+        assert uuid.UUID(result_id).hex == result_id and uuid.UUID(result_id).version == 4
+    assert len({id(result.errors) for result in results}) == len(results)
+    assert len({id(result.worker_ids) for result in results}) == len(results)
+    for result in results:
+        stored = result.task.get_backend().get_result(result.id)
+        assert (stored.args, stored.kwargs) == (result.args, result.kwargs)

@@ -49,8 +49,16 @@ class PostgresBulkStarts(BulkStarts):
         texts = self._stored_texts(batch)
         return super()._input_column(batch) if texts is None else texts
 
-    def _write_instances(self, columns: dict[str, Column], count: int) -> list[str]:
+    def _write_instances(
+        self, columns: dict[str, Column], count: int, *, fresh: bool = False
+    ) -> list[str]:
         statement, params = self._columnar(WorkflowInstance, columns, count)
+        if fresh:
+            # A plain insert: ON CONFLICT's speculative insertion costs each row a
+            # second look at the primary key and a WAL record of its own.
+            self.db._execute(statement, params)
+            ids = columns["instance_id"]
+            return [ids.value] if isinstance(ids, Const) else list(ids)  # type: ignore[arg-type]
         rows = self.db._fetch(statement + SKIP_TAKEN + sql.RETURNING_INSTANCE_ID, params)
         return [str(row[0]) for row in rows]
 

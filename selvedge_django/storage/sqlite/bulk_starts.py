@@ -51,7 +51,9 @@ class SQLiteBulkStarts(BulkStarts):
         texts = self._stored_texts(batch)
         return super()._input_column(batch) if texts is None else texts
 
-    def _write_instances(self, columns: dict[str, Column], count: int) -> list[str]:
+    def _write_instances(
+        self, columns: dict[str, Column], count: int, *, fresh: bool = False
+    ) -> list[str]:
         # _next_seqs: the largest rowid read, plus 1, 2, ... (one row: a Const).
         seqs = columns["created_seq"]
         first_seq = seqs.value if isinstance(seqs, Const) else seqs[0]  # type: ignore[index]
