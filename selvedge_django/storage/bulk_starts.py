@@ -4,12 +4,12 @@
 their instances here: the instance rows of a batch in one ``INSERT ... ON CONFLICT
 (instance_id) DO NOTHING`` (the primary key decides between racing starts of one
 id, as for a single start; when every id of the call must be new, PostgreSQL inserts
-without the clause and a unique violation names the taken id), then, for the starts that record their first command
-(a task due now), the history rows of the batch in one statement and the queued
-tasks in another; the search attributes of the new instances, one statement per
-batch too. A batch is as many rows as one statement may bind. Every batch
-commits in one transaction (the caller's, when there is one): an id found taken
-that may not be returned rolls the whole call back.
+without the clause and a unique violation names the taken id), then, for the starts
+that record their first command (a task due now), the history rows of the batch in
+one statement and the queued tasks in another; the search attributes of the new
+instances, one statement per batch too. A batch is as many rows as one statement
+may bind. Every batch commits in one transaction (the caller's, when there is one):
+an id found taken that may not be returned rolls the whole call back.
 
 The rows are built a column at a time (:data:`Column`): a column whose rows all
 hold one value is converted and bound once, the others are converted in one pass
