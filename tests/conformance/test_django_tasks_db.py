@@ -29,6 +29,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import time
 import types
 import unittest
 from functools import partial
@@ -224,7 +225,32 @@ def start_worker(
         text=True,
     )
     self.processes.append(process)
+    if "--batch" not in (args or []):
+        _wait_until_up(process, worker_id)
     return process
+
+
+# How long a worker process may take to start (Django set up, the registry loaded).
+WORKER_START_DEADLINE_S = 60.0
+
+
+def _wait_until_up(process: subprocess.Popen[str], worker_id: str) -> None:
+    """Return once the worker has written its heartbeat row, which it does when it starts.
+
+    The suite's tests sleep ``WORKER_STARTUP_TIME`` (one second) after starting a
+    worker and expect it to have claimed the task by then, which ``db_worker`` does;
+    a ``runselvedge worker`` process first sets Django up and loads the registry, which
+    took longer than that on a loaded machine (``test_kill`` saw the task still
+    ready). Waiting for the worker to be up keeps the suite's second for the claim."""
+    from selvedge_django.models import WorkerHeartbeat
+
+    deadline = time.monotonic() + WORKER_START_DEADLINE_S
+    while not WorkerHeartbeat.objects.filter(worker_id=worker_id).exists():
+        if process.poll() is not None:
+            return  # exited: the test sees what it left
+        if time.monotonic() > deadline:
+            raise AssertionError(f"worker {worker_id} not up after {WORKER_START_DEADLINE_S} s")
+        time.sleep(0.02)
 
 
 def _any_number_of_queries(self: Any, num: int, *args: Any, **kwargs: Any) -> Any:
