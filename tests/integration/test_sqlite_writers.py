@@ -1,11 +1,15 @@
-"""SQLite write transactions of one process take turns, within the busy timeout.
+"""SQLite write transactions take turns, within the busy timeout.
 
 Real threads on the real test database file: one holds a write transaction, others
-wait for it the way a worker's threads do.
+wait for it the way a worker's threads do; real processes for the turn between
+processes (the lock of the file beside the database).
 """
 
 from __future__ import annotations
 
+import logging
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -21,6 +25,7 @@ from selvedge_django.conf import get_settings
 from selvedge_django.engine.codec import Codec
 from selvedge_django.models import ActivityTask, WorkflowInstance
 from selvedge_django.storage import store_for
+from selvedge_django.storage.sqlite.db import TURN_FILE_SUFFIX
 from tests.conftest import wait_until
 from tests.testapp.models import Ledger
 
@@ -110,6 +115,116 @@ def test_waiting_for_the_turn_counts_against_the_busy_timeout(tdb: None) -> None
     assert "database is locked" in outcome.get("error", ""), outcome
     # 2 s of turn and nothing left for SQLite; without the shortening it waited 4 s.
     assert 1.9 <= outcome["waited"] < 3.5, outcome
+
+
+# Another process: whether the turn file's lock is free (prints "free" or "held").
+_PROBE_TURN = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    print("free")
+except BlockingIOError:
+    print("held")
+"""
+# Another process holding the turn file's lock until its standard input closes.
+_HOLD_TURN = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+def _turn_file() -> str:
+    return str(connections["default"].settings_dict["NAME"]) + TURN_FILE_SUFFIX
+
+
+def _turn_seen_from_another_process() -> str:
+    probe = [sys.executable, "-c", _PROBE_TURN, _turn_file()]
+    return subprocess.run(probe, capture_output=True, text=True, timeout=60, check=True).stdout
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="flock")
+def test_another_process_sees_the_turn_taken_for_as_long_as_a_write_transaction(
+    tdb: None,
+) -> None:
+    ready, release = threading.Event(), threading.Event()
+    holder = _hold_write_lock(ready, release)
+    try:
+        assert _turn_seen_from_another_process().strip() == "held"
+    finally:
+        release.set()
+        holder.join(10)
+    assert _turn_seen_from_another_process().strip() == "free"
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="flock")
+def test_a_process_keeping_the_turn_delays_a_writer_by_the_busy_timeout_only(
+    tdb: None,
+) -> None:
+    """The wait for another process's turn counts against the busy timeout, and a writer
+    whose turn does not come goes on at SQLite's lock (free here): it writes."""
+    outcome: dict[str, Any] = {}
+
+    def write() -> None:
+        _with_timeout(2)
+        began = time.monotonic()
+        try:
+            with _store().atomic():
+                Ledger.objects.create(entry="past-the-turn")
+        except BaseException as error:  # pragma: no cover - reported below
+            outcome["error"] = repr(error)
+        finally:
+            outcome["waited"] = time.monotonic() - began
+            connections.close_all()
+
+    with subprocess.Popen(
+        [sys.executable, "-c", _HOLD_TURN, _turn_file()],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as hold:
+        assert hold.stdin is not None and hold.stdout is not None
+        try:
+            assert hold.stdout.readline().strip() == "held"
+            writer = threading.Thread(target=write)
+            writer.start()
+            writer.join(60)
+        finally:
+            hold.stdin.close()
+            hold.wait(30)
+    assert "error" not in outcome, outcome
+    assert Ledger.objects.filter(entry="past-the-turn").count() == 1
+    assert 1.9 <= outcome["waited"] < 10, outcome
+
+
+def test_writes_go_on_without_the_turn_file_when_it_cannot_be_opened(
+    tdb: None, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Where the file beside the database cannot be made (here a directory holds its
+    name), processes meet at SQLite's lock alone, as without it; the log says why."""
+    conn = connections["default"]
+    conn.close()
+    settings = dict(conn.settings_dict)
+    name = tmp_path / "elsewhere.sqlite3"
+    (tmp_path / f"elsewhere.sqlite3{TURN_FILE_SUFFIX}").mkdir()
+    conn.settings_dict = {**settings, "NAME": str(name)}
+    try:
+        with caplog.at_level(logging.WARNING, logger="selvedge_django.store"):
+            for n in range(2):
+                with _store().atomic(), conn.cursor() as cursor:
+                    cursor.execute("CREATE TABLE IF NOT EXISTS kept (n INTEGER)")
+                    cursor.execute("INSERT INTO kept VALUES (%s)", [n])
+            with conn.cursor() as cursor:
+                cursor.execute("SELECT n FROM kept ORDER BY n")
+                assert [row[0] for row in cursor.fetchall()] == [0, 1]
+    finally:
+        conn.close()
+        conn.settings_dict = settings
+    warnings = [r.getMessage() for r in caplog.records if TURN_FILE_SUFFIX in r.getMessage()]
+    assert len(warnings) == 1 and "busy handler" in warnings[0], warnings
 
 
 def test_renewals_take_the_turn_before_a_saturating_worker_s_writes(
