@@ -227,7 +227,10 @@ class Tasks:
         if not ids:
             return []
         claimed_at = time.monotonic()
-        before = list(ActivityTask.objects.using(self.db.alias).filter(id__in=ids).order_by("id"))
+        statement, params = self.db._bound(
+            sql.compose(sql.CLAIM_ROWS, ids=sql.marks(len(ids), "task")), sql.numbered("task", ids)
+        )
+        before = list(ActivityTask.objects.using(self.db.alias).raw(statement, params))
         ttls: dict[int, tuple[float, float | None, float | None]] = {}
         fresh: dict[tuple[float, float | None], list[int]] = {}
         for task in before:
