@@ -63,6 +63,29 @@ def _hold_write_lock(ready: threading.Event, release: threading.Event) -> thread
     return thread
 
 
+def _write_with_timeout(seconds: float, body: Callable[[], None]) -> dict[str, Any]:
+    """Run ``body`` in a write transaction on a thread whose connection has a busy timeout
+    of ``seconds``: "error" (the "database is locked" text), "waited" (s) in the outcome."""
+    outcome: dict[str, Any] = {}
+
+    def write() -> None:
+        _with_timeout(seconds)
+        began = time.monotonic()
+        try:
+            with _store().atomic():
+                body()
+        except OperationalError as error:
+            outcome["error"] = str(error)
+        finally:
+            outcome["waited"] = time.monotonic() - began
+            connections.close_all()
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    writer.join(60)
+    return outcome
+
+
 def test_writers_of_one_process_each_commit_once_in_turn(tdb: None) -> None:
     ready, release = threading.Event(), threading.Event()
     holder = _hold_write_lock(ready, release)
@@ -93,23 +116,7 @@ def test_waiting_for_the_turn_counts_against_the_busy_timeout(tdb: None) -> None
     timeout once (the turn's wait is not added to SQLite's own wait)."""
     ready, release = threading.Event(), threading.Event()
     holder = _hold_write_lock(ready, release)
-    outcome: dict[str, Any] = {}
-
-    def write() -> None:
-        _with_timeout(2)
-        began = time.monotonic()
-        try:
-            with _store().atomic():
-                outcome["wrote"] = True
-        except OperationalError as error:
-            outcome["error"] = str(error)
-        finally:
-            outcome["waited"] = time.monotonic() - began
-            connections.close_all()
-
-    writer = threading.Thread(target=write)
-    writer.start()
-    writer.join(30)
+    outcome = _write_with_timeout(2, lambda: None)
     release.set()
     holder.join(10)
     assert "database is locked" in outcome.get("error", ""), outcome
@@ -160,26 +167,16 @@ def test_another_process_sees_the_turn_taken_for_as_long_as_a_write_transaction(
     assert _turn_seen_from_another_process().strip() == "free"
 
 
+def _ledger_entry() -> None:
+    Ledger.objects.create(entry="past-the-turn")
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="flock")
 def test_a_process_keeping_the_turn_delays_a_writer_by_the_busy_timeout_only(
     tdb: None,
 ) -> None:
     """The wait for another process's turn counts against the busy timeout, and a writer
     whose turn does not come goes on at SQLite's lock (free here): it writes."""
-    outcome: dict[str, Any] = {}
-
-    def write() -> None:
-        _with_timeout(2)
-        began = time.monotonic()
-        try:
-            with _store().atomic():
-                Ledger.objects.create(entry="past-the-turn")
-        except BaseException as error:  # pragma: no cover - reported below
-            outcome["error"] = repr(error)
-        finally:
-            outcome["waited"] = time.monotonic() - began
-            connections.close_all()
-
     with subprocess.Popen(
         [sys.executable, "-c", _HOLD_TURN, _turn_file()],
         stdin=subprocess.PIPE,
@@ -189,9 +186,7 @@ def test_a_process_keeping_the_turn_delays_a_writer_by_the_busy_timeout_only(
         assert hold.stdin is not None and hold.stdout is not None
         try:
             assert hold.stdout.readline().strip() == "held"
-            writer = threading.Thread(target=write)
-            writer.start()
-            writer.join(60)
+            outcome = _write_with_timeout(2, _ledger_entry)
         finally:
             hold.stdin.close()
             hold.wait(30)
