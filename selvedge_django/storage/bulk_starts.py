@@ -336,23 +336,24 @@ class BulkStarts:
                 raise exc.WorkflowAlreadyStarted(start.instance_id)
         if not taken:
             return
-        names: dict[str, str] = {}
-        ids = sorted({start.instance_id for start in taken})
-        for chunk in self.db._chunks(ids):
-            statement = sql.compose(SELECT_WORKFLOW_NAMES, ids=sql.marks(len(chunk)))
-            names.update((str(i), str(n)) for i, n in self.db._fetch(statement, chunk))
+        names = self._workflow_names(taken)
         for start in taken:
             if names.get(start.instance_id) != start.workflow_name:
                 raise exc.WorkflowAlreadyStarted(start.instance_id)
 
     def _taken(self, starts: Sequence[NewInstance]) -> list[NewInstance]:
         """The starts whose ids an instance has, in order."""
+        found = self._workflow_names(starts)
+        return [start for start in starts if start.instance_id in found]
+
+    def _workflow_names(self, starts: Sequence[NewInstance]) -> dict[str, str]:
+        """The workflow of each instance the starts' ids name, by id (the ids found)."""
+        names: dict[str, str] = {}
         ids = sorted({start.instance_id for start in starts})
-        found: set[str] = set()
         for chunk in self.db._chunks(ids):
             statement = sql.compose(SELECT_WORKFLOW_NAMES, ids=sql.marks(len(chunk)))
-            found.update(str(row[0]) for row in self.db._fetch(statement, chunk))
-        return [start for start in starts if start.instance_id in found]
+            names.update((str(i), str(n)) for i, n in self.db._fetch(statement, chunk))
+        return names
 
     def _insert_first_tasks(self, starts: Sequence[NewInstance]) -> None:
         """The history row and the queued task of each start's first command: one
