@@ -148,7 +148,7 @@ def _payload_codec_problems(raw: dict[str, Any]) -> list[CheckMessage]:
 
 def _lease_within_busy_timeout(resolved: SelvedgeSettings) -> list[CheckMessage]:
     """selvedge.W007: a renewal may wait for SQLite's write lock longer than a lease lives."""
-    from .storage.sqlite.db import busy_timeout
+    from .storage.sqlite.turns import busy_timeout
 
     alias = resolved.renewal_database or resolved.database
     timeout = busy_timeout(connections[alias])

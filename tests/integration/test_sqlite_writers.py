@@ -25,7 +25,7 @@ from selvedge_django.conf import get_settings
 from selvedge_django.engine.codec import Codec
 from selvedge_django.models import ActivityTask, WorkflowInstance
 from selvedge_django.storage import store_for
-from selvedge_django.storage.sqlite.db import TURN_FILE_SUFFIX
+from selvedge_django.storage.sqlite.turns import TURN_FILE_SUFFIX
 from tests.conftest import wait_until
 from tests.testapp.models import Ledger
 

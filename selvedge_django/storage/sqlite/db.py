@@ -5,7 +5,7 @@ Only what differs from the portable :class:`~selvedge_django.storage.db.Database
 * a write transaction locks the whole database, so write transactions begin
   ``IMMEDIATE`` (the write lock is taken up front and waited for with the busy
   timeout: worker threads never see "database is locked"), after the writer's
-  turn of this process (:func:`_writer_turn`, the renewer first); no row needs a
+  turns (:func:`.turns.writer_turn`: the renewer first, other processes too); no row needs a
   lock, and a poll looks without locking first (a read in WAL mode blocks
   nobody), so idle workers do not take the write lock several times a second;
 * the engine's connections run in WAL mode with a generous busy timeout
@@ -19,18 +19,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import threading
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from django.db import DatabaseError, OperationalError, transaction
-
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - Windows: processes meet at SQLite's lock alone
-    fcntl = None  # type: ignore[assignment]
+from django.db import OperationalError, transaction
 
 from ...engine.events import Fence
 from .. import sql
@@ -39,7 +31,7 @@ from ..operation import operation
 from ..sql import Params, Sql
 from ..wakeups import TOPIC_RUNNABLE
 from . import setup
-from .setup import BUSY_TIMEOUT_S, in_memory
+from .turns import busy_timeout, writer_turn
 
 __all__ = ["SQLiteDatabase", "busy_timeout"]
 
@@ -52,198 +44,6 @@ RENEW_UPDATE = "UPDATE {table} SET {set} WHERE {key} IN ({ids})"
 # The creation number of a later row of a multi-row insert ({next_seq}: NEXT_SEQ_SQLITE,
 # read once per statement).
 NEXT_SEQ_PLUS = "({next_seq} + %s)"
-
-
-# One lock per database file: the turns of this process's write transactions. A
-# wait for the turn longer than this (s) shortens SQLite's busy timeout to what is left.
-_TURN_WAIT_NOTICED = 0.5
-# The file beside the database whose lock (flock) is the turn between processes.
-TURN_FILE_SUFFIX = "-selvedge-turn"
-# A writer waiting for another process's turn looks again after this (s), doubling up to
-# _TURN_POLL_MAX: the holder commits within a millisecond or two, where SQLite's busy
-# handler would sleep 1, 2, 5, 10 ... 100 ms between looks.
-_TURN_POLL_FIRST = 0.00005
-_TURN_POLL_MAX = 0.0005
-
-
-class _FileTurn:
-    """The turn between processes: an exclusive ``flock`` of a file beside the database.
-
-    Taken by the thread that holds this process's turn, so one thread per process
-    waits for it. The kernel drops the lock of a process that dies, so a crash never
-    leaves it taken. A process opens the file once (again after a fork: a child
-    shares its parent's open file, and with it the lock). When the file cannot be
-    opened (a read-only directory, no ``fcntl`` on this platform) the processes
-    meet at SQLite's lock alone, as without it.
-    """
-
-    def __init__(self, path: str) -> None:
-        self._path = path
-        self._fd: int | None = None
-        self._pid = 0
-        self._failed = False
-
-    def _file(self) -> int | None:
-        if fcntl is None or self._failed:
-            return None
-        if self._fd is None or self._pid != os.getpid():
-            try:
-                self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            except OSError as error:
-                self._failed = True
-                logger.warning(
-                    "cannot open %s (%s): processes sharing this SQLite database wait for "
-                    "each other's writes with SQLite's busy handler",
-                    self._path,
-                    error,
-                )
-                return None
-            self._pid = os.getpid()
-        return self._fd
-
-    def acquire(self, deadline: float) -> bool:
-        """Take the lock, looking again with short sleeps until ``deadline`` (monotonic)."""
-        fd = self._file()
-        if fd is None:
-            return False
-        pause = _TURN_POLL_FIRST
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return True
-            except BlockingIOError:
-                pass
-            except OSError:  # pragma: no cover - a file system without flock
-                self._failed = True
-                return False
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            time.sleep(min(pause, left))
-            pause = min(pause * 2, _TURN_POLL_MAX)
-
-    def release(self) -> None:
-        if self._fd is not None and self._pid == os.getpid():
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-
-
-class _WriterTurn:
-    """A re-entrant lock whose urgent waiters go before the others.
-
-    The renewals of leases and claims are urgent: a worker busy with its own writes
-    must not let its leases and claims lapse while the renewer waits in line behind
-    them. An urgent waiter takes the turn as soon as the holder lets it go; the
-    others wait while an urgent one does. The thread that takes the turn then takes
-    the turn between processes (:class:`_FileTurn`), within what is left of the
-    same timeout, and lets it go with the turn.
-    """
-
-    def __init__(self, file_turn: _FileTurn | None = None) -> None:
-        self._cond = threading.Condition(threading.Lock())
-        self._owner: int | None = None
-        self._depth = 0
-        self._urgent = 0  # urgent waiters
-        self._file_turn = file_turn
-        self._file_held = False  # read and written by the owner only
-
-    def acquire(self, timeout: float, urgent: bool = False) -> bool:
-        deadline = time.monotonic() + timeout
-        if not self._acquire(timeout, urgent):
-            return False
-        if self._depth == 1 and self._file_turn is not None:
-            self._file_held = self._file_turn.acquire(deadline)
-        return True
-
-    def _acquire(self, timeout: float, urgent: bool) -> bool:
-        me = threading.get_ident()
-        with self._cond:
-            if self._owner == me:
-                self._depth += 1
-                return True
-            if urgent:
-                self._urgent += 1
-            try:
-                free = self._cond.wait_for(
-                    lambda: self._owner is None and (urgent or not self._urgent), timeout
-                )
-            finally:
-                if urgent:
-                    self._urgent -= 1
-                    if not self._urgent:
-                        self._cond.notify_all()  # the others may go now
-            if not free:
-                return False
-            self._owner, self._depth = me, 1
-            return True
-
-    def release(self) -> None:
-        if self._depth == 1 and self._file_held:
-            self._file_held = False
-            assert self._file_turn is not None
-            self._file_turn.release()
-        with self._cond:
-            self._depth -= 1
-            if not self._depth:
-                self._owner = None
-                self._cond.notify_all()
-
-
-_writer_locks: dict[str, _WriterTurn] = {}
-_writer_locks_guard = threading.Lock()
-
-
-@contextlib.contextmanager
-def _writer_turn(conn: Any, urgent: bool = False) -> Iterator[None]:
-    """Wait for this process's turn to write to ``conn``'s database file.
-
-    SQLite lets one writer in at a time and makes the others poll with sleeps that
-    grow to 100 ms, so under contention the lock is often free while every waiter
-    sleeps. Threads of one process queue on a Python lock instead and take the
-    database lock as the previous writer commits. Re-entrant (a callback run at a
-    commit may write again). An ``urgent`` writer (the renewer) is handed the turn
-    before every other waiter of the process. The wait for the turn counts against
-    the busy timeout: after a long one, SQLite waits only what is left of it (and
-    then fails with "database is locked" as before); a writer whose turn does not
-    come within the whole timeout goes on without it. The engine's writers in other
-    processes take turns with this one's through a lock of a file beside the
-    database (:class:`_FileTurn`, looked at again every half millisecond at most);
-    other writers (the project's own code, ``db_worker``) meet them at SQLite's lock.
-    """
-    name = str(conn.settings_dict.get("NAME") or "")
-    if in_memory(name):
-        yield
-        return
-    with _writer_locks_guard:
-        lock = _writer_locks.get(name)
-        if lock is None:
-            file_turn = None if name.startswith("file:") else _FileTurn(name + TURN_FILE_SUFFIX)
-            lock = _writer_locks[name] = _WriterTurn(file_turn)
-    timeout = busy_timeout(conn)
-    began = time.monotonic()
-    taken = lock.acquire(timeout, urgent)
-    waited = time.monotonic() - began
-    shortened = waited > _TURN_WAIT_NOTICED
-    try:
-        if shortened:
-            left_ms = max(1, round((timeout - waited) * 1000))
-            with conn.cursor() as cursor:
-                cursor.execute(f"PRAGMA busy_timeout = {left_ms}")  # an int, never user text
-        yield
-    finally:
-        try:
-            if shortened:
-                with contextlib.suppress(DatabaseError), conn.cursor() as cursor:
-                    # A broken connection is dropped; a new one gets the timeout back.
-                    cursor.execute(f"PRAGMA busy_timeout = {round(timeout * 1000)}")
-        finally:
-            if taken:
-                lock.release()
-
-
-def busy_timeout(conn: Any) -> float:
-    """Seconds a writer of the engine's connections waits for SQLite's write lock."""
-    options = conn.settings_dict.get("OPTIONS") or {}
-    return float(options.get("timeout", BUSY_TIMEOUT_S))
 
 
 class SQLiteDatabase(Database):
@@ -300,7 +100,7 @@ class SQLiteDatabase(Database):
         """Begin IMMEDIATE: take the write lock first, waiting with the busy timeout.
 
         The threads of one process take turns on a lock of the database file first
-        (:func:`_writer_turn`), so a writer waiting behind another of its process is
+        (:func:`.turns.writer_turn`), so a writer waiting behind another of its process is
         handed the turn when that one commits, instead of polling SQLite's lock with
         the busy handler's growing sleeps. The renewer's store (``urgent_writes``)
         goes first.
@@ -315,7 +115,7 @@ class SQLiteDatabase(Database):
         conn.transaction_mode = "IMMEDIATE"
         try:
             with (
-                _writer_turn(conn, self.urgent_writes),
+                writer_turn(conn, self.urgent_writes),
                 transaction.atomic(using=self.alias),
             ):
                 conn.transaction_mode = previous
