@@ -217,11 +217,7 @@ class Database:
         waiters go out after the commit instead (:func:`~.wakeups.is_waiter_hint`).
         """
 
-        def send() -> None:
-            for topic in topics:
-                self.bus.publish(topic)
-
-        transaction.on_commit(send, using=self.alias)
+        self.publish_on_commit(*topics)
         if not (self.notify_enabled and topics):
             return
         hints = [topic for topic in topics if is_waiter_hint(topic)]
@@ -232,6 +228,17 @@ class Database:
             self._tx.pending.update(work)
         elif work:
             self._notify(work)
+
+    @operation
+    def publish_on_commit(self, *topics: str) -> None:
+        """Wake local loops once the current transaction commits (no NOTIFY: for a
+        statement that sent its own)."""
+
+        def send() -> None:
+            for topic in topics:
+                self.bus.publish(topic)
+
+        transaction.on_commit(send, using=self.alias)
 
     def _notify(self, topics: Sequence[str] | set[str]) -> None:
         """Send ``topics`` to other processes in the current transaction (PostgreSQL)."""

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import threading
 from typing import Any
 
 import pytest
+from django.db import OperationalError, connection, transaction
 
 if (
     importlib.util.find_spec("django.tasks") is None
@@ -31,6 +33,7 @@ from selvedge_django.testing import FaultInjector, run_until_idle
 from selvedge_django.worker import Worker
 from tests.conftest import wait_until
 from tests.testapp import tasks
+from tests.testapp.models import Ledger
 
 pytestmark = pytest.mark.usefixtures("tdb", "task_calls")
 
@@ -132,6 +135,74 @@ def test_the_start_records_what_the_workflows_first_execution_would() -> None:
         )
     )
     assert epochs[enqueued.id] == 0 and epochs[started] >= 1
+
+
+class _Abandoned(Exception):
+    pass
+
+
+def test_an_enqueue_in_a_transaction_commits_and_rolls_back_with_it() -> None:
+    """Inside a caller's transaction (a view under ``ATOMIC_REQUESTS``) an enqueue
+    writes with it: nothing of a rolled-back one stays, committed ones run. On
+    PostgreSQL it is one statement in a savepoint of its own."""
+    with pytest.raises(_Abandoned), transaction.atomic():
+        rolled_back = tasks.add.enqueue(1, 1)
+        raise _Abandoned
+    assert not WorkflowInstance.objects.filter(instance_id=rolled_back.id).exists()
+    assert not ActivityTask.objects.filter(instance_id=rolled_back.id).exists()
+
+    statements: list[str] = []
+
+    def spy(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        statements.append(sql)
+        return execute(sql, params, many, context)
+
+    with transaction.atomic():
+        with connection.execute_wrapper(spy):
+            first = tasks.add.enqueue(2, 3)
+        second = tasks.add.enqueue(4, 5)
+    if connection.vendor == "postgresql":
+        verbs = [statement.split(None, 1)[0].upper() for statement in statements]
+        assert verbs == ["SAVEPOINT", "WITH", "RELEASE"], statements
+    run_until_idle(Worker())
+    assert [tasks.add.get_result(r.id).return_value for r in (first, second)] == [5, 9]
+    assert [row[3] for row in history(first.id)] == [row[3] for row in history(second.id)]
+
+
+def test_an_enqueue_failing_in_a_transaction_leaves_the_transaction_usable() -> None:
+    """A database error of the enqueue's own statements (a lock timeout behind another
+    transaction's table lock) rolls back only the enqueue: the caller goes on and
+    commits its other writes."""
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite has no lock timeout: its writers queue for the database")
+    ready, release = threading.Event(), threading.Event()
+    table = connection.ops.quote_name(WorkflowInstance._meta.db_table)
+
+    def hold_the_instance_table() -> None:
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute(f"LOCK TABLE {table} IN EXCLUSIVE MODE")
+                ready.set()
+                release.wait(30)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold_the_instance_table)
+    holder.start()
+    try:
+        assert ready.wait(10)
+        before = WorkflowInstance.objects.count()
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL lock_timeout = '200ms'")
+            with pytest.raises(OperationalError, match="lock timeout"):
+                tasks.add.enqueue(1, 2)
+            Ledger.objects.create(entry="after the failed enqueue")
+    finally:
+        release.set()
+        holder.join(10)
+    assert Ledger.objects.filter(entry="after the failed enqueue").count() == 1
+    assert WorkflowInstance.objects.count() == before
 
 
 def test_a_task_that_fails_for_good_closes_through_the_replay() -> None:
