@@ -67,7 +67,9 @@ class _FileTurn:
             return None
         if self._fd is None or self._pid != os.getpid():
             try:
-                self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                # Read-only: flock needs no write access, so processes of other users
+                # (a web server's, a worker's) that can read the file share its lock.
+                self._fd = os.open(self._path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
             except OSError as error:
                 self._failed = True
                 logger.warning(
