@@ -231,14 +231,9 @@ class Database:
 
     @operation
     def publish_on_commit(self, *topics: str) -> None:
-        """Wake local loops once the current transaction commits (no NOTIFY: for a
+        """:meth:`_publish_now` once the current transaction commits (no NOTIFY: for a
         statement that sent its own)."""
-
-        def send() -> None:
-            for topic in topics:
-                self.bus.publish(topic)
-
-        transaction.on_commit(send, using=self.alias)
+        transaction.on_commit(lambda: self._publish_now(*topics), using=self.alias)
 
     def _notify(self, topics: Sequence[str] | set[str]) -> None:
         """Send ``topics`` to other processes in the current transaction (PostgreSQL)."""

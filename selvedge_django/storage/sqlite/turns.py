@@ -175,20 +175,15 @@ _writer_locks_guard = threading.Lock()
 
 @contextlib.contextmanager
 def writer_turn(conn: Any, urgent: bool = False) -> Iterator[None]:
-    """Wait for this process's turn to write to ``conn``'s database file.
-
-    SQLite lets one writer in at a time and makes the others poll with sleeps that
-    grow to 100 ms, so under contention the lock is often free while every waiter
-    sleeps. Threads of one process queue on a Python lock instead and take the
-    database lock as the previous writer commits. Re-entrant (a callback run at a
-    commit may write again). An ``urgent`` writer (the renewer) is handed the turn
+    """Wait for this process's turn, then the turn between processes, to write to
+    ``conn``'s database file (the module's docstring says why). Re-entrant (a callback
+    run at a commit may write again). An ``urgent`` writer (the renewer) is handed the turn
     before every other waiter of the process. The wait for the turn counts against
     the busy timeout: after a long one, SQLite waits only what is left of it (and
     then fails with "database is locked" as before); a writer whose turn does not
-    come within the whole timeout goes on without it. The engine's writers in other
-    processes take turns with this one's through a lock of a file beside the
-    database (:class:`_FileTurn`, looked at again every half millisecond at most);
-    other writers (the project's own code, ``db_worker``) meet them at SQLite's lock.
+    come within the whole timeout goes on without it, as does one whose turn between
+    processes (:class:`_FileTurn`, looked at again every half millisecond at most)
+    does not come within what is left of it.
     """
     name = str(conn.settings_dict.get("NAME") or "")
     if in_memory(name):
