@@ -13,6 +13,7 @@ import os
 import random
 import signal
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -154,6 +155,12 @@ def stop_between_writes(pid: int) -> None:
     side of every engine table: SQLite's write lock (the test settings begin write
     transactions IMMEDIATE), or PostgreSQL's EXCLUSIVE table locks, which wait for each
     transaction that wrote to them and keep new writes out until the commit.
+
+    ``kill`` returns before the process has stopped: one of its threads takes the
+    signal when the scheduler next runs it and stops the others, which until then go on
+    (on a busy machine long enough for the held activity to see its marker gone and
+    commit its completion). So the locks are held until ``waitpid`` reports the whole
+    process stopped.
     """
     tables = [model._meta.db_table for model in apps.get_app_config("selvedge_django").get_models()]
     with transaction.atomic(), connection.cursor() as cursor:
@@ -163,6 +170,11 @@ def stop_between_writes(pid: int) -> None:
         else:
             WorkflowInstance.objects.filter(instance_id="").update(runnable=False)
         os.kill(pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 30
+        while (reported := os.waitpid(pid, os.WUNTRACED | os.WNOHANG)) == (0, 0):
+            assert time.monotonic() < deadline, f"worker {pid} did not stop"
+            time.sleep(0.001)
+        assert os.WIFSTOPPED(reported[1]), f"worker {pid} ended instead: {reported[1]}"
 
 
 @pytest.mark.slow
