@@ -3,15 +3,18 @@
 Every start of the call is validated as :func:`~.instances.start_workflow` validates
 one, before anything is written; then the store inserts them all in one
 transaction (the caller's ``transaction.atomic()`` when there is one), one statement
-per batch and table (``storage.bulk_starts``). Workers are woken, and the start
-hooks and signals fire, once, after commit.
+per batch and table (``storage.bulk_starts``). The tasks of a many-task enqueue are
+validated as the store takes them instead, a batch at a time inside the
+transaction, so that their preparation overlaps the database's inserts; a bad one
+rolls the call back all the same. Workers are woken, and the start hooks and
+signals fire, once, after commit.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -45,6 +48,10 @@ __all__ = [
 START_OPTIONS = frozenset(
     {"instance_id", "execution_timeout", "if_exists", "priority", "attributes"}
 )
+#: The tasks :func:`start_tasks` hands the store at a time: enough for the statements of
+#: one to keep the database busy while the next is prepared, few enough that the first
+#: goes out early.
+TASK_BATCH = 1000
 # The options of a task enqueued without any (never changed).
 _NO_OPTIONS: dict[str, Any] = {}
 
@@ -169,17 +176,21 @@ class TaskStart:
 def start_tasks(
     workflow: WorkflowDefinition[Any, Any],
     activity: ActivityDefinition[Any, Any],
-    tasks: Sequence[TaskStart],
+    tasks: Iterable[TaskStart],
 ) -> None:
     """Start the instances of many enqueued tasks in one transaction (the bulk form of
     ``tasks.runner.start_task``): a task due now with its activity reserved, as
     :func:`~.instances.start_with_activity` does, a deferred one as a plain start.
-    Validation and errors are those of :func:`start_workflows`."""
+    Validation and errors are those of :func:`start_workflows`, and every id must be
+    new.
+
+    ``tasks`` is read as the store takes the starts, :data:`TASK_BATCH` at a time,
+    inside the transaction: a generator's work on one batch overlaps the database's
+    on the last (on PostgreSQL), and an error anywhere rolls the whole call back.
+    """
     key = workflow.result_activity
     if key is None:
         raise ValueError(f"workflow {workflow.name!r} has no result_activity")
-    if not tasks:
-        return
     settings = get_settings()
     codec = client_store().codec
     hooks = settings.hooks
@@ -188,12 +199,13 @@ def start_tasks(
         name = _start_name(workflow)
     except exc.WorkflowStartRejected as error:
         raise exc.WorkflowStartRejected(f"task #0: {error}") from error
-    new: list[NewInstance] = []
     # Tasks of one function share their options (often one object): the options are
     # resolved, and the reservation and task built, once per distinct set.
     resolved: dict[str, tuple[HistoryRow, TaskSpec]] = {}
     by_object: dict[int, tuple[HistoryRow, TaskSpec]] = {}
-    for index, task in enumerate(tasks):
+    started: list[str] = []
+
+    def new_instance(index: int, task: TaskStart) -> NewInstance:
         try:
             instance_id = validate_instance_id(task.instance_id)
             text = _start_input(codec, task.input)
@@ -215,28 +227,44 @@ def start_tasks(
                 # The options object lives as long as the task's input: its id is its own.
                 by_object[id(raw)] = template
             first = template
-        new.append(
-            NewInstance(
-                instance_id=instance_id,
-                workflow_name=name,
-                input_value=None,
-                input_text=text,
-                trace_context=(
-                    hooks_module.capture_trace_context(
-                        hooks, "start", instance_id=instance_id, workflow_name=name
-                    )
-                    if tracing
-                    else None
-                ),
-                priority=priority,
-                started_at=task.enqueued_at,
-                first_task=first,
-                # The activity's input is the workflow's (the shared spec's is the first's).
-                task_input=None if first is None else text,
-            )
+        started.append(instance_id)
+        return NewInstance(
+            instance_id=instance_id,
+            workflow_name=name,
+            input_value=None,
+            input_text=text,
+            trace_context=(
+                hooks_module.capture_trace_context(
+                    hooks, "start", instance_id=instance_id, workflow_name=name
+                )
+                if tracing
+                else None
+            ),
+            priority=priority,
+            started_at=task.enqueued_at,
+            first_task=first,
+            # The activity's input is the workflow's (the shared spec's is the first's).
+            task_input=None if first is None else text,
         )
-    _check_repeated(new)
-    _create(new)
+
+    def batches() -> Iterator[list[NewInstance]]:
+        seen: dict[str, NewInstance] = {}
+        batch: list[NewInstance] = []
+        for index, task in enumerate(tasks):
+            batch.append(new_instance(index, task))
+            if len(batch) == TASK_BATCH:
+                _check_repeated(batch, seen)
+                yield batch
+                batch = []
+        if batch:
+            _check_repeated(batch, seen)
+            yield batch
+
+    store = client_store()
+    store.bulk_starts.create_new_instances(
+        batches(), service_name=settings.service_name, code_version=settings.code_version
+    )
+    _fire_started_on_commit([(instance_id, name) for instance_id in started])
 
 
 def _item(index: int, item: Any) -> tuple[Any, Any, Mapping[str, Any]]:
@@ -268,9 +296,15 @@ def _item(index: int, item: Any) -> tuple[Any, Any, Mapping[str, Any]]:
     return workflow, input, options
 
 
-def _check_repeated(new: Sequence[NewInstance]) -> None:
-    """An id given twice: the later item must accept the earlier one's instance."""
-    first: dict[str, NewInstance] = {}
+def _check_repeated(
+    new: Sequence[NewInstance], first: dict[str, NewInstance] | None = None
+) -> None:
+    """An id given twice: the later item must accept the earlier one's instance.
+
+    ``first``: the first start of each id in earlier batches of the call (this one's
+    are added)."""
+    if first is None:
+        first = {}
     for start in new:
         earlier = first.setdefault(start.instance_id, start)
         if earlier is start:
@@ -289,10 +323,17 @@ def _create(new: list[NewInstance]) -> None:
         new, service_name=settings.service_name, code_version=settings.code_version
     )
     pairs = zip(new, created, strict=True)
-    started = [(start.instance_id, start.workflow_name) for start, made in pairs if made]
+    _fire_started_on_commit(
+        [(start.instance_id, start.workflow_name) for start, made in pairs if made]
+    )
+
+
+def _fire_started_on_commit(started: list[tuple[str, str]]) -> None:
+    """Fire the start hooks and signals of ``started`` (id, workflow) after commit."""
     if not started:
         return
-    hooks = settings.hooks
+    store = client_store()
+    hooks = get_settings().hooks
 
     def fire() -> None:
         # Nothing listening (the usual bulk start): no event to build for each start.

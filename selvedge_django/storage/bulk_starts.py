@@ -9,7 +9,10 @@ that record their first command (a task due now), the history rows of the batch 
 one statement and the queued tasks in another; the search attributes of the new
 instances, one statement per batch too. A batch is as many rows as one statement
 may bind. Every batch commits in one transaction (the caller's, when there is one):
-an id found taken that may not be returned rolls the whole call back.
+an id found taken that may not be returned rolls the whole call back. Starts that
+must all be new (the tasks of ``enqueue_many``) may come a batch at a time from the
+caller's generator (:meth:`BulkStarts.create_new_instances`): on PostgreSQL their
+statements are sent in pipeline mode while the caller prepares the next batch.
 
 The rows are built a column at a time (:data:`Column`): a column whose rows all
 hold one value is converted and bound once, the others are converted in one pass
@@ -20,11 +23,12 @@ row (``executemany``), on PostgreSQL one array per column (``unnest``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from itertools import repeat
+from itertools import chain, repeat
 from typing import Any
 
 from django.db import IntegrityError, models
@@ -170,6 +174,79 @@ class BulkStarts:
             if fresh:
                 self._check_taken(self._taken(starts))
             raise
+
+    @operation
+    def create_new_instances(
+        self,
+        batches: Iterable[Sequence[NewInstance]],
+        *,
+        service_name: str = "",
+        code_version: str | None = None,
+    ) -> int:
+        """Insert the starts of ``batches``, each of which must create its instance, in
+        one transaction; return how many.
+
+        The batches are drawn one at a time, the first before the transaction begins:
+        on PostgreSQL the statements of one go out without waiting for the server
+        (:meth:`Database._pipeline`), so the caller prepares the next batch (a
+        generator's work) while the server inserts the last. Elsewhere every batch is
+        drawn before the transaction begins, so that SQLite's write lock is not held
+        while the caller prepares, and they are inserted as one. An error of the
+        caller's iterator, or an id found taken
+        (:class:`~selvedge_django.exceptions.WorkflowAlreadyStarted`, whatever
+        ``if_exists`` says), rolls the whole call back; an id given twice is the
+        caller's to reject before. Dispatchers (and, for first tasks, activity
+        workers) are woken after commit.
+        """
+        pending = iter(batches)
+        first = next(pending, None)
+        if first is None:
+            return 0
+        pipeline = self.db._pipeline()
+        drawn: Iterable[Sequence[NewInstance]] = chain([first], pending)
+        if pipeline is None:  # all at once, in the statements' own batches
+            drawn = [[start for batch in drawn for start in batch]]
+            pipeline = contextlib.nullcontext()
+        now = timezone.now()
+        sent: list[NewInstance] = []
+        try:
+            with self.db.atomic():
+                with pipeline:
+                    for batch in drawn:
+                        sent.extend(batch)
+                        self._insert_new(batch, now, service_name, code_version)
+                if any(start.first_task is not None for start in sent):
+                    self.db.after_commit(TOPIC_TASK)
+                if any(start.first_task is None for start in sent):
+                    self.db.after_commit(TOPIC_RUNNABLE)
+        except IntegrityError:
+            taken = self._taken(sent)  # the call rolled back: what is left is another's
+            if taken:
+                raise exc.WorkflowAlreadyStarted(taken[0].instance_id) from None
+            raise
+        return len(sent)
+
+    def _insert_new(
+        self,
+        batch: Sequence[NewInstance],
+        now: datetime,
+        service_name: str,
+        code_version: str | None,
+    ) -> None:
+        """The rows of a batch of starts all new (on PostgreSQL no statement reads a
+        result back: a taken id is the insert's unique violation)."""
+        for part in self._batches_of(batch, self._instance_params()):
+            created = self._insert_instances(part, now, service_name, code_version, fresh=True)
+            if len(created) < len(part):  # a dialect whose insert skipped a taken id
+                made, seen = set(created), set()
+                for start in part:
+                    if start.instance_id not in made or start.instance_id in seen:
+                        raise exc.WorkflowAlreadyStarted(start.instance_id)
+                    seen.add(start.instance_id)
+        firsts = [start for start in batch if start.first_task is not None]
+        if firsts:
+            self._insert_first_tasks(firsts)
+        self._insert_attributes(batch)
 
     def _create(
         self,

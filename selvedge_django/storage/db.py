@@ -288,6 +288,12 @@ class Database:
         the server and prepares them (``PREPARED_STATEMENTS``)."""
         return self.connection.cursor()
 
+    def _pipeline(self) -> contextlib.AbstractContextManager[None] | None:
+        """A block whose statements go out without waiting for each one's result (the
+        first error raised by a later statement or at the block's end), or None where
+        the connection has no such mode: here none."""
+        return None
+
     def _tables(self, statement: str, *, named: bool = True) -> str:
         names = self._table_names
         if names is None:

@@ -433,6 +433,121 @@ def test_a_bad_task_call_enqueues_none_of_them() -> None:
 
 
 @pytest.mark.skipif(not HAS_TASKS, reason="neither django.tasks nor the django-tasks backport")
+@pytest.mark.parametrize("prepared", [True, False], ids=["prepared", "not-prepared"])
+def test_tasks_of_several_batches_go_out_without_waiting_and_all_commit(
+    monkeypatch: pytest.MonkeyPatch, prepared: bool
+) -> None:
+    """The calls are prepared a batch at a time while the store inserts the last: on
+    PostgreSQL each batch's statements run in psycopg's pipeline mode (sent without
+    waiting for the server; bound on the server or quoted by the driver alike), on
+    SQLite all the batches are one insert per table."""
+    from django.conf import settings
+
+    from selvedge_django.operations import bulk
+
+    monkeypatch.setattr(bulk, "TASK_BATCH", 3)
+    connections["default"].close()
+    with override_settings(
+        SELVEDGE={**getattr(settings, "SELVEDGE", {}), "PREPARED_STATEMENTS": prepared}
+    ):
+        _enqueue_in_batches()
+
+
+def _enqueue_in_batches() -> None:
+    from selvedge_django.tasks import enqueue_many
+    from tests.testapp import tasks
+
+    conn = connections["default"]
+    modes: list[str] = []  # psycopg's pipeline status at each INSERT (PostgreSQL)
+
+    def record(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if conn.vendor == "postgresql" and sql.lstrip().upper().startswith("INSERT"):
+            from psycopg import pq
+
+            modes.append(pq.PipelineStatus(conn.connection.pgconn.pipeline_status).name)
+        return execute(sql, params, many, context)
+
+    calls: list[Any] = [(tasks.add, [n, 1], {}) for n in range(8)]
+    with CaptureQueriesContext(conn) as queries, conn.execute_wrapper(record):
+        results = enqueue_many(calls)
+    ids = [result.id for result in results]
+    assert set(WorkflowInstance.objects.values_list("instance_id", flat=True)) == set(ids)
+    assert ActivityTask.objects.filter(instance_id__in=ids, status="queued").count() == 8
+    per_table = 3 if conn.vendor == "postgresql" else 1  # batches of 3, 3 and 2
+    assert inserts(queries, WorkflowInstance._meta.db_table) == per_table
+    assert inserts(queries, ActivityTask._meta.db_table) == per_table
+    if conn.vendor == "postgresql":
+        assert modes and set(modes) == {"ON"}
+
+
+def _bad_after(good: int) -> list[Any]:
+    from tests.testapp import tasks
+
+    return [*[(tasks.add, [n, 1], {}) for n in range(good)], (tasks.add, [object(), 1], {})]
+
+
+@pytest.mark.skipif(not HAS_TASKS, reason="neither django.tasks nor the django-tasks backport")
+def test_a_bad_task_in_a_later_batch_rolls_back_the_batches_already_sent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from selvedge_django.operations import bulk
+    from selvedge_django.tasks import compat, enqueue_many
+    from tests.testapp.models import Ledger
+
+    monkeypatch.setattr(bulk, "TASK_BATCH", 2)
+    with pytest.raises((TypeError, ValueError, compat.InvalidTask)):
+        enqueue_many(_bad_after(5))
+    assert WorkflowInstance.objects.count() == ActivityTask.objects.count() == 0
+    # Inside the caller's transaction: that transaction stays usable and commits.
+    with transaction.atomic():
+        Ledger.objects.create(entry="before")
+        with pytest.raises((TypeError, ValueError, compat.InvalidTask)):
+            enqueue_many(_bad_after(5))
+        Ledger.objects.create(entry="after")
+    assert sorted(Ledger.objects.values_list("entry", flat=True)) == ["after", "before"]
+    assert WorkflowInstance.objects.count() == HistoryEvent.objects.count() == 0
+
+
+def _task_starts(ids: list[str]) -> list[Any]:
+    from selvedge_django.operations.bulk import TaskStart
+
+    now = timezone.now()
+    return [
+        TaskStart(
+            {"task": "tests.testapp.tasks.add", "args": [1, 2], "kwargs": {}},
+            instance_id=iid,
+            priority=0,
+            enqueued_at=now,
+            deferred=False,
+        )
+        for iid in ids
+    ]
+
+
+@pytest.mark.skipif(not HAS_TASKS, reason="neither django.tasks nor the django-tasks backport")
+@pytest.mark.parametrize("where", ["taken", "repeated"])
+def test_an_id_taken_or_repeated_in_a_later_batch_names_itself_and_writes_nothing(
+    monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    from selvedge_django.operations import bulk
+    from selvedge_django.tasks.runner import run_task, run_task_activity
+    from tests.testapp.models import Ledger
+
+    monkeypatch.setattr(bulk, "TASK_BATCH", 2)
+    sv.start_workflow(echo, 1, instance_id="held")
+    ids = [f"new-{n}" for n in range(5)] + ["held" if where == "taken" else "new-1"]
+    with transaction.atomic():
+        Ledger.objects.create(entry="before")
+        with pytest.raises(sv.WorkflowAlreadyStarted) as raised:
+            bulk.start_tasks(run_task, run_task_activity, _task_starts(ids))
+        Ledger.objects.create(entry="after")
+    assert ids[-1] in str(raised.value)
+    assert list(WorkflowInstance.objects.values_list("instance_id", flat=True)) == ["held"]
+    assert ActivityTask.objects.count() == 0
+    assert Ledger.objects.count() == 2
+
+
+@pytest.mark.skipif(not HAS_TASKS, reason="neither django.tasks nor the django-tasks backport")
 def test_bulk_results_are_the_results_single_enqueues_give() -> None:
     """Every call of a bulk enqueue gets the result a single enqueue of it gives (its own
     id, normalised arguments, its own lists), whichever form its arguments take."""

@@ -5,7 +5,8 @@ a consistent read runs at ``REPEATABLE READ``; arrivals lock the instance row fi
 (``FOR NO KEY UPDATE``), the lock order of every write path; flow control takes one
 advisory lock per queue and key; wake-ups reach other processes through ``NOTIFY``
 (:mod:`.notify`), sent in the writing transaction, or after it for a waiter's
-hint. The connection set-up guards server-side prepared statements behind a pooler,
+hint; a bulk enqueue sends its batches in psycopg's pipeline mode (:meth:`_pipeline`).
+The connection set-up guards server-side prepared statements behind a pooler,
 and the system checks warn when autovacuum is off (both in :mod:`.setup`).
 """
 
@@ -50,6 +51,13 @@ logger = logging.getLogger("selvedge_django.store")
 PREPARE_THRESHOLD = 5
 
 
+@contextlib.contextmanager
+def _translated(conn: Any, block: contextlib.AbstractContextManager[Any]) -> Iterator[None]:
+    """``block`` with the driver's errors raised at its end turned into Django's."""
+    with conn.wrap_database_errors, block:
+        yield
+
+
 @functools.cache
 def _binding() -> tuple[type[Any], Callable[[Any], Any], Callable[[Any, Any], None]] | None:
     """Django's psycopg cursor class that binds on the server (converting each
@@ -88,6 +96,25 @@ class PostgresDatabase(Database):
     def one_statement(self) -> bool:
         """Whether a fenced write may run as one statement: outside any transaction."""
         return not self.connection.in_atomic_block
+
+    def _pipeline(self) -> contextlib.AbstractContextManager[None] | None:
+        """psycopg's pipeline mode (psycopg 3 with libpq 14 or later; None otherwise).
+
+        Each statement is sent without waiting for its result, so the client prepares
+        the next while the server runs this one. The server's first error comes back
+        from a later statement of the block or from its end (as Django's exception,
+        like any other); the statements after the failed one are skipped, so the
+        block belongs inside a transaction that the error rolls back.
+        """
+        conn = self.connection
+        conn.ensure_connection()
+        if _binding() is None or getattr(conn.connection, "pipeline", None) is None:
+            return None
+        from psycopg import Pipeline
+
+        if not Pipeline.is_supported():
+            return None
+        return _translated(conn, conn.connection.pipeline())
 
     def _cursor(self) -> Any:
         """A cursor that binds on the server, so psycopg prepares the engine's statements.
