@@ -327,7 +327,9 @@ holder.execute("ROLLBACK")
 """
 
 
-def _run_engine_script(bouncer: Bouncer, prepare: str | None) -> str:
+def _run_engine_script(
+    bouncer: Bouncer, prepare: str | None, script: str = ENGINE_PREPARED_SCRIPT
+) -> str:
     import sys
 
     from tests.conftest import ROOT
@@ -344,7 +346,7 @@ def _run_engine_script(bouncer: Bouncer, prepare: str | None) -> str:
     if prepare is not None:
         env["SELVEDGE_TEST_PGBOUNCER_PREPARE"] = prepare
     result = subprocess.run(
-        [sys.executable, "-c", ENGINE_PREPARED_SCRIPT],
+        [sys.executable, "-c", script],
         cwd=str(ROOT),
         env=env,
         capture_output=True,
@@ -371,6 +373,43 @@ def test_the_engines_prepared_statements_through_transaction_pooling_on_and_off(
     assert "prepared_statements False" in off, off
     assert "no error" in off, off
     assert "outputs [6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6]" in off, off
+
+
+# A bulk enqueue of three batches through the pool (the engine's prepared statements
+# off, as behind pgbouncer before 1.21): its statements go out in psycopg's pipeline
+# mode inside one transaction, which keeps one server session; then one whose last
+# call is bad, which must leave nothing.
+BULK_ENQUEUE_SCRIPT = """
+import django
+
+django.setup()
+from selvedge_django.conf import get_settings
+from selvedge_django.models import ActivityTask, WorkflowInstance
+from selvedge_django.operations import bulk
+from selvedge_django.tasks import enqueue_many
+from tests.testapp import tasks
+
+print("prepared_statements", get_settings().prepared_statements)
+bulk.TASK_BATCH = 50
+results = enqueue_many([(tasks.add, [n, 1], {}) for n in range(120)])
+ids = [r.id for r in results]
+print("instances", WorkflowInstance.objects.filter(instance_id__in=ids).count())
+print("queued", ActivityTask.objects.filter(instance_id__in=ids, status="queued").count())
+try:
+    enqueue_many([(tasks.add, [n, 1], {}) for n in range(120)] + [(tasks.add, [object()], {})])
+except Exception as error:
+    print("rejected", type(error).__name__)
+print("in all", WorkflowInstance.objects.count())
+"""
+
+
+def test_a_bulk_enqueue_in_batches_passes_through_transaction_pooling(
+    pgbouncer: Bouncer,
+) -> None:
+    output = _run_engine_script(pgbouncer, None, BULK_ENQUEUE_SCRIPT)
+    assert "prepared_statements False" in output, output
+    assert "instances 120" in output and "queued 120" in output, output
+    assert "rejected" in output and "in all 120" in output, output
 
 
 def settings_selvedge() -> dict[str, object]:
