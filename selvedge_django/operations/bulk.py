@@ -124,13 +124,7 @@ def start_workflows(
                 input_text=text,
                 if_exists=if_exists,
                 execution_timeout_ms=timeout_ms,
-                trace_context=(
-                    hooks_module.capture_trace_context(
-                        hooks, "start", instance_id=instance_id, workflow_name=name
-                    )
-                    if tracing
-                    else None
-                ),
+                trace_context=_trace_context(hooks, tracing, instance_id, name),
                 priority=priority,
                 attributes=attributes,
             )
@@ -233,13 +227,7 @@ def start_tasks(
             workflow_name=name,
             input_value=None,
             input_text=text,
-            trace_context=(
-                hooks_module.capture_trace_context(
-                    hooks, "start", instance_id=instance_id, workflow_name=name
-                )
-                if tracing
-                else None
-            ),
+            trace_context=_trace_context(hooks, tracing, instance_id, name),
             priority=priority,
             started_at=task.enqueued_at,
             first_task=first,
@@ -294,6 +282,15 @@ def _item(index: int, item: Any) -> tuple[Any, Any, Mapping[str, Any]]:
             f" not {type(workflow).__name__}"[:300]
         )
     return workflow, input, options
+
+
+def _trace_context(hooks: Any, tracing: bool, instance_id: str, name: str) -> str | None:
+    """The trace context a start records (None when no hook captures one)."""
+    if not tracing:
+        return None
+    return hooks_module.capture_trace_context(
+        hooks, "start", instance_id=instance_id, workflow_name=name
+    )
 
 
 def _check_repeated(
