@@ -109,3 +109,26 @@ def test_a_workers_listener_and_a_waiters_listener_each_hear_their_channel() -> 
     finally:
         listeners.release_listener(worker)
         listeners.stop_listeners()
+
+
+def test_a_start_outside_a_transaction_is_one_statement_that_wakes_the_workers(
+    channels: tuple[psycopg.Connection[Any], psycopg.Connection[Any]],
+) -> None:
+    """No BEGIN and COMMIT around the insert and its NOTIFY: one round trip. A start whose
+    id is taken writes nothing and wakes nobody."""
+    from django.test.utils import CaptureQueriesContext
+
+    from selvedge_django.models import WorkflowInstance
+
+    wake, _ = channels
+    with CaptureQueriesContext(connection) as queries:
+        iid = sv.start_workflow("fault.flow", {"tag": "one"}, instance_id="one-statement")
+    assert len(queries.captured_queries) == 1, queries.captured_queries
+    assert "pg_notify" in queries.captured_queries[0]["sql"]
+    assert _heard(wake, "runnable") == ["runnable"]
+    assert WorkflowInstance.objects.get(instance_id=iid).runnable
+    again = sv.start_workflow("fault.flow", {"tag": "one"}, instance_id=iid, if_exists="return")
+    assert again == iid
+    with connection.cursor() as cursor:  # the next thing the channel hears is this mark
+        cursor.execute("SELECT pg_notify(%s, 'mark')", [NOTIFY_CHANNEL])
+    assert _heard(wake, "mark") == ["mark"]

@@ -274,21 +274,27 @@ class Baseline:
 _baselines: dict[str, Baseline] = {}
 
 
-def client_signal_steps() -> list[Step]:
-    """The statements of a signal sent as ``runselvedge signal`` sends it: outside any
-    transaction (on PostgreSQL one statement), where the baseline's signals, sent inside
-    the start's transaction, run as a transaction of two. Traced on an instance of its
+def client_steps(operation: str) -> list[Step]:
+    """The statements of a start or a signal (``operation``: ``create_instance`` or
+    ``append_signal``) made as ``runselvedge start`` or ``signal`` makes it: outside any
+    transaction (on PostgreSQL one statement), where the baseline's start and signals,
+    made in one transaction, run as transactions of two. Traced on an instance of its
     own, terminated after."""
     scratch = f"scratch-{uuid.uuid4().hex[:8]}"
-    sv.start_workflow("fault.flow", {"tag": scratch}, instance_id=scratch)
+    starting = operation == "create_instance"
+    if not starting:
+        sv.start_workflow("fault.flow", {"tag": scratch}, instance_id=scratch)
     injector = FaultInjector(trace=True).install()
     try:
-        sv.signal(scratch, "go", 1)
+        if starting:
+            sv.start_workflow("fault.flow", {"tag": scratch}, instance_id=scratch)
+        else:
+            sv.signal(scratch, "go", 1)
     finally:
         injector.uninstall()
-    sv.terminate_workflow(scratch, "traced a signal")
-    traced = [s for s in injector.statements if s.operation == "append_signal"]
-    assert traced, "the traced signal ran no append_signal statement"
+    sv.terminate_workflow(scratch, "traced a client call")
+    traced = [s for s in injector.statements if s.operation == operation]
+    assert traced, f"the traced client call ran no {operation} statement"
     return [Step(s.step, s.sql, 1) for s in traced]
 
 
@@ -518,9 +524,7 @@ def crash_then_recover(
     so that its other loops cannot take part of the flow before the poll's fault.
     """
     reference = baseline()
-    steps = (
-        client_signal_steps() if target.operation == "append_signal" else reference.steps(target)
-    )
+    steps = client_steps(target.operation) if target.client else reference.steps(target)
     injector = FaultInjector()
     # The last statement that does the operation's work (client calls run it outside the
     # test's transaction, without savepoints); for a batch operation, its last write,

@@ -157,6 +157,12 @@ START_WITH_TASK = (
     " t AS ({queued} RETURNING id) SELECT (SELECT count(*) FROM i), {notify}"
 )
 
+# A runnable start as one statement: the instance (i), then whether it was inserted, and
+# the dispatchers' NOTIFY (sent only when it was).
+START_NOTIFYING = (
+    "WITH i AS ({start} RETURNING instance_id) SELECT (SELECT count(*) FROM i), {notify}"
+)
+
 # A start with its search attributes as one statement: the instance (i), its attribute
 # rows from i ({rows}: START_ATTRIBUTE_ROW each, so nothing is inserted when the id was
 # taken), then whether the instance was inserted, and the NOTIFYs.

@@ -42,6 +42,7 @@ from .sql import (
     CLOSE_WITH_INLINE,
     LEASE_BATCH,
     START_ATTRIBUTE_ROW,
+    START_NOTIFYING,
     START_WITH_ATTRIBUTES,
     START_WITH_TASK,
 )
@@ -57,10 +58,19 @@ class PostgresStarts(Starts):
     db: PostgresDatabase
 
     def _insert_instance(self, params: dict[str, Any], leased: bool) -> bool:
-        if leased and self.db.one_statement:
-            # Nobody to wake: one statement.
+        """Outside a transaction one statement (one round trip, no BEGIN and COMMIT):
+        the insert, with the dispatchers' NOTIFY unless this process's worker runs the
+        start itself; inside a caller's transaction, the portable path."""
+        if not self.db.one_statement:
+            return super()._insert_instance(params, leased)
+        if leased:  # nobody to wake
             return self.db._execute(self._insert_instance_sql(), params) == 1
-        return super()._insert_instance(params, leased)
+        notify, notify_params = self.db.notifier.from_cte("i", [TOPIC_RUNNABLE])
+        statement = sql.compose(START_NOTIFYING, start=self._insert_instance_sql(), notify=notify)
+        if not self.db._fetch(statement, sql.bind(params, notify_params))[0][0]:
+            return False
+        self.db._publish_now(TOPIC_RUNNABLE)
+        return True
 
     def _insert_with_attributes(
         self,
