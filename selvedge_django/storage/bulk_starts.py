@@ -14,11 +14,10 @@ must all be new (the tasks of ``enqueue_many``) may come a batch at a time from 
 caller's generator (:meth:`BulkStarts.create_new_instances`): on PostgreSQL their
 statements are sent in pipeline mode while the caller prepares the next batch.
 
-The rows are built a column at a time (:data:`Column`): a column whose rows all
-hold one value is converted and bound once, the others are converted in one pass
-(a value of a plain type as it is). How the columns reach the database is the
-dialect's: here a multi-row ``VALUES`` list, on SQLite one statement run for each
-row (``executemany``), on PostgreSQL one array per column (``unnest``).
+The rows are built a column at a time (:mod:`.columns`). How the columns reach the
+database is the dialect's: here a multi-row ``VALUES`` list, on SQLite one
+statement run for each row (``executemany``), on PostgreSQL one array per column
+(``unnest``).
 """
 
 from __future__ import annotations
@@ -28,10 +27,10 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from itertools import chain, repeat
+from itertools import chain
 from typing import Any
 
-from django.db import IntegrityError, models
+from django.db import IntegrityError
 from django.utils import timezone
 
 from .. import exceptions as exc
@@ -48,12 +47,13 @@ from ..models import (
 )
 from . import sql
 from .attributes import columns_of
+from .columns import Column, Const, Plus, Prepared, converted, layout
 from .db import Database, Sql
 from .operation import operation
 from .task_rows import task_fields
 from .wakeups import TOPIC_RUNNABLE, TOPIC_TASK
 
-__all__ = ["BulkStarts", "Column", "Const", "NewInstance", "Plus", "Prepared"]
+__all__ = ["BulkStarts", "NewInstance"]
 
 # The statements of this part alone, beside it. ({columns}, {rows}): the new
 # instances, one statement per batch; an id already taken is left alone
@@ -67,42 +67,6 @@ INSERT_ROWS = "INSERT INTO {table} ({columns}) VALUES {rows}"
 SELECT_WORKFLOW_NAMES = (
     "SELECT instance_id, workflow_name FROM {instance} WHERE instance_id IN ({ids})"
 )
-
-# Columns whose conversion leaves a value of exactly this Python type (or None) as it
-# is: bound without the field's conversion.
-_PLAIN_FIELDS: tuple[tuple[type[models.Field[Any, Any]], type], ...] = (
-    (models.CharField, str),
-    (models.TextField, str),
-    (models.IntegerField, int),
-    (models.BooleanField, bool),
-)
-_NOTHING = object()
-
-
-class Const:
-    """One value, converted for the database, of a column in every row."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-
-class Plus:
-    """A column of SQL values: ``base`` (the same for every row) plus each row's number
-    of milliseconds (``None``: the row's value is NULL)."""
-
-    __slots__ = ("base", "values")
-
-    def __init__(self, base: Sql, values: list[int | None]) -> None:
-        self.base = base
-        self.values = values
-
-
-#: A column of a bulk insert: each row's value (converted for the database), one value
-#: of every row (:class:`Const`), one SQL value of every row (:class:`Sql`), or a SQL
-#: value plus each row's own number (:class:`Plus`).
-Column = list[Any] | Const | Sql | Plus
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,10 +98,6 @@ class NewInstance:
     attributes: Mapping[str, AttributeValue] | None = None
     input_text: str | None = None
     task_input: str | None = None
-
-
-class Prepared(list[Any]):
-    """Each row's value of a column, already as the database takes it (not converted)."""
 
 
 class BulkStarts:
@@ -329,14 +289,14 @@ class BulkStarts:
         """One INSERT of ``count`` instance rows (their columns) that skips taken ids; the
         ids it inserted. ``fresh``: every id must be new, and a dialect may insert
         without skipping (a taken id then raises ``IntegrityError``)."""
-        names, marks, params = self._layout(WorkflowInstance, columns, count)
+        names, marks, params = layout(self.db.connection, columns, count)
         rows = [(marks, list(row)) for row in zip(*params, strict=True)]
         return self.db._insert_new(sql.compose(INSERT_INSTANCES, columns=names), rows)
 
     def _write_rows(self, model: Any, columns: dict[str, Column], count: int) -> None:
         """INSERT ``count`` rows (their columns) into ``model``'s table, one statement per
         batch."""
-        names, marks, params = self._layout(model, columns, count)
+        names, marks, params = layout(self.db.connection, columns, count)
         rows = [list(row) for row in zip(*params, strict=True)]
         table = self.db.connection.ops.quote_name(model._meta.db_table)
         for batch in self._batches_of(rows, max(1, len(params))):
@@ -402,7 +362,7 @@ class BulkStarts:
             "trace_context": [start.trace_context for start in batch],
         }
         return self._write_instances(
-            self._converted(WorkflowInstance, values), len(batch), fresh=fresh
+            converted(self.db.connection, WorkflowInstance, values), len(batch), fresh=fresh
         )
 
     def _check_taken(self, taken: Sequence[NewInstance]) -> None:
@@ -483,8 +443,12 @@ class BulkStarts:
         tasks["schedule_deadline_ms"] = (
             Const(None) if waits.count(None) == len(waits) else Plus(now_ms, waits)
         )
-        self._write_rows(HistoryEvent, self._converted(HistoryEvent, history), len(starts))
-        self._write_rows(ActivityTask, self._converted(ActivityTask, tasks), len(starts))
+        self._write_rows(
+            HistoryEvent, converted(self.db.connection, HistoryEvent, history), len(starts)
+        )
+        self._write_rows(
+            ActivityTask, converted(self.db.connection, ActivityTask, tasks), len(starts)
+        )
 
     def _insert_attributes(self, starts: Sequence[NewInstance]) -> None:
         """The search attribute rows of the instances ``starts`` created: one statement
@@ -499,105 +463,6 @@ class BulkStarts:
         values = {
             name: list(column) for name, column in zip(names, zip(*rows, strict=True), strict=True)
         }
-        self._write_rows(WorkflowAttribute, self._converted(WorkflowAttribute, values), len(rows))
-
-    # -- columns -----------------------------------------------------------------------------
-
-    def _converted(self, model: Any, values: Mapping[str, list[Any] | Column]) -> dict[str, Column]:
-        """Every column of ``model``'s new rows, converted for the database.
-
-        ``values`` names columns by field name or attname; a list is each row's raw
-        value, and becomes a :class:`Const` when every row holds the same object. A
-        column ``values`` does not name takes the field's default (``auto_now`` and
-        ``auto_now_add`` fields the current time), converted once; an auto primary key
-        it does not name is left to the database. :class:`Sql` and :class:`Plus`
-        columns are the database's own values.
-        """
-        conn = self.db.connection
-        columns: dict[str, Column] = {}
-        for f in model._meta.concrete_fields:
-            key = f.attname if f.attname in values else f.name if f.name in values else None
-            if key is None:
-                if f.primary_key:
-                    continue
-                if getattr(f, "auto_now", False) or getattr(f, "auto_now_add", False):
-                    default = timezone.now()
-                else:
-                    default = f.get_default()
-                columns[f.column] = Const(f.get_db_prep_save(default, conn))
-                continue
-            column = values[key]
-            if isinstance(column, Prepared):
-                pass
-            elif isinstance(column, list):
-                column = _column(f, column, conn)
-            elif isinstance(column, Const):
-                column = Const(_prepared(f, column.value, conn))
-            columns[f.column] = column
-        return columns
-
-    def _layout(
-        self, model: Any, columns: Mapping[str, Column], count: int
-    ) -> tuple[str, str, list[Iterable[Any]]]:
-        """The quoted column list, one row's value marks, and the parameters of the
-        ``count`` rows, a column of them each (zipped, they are the rows' parameters in
-        order)."""
-        quote = self.db.connection.ops.quote_name
-        marks: list[str] = []
-        params: list[Iterable[Any]] = []
-        for column in columns.values():
-            if isinstance(column, list):
-                marks.append("%s")
-                params.append(column)
-            elif isinstance(column, Const):
-                marks.append("%s")
-                params.append(repeat(column.value, count))
-            elif isinstance(column, Plus):
-                marks.append(sql.compose(sql.PLUS_MS, value=column.base.sql))
-                params += [repeat(value, count) for value in column.base.params]
-                params.append(column.values)
-            else:
-                marks.append(column.sql)
-                params += [repeat(value, count) for value in column.params]
-        names = ", ".join(quote(name) for name in columns)
-        return names, f"({', '.join(marks)})", params
-
-
-def _plain_type(field: models.Field[Any, Any]) -> type | None:
-    """The type whose values ``field`` binds as they are (a foreign key: its target's)."""
-    if isinstance(field, models.ForeignKey):
-        field = field.target_field
-    return next((t for c, t in _PLAIN_FIELDS if isinstance(field, c)), None)
-
-
-def _prepared(field: models.Field[Any, Any], value: Any, conn: Any) -> Any:
-    """``value`` converted by ``field`` for the database (a plain one as it is)."""
-    plain = _plain_type(field)
-    if value is None or type(value) is plain:
-        return value
-    return field.get_db_prep_save(value, conn)
-
-
-def _column(field: models.Field[Any, Any], values: list[Any], conn: Any) -> Column:
-    """A column of each row's raw value, converted: one :class:`Const` when every row
-    holds the same object, else a list (a plain value as it is, a run of one value
-    converted once)."""
-    first = values[0] if values else None
-    # Rows of different values usually differ at once: the last row is looked at first.
-    if not values or (values[-1] is first and all(value is first for value in values)):
-        return Const(_prepared(field, first, conn))
-    plain = _plain_type(field)
-    if plain is not None and set(map(type, values)) <= {plain, type(None)}:
-        return values
-    seen: Any = _NOTHING
-    converted: Any = None
-    out: list[Any] = []
-    for value in values:
-        if value is None or type(value) is plain:
-            out.append(value)
-            continue
-        if seen is not value:
-            converted = field.get_db_prep_save(value, conn)
-            seen = value
-        out.append(converted)
-    return out
+        self._write_rows(
+            WorkflowAttribute, converted(self.db.connection, WorkflowAttribute, values), len(rows)
+        )

@@ -25,7 +25,8 @@ from typing import Any
 
 from ...models import WorkflowInstance
 from .. import sql
-from ..bulk_starts import _NOTHING, BulkStarts, Column, Const, NewInstance, Plus
+from ..bulk_starts import BulkStarts, NewInstance
+from ..columns import NOTHING, Column, Const, Plus
 from ..db import Sql
 
 __all__ = ["PostgresBulkStarts"]
@@ -125,8 +126,8 @@ def _json_wrapper() -> type:
 
 def _json_text(value: Any) -> str:
     """The JSON text of the driver's JSON wrapper, as the driver would send it."""
-    obj = getattr(value, "obj", _NOTHING)
-    if obj is not _NOTHING:  # psycopg
+    obj = getattr(value, "obj", NOTHING)
+    if obj is not NOTHING:  # psycopg
         return str((value.dumps or json.dumps)(obj))
     return str(value.dumps(value.adapted))  # psycopg2
 

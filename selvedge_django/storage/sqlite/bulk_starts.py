@@ -15,9 +15,9 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
-from ...models import WorkflowInstance
 from .. import sql
-from ..bulk_starts import INSERT_INSTANCES, INSERT_ROWS, BulkStarts, Column, Const, NewInstance
+from ..bulk_starts import INSERT_INSTANCES, INSERT_ROWS, BulkStarts, NewInstance
+from ..columns import Column, Const, layout
 
 __all__ = ["SQLiteBulkStarts"]
 
@@ -57,7 +57,7 @@ class SQLiteBulkStarts(BulkStarts):
         # _next_seqs: the largest rowid read, plus 1, 2, ... (one row: a Const).
         seqs = columns["created_seq"]
         first_seq = seqs.value if isinstance(seqs, Const) else seqs[0]  # type: ignore[index]
-        names, marks, params = self._layout(WorkflowInstance, columns, count)
+        names, marks, params = layout(self.db.connection, columns, count)
         statement = sql.compose(INSERT_INSTANCES, columns=names, rows=marks)
         if self._execute_many(statement, params) == count:
             ids = columns["instance_id"]
@@ -65,7 +65,7 @@ class SQLiteBulkStarts(BulkStarts):
         return [str(row[0]) for row in self.db._fetch(INSERTED_SINCE, [first_seq - 1])]
 
     def _write_rows(self, model: Any, columns: dict[str, Column], count: int) -> None:
-        names, marks, params = self._layout(model, columns, count)
+        names, marks, params = layout(self.db.connection, columns, count)
         table = self.db.connection.ops.quote_name(model._meta.db_table)
         self._execute_many(sql.compose(INSERT_ROWS, table=table, columns=names, rows=marks), params)
 
