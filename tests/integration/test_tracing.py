@@ -22,6 +22,7 @@ import selvedge_django as sv
 from selvedge_django.contrib.otel import OpenTelemetryHooks
 from selvedge_django.hooks import HookEvent, WorkflowHooks
 from selvedge_django.models import SignalMessage, WorkflowInstance
+from selvedge_django.operations.task_records import database_now_ms
 from selvedge_django.testing import ControllableClock, run_until_idle
 from selvedge_django.worker import Worker
 from tests import ops_workflows
@@ -183,7 +184,11 @@ def test_each_scheduled_run_is_one_trace_under_its_fire_span(
     tracer = provider.get_tracer("test")
     worker = Worker()
     sv.create_schedule("traced", ops_workflows.echo, interval=60, input="tick")
-    clock.advance(61)
+    # Just past the first slot: slots fall on the minutes of the database clock, so a
+    # fixed 61 s from the last second of a minute would make two of them due.
+    first = sv.describe_schedule("traced").next_run_at
+    assert first is not None
+    clock.advance(max(0.0, first.timestamp() - database_now_ms() / 1000) + 1)
     run_until_idle(worker)  # the leader starts the slot's run
     with tracer.start_as_current_span("admin trigger") as admin:
         triggered = sv.trigger_schedule("traced")
