@@ -25,7 +25,7 @@ from selvedge_django.conf import get_settings
 from selvedge_django.engine.codec import Codec
 from selvedge_django.models import ActivityTask, WorkflowInstance
 from selvedge_django.storage import store_for
-from selvedge_django.storage.sqlite.turns import TURN_FILE_SUFFIX
+from selvedge_django.storage.sqlite.turns import _PATIENCE, TURN_FILE_SUFFIX, _writer_locks
 from tests.conftest import wait_until
 from tests.testapp.models import Ledger
 
@@ -109,6 +109,49 @@ def test_writers_of_one_process_each_commit_once_in_turn(tdb: None) -> None:
     for thread in writers:
         thread.join(30)
     assert errors == [] and sorted(order) == list(range(8))
+
+
+def _waiting_for_the_turn() -> int:
+    """How many threads of this process wait for the writer's turn of the test database."""
+    name = str(connections["default"].settings_dict["NAME"])
+    return _writer_locks[name].waiting
+
+
+def test_a_writer_asking_again_waits_behind_one_waiting_past_the_patience(tdb: None) -> None:
+    """A writer that commits and at once asks again (a worker's busy loop) does not pass
+    a writer that has waited longer than the turn's patience, however often it asks."""
+    order: list[str] = []
+    holding, again = threading.Event(), threading.Event()
+
+    def first() -> None:
+        try:
+            with _store().atomic():
+                order.append("first")
+                holding.set()
+                again.wait(30)
+            for n in range(3):
+                with _store().atomic():
+                    order.append(f"again {n}")
+        finally:
+            connections.close_all()
+
+    def second() -> None:
+        try:
+            with _store().atomic():
+                order.append("second")
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    threads[0].start()
+    assert holding.wait(10)
+    threads[1].start()
+    wait_until(lambda: _waiting_for_the_turn() == 1)
+    time.sleep(2 * _PATIENCE)  # the scenario: the second writer has waited past it
+    again.set()
+    for thread in threads:
+        thread.join(30)
+    assert order == ["first", "second", "again 0", "again 1", "again 2"]
 
 
 def test_waiting_for_the_turn_counts_against_the_busy_timeout(tdb: None) -> None:
@@ -226,7 +269,7 @@ def test_renewals_take_the_turn_before_a_saturating_worker_s_writes(
     make_worker: Callable[..., Any], tmp_path: Path
 ) -> None:
     """One worker keeps the database busy with transactional attempts (each holds the
-    write lock for 0.3 s) while plain activities of 6 s run inline with max_attempts=1:
+    write lock for 1 s) while plain activities of 6 s run inline with max_attempts=1:
     their claims (4 s TTL) live only if every renewal gets the writer's turn within a
     few seconds, ahead of the queue of the worker's own writes. None may run twice,
     and none may fail."""

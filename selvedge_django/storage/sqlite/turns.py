@@ -4,19 +4,22 @@ SQLite lets one writer in at a time and makes the others poll its lock with slee
 that grow to 100 ms, so under contention the lock is often free while every waiter
 sleeps. The engine's write transactions (:meth:`.db.SQLiteDatabase._write_transaction`)
 first take their turn here: the threads of a process queue on a Python lock
-(:class:`_WriterTurn`, the renewer first), and the thread whose turn it is takes
-the turn between processes, a lock of a file beside the database
-(:class:`_FileTurn`). Each writer then takes SQLite's lock as the previous one
-commits. Other writers (the project's own code) still meet them at SQLite's lock.
+(:class:`_WriterTurn`, the renewer first, none of the others passed over for long),
+and the thread whose turn it is takes the turn between processes, a lock of a
+file beside the database (:class:`_FileTurn`). Each writer then takes SQLite's
+lock as the previous one commits. Other writers (the project's own code) still
+meet them at SQLite's lock.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
@@ -38,6 +41,9 @@ logger = logging.getLogger("selvedge_django.store")
 _TURN_WAIT_NOTICED = 0.5
 # The file beside the database whose lock (flock) is the turn between processes.
 TURN_FILE_SUFFIX = "-selvedge-turn"
+# A writer first in a process's line for longer than this (s) takes the turn next:
+# nobody passes it any more (:class:`_WriterTurn`).
+_PATIENCE = 0.05
 # A writer waiting for another process's turn looks again after this (s), doubling up to
 # _TURN_POLL_MAX: the holder commits within a millisecond or two, where SQLite's busy
 # handler would sleep 1, 2, 5, 10 ... 100 ms between looks.
@@ -109,23 +115,39 @@ class _FileTurn:
 
 
 class _WriterTurn:
-    """A re-entrant lock whose urgent waiters go before the others.
+    """A re-entrant lock whose urgent waiters go first and whose other waiters are
+    never passed over for long.
 
     The renewals of leases and claims are urgent: a worker busy with its own writes
     must not let its leases and claims lapse while the renewer waits in line behind
-    them. An urgent waiter takes the turn as soon as the holder lets it go; the
-    others wait while an urgent one does. The thread that takes the turn then takes
-    the turn between processes (:class:`_FileTurn`), within what is left of the
-    same timeout, and lets it go with the turn.
+    them. The others queue in the order they ask. While the first of them has waited
+    less than :data:`_PATIENCE`, a free turn goes to whichever writer asks or wakes
+    first, as with a plain lock: a thread that commits and writes again at once keeps
+    going without a hand-over to another thread, which is most of a busy worker's
+    throughput. Once it has waited longer, only it may take the turn next, so each
+    writer's wait is bounded by the transactions of the writers before it, where a
+    free-for-all could pass one over again and again for many seconds, longer than the
+    lease it is taking can be trusted. The thread that takes the turn then takes the
+    turn between processes (:class:`_FileTurn`), within what is left of the same
+    timeout, and lets it go with the turn.
     """
 
     def __init__(self, file_turn: _FileTurn | None = None) -> None:
         self._cond = threading.Condition(threading.Lock())
         self._owner: int | None = None
         self._depth = 0
-        self._urgent = 0  # urgent waiters
+        self._tickets = itertools.count()
+        # The waiters in the order they asked: (ticket, when they asked).
+        self._urgent: deque[tuple[int, float]] = deque()
+        self._others: deque[tuple[int, float]] = deque()
         self._file_turn = file_turn
         self._file_held = False  # read and written by the owner only
+
+    @property
+    def waiting(self) -> int:
+        """How many threads wait for the turn."""
+        with self._cond:
+            return len(self._urgent) + len(self._others)
 
     def acquire(self, timeout: float, urgent: bool = False) -> bool:
         deadline = time.monotonic() + timeout
@@ -135,25 +157,35 @@ class _WriterTurn:
             self._file_held = self._file_turn.acquire(deadline)
         return True
 
+    def _may_take(self, ticket: int | None, urgent: bool) -> bool:
+        """Whether a writer (``ticket`` in line, None just asking) may take the turn now."""
+        if self._owner is not None:
+            return False
+        if self._urgent:
+            return urgent and self._urgent[0][0] == ticket
+        if urgent or not self._others:
+            return True
+        first, since = self._others[0]
+        return first == ticket or time.monotonic() - since < _PATIENCE
+
     def _acquire(self, timeout: float, urgent: bool) -> bool:
         me = threading.get_ident()
         with self._cond:
             if self._owner == me:
                 self._depth += 1
                 return True
-            if urgent:
-                self._urgent += 1
-            try:
-                free = self._cond.wait_for(
-                    lambda: self._owner is None and (urgent or not self._urgent), timeout
-                )
-            finally:
-                if urgent:
-                    self._urgent -= 1
-                    if not self._urgent:
-                        self._cond.notify_all()  # the others may go now
-            if not free:
-                return False
+            if not self._may_take(None, urgent):
+                ticket = next(self._tickets)
+                entry = (ticket, time.monotonic())
+                line = self._urgent if urgent else self._others
+                line.append(entry)
+                try:
+                    taken = self._cond.wait_for(lambda: self._may_take(ticket, urgent), timeout)
+                finally:
+                    line.remove(entry)
+                if not taken:
+                    self._cond.notify_all()  # it may have been first in line: the next one goes
+                    return False
             self._owner, self._depth = me, 1
             return True
 
