@@ -192,6 +192,8 @@ def start_at(
     if not result.created:
         return instance_id  # if_exists="return": the instance of that id, left as it is
     fence = result.fence
+    if result.leased_at is not None:
+        leased_at = result.leased_at  # after any wait for the database
     _started_on_commit(store, settings, instance_id, name)
     if worker is not None and fence is not None:
         snapshot = ExecutionSnapshot(instance_id, name, json.loads(text), WorkflowStatus.RUNNING)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -163,6 +164,8 @@ class Database:
         tx.depth = depth + 1
         try:
             with self._write_transaction():
+                if depth == 0:
+                    tx.began_at = time.monotonic()
                 yield
                 if depth == 0 and tx.pending:
                     self._notify(tx.pending)
@@ -178,6 +181,24 @@ class Database:
     def _write_transaction(self) -> contextlib.AbstractContextManager[Any]:
         """The transaction :meth:`atomic` opens (SQLite begins it IMMEDIATE)."""
         return transaction.atomic(using=self.alias)
+
+    @operation
+    def write_began_at(self) -> float:
+        """When (``time.monotonic()``) this thread's last outermost :meth:`atomic` began:
+        after its wait for the database (SQLite's writer turn and lock), before its first
+        statement. 0.0 before any."""
+        return float(getattr(self._tx, "began_at", 0.0))
+
+    @operation
+    def writer_turn(self) -> contextlib.AbstractContextManager[Any]:
+        """Keep this process's turn to write across the write transactions inside.
+
+        On SQLite a thread waits for the turn once (:func:`.sqlite.turns.writer_turn`)
+        and its write transactions inside take it again without waiting, so no other
+        writer of the process comes between them. Opens no transaction; nothing on
+        PostgreSQL, whose writers wait for rows, not for the database.
+        """
+        return contextlib.nullcontext()
 
     @operation
     @contextlib.contextmanager

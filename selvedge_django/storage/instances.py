@@ -63,6 +63,9 @@ class InstanceHead:
     history_empty: bool = False
     dispatch_lag_ms: int | None = None  # a dispatch's (metrics): ms runnable before the lease
     taken_over: bool = False
+    # A dispatch's: a monotonic time of this process no later than the lease's statement
+    # (after any wait for SQLite's writer turn), from which the lease can be trusted.
+    leased_at: float | None = None
 
 
 class Instances:
@@ -145,10 +148,13 @@ class Instances:
             named += sql.not_in_list("instance_id", len(passed_over), "passed")
             params.update(sql.numbered("passed", passed_over))
         named += sql.DISPATCH_STICKY
-        rows = self._lease_rows(named, params)
-        return [(Fence(row[0], owner, row[1]), self._leased_head(row, ttl_ms)) for row in rows]
+        leased_at, rows = self._lease_rows(named, params)
+        return [
+            (Fence(row[0], owner, row[1]), self._leased_head(row, ttl_ms, leased_at))
+            for row in rows
+        ]
 
-    def _leased_head(self, row: Sequence[Any], ttl_ms: int) -> InstanceHead:
+    def _leased_head(self, row: Sequence[Any], ttl_ms: int, leased_at: float) -> InstanceHead:
         event_type, data, empty, ready_ms, expires_ms, taken_over = row[-6:]
         # The lease began at expiry - TTL.
         lag = None if taken_over else max(0, int(expires_ms) - ttl_ms - int(ready_ms))
@@ -158,10 +164,15 @@ class Instances:
             history_empty=bool(empty),
             dispatch_lag_ms=lag,
             taken_over=bool(taken_over),
+            leased_at=leased_at,
         )
 
-    def _lease_rows(self, named: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-        """Lease the candidates; return (id, epoch, *HEAD_COLUMNS, the parked value's
+    def _lease_rows(
+        self, named: str, params: dict[str, Any]
+    ) -> tuple[float, list[tuple[Any, ...]]]:
+        """Lease the candidates; return when (``time.monotonic()``, taken after any wait
+        for the database and before the lease's statement) and, per leased row,
+        (id, epoch, *HEAD_COLUMNS, the parked value's
         event type and data (sql.LEASED_PARKED_VALUE), whether the history is empty
         (sql.LEASED_HISTORY_EMPTY), ready_ms, lease_expires_ms,
         whether the lease taken had expired) per leased row.

@@ -9,6 +9,7 @@ the write.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -47,6 +48,9 @@ class StartResult:
 
     created: bool
     fence: Fence | None = None
+    # With the fence: a monotonic time of this process no later than the insert that
+    # took the lease (after any wait for SQLite's writer turn), which runs from there.
+    leased_at: float | None = None
 
 
 class Starts:
@@ -137,6 +141,7 @@ class Starts:
             "start_trace_context": trace_context,
             "start_priority": priority,
         }
+        asked = time.monotonic()
         if first_task is not None:
             inserted = self._insert_with_task(instance_id, params, *first_task)
         elif attributes:
@@ -146,8 +151,15 @@ class Starts:
         if not inserted:
             self._existing_start(instance_id, workflow_name, if_exists)
             return StartResult(created=False, fence=None)
-        fence = None if lease_owner is None else Fence(instance_id, lease_owner, 1)
-        return StartResult(created=True, fence=fence)
+        if lease_owner is None:
+            return StartResult(created=True)
+        # The insert ran in the last outermost store transaction of this thread if it
+        # opened one (after its wait for the database); otherwise inside the caller's
+        # transaction or as one statement, after it was asked.
+        leased_at = max(asked, self.db.write_began_at())
+        return StartResult(
+            created=True, fence=Fence(instance_id, lease_owner, 1), leased_at=leased_at
+        )
 
     def _existing_start(self, instance_id: str, workflow_name: str, if_exists: str) -> None:
         """A start whose id was taken: fine for ``if_exists="return"`` and the same workflow.

@@ -51,12 +51,15 @@ class Dispatcher(Loop):
         cache = self.runtime.cache
         for fence, head in leased:
             _count_dispatch(head)
+            # Trusted from the lease's statement on: on SQLite that may be long after
+            # `started`, behind other writers.
+            leased_at = started if head.leased_at is None else head.leased_at
             # Held (and renewed) from now on, even if a start handed over in this process
             # took the slot meanwhile and the execution waits for a thread.
-            self.runtime.hold(fence, started)
+            self.runtime.hold(fence, leased_at)
             if cache is not None and cache.resume(fence, head):
                 continue  # the parked execution goes on under the new lease, no replay
-            self.pool.submit(self.runtime.execute, fence, started, None, head)
+            self.pool.submit(self.runtime.execute, fence, leased_at, None, head)
         return len(leased)
 
     def more_waiting(self, done: int) -> bool:

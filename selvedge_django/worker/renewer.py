@@ -11,7 +11,13 @@ Renewals run on a store of their own (``WorkerRuntime.renewal_store``): on
 ``SELVEDGE["RENEWAL_DATABASE"]`` when it is set, a connection past the pooler that
 the worker's own transactions may fill (pgbouncer in transaction mode), and on
 SQLite first in line for the process's writer turn, so that no write of the
-worker's own makes them wait longer than the transaction that holds the lock.
+worker's own makes them wait longer than the transaction that holds the lock; a
+round keeps the turn from its first statement to its last, so it waits once.
+
+A lease is due a renewal interval after the statement that took it or last renewed
+it began, which on SQLite is after that statement's wait for the writer's turn
+(``InstanceHead.leased_at``): a dispatch that waited long behind other writers
+still holds its lease for the whole belief from when it took it.
 
 A lease renewal moves the holder's belief forward from the moment the renewal
 started; a renewal that matched no row drops the belief, so the execution's next
@@ -80,8 +86,20 @@ class Renewer(Loop):
     def run_once(self) -> int:
         now = time.monotonic()
         self._report_hung(now)
-        self._renew_leases(now)
-        self._renew_claims(now)
+        if not (self._due_leases(now) or self._due_claims(now)):
+            return 0
+        # On SQLite, one wait for the writer's turn for both statements: between them
+        # a worker busy with its own writes would take the turn, and the claims would
+        # wait a second time for its transaction. What is due is looked at again once
+        # the turn is taken: more may have come due during the wait.
+        with self.runtime.renewal_store.db.writer_turn():
+            now = time.monotonic()
+            leases = self._due_leases(now)
+            claims = self._due_claims(now)
+            if leases:
+                self._renew_leases(leases, now)
+            if claims:
+                self._renew_claims(claims, now)
         return 0
 
     def _report_hung(self, now: float) -> None:
@@ -111,13 +129,15 @@ class Renewer(Loop):
         live = {attempt.claim for attempt in hung}
         self._reported &= live
 
-    def _renew_leases(self, now: float) -> None:
-        runtime = self.runtime
-        interval = runtime.settings.lease.renew_interval
-        fences = runtime.held_fences()
+    def _due_leases(self, now: float) -> list[Fence]:
+        """The held leases whose renewal is due; forget the ones no longer held."""
+        interval = self.runtime.settings.lease.renew_interval
+        fences = self.runtime.held_fences()
         due = []
-        for fence in fences:
-            last = self._renewed.setdefault(fence, now)
+        for fence, proven in fences.items():
+            # A lease first seen here is due a renewal interval after it was taken,
+            # not after this loop first saw it (a round may have waited since).
+            last = self._renewed.setdefault(fence, proven)
             if now - last >= interval:
                 due.append(fence)
         for fence in list(self._renewed):
@@ -125,8 +145,11 @@ class Renewer(Loop):
                 del self._renewed[fence]
                 self._busy_since.pop(fence, None)
                 self._busy_reported.discard(fence)
-        if not due:
-            return
+        return due
+
+    def _renew_leases(self, due: list[Fence], now: float) -> None:
+        runtime = self.runtime
+        interval = runtime.settings.lease.renew_interval
         results = runtime.renew_leases(due)
         if results is None:
             return  # the statement failed (logged): every one again at the next tick
@@ -150,7 +173,11 @@ class Renewer(Loop):
                     extra={"instance_id": fence.instance_id, "worker_id": runtime.worker_id},
                 )
 
-    def _renew_claims(self, now: float) -> None:
+    def _due_claims(self, now: float) -> list[tuple[ClaimedTask, AttemptState, int]]:
+        """The live claims whose renewal is due, with their attempt and its progress.
+
+        Cancels the attempts whose heartbeat timed out; forgets finished attempts.
+        """
         runtime = self.runtime
         interval = runtime.settings.lease.renew_interval
         live = set()
@@ -180,8 +207,10 @@ class Renewer(Loop):
                 self._progress.pop(claim, None)
                 self._stored_details.pop(claim, None)
         self._lost &= live
-        if not due:
-            return
+        return due
+
+    def _renew_claims(self, due: list[tuple[ClaimedTask, AttemptState, int]], now: float) -> None:
+        runtime = self.runtime
         details = {
             task.claim: state.details
             for task, state, _ in due

@@ -205,9 +205,12 @@ class WorkerRuntime:
         with self._lock:
             self._beliefs.pop(fence, None)
 
-    def held_fences(self) -> list[Fence]:
+    def held_fences(self) -> dict[Fence, float]:
+        """Each lease this worker holds, with when (monotonic) it was last proven: the
+        start of the statement that took or last renewed it."""
+        belief = self.settings.lease.belief
         with self._lock:
-            return list(self._beliefs)
+            return {fence: deadline - belief for fence, deadline in self._beliefs.items()}
 
     def renew_leases(self, fences: list[Fence]) -> dict[Fence, bool | None] | None:
         """Renew leases in one statement and move their beliefs forward.

@@ -154,6 +154,72 @@ def test_a_writer_asking_again_waits_behind_one_waiting_past_the_patience(tdb: N
     assert order == ["first", "second", "again 0", "again 1", "again 2"]
 
 
+def test_a_lease_taken_after_a_long_wait_for_the_turn_is_held_from_when_it_was_taken(
+    make_worker: Callable[..., Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A dispatcher that waits longer than a lease's belief (TTL - MARGIN - MAX_SKEW,
+    2.5 s here) for the writer's turn, behind a long transaction of the project, holds
+    the lease it then takes from the moment it took it: the execution runs to its end
+    without losing the lease."""
+    instance_id = sv.start_workflow("act.run", {"activity": "act.step", "input": {"tag": "late"}})
+    ready, release = threading.Event(), threading.Event()
+    holder = _hold_write_lock(ready, release)
+    belief = get_settings().lease.belief
+    try:
+        with caplog.at_level(logging.WARNING, logger="selvedge_django"):
+            make_worker()
+            wait_until(lambda: _waiting_for_the_turn() >= 1)
+            # The project's transaction goes on past a whole belief after the
+            # dispatcher began to wait.
+            release.wait(belief + 1)
+            release.set()
+            holder.join(10)
+            result = sv.get_handle(instance_id).result(timeout=60)
+    finally:
+        release.set()
+        holder.join(10)
+    assert result["tag"] == "late"
+    lost = [r.getMessage() for r in caplog.records if "LeaseLost" in r.getMessage()]
+    assert lost == []
+
+
+def test_a_start_that_waited_long_for_the_turn_runs_here_without_losing_its_lease(
+    make_worker: Callable[..., Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A start made with a worker in this process while a long transaction of the
+    project holds the write lock (longer than a lease's belief) is leased to that worker
+    from when its insert ran: the worker runs it to its end without losing the lease."""
+    make_worker()
+    ready, release = threading.Event(), threading.Event()
+    started: list[str] = []
+
+    def start() -> None:
+        try:
+            started.append(
+                sv.start_workflow("act.run", {"activity": "act.step", "input": {"tag": "here"}})
+            )
+        finally:
+            connections.close_all()
+
+    holder = _hold_write_lock(ready, release)
+    starter = threading.Thread(target=start)
+    try:
+        with caplog.at_level(logging.WARNING, logger="selvedge_django"):
+            starter.start()
+            wait_until(lambda: _waiting_for_the_turn() >= 1)
+            release.wait(get_settings().lease.belief + 1)  # the project's long transaction
+            release.set()
+            holder.join(10)
+            starter.join(30)
+            result = sv.get_handle(started[0]).result(timeout=60)
+    finally:
+        release.set()
+        holder.join(10)
+        starter.join(30)
+    assert result["tag"] == "here"
+    assert [r.getMessage() for r in caplog.records if "LeaseLost" in r.getMessage()] == []
+
+
 def test_waiting_for_the_turn_counts_against_the_busy_timeout(tdb: None) -> None:
     """A writer behind a transaction held past the busy timeout fails after about that
     timeout once (the turn's wait is not added to SQLite's own wait)."""

@@ -123,6 +123,10 @@ class SQLiteDatabase(Database):
         finally:
             conn.transaction_mode = previous
 
+    @operation
+    def writer_turn(self) -> contextlib.AbstractContextManager[Any]:
+        return writer_turn(self.connection, self.urgent_writes)
+
     @contextlib.contextmanager
     def _snapshot_transaction(self) -> Iterator[None]:
         """A deferred transaction: a consistent read that takes no write lock."""
