@@ -8,6 +8,7 @@ writer still holds the lease epoch). Lease expiry uses the database clock.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -148,7 +149,11 @@ class Instances:
             named += sql.not_in_list("instance_id", len(passed_over), "passed")
             params.update(sql.numbered("passed", passed_over))
         named += sql.DISPATCH_STICKY
-        leased_at, rows = self._lease_rows(named, params)
+        asked = time.monotonic()
+        rows = self._lease_rows(named, params)
+        # The lease ran in the last outermost store transaction of this thread if the
+        # dialect opened one (after its wait for the database), else as one statement.
+        leased_at = max(asked, self.db.write_began_at())
         return [
             (Fence(row[0], owner, row[1]), self._leased_head(row, ttl_ms, leased_at))
             for row in rows
@@ -167,12 +172,8 @@ class Instances:
             leased_at=leased_at,
         )
 
-    def _lease_rows(
-        self, named: str, params: dict[str, Any]
-    ) -> tuple[float, list[tuple[Any, ...]]]:
-        """Lease the candidates; return when (``time.monotonic()``, taken after any wait
-        for the database and before the lease's statement) and, per leased row,
-        (id, epoch, *HEAD_COLUMNS, the parked value's
+    def _lease_rows(self, named: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        """Lease the candidates; return (id, epoch, *HEAD_COLUMNS, the parked value's
         event type and data (sql.LEASED_PARKED_VALUE), whether the history is empty
         (sql.LEASED_HISTORY_EMPTY), ready_ms, lease_expires_ms,
         whether the lease taken had expired) per leased row.

@@ -18,7 +18,6 @@ Only what differs from the portable parts of :class:`~selvedge_django.storage.st
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -151,16 +150,14 @@ class PostgresInstances(Instances):
     db: PostgresDatabase
     tasks: PostgresTasks
 
-    def _lease_rows(
-        self, named: str, params: dict[str, Any]
-    ) -> tuple[float, list[tuple[Any, ...]]]:
+    def _lease_rows(self, named: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         # One statement (atomic in autocommit): each part locks what it picks.
         statement = sql.compose(
             LEASE_BATCH,
             expired=sql.compose(sql.DISPATCH_EXPIRED, named=named),
             ready=sql.compose(sql.DISPATCH_READY, named=named),
         )
-        return time.monotonic(), self.db._fetch(statement, params)
+        return self.db._fetch(statement, params)
 
     @operation
     def close(self, fence: Fence, request: CloseRequest) -> str:

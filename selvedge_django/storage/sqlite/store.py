@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -90,9 +89,7 @@ class SQLiteInstances(Instances):
 
     db: SQLiteDatabase
 
-    def _lease_rows(
-        self, named: str, params: dict[str, Any]
-    ) -> tuple[float, list[tuple[Any, ...]]]:
+    def _lease_rows(self, named: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         # Pick, lease, read back, in one write transaction. (Its UPDATE ... RETURNING
         # reports no row count until the rows are read, which statement wrappers such as
         # the fault injector's need.) A read first: a write transaction locks the whole
@@ -100,23 +97,21 @@ class SQLiteInstances(Instances):
         expired = sql.compose(sql.DISPATCH_EXPIRED, named=named)
         ready = sql.compose(DISPATCH_READY, named=named)
         if not self.db._fetch(sql.compose(DISPATCH_PROBE, expired=expired, ready=ready), params):
-            return time.monotonic(), []
+            return []
         with self.db.atomic():
-            # The writer's turn and SQLite's lock are taken: the lease starts after this.
-            leased_at = time.monotonic()
             picked = self.db._fetch(
                 sql.compose(DISPATCH_PICK, expired=expired, ready=ready), params
             )
             ids = [row[0] for row in picked]
             if not ids:
-                return leased_at, []
+                return []
             marks, leased = sql.marks(len(ids), "leased"), sql.numbered("leased", ids)
             lease = {key: params[key] for key in ("owner", "ttl_ms", "runnable")}
             self.db._execute(sql.compose(DISPATCH_LEASE, ids=marks), {**lease, **leased})
             taken_over = {row[0] for row in picked if row[1] == 0}
             read_back = sql.compose(DISPATCH_READ_BACK, ids=marks)
             rows = self.db._fetch(read_back, {"owner": params["owner"], **leased})
-            return leased_at, [(*row, row[0] in taken_over) for row in rows]
+            return [(*row, row[0] in taken_over) for row in rows]
 
 
 class SQLiteReleases(Releases):
