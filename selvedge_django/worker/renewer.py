@@ -15,7 +15,9 @@ worker's own makes them wait longer than the transaction that holds the lock; a
 round keeps the turn from its first statement to its last, so it waits once.
 
 A lease is due a renewal interval after the statement that took it or last renewed
-it began, which on SQLite is after that statement's wait for the writer's turn
+it began (sooner when the settings make the interval longer than the belief: two
+ticks before the belief ends, so that the holder never distrusts a lease the
+database still gives it), which on SQLite is after that statement's wait for the writer's turn
 (``InstanceHead.leased_at``): a dispatch that waited long behind other writers
 still holds its lease for the whole belief from when it took it.
 
@@ -74,6 +76,11 @@ class Renewer(Loop):
         tick = min(0.25, lease.renew_interval / 4)
         super().__init__(bus, tick, tick)
         self.runtime = runtime
+        # A lease is due its renewal interval after its last proof, or sooner when the
+        # holder's belief would lapse first (settings may make the interval longer than
+        # the belief): two ticks before the belief ends, one to notice it is due and one
+        # for the statement, so that a lease the database still gives is never distrusted.
+        self._lease_every = min(lease.renew_interval, max(0.0, lease.belief - 2 * tick))
         self._renewed: dict[Fence, float] = {}
         self._busy_since: dict[Fence, float] = {}
         self._busy_reported: set[Fence] = set()
@@ -131,14 +138,13 @@ class Renewer(Loop):
 
     def _due_leases(self, now: float) -> list[Fence]:
         """The held leases whose renewal is due; forget the ones no longer held."""
-        interval = self.runtime.settings.lease.renew_interval
         fences = self.runtime.held_fences()
         due = []
         for fence, proven in fences.items():
             # A lease first seen here is due a renewal interval after it was taken,
             # not after this loop first saw it (a round may have waited since).
             last = self._renewed.setdefault(fence, proven)
-            if now - last >= interval:
+            if now - last >= self._lease_every:
                 due.append(fence)
         for fence in list(self._renewed):
             if fence not in fences:

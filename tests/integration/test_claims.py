@@ -9,6 +9,7 @@ the :class:`~selvedge_django.testing.FaultInjector` makes real statements fail.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -245,4 +246,30 @@ def test_a_failed_lease_renewal_keeps_a_lease_still_believed_valid(
     assert ledger("started:lease") == ["started:lease"]
     from selvedge_django.models import WorkflowInstance
 
+    assert WorkflowInstance.objects.get(instance_id=instance_id).lease_epoch == 1
+
+
+def test_a_renewal_interval_longer_than_the_belief_keeps_the_lease_trusted(
+    make_worker: Callable[..., Any], marker: Path
+) -> None:
+    # Accepted settings (RENEW_INTERVAL + MARGIN < TTL) whose renewal interval, 3.5 s, is
+    # longer than the holder's belief, TTL - MARGIN - MAX_SKEW = 2.5 s. Renewing only every
+    # interval, the holder would distrust for a second of every cycle a lease the database
+    # still gives it, and a write in that second would abandon the execution.
+    lease = {"TTL": 6, "RENEW_INTERVAL": 3.5, "MARGIN": 2, "MAX_SKEW": 1.5}
+    make_worker(lease=lease, worker_id="renewing")
+    instance_id = sv.start_workflow(
+        "test.crashable", {"entry": "trusted", "hold_while": str(marker)}
+    )
+    wait_until(lambda: ledger("started:trusted"))
+    # Hold the step past the belief of the lease that started it and finish it before the
+    # renewal interval: the step is what this test is about, not a wait for a condition.
+    time.sleep(3.0)
+    marker.unlink()
+    result = sv.wait_workflow(instance_id, timeout=20)
+    assert result.status == "completed", result.error
+    assert result.output == "before+trusted"
+    from selvedge_django.models import WorkflowInstance
+
+    # One execution from start to close: the lease was never abandoned and taken again.
     assert WorkflowInstance.objects.get(instance_id=instance_id).lease_epoch == 1
