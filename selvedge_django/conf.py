@@ -154,6 +154,17 @@ class LeaseSettings:
         """How long after a renewal started the holder may still trust its lease."""
         return self.ttl - self.margin - self.max_skew
 
+    @property
+    def renewer_tick(self) -> float:
+        """How often a worker's renewer looks at what it holds."""
+        return min(0.25, self.renew_interval / 4)
+
+    @property
+    def renewal_lead(self) -> float:
+        """How long before its belief ends a lease is renewed at the latest: a renewer
+        tick to notice it is due and another for the statement."""
+        return 2 * self.renewer_tick
+
 
 @dataclass(frozen=True)
 class WorkflowCacheSettings:

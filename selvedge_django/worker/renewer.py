@@ -73,14 +73,12 @@ class Renewer(Loop):
 
     def __init__(self, runtime: WorkerRuntime, bus: Bus) -> None:
         lease = runtime.settings.lease
-        tick = min(0.25, lease.renew_interval / 4)
-        super().__init__(bus, tick, tick)
+        super().__init__(bus, lease.renewer_tick, lease.renewer_tick)
         self.runtime = runtime
         # A lease is due its renewal interval after its last proof, or sooner when the
         # holder's belief would lapse first (settings may make the interval longer than
-        # the belief): two ticks before the belief ends, one to notice it is due and one
-        # for the statement, so that a lease the database still gives is never distrusted.
-        self._lease_every = min(lease.renew_interval, max(0.0, lease.belief - 2 * tick))
+        # the belief), so that a lease the database still gives is never distrusted.
+        self._lease_every = min(lease.renew_interval, max(0.0, lease.belief - lease.renewal_lead))
         self._renewed: dict[Fence, float] = {}
         self._busy_since: dict[Fence, float] = {}
         self._busy_reported: set[Fence] = set()

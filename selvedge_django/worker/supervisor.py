@@ -148,10 +148,13 @@ class Worker:
         """Run an instance whose start (committed) leased it to this worker.
 
         ``leased_at`` is the monotonic time before the start's insert, where the
-        lease belief begins. Without a free slot the lease is released and the
-        instance left runnable for any dispatcher.
+        lease belief begins. Without a free slot, or when the project's transaction
+        stayed open so long that the belief ends before the renewer could renew the
+        lease, the lease is released and the instance left runnable for any dispatcher.
         """
-        if not self.runtime.stopping.is_set() and self.resumptions.free_slots() > 0:
+        lease = self.settings.lease
+        trusted = time.monotonic() - leased_at < lease.belief - lease.renewal_lead
+        if trusted and not self.runtime.stopping.is_set() and self.resumptions.free_slots() > 0:
             self.runtime.hold(fence, leased_at)
             handoff.started_here(fence.instance_id)
             self.resumptions.submit(self._run_local, fence, leased_at, snapshot)

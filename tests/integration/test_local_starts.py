@@ -11,7 +11,9 @@ at its commit is tests/processes/test_local_start_processes.py's.
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
@@ -86,6 +88,25 @@ def test_a_start_inside_atomic_runs_only_after_commit(make_worker: Callable[...,
         # Not committed: the worker cannot have run it (it could not even see it).
         assert not Ledger.objects.filter(entry="local:in-atomic").exists()
     assert sv.wait_workflow(instance_id, timeout=20).output == ["local:in-atomic"]
+
+
+def test_a_start_committed_past_its_lease_belief_goes_to_the_dispatchers(
+    make_worker: Callable[..., Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The lease of a start handed to this process's worker runs from its insert. When
+    the project keeps its transaction open past the lease's belief, the worker can no
+    longer trust that lease at the commit: it gives the instance to the dispatchers
+    instead of running an execution that would be abandoned at its first write."""
+    lease = {"TTL": 3, "RENEW_INTERVAL": 1, "MARGIN": 1, "MAX_SKEW": 0.5}  # belief 1.5 s
+    make_worker(lease=lease)
+    with caplog.at_level(logging.WARNING, logger="selvedge_django"):
+        with transaction.atomic():
+            instance_id = sv.start_workflow("test.sum3", {"a": 2, "b": 3, "c": 4})
+            time.sleep(2.0)  # the project's long transaction, past the belief
+        result = sv.wait_workflow(instance_id, timeout=20)
+    assert result.status == "completed" and result.output == 9
+    assert [r.getMessage() for r in caplog.records if "lost" in r.getMessage().lower()] == []
+    assert WorkflowInstance.objects.get(instance_id=instance_id).lease_epoch == 2  # one dispatch
 
 
 @contextmanager
