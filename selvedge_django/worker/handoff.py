@@ -8,8 +8,9 @@ worker's resumption pool with the snapshot the starter already knows (the
 input, an empty history). That skips the lease update, the snapshot reads and
 the wake-up of a dispatcher.
 
-If the worker has no free resumption slot by then, or is stopping, the lease is
-released with the instance runnable, and any dispatcher takes it as usual. If
+If the worker has no free resumption slot by then, or is stopping, or the
+starter's transaction stayed open so long that the lease can no longer be trusted,
+the lease is released with the instance runnable, and any dispatcher takes it as usual. If
 the process dies first, the lease expires and another worker takes it: the same
 as for any held lease.
 """

@@ -15,11 +15,12 @@ worker's own makes them wait longer than the transaction that holds the lock; a
 round keeps the turn from its first statement to its last, so it waits once.
 
 A lease is due a renewal interval after the statement that took it or last renewed
-it began (sooner when the settings make the interval longer than the belief: two
-ticks before the belief ends, so that the holder never distrusts a lease the
-database still gives it), which on SQLite is after that statement's wait for the writer's turn
+it began, which on SQLite is after that statement's wait for the writer's turn
 (``InstanceHead.leased_at``): a dispatch that waited long behind other writers
-still holds its lease for the whole belief from when it took it.
+still holds its lease for the whole belief from when it took it. It is due sooner
+when the interval would come later than two ticks before the belief ends (accepted
+settings may make it that long), so that a holder whose renewals succeed goes on
+trusting a lease the database still gives it.
 
 A lease renewal moves the holder's belief forward from the moment the renewal
 started; a renewal that matched no row drops the belief, so the execution's next
@@ -76,8 +77,9 @@ class Renewer(Loop):
         super().__init__(bus, lease.renewer_tick, lease.renewer_tick)
         self.runtime = runtime
         # A lease is due its renewal interval after its last proof, or sooner when the
-        # holder's belief would lapse first (settings may make the interval longer than
-        # the belief), so that a lease the database still gives is never distrusted.
+        # holder's belief would lapse first (settings may make the interval come later
+        # than the belief less the lead), so that a holder whose renewals succeed goes on
+        # trusting its lease.
         self._lease_every = min(lease.renew_interval, max(0.0, lease.belief - lease.renewal_lead))
         self._renewed: dict[Fence, float] = {}
         self._busy_since: dict[Fence, float] = {}

@@ -224,8 +224,9 @@ def test_a_failed_claim_renewal_does_not_cancel_a_claim_still_valid(
 def test_a_failed_lease_renewal_keeps_a_lease_still_believed_valid(
     make_worker: Callable[..., Any], marker: Path
 ) -> None:
-    # Renewals every 3.9 s of a 6 s lease: after one failed renewal the next regular one
-    # would find the lease expired; a retry at the next tick (0.25 s) is in time.
+    # Renewals every 3.45 s of a 6 s lease (a 3.9-s interval, due half a second before the
+    # 3.95-s belief ends): after one failed renewal the next regular one would find the
+    # lease expired; a retry at the next tick (0.25 s) is in time.
     lease = {"TTL": 6, "RENEW_INTERVAL": 3.9, "MARGIN": 2, "MAX_SKEW": 0.05}
     with FaultInjector() as faults:
         fault = faults.fail_statement(operation="renew_leases", times=1)
@@ -252,11 +253,11 @@ def test_a_failed_lease_renewal_keeps_a_lease_still_believed_valid(
 def test_a_renewal_interval_longer_than_the_belief_keeps_the_lease_trusted(
     make_worker: Callable[..., Any], marker: Path
 ) -> None:
-    # Accepted settings (RENEW_INTERVAL + MARGIN < TTL) whose renewal interval, 3.5 s, is
-    # longer than the holder's belief, TTL - MARGIN - MAX_SKEW = 2.5 s. Renewing only every
-    # interval, the holder would distrust for a second of every cycle a lease the database
-    # still gives it, and a write in that second would abandon the execution.
-    lease = {"TTL": 6, "RENEW_INTERVAL": 3.5, "MARGIN": 2, "MAX_SKEW": 1.5}
+    # Accepted settings (RENEW_INTERVAL + MARGIN < TTL) whose renewal interval, 3.9 s, is
+    # longer than the holder's belief, TTL - MARGIN - MAX_SKEW = 1.5 s. Renewing only every
+    # interval, the holder would distrust for 2.4 s of every cycle a lease the database
+    # still gives it, and a write then would abandon the execution.
+    lease = {"TTL": 6, "RENEW_INTERVAL": 3.9, "MARGIN": 2, "MAX_SKEW": 2.5}
     make_worker(lease=lease, worker_id="renewing")
     instance_id = sv.start_workflow(
         "test.crashable", {"entry": "trusted", "hold_while": str(marker)}
@@ -264,7 +265,7 @@ def test_a_renewal_interval_longer_than_the_belief_keeps_the_lease_trusted(
     wait_until(lambda: ledger("started:trusted"))
     # Hold the step past the belief of the lease that started it and finish it before the
     # renewal interval: the step is what this test is about, not a wait for a condition.
-    time.sleep(3.0)
+    time.sleep(2.2)
     marker.unlink()
     result = sv.wait_workflow(instance_id, timeout=20)
     assert result.status == "completed", result.error
