@@ -88,6 +88,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
             )
         )
         return messages
+    messages += _lease_renewals_keep_up(resolved)
     messages += database_checks(resolved.database)
     messages += _renewal_database(resolved, store)
     messages += _read_database(resolved, store)
@@ -144,6 +145,36 @@ def _payload_codec_problems(raw: dict[str, Any]) -> list[CheckMessage]:
             )
         ]
     return []
+
+
+def _lease_renewals_keep_up(resolved: SelvedgeSettings) -> list[CheckMessage]:
+    """selvedge.W013: RENEW_INTERVAL too close to the lease's belief (it is shortened), or a
+    belief too short for the renewer to keep the lease trusted between its ticks."""
+    lease = resolved.lease
+    every = max(0.0, lease.belief - lease.renewal_lead)
+    if lease.renew_interval <= every:
+        return []
+    if lease.belief < 3 * lease.renewer_tick:
+        what = (
+            f"a holder trusts its lease for only {lease.belief:g} s after each renewal "
+            f"(TTL - MARGIN - MAX_SKEW), too little for renewals every {lease.renewer_tick:g} s "
+            "at best to keep it trusted: executions are abandoned with LeaseLost and run again."
+        )
+    else:
+        what = (
+            f"leases are renewed every {every:g} s, not every {lease.renew_interval:g} s: a "
+            f"holder trusts its lease for {lease.belief:g} s after each renewal "
+            f"(TTL - MARGIN - MAX_SKEW), and a renewal is due {lease.renewal_lead:g} s before "
+            "that ends."
+        )
+    return [
+        Warning(
+            f"SELVEDGE['LEASE']: {what}",
+            hint=f"Keep RENEW_INTERVAL at most TTL - MARGIN - MAX_SKEW - {lease.renewal_lead:g} "
+            "s (a third of TTL is usual), or raise TTL.",
+            id="selvedge.W013",
+        )
+    ]
 
 
 def _lease_within_busy_timeout(resolved: SelvedgeSettings) -> list[CheckMessage]:

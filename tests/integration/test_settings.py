@@ -426,6 +426,35 @@ def test_a_lease_shorter_than_sqlite_s_busy_timeout_is_warning_w007() -> None:
             assert selvedge_messages() == []
 
 
+@pytest.mark.parametrize(
+    ("lease", "expected"),
+    [
+        ({"TTL": 6, "RENEW_INTERVAL": 3.9, "MARGIN": 2, "MAX_SKEW": 0.05}, "renewed every 3.45 s"),
+        ({"TTL": 6, "RENEW_INTERVAL": 3.9, "MARGIN": 2, "MAX_SKEW": 3.5}, "only 0.5 s"),
+        ({"TTL": 30, "RENEW_INTERVAL": 10, "MARGIN": 5, "MAX_SKEW": 1}, None),
+        ({"TTL": 6, "RENEW_INTERVAL": 3.4, "MARGIN": 2, "MAX_SKEW": 0.1}, None),
+    ],
+    ids=["interval-shortened", "belief-too-short", "defaults", "interval-just-in-time"],
+)
+def test_a_renewal_interval_the_belief_cannot_wait_for_is_warning_w013(
+    lease: dict[str, float], expected: str | None
+) -> None:
+    """Accepted LEASE settings (E002 refuses only RENEW_INTERVAL + MARGIN >= TTL and
+    MARGIN + MAX_SKEW >= TTL) whose interval comes later than half a second before the
+    belief ends: the check says what the worker does instead."""
+    with override_settings(
+        SELVEDGE=selvedge(LEASE=lease),
+        SILENCED_SYSTEM_CHECKS=["selvedge.W003", "selvedge.W007"],
+    ):
+        messages = selvedge_messages()
+    if expected is None:
+        assert messages == []
+        return
+    (message,) = messages
+    assert message.id == "selvedge.W013" and not message.is_serious()
+    assert expected in message.msg and "RENEW_INTERVAL" in message.hint
+
+
 _PG = '"ENGINE": "django.db.backends.postgresql", "NAME": "app", "HOST": "db"'
 # The renewal checks' set-ups, with the prepared statements a pooler needs off (W011).
 _UNPREPARED = '{"PREPARED_STATEMENTS": False}'
