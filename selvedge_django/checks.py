@@ -151,7 +151,7 @@ def _lease_renewals_keep_up(resolved: SelvedgeSettings) -> list[CheckMessage]:
     """selvedge.W013: RENEW_INTERVAL too close to the lease's belief (it is shortened), or a
     belief too short for the renewer to keep the lease trusted between its ticks."""
     lease = resolved.lease
-    every = max(0.0, lease.belief - lease.renewal_lead)
+    every = lease.renew_every
     if lease.renew_interval <= every:
         return []
     if lease.belief < 3 * lease.renewer_tick:

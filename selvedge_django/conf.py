@@ -165,6 +165,18 @@ class LeaseSettings:
         tick to notice it is due and another for the statement."""
         return 2 * self.renewer_tick
 
+    @property
+    def renew_by(self) -> float:
+        """How long after its last proof a lease is renewed at the latest for its holder
+        to go on trusting it (0 when the belief is shorter than the lead)."""
+        return max(0.0, self.belief - self.renewal_lead)
+
+    @property
+    def renew_every(self) -> float:
+        """How long after its last proof a lease is due a renewal: ``renew_interval``,
+        or sooner when that would come after :attr:`renew_by`."""
+        return min(self.renew_interval, self.renew_by)
+
 
 @dataclass(frozen=True)
 class WorkflowCacheSettings:

@@ -8,7 +8,6 @@ start or failure hooks) only after commit.
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections.abc import Callable, Mapping
 from datetime import datetime
@@ -173,7 +172,6 @@ def start_at(
     trace = hooks_module.capture_trace_context(
         hooks, "start", instance_id=instance_id, workflow_name=name
     )
-    leased_at = time.monotonic()
     result = store.starts.create_instance(
         instance_id,
         name,
@@ -191,11 +189,9 @@ def start_at(
     )
     if not result.created:
         return instance_id  # if_exists="return": the instance of that id, left as it is
-    fence = result.fence
-    if result.leased_at is not None:
-        leased_at = result.leased_at  # after any wait for the database
+    fence, leased_at = result.fence, result.leased_at  # after any wait for the database
     _started_on_commit(store, settings, instance_id, name)
-    if worker is not None and fence is not None:
+    if worker is not None and fence is not None and leased_at is not None:
         snapshot = ExecutionSnapshot(instance_id, name, json.loads(text), WorkflowStatus.RUNNING)
         transaction.on_commit(
             lambda: worker.run_local_start(fence, snapshot, leased_at), using=store.alias

@@ -10,9 +10,9 @@ the wake-up of a dispatcher.
 
 If the worker has no free resumption slot by then, or is stopping, or the
 starter's transaction stayed open so long that the lease can no longer be trusted,
-the lease is released with the instance runnable, and any dispatcher takes it as usual. If
-the process dies first, the lease expires and another worker takes it: the same
-as for any held lease.
+the lease is released with the instance runnable, and any dispatcher takes it as
+usual. If the process dies first, the lease expires and another worker takes it:
+the same as for any held lease.
 """
 
 from __future__ import annotations

@@ -76,11 +76,6 @@ class Renewer(Loop):
         lease = runtime.settings.lease
         super().__init__(bus, lease.renewer_tick, lease.renewer_tick)
         self.runtime = runtime
-        # A lease is due its renewal interval after its last proof, or sooner when the
-        # holder's belief would lapse first (settings may make the interval come later
-        # than the belief less the lead), so that a holder whose renewals succeed goes on
-        # trusting its lease.
-        self._lease_every = min(lease.renew_interval, max(0.0, lease.belief - lease.renewal_lead))
         self._renewed: dict[Fence, float] = {}
         self._busy_since: dict[Fence, float] = {}
         self._busy_reported: set[Fence] = set()
@@ -138,13 +133,15 @@ class Renewer(Loop):
 
     def _due_leases(self, now: float) -> list[Fence]:
         """The held leases whose renewal is due; forget the ones no longer held."""
+        # The interval, or sooner when the holder's belief would lapse first.
+        every = self.runtime.settings.lease.renew_every
         fences = self.runtime.held_fences()
         due = []
         for fence, proven in fences.items():
             # A lease first seen here is due a renewal interval after it was taken,
             # not after this loop first saw it (a round may have waited since).
             last = self._renewed.setdefault(fence, proven)
-            if now - last >= self._lease_every:
+            if now - last >= every:
                 due.append(fence)
         for fence in list(self._renewed):
             if fence not in fences:

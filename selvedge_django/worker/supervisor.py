@@ -153,7 +153,7 @@ class Worker:
         lease, the lease is released and the instance left runnable for any dispatcher.
         """
         lease = self.settings.lease
-        trusted = time.monotonic() - leased_at < lease.belief - lease.renewal_lead
+        trusted = time.monotonic() - leased_at < lease.renew_by
         if trusted and not self.runtime.stopping.is_set() and self.resumptions.free_slots() > 0:
             self.runtime.hold(fence, leased_at)
             handoff.started_here(fence.instance_id)
