@@ -2,7 +2,8 @@
 """selvedge_django against DBOS Transact on the same database server, in one run.
 
     python bench/compare_dbos.py [--db postgres|sqlite] [--quick] [--workflows N]
-                                 [--processes 1,2,4] [--samples N] [--json PATH]
+                                 [--processes 1,2,4] [--samples N] [--rounds R]
+                                 [--json PATH]
 
 The same three cases on both, one after the other:
 
@@ -38,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -165,27 +167,56 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workflows", type=int, default=None, metavar="N")
     parser.add_argument("--processes", default="1,2,4")
     parser.add_argument("--samples", type=int, default=None, metavar="N")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        metavar="R",
+        help="run both sides R times, alternating, and report each figure's median",
+    )
     parser.add_argument("--json", default=None, metavar="PATH", help="write the figures here")
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds needs a positive count")
     args.processes = [int(part) for part in args.processes.split(",") if part]
     args.workflows = args.workflows or (100 if args.quick else 1000)
     args.samples = args.samples or (30 if args.quick else 200)
 
     python = bench_venv(args.db)
+    rounds: list[tuple[dict[str, Any], dict[str, Any]]] = []
     with tempfile.TemporaryDirectory(prefix="selvedge-compare-") as tmp:
-        print("== selvedge_django ==", flush=True)
-        ours = run_selvedge(args, Path(tmp) / "selvedge.json")
-        print("== DBOS Transact ==", flush=True)
-        theirs = run_dbos(args, python, Path(tmp) / "dbos.json")
-    table = rows(ours, theirs)
+        for number in range(1, args.rounds + 1):
+            of = f" (round {number} of {args.rounds})" if args.rounds > 1 else ""
+            print(f"== selvedge_django{of} ==", flush=True)
+            ours = run_selvedge(args, Path(tmp) / "selvedge.json")
+            print(f"== DBOS Transact{of} ==", flush=True)
+            theirs = run_dbos(args, python, Path(tmp) / "dbos.json")
+            rounds.append((ours, theirs))
+    tables = [rows(ours, theirs) for ours, theirs in rounds]
+    table = median_table(tables)
+    ours, theirs = rounds[-1]
     print()
     print_table(table, ours.get("version", args.db), theirs.get("version", "DBOS"), args.db)
+    if args.rounds > 1:
+        print(
+            f"  each figure the median of {args.rounds} alternated rounds;"
+            " throughput ratios by round:"
+        )
+        for figure, *_ in table:
+            if figure.startswith("throughput"):
+                ratios = [
+                    mine / other
+                    for name, mine, other, _ in (r for t in tables for r in t)
+                    if name == figure and other
+                ]
+                print(f"    {figure:<38}" + "  ".join(f"{r:.2f}x" for r in ratios))
     if args.json:
         Path(args.json).write_text(
             json.dumps(
                 {
-                    "selvedge": ours,
+                    "selvedge": ours,  # the last round's
                     "dbos": theirs,
+                    "rounds": [{"selvedge": o, "dbos": t} for o, t in rounds],
                     "rows": [
                         {"figure": f, "selvedge": a, "dbos": b, "unit": u} for f, a, b, u in table
                     ],
@@ -194,6 +225,25 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
     return 0
+
+
+def median_table(
+    tables: list[list[tuple[str, float, float, str]]],
+) -> list[tuple[str, float, float, str]]:
+    """Each figure's median over the rounds, for each side on its own (the figures of
+    the first round, in its order; a figure a round lacks is left out of its median)."""
+    merged = []
+    for figure, _, _, unit in tables[0]:
+        found = [(mine, other) for t in tables for name, mine, other, _ in t if name == figure]
+        merged.append(
+            (
+                figure,
+                statistics.median(mine for mine, _ in found),
+                statistics.median(other for _, other in found),
+                unit,
+            )
+        )
+    return merged
 
 
 if __name__ == "__main__":
