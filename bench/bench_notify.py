@@ -35,7 +35,15 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path[:1]:
     sys.path.insert(0, str(REPO_ROOT))
 
-from bench.limit import TABLE, _pg_connect, measure, setup, teardown  # noqa: E402 - path first
+from bench.limit import (  # noqa: E402 - path first
+    TABLE,
+    _pg_connect,
+    add_measure_arguments,
+    connection_counts,
+    measure,
+    setup,
+    teardown,
+)
 
 MODES = ("none", "inside", "after")
 
@@ -68,11 +76,9 @@ def _writer(mode: str, target: str, row: int, start: Any, seconds: float, out: A
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--connections", default="1,4,16", help="counts, comma-separated")
-    parser.add_argument("--seconds", type=float, default=3.0, help="per measurement")
-    parser.add_argument("--json", default=None, metavar="PATH", help="write the figures here")
+    add_measure_arguments(parser, connections="1,4,16", seconds=3.0)
     args = parser.parse_args(argv)
-    counts = [int(c) for c in args.connections.split(",")]
+    counts = connection_counts(parser, args)
     figures: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         target, described = setup("postgres", max(counts), Path(tmp))

@@ -204,11 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         for figure, *_ in table:
             if figure.startswith("throughput"):
-                ratios = [
-                    mine / other
-                    for name, mine, other, _ in (r for t in tables for r in t)
-                    if name == figure and other
-                ]
+                ratios = [mine / other for mine, other in by_round(tables, figure) if other]
                 print(f"    {figure:<38}" + "  ".join(f"{r:.2f}x" for r in ratios))
     if args.json:
         Path(args.json).write_text(
@@ -234,7 +230,7 @@ def median_table(
     the first round, in its order; a figure a round lacks is left out of its median)."""
     merged = []
     for figure, _, _, unit in tables[0]:
-        found = [(mine, other) for t in tables for name, mine, other, _ in t if name == figure]
+        found = by_round(tables, figure)
         merged.append(
             (
                 figure,
@@ -244,6 +240,13 @@ def median_table(
             )
         )
     return merged
+
+
+def by_round(
+    tables: list[list[tuple[str, float, float, str]]], figure: str
+) -> list[tuple[float, float]]:
+    """(selvedge, DBOS) for ``figure`` in each round that measured it."""
+    return [(mine, other) for t in tables for name, mine, other, _ in t if name == figure]
 
 
 if __name__ == "__main__":

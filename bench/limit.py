@@ -130,16 +130,30 @@ def teardown(db: str, target: str) -> None:
         _pg_admin(f"DROP DATABASE IF EXISTS {_quote(target)} WITH (FORCE)")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--db", choices=("sqlite", "postgres", "all"), default="all")
-    parser.add_argument("--connections", default="1,2,4,8", help="counts, comma-separated")
-    parser.add_argument("--seconds", type=float, default=5.0, help="per measurement")
+def add_measure_arguments(
+    parser: argparse.ArgumentParser, connections: str = "1,2,4,8", seconds: float = 5.0
+) -> None:
+    """The options of a script that measures commits per second over connection counts
+    (``--connections``, ``--seconds``, ``--json``); :func:`connection_counts` reads the first."""
+    parser.add_argument("--connections", default=connections, help="counts, comma-separated")
+    parser.add_argument("--seconds", type=float, default=seconds, help="per measurement")
     parser.add_argument("--json", default=None, metavar="PATH", help="write the figures here")
-    args = parser.parse_args(argv)
+
+
+def connection_counts(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[int]:
+    """The ``--connections`` counts, or the parser's usage error."""
     counts = [int(part) for part in args.connections.split(",") if part]
     if not counts or min(counts) < 1:
         parser.error("--connections needs positive counts")
+    return counts
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--db", choices=("sqlite", "postgres", "all"), default="all")
+    add_measure_arguments(parser)
+    args = parser.parse_args(argv)
+    counts = connection_counts(parser, args)
     dbs = ["sqlite", "postgres"] if args.db == "all" else [args.db]
     print(f"{platform.python_implementation()} {platform.python_version()}, {os.cpu_count()} CPUs")
     results: dict[str, dict[str, float]] = {}

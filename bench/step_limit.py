@@ -38,7 +38,13 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path[:1]:
     sys.path.insert(0, str(REPO_ROOT))
 
-from bench.limit import TABLE, _pg_connect, measure  # noqa: E402 - the root goes first
+from bench.limit import (  # noqa: E402 - the root goes first
+    TABLE,
+    _pg_connect,
+    add_measure_arguments,
+    connection_counts,
+    measure,
+)
 
 INSTANCES_PER_CONNECTION = 50
 TASK_TABLE = '"selvedge_django_activitytask"'
@@ -190,13 +196,9 @@ def _step_writer(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--connections", default="1,2,4,8", help="counts, comma-separated")
-    parser.add_argument("--seconds", type=float, default=5.0, help="per measurement")
-    parser.add_argument("--json", default=None, metavar="PATH", help="write the figures here")
+    add_measure_arguments(parser)
     args = parser.parse_args(argv)
-    counts = [int(part) for part in args.connections.split(",") if part]
-    if not counts or min(counts) < 1:
-        parser.error("--connections needs positive counts")
+    counts = connection_counts(parser, args)
 
     from bench.harness import bench_database
 
