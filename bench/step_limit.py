@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """The database's rate for the engine's own step statement, beside the machine's ceiling.
 
-    python bench/step_limit.py [--connections 1,2,4,8] [--seconds S] [--json PATH]
+    python bench/step_limit.py [--connections 1,2,4,8] [--seconds S] [--json PATH] [--bare]
 
 PostgreSQL only. An inline activity step costs the engine one statement: the
 reservation of the next step, which carries the result of the one before (the
@@ -20,6 +20,12 @@ three-step workload could commit with this statement shape if the engine's own
 Python cost nothing. The distance from it to ``bench_scale.py``'s write
 transactions per second is the engine's share; from limit.py's ceiling to it,
 the statement's. Nothing here is part of the test suite.
+
+With ``--bare``, the statement is measured once more after every index of the task
+and history tables that is neither a primary key nor unique has been dropped (the
+engine needs them to find work; the step's own writes do not): its updates can then
+be HOT and its inserts touch only the indexes that keep keys unique. That is the
+least these rows can cost the database, whatever the engine's indexes become.
 """
 
 from __future__ import annotations
@@ -48,6 +54,8 @@ from bench.limit import (  # noqa: E402 - the root goes first
 
 INSTANCES_PER_CONNECTION = 50
 TASK_TABLE = '"selvedge_django_activitytask"'
+# The tables the step statement inserts into and updates, besides the instance's.
+STEP_TABLES = ("selvedge_django_activitytask", "selvedge_django_historyevent")
 
 
 def capture() -> dict[str, Any]:
@@ -116,6 +124,25 @@ def lease_instances(target: str, captured: dict[str, Any], count: int) -> list[s
             [params["fence_running"], params["fence_owner"], params["fence_epoch"], ids],
         )
     return ids
+
+
+def drop_lookup_indexes(target: str) -> list[str]:
+    """Drop the indexes of STEP_TABLES that neither are a primary key nor keep values
+    unique; their names, sorted."""
+    with _pg_connect(target) as conn:
+        names = [
+            row[0]
+            for row in conn.execute(
+                "SELECT c.relname FROM pg_index x JOIN pg_class c ON c.oid = x.indexrelid"
+                " JOIN pg_class t ON t.oid = x.indrelid"
+                " WHERE t.relname = ANY(%s) AND NOT x.indisprimary AND NOT x.indisunique"
+                " ORDER BY c.relname",
+                [list(STEP_TABLES)],
+            )
+        ]
+        for name in names:
+            conn.execute(f'DROP INDEX "{name}"')
+    return names
 
 
 def _step_writer(
@@ -194,16 +221,49 @@ def _step_writer(
     out.put(commits)
 
 
+def _compare(
+    results: dict[str, dict[str, float]],
+    prefix: str,
+    target: str,
+    counts: list[int],
+    seconds: float,
+    writer: Any,
+) -> None:
+    """Measure limit.py's update and ``writer`` at each count, alternated, into
+    ``results[prefix + "ceiling"]`` and ``results[prefix + "step"]``; print each pair
+    and the best step rate against the best ceiling of the same pass."""
+    ceilings = results[prefix + "ceiling"] = {}
+    steps = results[prefix + "step"] = {}
+    for count in counts:
+        ceilings[str(count)] = measure("postgres", target, count, seconds)
+        steps[str(count)] = measure("postgres", target, count, seconds, writer=writer)
+        print(
+            f"  {count:>3} connection(s)  {ceilings[str(count)]:>10,.0f}"
+            f"  {steps[str(count)]:>10,.0f}"
+            f"  ({steps[str(count)] / ceilings[str(count)]:.0%} of the ceiling at this count)"
+        )
+    best, step = max(ceilings.values()), max(steps.values())
+    print(
+        f"  best {prefix}step rate {step:,.0f}/s:"
+        f" {step / best:.0%} of the best ceiling ({best:,.0f}/s)"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_measure_arguments(parser)
+    parser.add_argument(
+        "--bare",
+        action="store_true",
+        help="measure the statement again with the step tables' lookup indexes dropped",
+    )
     args = parser.parse_args(argv)
     counts = connection_counts(parser, args)
 
     from bench.harness import bench_database
 
     print(f"{platform.python_implementation()} {platform.python_version()}, {os.cpu_count()} CPUs")
-    results: dict[str, dict[str, float]] = {"ceiling": {}, "step": {}}
+    results: dict[str, dict[str, float]] = {}
     with bench_database("postgres", "bench.scale_settings") as info:
         target = os.environ["SELVEDGE_BENCH_PG_NAME"]
         captured = capture()
@@ -221,20 +281,11 @@ def main(argv: list[str] | None = None) -> int:
         step_writer = functools.partial(_step_writer, captured, instances)
         print(f"== postgres: {info['version']}, synchronous_commit = {sync} ==")
         print("  commits/s: limit.py's single-row UPDATE ... COMMIT | the engine's step statement")
-        for count in counts:
-            ceiling = measure("postgres", target, count, args.seconds)
-            step = measure("postgres", target, count, args.seconds, writer=step_writer)
-            results["ceiling"][str(count)] = ceiling
-            results["step"][str(count)] = step
-            print(
-                f"  {count:>3} connection(s)  {ceiling:>10,.0f}  {step:>10,.0f}"
-                f"  ({step / ceiling:.0%} of the ceiling at this count)"
-            )
-        best = max(results["ceiling"].values())
-        print(
-            f"  best step rate {max(results['step'].values()):,.0f}/s:"
-            f" {max(results['step'].values()) / best:.0%} of the best ceiling ({best:,.0f}/s)"
-        )
+        _compare(results, "", target, counts, args.seconds, step_writer)
+        if args.bare:
+            dropped = drop_lookup_indexes(target)
+            print(f"  the same without {len(dropped)} lookup indexes: {', '.join(dropped)}")
+            _compare(results, "bare ", target, counts, args.seconds, step_writer)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0
